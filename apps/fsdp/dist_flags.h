@@ -1,0 +1,24 @@
+#pragma once
+// Flags every distributed subcommand shares (--backend, --timeout) and the
+// start-up sequence they imply.
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::cli {
+
+struct DistFlags {
+  std::string backend;    // empty: FSDP_BACKEND, else the default
+  double timeout_s = 0;   // 0: FSDP_TIMEOUT, else the default
+
+  void add_to(CLI::App& command);
+  // Reads the launcher's environment, applies threads and the BLAS check,
+  // and connects all ranks.
+  std::shared_ptr<dist::World> init_world() const;
+};
+
+}  // namespace fsdp::cli

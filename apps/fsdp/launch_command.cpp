@@ -1,0 +1,25 @@
+#include "commands.h"
+
+#include "fsdp/launch/launcher.h"
+
+namespace fsdp::cli {
+
+void add_launch_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<launch::LaunchOptions>();
+  auto* cmd = app.add_subcommand("launch", "run a command once per rank on this machine (like torchrun --no-python)");
+  cmd->add_option("-n,--nproc-per-node", options->nproc_per_node, "ranks to start on this node")->required();
+  cmd->add_option("--nnodes", options->nnodes, "nodes in the job (each runs its own `fsdp launch`)");
+  cmd->add_option("--node-rank", options->node_rank, "this node's index, 0..nnodes-1");
+  cmd->add_option("--master-addr", options->master_addr, "host of rank 0 (default 127.0.0.1)");
+  cmd->add_option("--master-port", options->master_port, "rendezvous port (default: a free port; fixed for multi-node)");
+  cmd->add_option("--threads-per-rank", options->threads_per_rank,
+                  "intra-op threads per rank (default: cores / ranks; OMP_NUM_THREADS wins if set)");
+  cmd->add_option("--stop-grace", options->stop_grace_s,
+                  "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)");
+  cmd->add_flag("--no-prefix{false}", options->prefix_output, "do not prefix output lines with the rank");
+  cmd->add_option("command", options->command, "the program and its arguments (after --)")->required();
+  cmd->positionals_at_end();
+  cmd->callback([options, &exit_code] { exit_code = launch::run(*options); });
+}
+
+}  // namespace fsdp::cli

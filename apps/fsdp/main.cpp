@@ -1,0 +1,42 @@
+// fsdp: the command-line front end of fsdp.cpp.
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#include "fsdp/common/error_text.h"
+
+namespace {
+
+// Errors carry the rank so that interleaved output from many ranks stays readable.
+void print_error(const std::string& message) {
+  const char* rank = std::getenv("RANK");
+  if (rank != nullptr) {
+    std::fprintf(stderr, "[rank %s] error: %s\n", rank, message.c_str());
+  } else {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp.cpp: Fully Sharded Data Parallel training in C++"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  fsdp::cli::add_launch_command(app, exit_code);
+  fsdp::cli::add_smoke_command(app, exit_code);
+  fsdp::cli::add_bench_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    print_error(fsdp::error_text(e));
+    return 1;
+  }
+  return exit_code;
+}

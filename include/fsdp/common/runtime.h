@@ -1,0 +1,19 @@
+#pragma once
+// Process start-up shared by every fsdp program: intra-op threads and a
+// check that a fast BLAS is the one loaded.
+
+#include <string>
+
+namespace fsdp {
+
+// Applies OMP_NUM_THREADS (set per rank by `fsdp launch`) to LibTorch's
+// intra-op pool and warns on stderr when the reference BLAS is active.
+void init_runtime();
+
+// The real path of the libblas.so.3 this process loaded, or "" if none.
+std::string loaded_blas_path();
+
+// True when `path` is Debian's reference BLAS (not OpenBLAS, BLIS or MKL).
+bool is_reference_blas(const std::string& path);
+
+}  // namespace fsdp

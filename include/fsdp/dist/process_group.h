@@ -1,0 +1,102 @@
+#pragma once
+// Process groups: a set of ranks that run collectives together, on top of
+// c10d (Gloo on CPU; NCCL when built against a CUDA LibTorch).
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/dist/launch_env.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace fsdp::dist {
+
+enum class Backend { kGloo, kNccl };
+
+const char* to_string(Backend backend);
+// Throws fsdp::Error naming the accepted backends.
+Backend parse_backend(const std::string& name);
+// NCCL when this build has it and a GPU is visible, Gloo otherwise.
+Backend default_backend();
+bool nccl_available();
+
+struct DistOptions {
+  std::optional<Backend> backend;                // default_backend() when unset
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
+
+  // FSDP_BACKEND and FSDP_TIMEOUT (seconds) override the defaults.
+  static DistOptions from_env(const EnvMap& env);
+};
+
+// A group of ranks. All members call its collectives in the same order;
+// non-members never touch it.
+class ProcessGroup {
+ public:
+  ProcessGroup(std::string name, Backend backend, std::vector<int> global_ranks, int rank,
+               std::chrono::milliseconds timeout, c10::intrusive_ptr<compat::C10dBackend> impl);
+
+  const std::string& name() const { return name_; }
+  Backend backend() const { return backend_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(global_ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  compat::C10dBackend& impl() { return *impl_; }
+
+  // "group 'shard' (rank 1 of 2)": how errors name a group.
+  std::string describe() const;
+
+  // Whether to try c10d's flat all-gather / reduce-scatter; cleared the first
+  // time the backend refuses, after which the portable fallback runs.
+  bool native_all_gather = true;
+  bool native_reduce_scatter = true;
+
+ private:
+  std::string name_;
+  Backend backend_;
+  std::vector<int> global_ranks_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<compat::C10dBackend> impl_;
+};
+
+// The job as a whole: the launch environment, the rendezvous store and the
+// group of all ranks.
+class World {
+ public:
+  // Rendezvous at MASTER_ADDR:MASTER_PORT and connect all ranks. Throws
+  // fsdp::Error with one clear line when the port is unusable or a peer does
+  // not arrive within the timeout.
+  static std::shared_ptr<World> init(const LaunchEnv& env, const DistOptions& options);
+
+  const LaunchEnv& env() const { return env_; }
+  const DistOptions& options() const { return options_; }
+  int rank() const { return env_.rank; }
+  int size() const { return env_.world_size; }
+  ProcessGroup& group() { return *group_; }
+
+  // A group of `global_ranks` (sorted, distinct). Only members call this;
+  // `name` must be unique in the job and the same on all members.
+  std::shared_ptr<ProcessGroup> new_group(const std::string& name, std::vector<int> global_ranks);
+
+ private:
+  World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store);
+
+  LaunchEnv env_;
+  DistOptions options_;
+  Backend backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::map<std::string, int> groups_named_;  // makes store prefixes unique per creation
+};
+
+}  // namespace fsdp::dist

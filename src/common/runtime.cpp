@@ -1,0 +1,45 @@
+#include "fsdp/common/runtime.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include <ATen/Parallel.h>
+
+#include "fsdp/common/env.h"
+
+namespace fsdp {
+
+std::string loaded_blas_path() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos || line.find("libblas.so") == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    char resolved[4096];
+    return ::realpath(path.c_str(), resolved) != nullptr ? std::string(resolved) : path;
+  }
+  return "";
+}
+
+bool is_reference_blas(const std::string& path) {
+  return path.find("/blas/libblas.so") != std::string::npos;
+}
+
+void init_runtime() {
+  const EnvMap env = current_env();
+  if (const auto threads = env_int(env, "OMP_NUM_THREADS"); threads && *threads > 0) {
+    at::set_num_threads(static_cast<int>(*threads));
+  }
+  const std::string blas = loaded_blas_path();
+  if (is_reference_blas(blas)) {
+    std::fprintf(stderr,
+                 "warning: the reference BLAS (%s) is active: fp32 matmuls run ~13x slower. "
+                 "Install libopenblas0-openmp (scripts/setup.sh does) or select it with "
+                 "update-alternatives --config libblas.so.3-x86_64-linux-gnu\n",
+                 blas.c_str());
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,221 @@
+#include "fsdp/dist/collectives.h"
+
+#include <cstdio>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/error_text.h"
+
+namespace fsdp::dist {
+namespace {
+
+// [Note: reduce-scatter on Gloo]
+// Gloo (LibTorch 1.13) has no reduce-scatter. An all-reduce of the whole
+// buffer would move 2(W-1)/W of it per rank and leave W copies of the sum.
+// Instead, one all-to-all sends chunk j of every rank's input to rank j
+// ((W-1)/W of the buffer out and in, the same as a ring reduce-scatter), and
+// rank j sums the W chunks it received locally. Half-precision chunks travel
+// as raw bytes (Gloo rejects bf16) and are summed in fp32, then rounded once.
+
+bool is_half(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// Gloo refuses some dtypes (bf16) even where no arithmetic happens; bytes
+// always travel.
+at::Tensor as_bytes(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
+c10d::ReduceOp c10d_op(ReduceOp op, Backend backend) {
+  // NCCL averages natively; on Gloo we sum and divide once at the end.
+  if (op == ReduceOp::kMax) return c10d::ReduceOp::MAX;
+  if (op == ReduceOp::kAvg && backend == Backend::kNccl) return c10d::ReduceOp::AVG;
+  return c10d::ReduceOp::SUM;
+}
+
+bool divide_after(ReduceOp op, Backend backend) { return op == ReduceOp::kAvg && backend != Backend::kNccl; }
+
+void check_flat(const at::Tensor& t, const char* op, const char* which) {
+  FSDP_CHECK(t.defined() && t.is_contiguous(), op, ": ", which, " must be a defined, contiguous tensor");
+}
+
+template <typename IssueFn>
+c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueFn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    throw Error(std::string(op) + " on " + group.describe() + " could not start: " + error_text(e));
+  }
+}
+
+}  // namespace
+
+Work::Work(std::string op, ProcessGroup* group, std::vector<c10::intrusive_ptr<c10d::Work>> pending,
+           std::function<void()> finish)
+    : op_(std::move(op)), group_(group), pending_(std::move(pending)), finish_(std::move(finish)), done_(false) {}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    if (!done_) {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "fsdp: %s\n", e.what());
+      }
+    }
+    op_ = std::move(other.op_);
+    group_ = other.group_;
+    pending_ = std::move(other.pending_);
+    finish_ = std::move(other.finish_);
+    done_ = other.done_;
+    other.done_ = true;
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (done_) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp: %s (in a collective that was never waited for)\n", e.what());
+  }
+}
+
+void Work::wait() {
+  if (done_) return;
+  done_ = true;  // one attempt: a failed collective leaves the group unusable
+  for (auto& w : pending_) {
+    try {
+      w->wait(group_->timeout());
+    } catch (const std::exception& e) {
+      const long secs = static_cast<long>(group_->timeout().count() / 1000);
+      throw Error(op_ + " on " + group_->describe() + " failed: " + error_text(e) +
+                  " (a peer died, hung, or issued a different collective; timeout " + std::to_string(secs) +
+                  " s, set by FSDP_TIMEOUT)");
+    }
+  }
+  pending_.clear();
+  if (finish_) finish_();
+  finish_ = nullptr;
+}
+
+int64_t padded_numel(int64_t numel, int world) { return shard_numel(numel, world) * world; }
+
+int64_t shard_numel(int64_t numel, int world) { return (numel + world - 1) / world; }
+
+Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input) {
+  constexpr const char* kOp = "all_gather_into_tensor";
+  check_flat(output, kOp, "output");
+  check_flat(input, kOp, "input");
+  const int w = group.size();
+  FSDP_CHECK(output.numel() == input.numel() * w && output.scalar_type() == input.scalar_type(), kOp,
+             ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
+             ") elements, got ", output.numel(), " ", output.scalar_type());
+  at::Tensor out_bytes = as_bytes(output);
+  at::Tensor in_bytes = as_bytes(input);
+  if (group.native_all_gather) {
+    try {
+      auto work = group.impl()._allgather_base(out_bytes, in_bytes);
+      return Work(kOp, &group, {work}, nullptr);
+    } catch (const std::exception&) {
+      group.native_all_gather = false;  // this backend lacks it; use the list form from now on
+    }
+  }
+  std::vector<at::Tensor> outs;
+  const int64_t chunk = in_bytes.numel();
+  for (int i = 0; i < w; ++i) outs.push_back(out_bytes.narrow(0, i * chunk, chunk));
+  std::vector<std::vector<at::Tensor>> outputs{outs};
+  std::vector<at::Tensor> inputs{in_bytes};
+  auto work = issue(kOp, group, [&] { return group.impl().allgather(outputs, inputs); });
+  return Work(kOp, &group, {work}, nullptr);
+}
+
+Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input,
+                           ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter_tensor";
+  check_flat(output, kOp, "output");
+  check_flat(input, kOp, "input");
+  const int w = group.size();
+  const int64_t n = output.numel();
+  FSDP_CHECK(input.numel() == n * w && output.scalar_type() == input.scalar_type(), kOp,
+             ": input must hold world size (", w, ") x output (", n, " ", output.scalar_type(),
+             ") elements, got ", input.numel(), " ", input.scalar_type());
+  FSDP_CHECK(op != ReduceOp::kMax, kOp, ": supports sum and avg");
+  FSDP_CHECK(at::isFloatingType(input.scalar_type()) || op == ReduceOp::kSum, kOp,
+             ": averaging needs a floating-point tensor, got ", input.scalar_type());
+  const bool divide = divide_after(op, group.backend());
+
+  const bool native_dtype_ok = group.backend() == Backend::kNccl || !is_half(input);
+  if (group.native_reduce_scatter && native_dtype_ok) {
+    try {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = c10d_op(op, group.backend());
+      at::Tensor out = output;
+      at::Tensor in = input;
+      auto work = group.impl()._reduce_scatter_base(out, in, opts);
+      return Work(kOp, &group, {work}, [output, divide, w] {
+        if (divide) output.div_(w);
+      });
+    } catch (const std::exception&) {
+      group.native_reduce_scatter = false;
+    }
+  }
+  // See [Note: reduce-scatter on Gloo].
+  at::Tensor received = at::empty_like(input);
+  at::Tensor recv_bytes = as_bytes(received);
+  at::Tensor send_bytes = as_bytes(input);
+  std::vector<int64_t> equal_splits;
+  auto work = issue(kOp, group, [&] {
+    return group.impl().alltoall_base(recv_bytes, send_bytes, equal_splits, equal_splits);
+  });
+  return Work(kOp, &group, {work}, [output, received, divide, w, n] {
+    at::Tensor chunks = received.view({w, n});
+    at::Tensor sum = is_half(chunks) ? chunks.to(at::kFloat).sum(0) : chunks.sum(0);
+    if (divide) sum.div_(w);
+    output.copy_(sum.view(output.sizes()));
+  });
+}
+
+Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
+  constexpr const char* kOp = "all_reduce";
+  check_flat(tensor, kOp, "tensor");
+  FSDP_CHECK(at::isFloatingType(tensor.scalar_type()) || op != ReduceOp::kAvg, kOp,
+             ": averaging needs a floating-point tensor, got ", tensor.scalar_type());
+  const bool divide = divide_after(op, group.backend());
+  const bool widen = is_half(tensor) && group.backend() == Backend::kGloo;
+  at::Tensor buffer = widen ? tensor.to(at::kFloat) : tensor;
+  std::vector<at::Tensor> tensors{buffer};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d_op(op, group.backend());
+  opts.timeout = group.timeout();
+  auto work = issue(kOp, group, [&] { return group.impl().allreduce(tensors, opts); });
+  const int w = group.size();
+  return Work(kOp, &group, {work}, [tensor, buffer, divide, widen, w] {
+    if (divide) buffer.div_(w);
+    if (widen) tensor.copy_(buffer);
+  });
+}
+
+Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
+  constexpr const char* kOp = "broadcast";
+  check_flat(tensor, kOp, "tensor");
+  FSDP_CHECK(root >= 0 && root < group.size(), kOp, ": root ", root, " is not a rank of ", group.describe());
+  std::vector<at::Tensor> tensors{as_bytes(tensor)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = group.timeout();
+  auto work = issue(kOp, group, [&] { return group.impl().broadcast(tensors, opts); });
+  return Work(kOp, &group, {work}, nullptr);
+}
+
+void barrier(ProcessGroup& group) {
+  c10d::BarrierOptions opts;
+  opts.timeout = group.timeout();
+  auto work = issue("barrier", group, [&] { return group.impl().barrier(opts); });
+  Work("barrier", &group, {work}, nullptr).wait();
+}
+
+}  // namespace fsdp::dist

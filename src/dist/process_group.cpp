@@ -1,0 +1,173 @@
+#include "fsdp/dist/process_group.h"
+
+#include <algorithm>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef FSDP_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/error_text.h"
+
+namespace fsdp::dist {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  // On one machine, loopback always works; resolving the host name may not.
+  if (!env.multi_node() && is_loopback(env.master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = static_cast<std::size_t>(env.world_size);
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    const std::string msg = error_text(e);
+    const std::string secs = std::to_string(timeout.count() / 1000) + " s";
+    if (msg.find("Address already in use") != std::string::npos) {
+      throw Error("rendezvous: rank 0 cannot listen on MASTER_PORT=" + std::to_string(env.master_port) +
+                  ": the port is already in use; choose a free one (MASTER_PORT, or let `fsdp launch` pick)");
+    }
+    if (msg.find("Permission denied") != std::string::npos) {
+      throw Error("rendezvous: rank 0 may not listen on MASTER_PORT=" + std::to_string(env.master_port) +
+                  " (permission denied); use a port above 1023");
+    }
+    if (msg.find("waiting for clients") != std::string::npos) {
+      throw Error("rendezvous at " + where + " timed out after " + secs + ": not every one of the " +
+                  std::to_string(env.world_size) + " ranks arrived (" + msg +
+                  "); start all ranks, or raise FSDP_TIMEOUT");
+    }
+    if (env.rank != 0 && (msg.find("timed out") != std::string::npos ||
+                          msg.find("Timed out") != std::string::npos ||
+                          msg.find("connect") != std::string::npos)) {
+      throw Error("rendezvous: rank " + std::to_string(env.rank) + " could not reach rank 0 at " + where +
+                  " within " + secs + "; check MASTER_ADDR/MASTER_PORT and that rank 0 is running (" + msg +
+                  ")");
+    }
+    throw Error("rendezvous at " + where + " failed: " + msg);
+  }
+}
+
+}  // namespace
+
+const char* to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
+
+bool nccl_available() {
+#ifdef FSDP_WITH_NCCL
+  return c10::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") {
+#ifdef FSDP_WITH_NCCL
+    return Backend::kNccl;
+#else
+    throw Error("backend 'nccl' is not in this build (built against a CPU LibTorch): use 'gloo'");
+#endif
+  }
+  throw Error("unknown backend '" + name + "': expected 'gloo' or 'nccl'");
+}
+
+Backend default_backend() { return nccl_available() ? Backend::kNccl : Backend::kGloo; }
+
+DistOptions DistOptions::from_env(const EnvMap& env) {
+  DistOptions options;
+  if (const auto backend = env_string(env, "FSDP_BACKEND")) options.backend = parse_backend(*backend);
+  if (const auto text = env_string(env, "FSDP_TIMEOUT")) {
+    const double seconds = std::atof(text->c_str());
+    FSDP_CHECK(seconds > 0, "FSDP_TIMEOUT='", *text, "': expected a positive number of seconds");
+    options.timeout = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+  }
+  return options;
+}
+
+ProcessGroup::ProcessGroup(std::string name, Backend backend, std::vector<int> global_ranks, int rank,
+                           std::chrono::milliseconds timeout, c10::intrusive_ptr<compat::C10dBackend> impl)
+    : native_all_gather(backend == Backend::kNccl || compat::kGlooMayHaveFlatCollectives),
+      native_reduce_scatter(backend == Backend::kNccl || compat::kGlooMayHaveFlatCollectives),
+      name_(std::move(name)),
+      backend_(backend),
+      global_ranks_(std::move(global_ranks)),
+      rank_(rank),
+      timeout_(timeout),
+      impl_(std::move(impl)) {}
+
+std::string ProcessGroup::describe() const {
+  return "group '" + name_ + "' (" + to_string(backend_) + ", rank " + std::to_string(rank_) + " of " +
+         std::to_string(size()) + ")";
+}
+
+World::World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store)
+    : env_(std::move(env)),
+      options_(options),
+      backend_(options.backend.value_or(default_backend())),
+      store_(std::move(store)) {}
+
+std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& options) {
+  const Backend backend = options.backend.value_or(default_backend());
+  if (backend == Backend::kNccl) FSDP_CHECK(nccl_available(), "backend 'nccl' needs a visible CUDA GPU");
+  auto store = rendezvous(env, options.timeout);
+  std::shared_ptr<World> world(new World(env, options, std::move(store)));
+  std::vector<int> all(static_cast<size_t>(env.world_size));
+  for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;
+  world->group_ = world->new_group("world", all);
+  return world;
+}
+
+std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vector<int> global_ranks) {
+  FSDP_ASSERT(std::is_sorted(global_ranks.begin(), global_ranks.end()));
+  const auto me = std::find(global_ranks.begin(), global_ranks.end(), env_.rank);
+  FSDP_ASSERT(me != global_ranks.end());
+  const int rank = static_cast<int>(me - global_ranks.begin());
+  const int size = static_cast<int>(global_ranks.size());
+  // Members create their groups in the same order, so the count agrees.
+  const int generation = groups_named_[name]++;
+  auto store = c10::make_intrusive<c10d::PrefixStore>("fsdp/" + name + "#" + std::to_string(generation), store_);
+  c10::intrusive_ptr<compat::C10dBackend> impl;
+  try {
+    if (backend_ == Backend::kGloo) {
+      auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      opts->devices.push_back(gloo_device(env_));
+      impl = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    } else {
+#ifdef FSDP_WITH_NCCL
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = options_.timeout;
+      impl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+#endif
+    }
+  } catch (const std::exception& e) {
+    throw Error("connecting " + name + " (" + std::to_string(size) + " ranks, " + to_string(backend_) +
+                ") failed: " + error_text(e) + "; a peer died or never arrived");
+  }
+  return std::make_shared<ProcessGroup>(name, backend_, std::move(global_ranks), rank, options_.timeout,
+                                        std::move(impl));
+}
+
+}  // namespace fsdp::dist

@@ -1,0 +1,340 @@
+#include "fsdp/launch/launcher.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_received_signal = 0;
+
+void on_signal(int sig) { g_received_signal = sig; }
+
+void write_all(int fd, const std::string& text) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // the terminal went away; nothing sensible to do
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// One rank's output stream (stdout or stderr), cut into prefixed lines.
+struct OutputPipe {
+  int fd = -1;
+  int target_fd = 1;
+  std::string pending;
+};
+
+struct Rank {
+  int global_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  OutputPipe out, err;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& options) : options_(options) {}
+
+  int run() {
+    install_signal_handlers();
+    start_ranks();
+    loop();
+    return exit_code();
+  }
+
+ private:
+  void install_signal_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+  }
+
+  std::vector<std::string> child_env(int local_rank, int global_rank) const {
+    const int world = options_.nproc_per_node * options_.nnodes;
+    const int threads = options_.threads_per_rank > 0
+                            ? options_.threads_per_rank
+                            : std::max(1, available_cores() / options_.nproc_per_node);
+    std::vector<std::string> env;
+    const auto set = [&](const std::string& k, const std::string& v) { env.push_back(k + "=" + v); };
+    set("RANK", std::to_string(global_rank));
+    set("LOCAL_RANK", std::to_string(local_rank));
+    set("GROUP_RANK", std::to_string(options_.node_rank));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
+    set("MASTER_ADDR", options_.master_addr);
+    set("MASTER_PORT", std::to_string(port_));
+    // Respect a user's explicit thread count; otherwise divide the cores.
+    if (std::getenv("OMP_NUM_THREADS") == nullptr) set("OMP_NUM_THREADS", std::to_string(threads));
+    return env;
+  }
+
+  void start_ranks() {
+    port_ = options_.master_port > 0 ? options_.master_port : find_free_port();
+    for (int local = 0; local < options_.nproc_per_node; ++local) {
+      Rank rank;
+      rank.global_rank = options_.node_rank * options_.nproc_per_node + local;
+      int out_pipe[2], err_pipe[2];
+      FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
+                 "fsdp launch: pipe failed: ", std::strerror(errno));
+      const auto env = child_env(local, rank.global_rank);
+      const pid_t pid = ::fork();
+      FSDP_CHECK(pid >= 0, "fsdp launch: fork failed: ", std::strerror(errno));
+      if (pid == 0) exec_child(out_pipe[1], err_pipe[1], env);
+      ::close(out_pipe[1]);
+      ::close(err_pipe[1]);
+      ::setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
+      rank.pid = pid;
+      rank.running = true;
+      rank.out = {out_pipe[0], STDOUT_FILENO, {}};
+      rank.err = {err_pipe[0], STDERR_FILENO, {}};
+      ranks_.push_back(std::move(rank));
+    }
+  }
+
+  [[noreturn]] void exec_child(int out_fd, int err_fd, const std::vector<std::string>& env) {
+    // Own process group: the launcher forwards terminal signals itself, and
+    // stopping a rank stops whatever it spawned.
+    ::setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> argv;
+    for (const auto& a : options_.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    const std::string msg = "fsdp launch: cannot run '" + options_.command[0] + "': " + std::strerror(errno) + "\n";
+    write_all(STDERR_FILENO, msg);
+    ::_exit(127);
+  }
+
+  void loop() {
+    while (true) {
+      pump_output(100);
+      reap();
+      if (g_received_signal != 0 && !forwarded_signal_) forward_signal(g_received_signal);
+      const bool any_running = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+      if (!any_running) break;
+      if (stop_deadline_ && Clock::now() > *stop_deadline_ && !killed_) {
+        signal_running(SIGKILL);
+        killed_ = true;
+      }
+    }
+    // Children are gone; drain what they wrote (grandchildren may still hold a
+    // pipe open, so bound the wait).
+    const auto drain_until = Clock::now() + std::chrono::milliseconds(500);
+    while (open_pipes() > 0 && Clock::now() < drain_until) pump_output(50);
+    for (auto& rank : ranks_) {
+      flush_pipe(rank, rank.out);
+      flush_pipe(rank, rank.err);
+    }
+  }
+
+  int open_pipes() const {
+    int n = 0;
+    for (const auto& r : ranks_) n += (r.out.fd >= 0) + (r.err.fd >= 0);
+    return n;
+  }
+
+  void pump_output(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, OutputPipe*>> owners;
+    for (auto& rank : ranks_) {
+      for (OutputPipe* pipe : {&rank.out, &rank.err}) {
+        if (pipe->fd < 0) continue;
+        fds.push_back({pipe->fd, POLLIN, 0});
+        owners.emplace_back(&rank, pipe);
+      }
+    }
+    if (fds.empty()) {
+      ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
+      return;
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;  // timeout or EINTR
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      auto [rank, pipe] = owners[i];
+      char buf[65536];
+      const ssize_t n = ::read(pipe->fd, buf, sizeof(buf));
+      if (n > 0) {
+        pipe->pending.append(buf, static_cast<size_t>(n));
+        emit_lines(*rank, *pipe);
+      } else if (n == 0 || errno != EINTR) {
+        ::close(pipe->fd);
+        pipe->fd = -1;
+      }
+    }
+  }
+
+  std::string prefix(const Rank& rank) const {
+    return options_.prefix_output ? "[rank " + std::to_string(rank.global_rank) + "] " : "";
+  }
+
+  void emit_lines(const Rank& rank, OutputPipe& pipe) {
+    size_t start = 0;
+    std::string text;
+    for (size_t nl; (nl = pipe.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      text += prefix(rank);
+      text.append(pipe.pending, start, nl - start + 1);
+    }
+    pipe.pending.erase(0, start);
+    if (!text.empty()) write_all(pipe.target_fd, text);
+  }
+
+  void flush_pipe(const Rank& rank, OutputPipe& pipe) {
+    if (pipe.fd >= 0) {
+      ::close(pipe.fd);
+      pipe.fd = -1;
+    }
+    if (!pipe.pending.empty()) {
+      write_all(pipe.target_fd, prefix(rank) + pipe.pending + "\n");
+      pipe.pending.clear();
+    }
+  }
+
+  void reap() {
+    for (auto& rank : ranks_) {
+      if (!rank.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(rank.pid, &status, WNOHANG);
+      if (r != rank.pid) continue;
+      rank.running = false;
+      // A rank's helpers (a shell's children, say) go with it.
+      ::kill(-rank.pid, SIGKILL);
+      std::optional<std::string> cause;
+      if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+        cause = "exited with code " + std::to_string(WEXITSTATUS(status));
+      } else if (WIFSIGNALED(status)) {
+        cause = "was killed by " + signal_name(WTERMSIG(status));
+      }
+      if (cause && !failure_ && !stopping_) {
+        failure_ = "rank " + std::to_string(rank.global_rank) + " (pid " + std::to_string(rank.pid) + ") " + *cause;
+        const int survivors = static_cast<int>(
+            std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& x) { return x.running; }));
+        write_all(STDERR_FILENO, "fsdp launch: " + *failure_ +
+                                     (survivors > 0 ? "; stopping the other " + std::to_string(survivors) +
+                                                          " rank(s)\n"
+                                                    : "\n"));
+        begin_stop(SIGTERM);
+      }
+    }
+  }
+
+  void signal_running(int sig) {
+    for (const auto& rank : ranks_) {
+      if (rank.running) ::kill(-rank.pid, sig);
+    }
+  }
+
+  void begin_stop(int sig) {
+    stopping_ = true;
+    signal_running(sig);
+    stop_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(options_.stop_grace_s * 1000));
+  }
+
+  void forward_signal(int sig) {
+    forwarded_signal_ = sig;
+    write_all(STDERR_FILENO, "fsdp launch: received " + signal_name(sig) + "; forwarding it to the ranks\n");
+    begin_stop(sig);
+  }
+
+  int exit_code() const {
+    if (failure_) {
+      write_all(STDERR_FILENO, "fsdp launch: failed: " + *failure_ + "\n");
+      return 1;
+    }
+    if (forwarded_signal_ != 0) return 128 + forwarded_signal_;
+    return 0;
+  }
+
+  const LaunchOptions& options_;
+  int port_ = 0;
+  std::vector<Rank> ranks_;
+  std::optional<std::string> failure_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  int forwarded_signal_ = 0;
+  std::optional<Clock::time_point> stop_deadline_;
+};
+
+}  // namespace
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  FSDP_CHECK(fd >= 0, "fsdp launch: socket failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  FSDP_CHECK(ok, "fsdp launch: cannot find a free TCP port: ", std::strerror(err));
+  return ntohs(addr.sin_port);
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+void validate(const LaunchOptions& o) {
+  FSDP_CHECK(!o.command.empty(), "fsdp launch: no command given: expected `fsdp launch -n N -- COMMAND [ARGS...]`");
+  FSDP_CHECK(o.nproc_per_node >= 1, "fsdp launch: -n ", o.nproc_per_node, ": expected at least 1 rank");
+  FSDP_CHECK(o.nnodes >= 1, "fsdp launch: --nnodes ", o.nnodes, ": expected at least 1");
+  FSDP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "fsdp launch: --node-rank ", o.node_rank,
+             " is not below --nnodes ", o.nnodes);
+  FSDP_CHECK(o.master_port >= 0 && o.master_port <= 65535, "fsdp launch: --master-port ", o.master_port,
+             ": expected 1..65535 (or 0 for a free port)");
+  FSDP_CHECK(o.nnodes == 1 || o.master_port > 0,
+             "fsdp launch: --nnodes ", o.nnodes, " needs --master-port: every node must use the same port");
+  FSDP_CHECK(o.stop_grace_s >= 0, "fsdp launch: --stop-grace ", o.stop_grace_s, ": expected seconds >= 0");
+}
+
+int run(const LaunchOptions& options) {
+  validate(options);
+  Supervisor supervisor(options);
+  return supervisor.run();
+}
+
+}  // namespace fsdp::launch

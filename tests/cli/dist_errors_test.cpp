@@ -1,0 +1,94 @@
+// Bad input and failing peers give one clear line and a non-zero exit,
+// never a hang or a stack dump.
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "fsdp/launch/launcher.h"
+#include "run_command.h"
+
+namespace fsdp::testing {
+namespace {
+
+const std::string kCli = FSDP_CLI;
+const std::string kWorker = FSDP_FAULT_WORKER;
+
+void expect_clean_failure(const CommandResult& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, needle)) << "expected '" << needle << "' in\n" << r.output;
+  EXPECT_FALSE(contains(r.output, "frame #")) << "stack dump in\n" << r.output;
+  EXPECT_FALSE(contains(r.output, "terminate called")) << r.output;
+}
+
+std::string single_rank(const std::string& extra_env) {
+  return "env RANK=0 WORLD_SIZE=1 MASTER_PORT=" + std::to_string(launch::find_free_port()) + " " + extra_env + " ";
+}
+
+TEST(DistErrors, UnknownBackend) {
+  const auto r = run_command(single_rank("") + kCli + " smoke --backend mpi");
+  expect_clean_failure(r, "unknown backend 'mpi': expected 'gloo' or 'nccl'");
+}
+
+TEST(DistErrors, NcclWithoutCudaBuild) {
+  const auto r = run_command(single_rank("FSDP_BACKEND=nccl") + kCli + " smoke");
+  expect_clean_failure(r, "nccl");
+}
+
+TEST(DistErrors, RankNotBelowWorldSize) {
+  const auto r = run_command("env RANK=2 WORLD_SIZE=2 " + kCli + " smoke");
+  expect_clean_failure(r, "RANK=2 is not below WORLD_SIZE=2");
+}
+
+TEST(DistErrors, PortInUse) {
+  // Hold a listening socket on a port, then ask rank 0 to serve on it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const auto r = run_command("env RANK=0 WORLD_SIZE=1 FSDP_TIMEOUT=5 MASTER_PORT=" + std::to_string(port) + " " +
+                             kCli + " smoke");
+  ::close(fd);
+  expect_clean_failure(r, "already in use");
+}
+
+TEST(DistErrors, PeerNeverArrives) {
+  const auto r = run_command(single_rank("WORLD_SIZE=2 FSDP_TIMEOUT=2") + kCli + " smoke");
+  expect_clean_failure(r, "timed out");
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(DistErrors, RankZeroNeverArrives) {
+  const auto r = run_command("env RANK=1 WORLD_SIZE=2 FSDP_TIMEOUT=2 MASTER_PORT=" +
+                             std::to_string(launch::find_free_port()) + " " + kCli + " smoke");
+  expect_clean_failure(r, "could not reach rank 0");
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(DistErrors, HungPeerTimesOutNamingTheCollective) {
+  const auto r = run_command("env FSDP_TIMEOUT=3 " + kCli + " launch -n 2 -- " + kWorker + " hang");
+  expect_clean_failure(r, "all_reduce on group 'world'");
+  EXPECT_LT(r.seconds, 40);
+}
+
+TEST(DistErrors, DeadPeerFailsTheCollective) {
+  const auto r = run_command("env FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker + " die");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "rank 1")) << r.output;
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(DistErrors, BadTimeout) {
+  const auto r = run_command(single_rank("FSDP_TIMEOUT=soon") + kCli + " smoke");
+  expect_clean_failure(r, "FSDP_TIMEOUT='soon'");
+}
+
+}  // namespace
+}  // namespace fsdp::testing

@@ -1,0 +1,156 @@
+// Collectives checked against values each rank computes locally for every
+// rank's input (inputs are seeded by rank, so any rank can rebuild them).
+
+#include "fsdp/dist/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "dist_test_world.h"
+
+namespace fsdp::dist {
+namespace {
+
+using fsdp::testing::test_world;
+
+// Rank r's input for a test: deterministic in (r, n, salt).
+at::Tensor input_of(int r, int64_t n, int salt, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * salt + r);
+  return at::randn({n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+// Reference reduction, summed in fp32 as the library promises for half types.
+at::Tensor reference_sum(int world, int64_t n, int salt, at::ScalarType dtype) {
+  at::Tensor acc = at::zeros({n}, at::kFloat);
+  for (int r = 0; r < world; ++r) acc += input_of(r, n, salt, dtype).to(at::kFloat);
+  return acc;
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {
+  ASSERT_EQ(actual.sizes(), expected.sizes());
+  const at::Tensor a = actual.to(at::kDouble);
+  const at::Tensor e = expected.to(at::kDouble);
+  EXPECT_TRUE(at::allclose(a, e, rtol, atol)) << "max abs diff " << (a - e).abs().max().item<double>();
+}
+
+struct DtypeCase {
+  at::ScalarType dtype;
+  double rtol;  // fp32: summation order; bf16: one rounding of the fp32 sum
+};
+
+class Collectives : public ::testing::TestWithParam<DtypeCase> {};
+
+TEST_P(Collectives, AllGatherIntoTensor) {
+  auto& g = test_world().group();
+  const auto dtype = GetParam().dtype;
+  for (int64_t n : {1, 7, 4096}) {
+    at::Tensor out = at::empty({n * g.size()}, dtype);
+    all_gather_into_tensor(g, out, input_of(g.rank(), n, 1, dtype)).wait();
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < g.size(); ++r) parts.push_back(input_of(r, n, 1, dtype));
+    EXPECT_TRUE(out.equal(at::cat(parts))) << "n=" << n;  // gathering moves bits: exact
+  }
+}
+
+TEST_P(Collectives, ReduceScatterSumAndAvg) {
+  auto& g = test_world().group();
+  const auto [dtype, rtol] = GetParam();
+  const int w = g.size();
+  for (int64_t n : {1, 5, 3000}) {
+    const at::Tensor full = reference_sum(w, n * w, 2, dtype);
+    const at::Tensor mine = full.narrow(0, g.rank() * n, n);
+    at::Tensor out = at::empty({n}, dtype);
+    reduce_scatter_tensor(g, out, input_of(g.rank(), n * w, 2, dtype), ReduceOp::kSum).wait();
+    expect_close(out, mine.to(dtype), rtol, 1e-6);
+    reduce_scatter_tensor(g, out, input_of(g.rank(), n * w, 2, dtype), ReduceOp::kAvg).wait();
+    expect_close(out, (mine / w).to(dtype), rtol, 1e-6);
+  }
+}
+
+TEST_P(Collectives, UnevenSizeRoundTripsThroughPadding) {
+  // 10 elements do not divide by 3 or 4: pad, reduce-scatter, gather, trim.
+  auto& g = test_world().group();
+  const auto [dtype, rtol] = GetParam();
+  const int w = g.size();
+  const int64_t numel = 10;
+  const int64_t shard = shard_numel(numel, w);
+  ASSERT_EQ(padded_numel(numel, w), shard * w);
+  ASSERT_GE(shard * w, numel);
+  at::Tensor padded = at::zeros({shard * w}, dtype);
+  padded.narrow(0, 0, numel).copy_(input_of(g.rank(), numel, 3, dtype));
+  at::Tensor my_shard = at::empty({shard}, dtype);
+  reduce_scatter_tensor(g, my_shard, padded).wait();
+  at::Tensor gathered = at::empty({shard * w}, dtype);
+  all_gather_into_tensor(g, gathered, my_shard).wait();
+  expect_close(gathered.narrow(0, 0, numel), reference_sum(w, numel, 3, dtype).to(dtype), rtol, 1e-6);
+  EXPECT_TRUE(gathered.narrow(0, numel, shard * w - numel).eq(0).all().item<bool>()) << "padding stays zero";
+}
+
+TEST_P(Collectives, AllReduceSumAvgMax) {
+  auto& g = test_world().group();
+  const auto [dtype, rtol] = GetParam();
+  const int w = g.size();
+  const int64_t n = 1001;
+  at::Tensor t = input_of(g.rank(), n, 4, dtype);
+  all_reduce(g, t, ReduceOp::kSum).wait();
+  expect_close(t, reference_sum(w, n, 4, dtype).to(dtype), rtol, 1e-6);
+
+  t = input_of(g.rank(), n, 4, dtype);
+  all_reduce(g, t, ReduceOp::kAvg).wait();
+  expect_close(t, (reference_sum(w, n, 4, dtype) / w).to(dtype), rtol, 1e-6);
+
+  t = input_of(g.rank(), n, 4, dtype);
+  all_reduce(g, t, ReduceOp::kMax).wait();
+  at::Tensor expected = input_of(0, n, 4, dtype);
+  for (int r = 1; r < w; ++r) expected = at::maximum(expected, input_of(r, n, 4, dtype));
+  EXPECT_TRUE(t.equal(expected));
+}
+
+TEST_P(Collectives, BroadcastFromEveryRoot) {
+  auto& g = test_world().group();
+  const auto dtype = GetParam().dtype;
+  for (int root = 0; root < g.size(); ++root) {
+    at::Tensor t = g.rank() == root ? input_of(root, 333, 5, dtype) : at::zeros({333}, dtype);
+    broadcast(g, t, root).wait();
+    EXPECT_TRUE(t.equal(input_of(root, 333, 5, dtype))) << "root " << root;
+  }
+}
+
+TEST_P(Collectives, ManyInFlightWaitedOutOfOrder) {
+  auto& g = test_world().group();
+  const auto [dtype, rtol] = GetParam();
+  const int w = g.size();
+  std::vector<at::Tensor> outs;
+  std::vector<Work> works;
+  for (int i = 0; i < 4; ++i) {
+    outs.push_back(at::empty({64}, dtype));
+    works.push_back(reduce_scatter_tensor(g, outs.back(), input_of(g.rank(), 64 * w, 10 + i, dtype)));
+  }
+  for (int i = 3; i >= 0; --i) works[static_cast<size_t>(i)].wait();
+  for (int i = 0; i < 4; ++i) {
+    expect_close(outs[static_cast<size_t>(i)],
+                 reference_sum(w, 64 * w, 10 + i, dtype).narrow(0, g.rank() * 64, 64).to(dtype), rtol, 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
+                         ::testing::Values(DtypeCase{at::kFloat, 1e-5}, DtypeCase{at::kBFloat16, 1e-2}),
+                         [](const auto& info) { return std::string(c10::toString(info.param.dtype)); });
+
+TEST(CollectivesInput, WrongSizesAreRejectedBeforeAnyTraffic) {
+  auto& g = test_world().group();
+  at::Tensor out = at::empty({g.size() * 4 + 1});
+  EXPECT_THROW(all_gather_into_tensor(g, out, at::zeros({4})), Error);
+  EXPECT_THROW(reduce_scatter_tensor(g, at::empty({4}), at::zeros({g.size() * 4 + 1})), Error);
+  EXPECT_THROW(all_reduce(g, at::zeros({4}, at::kInt), ReduceOp::kAvg), Error);
+  EXPECT_THROW(broadcast(g, at::zeros({4}), g.size()), Error);
+}
+
+TEST(CollectivesBarrier, Completes) {
+  barrier(test_world().group());
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace fsdp::dist

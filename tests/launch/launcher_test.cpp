@@ -1,0 +1,125 @@
+// `fsdp launch` run as a user runs it: environment, output, failure
+// propagation and signal forwarding.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "../cli/run_command.h"
+#include "fsdp/launch/launcher.h"
+
+namespace fsdp::testing {
+namespace {
+
+const std::string kCli = FSDP_CLI;
+
+std::string launch(const std::string& args) { return kCli + " launch " + args; }
+
+TEST(Launcher, SetsTheRendezvousEnvironmentPerRank) {
+  const auto r = run_command(launch(
+      "-n 3 --master-port 29777 --threads-per-rank 2 -- sh -c "
+      "'echo env $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string line = "[rank " + std::to_string(rank) + "] env " + std::to_string(rank) + " " +
+                             std::to_string(rank) + " 3 3 127.0.0.1 29777 2";
+    EXPECT_TRUE(contains(r.output, line)) << "missing '" << line << "' in\n" << r.output;
+  }
+}
+
+TEST(Launcher, PicksAFreePortAndDividesCores) {
+  const auto r = run_command("env -u OMP_NUM_THREADS " + launch("-n 2 -- sh -c 'echo port=$MASTER_PORT threads=$OMP_NUM_THREADS'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(contains(r.output, "port=29500")) << r.output;
+  const int expected_threads = std::max(1, launch::available_cores() / 2);
+  EXPECT_TRUE(contains(r.output, "threads=" + std::to_string(expected_threads))) << r.output;
+}
+
+TEST(Launcher, PrefixesEveryLineIncludingStderrAndUnterminatedOutput) {
+  const auto r = run_command(launch("-n 2 -- sh -c 'echo one; echo two >&2; printf three'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* word : {"one", "two", "three"}) {
+    EXPECT_TRUE(contains(r.output, std::string("[rank 1] ") + word)) << r.output;
+  }
+}
+
+TEST(Launcher, OneFailingRankStopsTheOthers) {
+  const std::string dir = make_temp_dir();
+  // Ranks 0 and 2 record their pids and sleep; rank 1 fails after they started.
+  const auto r = run_command(launch("-n 3 -- sh -c 'if [ $RANK = 1 ]; then sleep 1; exit 3; fi; echo $$ > " + dir +
+                                    "/pid$RANK; exec sleep 60'"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.seconds, 10.0) << "the launcher must not wait for the sleeping ranks";
+  EXPECT_TRUE(contains(r.output, "rank 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with code 3")) << r.output;
+  for (int rank : {0, 2}) {
+    std::ifstream in(dir + "/pid" + std::to_string(rank));
+    pid_t pid = 0;
+    ASSERT_TRUE(in >> pid) << "rank " << rank << " never started";
+    EXPECT_EQ(::kill(pid, 0), -1) << "rank " << rank << " (pid " << pid << ") is still running";
+  }
+}
+
+TEST(Launcher, ReportsARankKilledBySignal) {
+  const auto r = run_command(launch("-n 2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; exec sleep 60'"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(contains(r.output, "rank 0")) << r.output;
+  EXPECT_TRUE(contains(r.output, "killed by SIGKILL")) << r.output;
+}
+
+TEST(Launcher, ForwardsSigtermAndExitsNonZero) {
+  const std::string dir = make_temp_dir();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Each rank notes that it received SIGTERM, then exits 0.
+    const std::string script =
+        "trap 'echo term > " + dir + "/got$RANK; exit 0' TERM; touch " + dir + "/up$RANK; while true; do sleep 0.1; done";
+    ::execl(kCli.c_str(), kCli.c_str(), "launch", "-n", "2", "--", "sh", "-c", script.c_str(), nullptr);
+    ::_exit(127);
+  }
+  // Wait until both ranks are up, then signal the launcher only.
+  for (int i = 0; i < 100; ++i) {
+    if (std::ifstream(dir + "/up0") && std::ifstream(dir + "/up1")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  EXPECT_TRUE(std::ifstream(dir + "/got0").good()) << "rank 0 did not get SIGTERM";
+  EXPECT_TRUE(std::ifstream(dir + "/got1").good()) << "rank 1 did not get SIGTERM";
+}
+
+TEST(Launcher, UnknownProgramIsReported) {
+  const auto r = run_command(launch("-n 2 -- /nonexistent/program"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "cannot run '/nonexistent/program'")) << r.output;
+}
+
+TEST(Launcher, BadOptionsAreRejectedBeforeStarting) {
+  auto r = run_command(launch("-n 0 -- true"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "expected at least 1 rank")) << r.output;
+  r = run_command(launch("-n 1 --nnodes 2 --node-rank 2 -- true"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--node-rank 2 is not below --nnodes 2")) << r.output;
+}
+
+TEST(Launcher, MultiNodeRankOffsets) {
+  const auto r = run_command(launch("-n 2 --nnodes 3 --node-rank 1 --master-port 29778 -- sh -c 'echo r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 2] r=2 w=6 l=0")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[rank 3] r=3 w=6 l=1")) << r.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
