@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev            # LibTorch 1.13 (CPU) with c10d
   libgloo-dev             # headers that c10d's ProcessGroupGloo.hpp includes
+  libgoogle-glog-dev      # LibTorch logs through glog; we quiet it
   libopenblas0-openmp     # fast BLAS: the reference BLAS is ~13x slower for fp32 matmuls
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev

@@ -14,7 +14,8 @@ namespace {
 // Errors carry the rank so that interleaved output from many ranks stays readable.
 void print_error(const std::string& message) {
   const char* rank = std::getenv("RANK");
-  if (rank != nullptr) {
+  const bool prefixed_by_launcher = std::getenv("FSDP_LAUNCH_PREFIXES_LINES") != nullptr;
+  if (rank != nullptr && !prefixed_by_launcher) {
     std::fprintf(stderr, "[rank %s] error: %s\n", rank, message.c_str());
   } else {
     std::fprintf(stderr, "error: %s\n", message.c_str());

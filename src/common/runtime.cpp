@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <ATen/Parallel.h>
+#include <glog/logging.h>
 
 #include "fsdp/common/env.h"
 
@@ -27,7 +28,15 @@ bool is_reference_blas(const std::string& path) {
   return path.find("/blas/libblas.so") != std::string::npos;
 }
 
+void quiet_library_logs() {
+  // c10d logs its own view of a failure before throwing; we report the
+  // failure once, in our words. GLOG_minloglevel=0 brings its logs back.
+  if (std::getenv("GLOG_minloglevel") == nullptr) FLAGS_minloglevel = google::GLOG_FATAL;
+  if (!google::IsGoogleLoggingInitialized()) google::InitGoogleLogging("fsdp");
+}
+
 void init_runtime() {
+  quiet_library_logs();
   const EnvMap env = current_env();
   if (const auto threads = env_int(env, "OMP_NUM_THREADS"); threads && *threads > 0) {
     at::set_num_threads(static_cast<int>(*threads));

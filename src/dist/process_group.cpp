@@ -1,6 +1,7 @@
 #include "fsdp/dist/process_group.h"
 
 #include <algorithm>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -33,12 +34,32 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Every rank announces itself, then waits until all have. TCPStore alone
+// would let rank 0 proceed and fail later, inside Gloo, with a bare
+// "Socket Timeout"; counting arrivals lets the error say who is missing.
+void wait_for_all_ranks(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  const std::string key = "fsdp/arrived";
+  store.add(key, 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const int64_t arrived = store.add(key, 0);
+    if (arrived >= env.world_size) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) + " timed out after " +
+                  std::to_string(timeout.count() / 1000) + " s: " + std::to_string(arrived) + " of " +
+                  std::to_string(env.world_size) +
+                  " ranks arrived; start every rank with the same MASTER_ADDR/MASTER_PORT, or raise FSDP_TIMEOUT");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
-  opts.waitWorkers = true;
+  opts.waitWorkers = false;  // wait_for_all_ranks does it, with a better message
   opts.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
@@ -133,6 +154,14 @@ std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& opti
   const Backend backend = options.backend.value_or(default_backend());
   if (backend == Backend::kNccl) FSDP_CHECK(nccl_available(), "backend 'nccl' needs a visible CUDA GPU");
   auto store = rendezvous(env, options.timeout);
+  try {
+    wait_for_all_ranks(*store, env, options.timeout);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                " failed: " + error_text(e) + "; rank 0 may have exited");
+  }
   std::shared_ptr<World> world(new World(env, options, std::move(store)));
   std::vector<int> all(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;

@@ -99,6 +99,8 @@ class Supervisor {
     set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
     set("MASTER_ADDR", options_.master_addr);
     set("MASTER_PORT", std::to_string(port_));
+    // Programs that prefix their own error lines with the rank need not.
+    if (options_.prefix_output) set("FSDP_LAUNCH_PREFIXES_LINES", "1");
     // Respect a user's explicit thread count; otherwise divide the cores.
     if (std::getenv("OMP_NUM_THREADS") == nullptr) set("OMP_NUM_THREADS", std::to_string(threads));
     return env;

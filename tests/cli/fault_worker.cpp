@@ -14,12 +14,14 @@
 #include <ATen/ATen.h>
 
 #include "fsdp/common/error_text.h"
+#include "fsdp/common/runtime.h"
 #include "fsdp/dist/collectives.h"
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   int rank = -1;
   try {
+    fsdp::init_runtime();
     const fsdp::EnvMap env = fsdp::current_env();
     auto world = fsdp::dist::World::init(fsdp::dist::parse_launch_env(env), fsdp::dist::DistOptions::from_env(env));
     rank = world->rank();

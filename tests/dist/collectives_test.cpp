@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "dist_test_world.h"
+#include "fsdp/common/error.h"
 
 namespace fsdp::dist {
 namespace {
