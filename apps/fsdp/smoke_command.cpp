@@ -30,7 +30,7 @@ int run_smoke(const DistFlags& flags, int64_t megabytes) {
   const int w = world->size();
   char host[256] = "?";
   ::gethostname(host, sizeof(host));
-  std::printf("rank %d of %d (local %d of %d) on %s: %s backend, %d intra-op thread(s), launched by %s\n", rank, w,
+  std::printf("rank %d of %d (local %d of %d) on %s: %s backend, %d intra-op thread(s), launcher: %s\n", rank, w,
               world->env().local_rank, world->env().local_world_size, host, dist::to_string(group.backend()),
               at::get_num_threads(), dist::to_string(world->env().launcher));
   std::fflush(stdout);

@@ -90,6 +90,7 @@ LaunchEnv parse_launch_env(const EnvMap& env) {
                " ranks, ", out.local_world_size,
                " per node): export MASTER_ADDR=<host of rank 0> on every node");
   }
+  if (out.launcher == Launcher::kNone) out.master_port = 0;
   if (const auto port = env_int(env, "MASTER_PORT")) {
     FSDP_CHECK(*port >= 1 && *port <= 65535, "MASTER_PORT=", *port, " is not a TCP port: expected 1..65535");
     out.master_port = static_cast<int>(*port);

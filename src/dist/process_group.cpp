@@ -15,6 +15,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/launch/launcher.h"
 
 namespace fsdp::dist {
 namespace {
@@ -54,7 +55,11 @@ void wait_for_all_ranks(c10d::Store& store, const LaunchEnv& env, std::chrono::m
   }
 }
 
-c10::intrusive_ptr<c10d::Store> rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseconds timeout) {
+  if (env.master_port == 0) {
+    FSDP_ASSERT(env.world_size == 1);
+    env.master_port = launch::find_free_port();
+  }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;

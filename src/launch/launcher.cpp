@@ -28,8 +28,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 volatile std::sig_atomic_t g_received_signal = 0;
+volatile std::sig_atomic_t g_signal_count = 0;
 
-void on_signal(int sig) { g_received_signal = sig; }
+void on_signal(int sig) {
+  g_received_signal = sig;
+  g_signal_count = g_signal_count + 1;
+}
 
 void write_all(int fd, const std::string& text) {
   const char* p = text.data();
@@ -151,6 +155,11 @@ class Supervisor {
       pump_output(100);
       reap();
       if (g_received_signal != 0 && !forwarded_signal_) forward_signal(g_received_signal);
+      // A second Ctrl-C means "now": no more grace.
+      if (g_signal_count > 1 && !killed_) {
+        signal_running(SIGKILL);
+        killed_ = true;
+      }
       const bool any_running = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
       if (!any_running) break;
       if (stop_deadline_ && Clock::now() > *stop_deadline_ && !killed_) {

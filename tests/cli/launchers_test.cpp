@@ -26,7 +26,7 @@ TEST(Launchers, TorchrunVariables) {
                              "TORCHELASTIC_RESTART_COUNT=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port();
   const auto r = run_two_ranks(common + " RANK=0 LOCAL_RANK=0", common + " RANK=1 LOCAL_RANK=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "launched by torchrun")) << r.output;
+  EXPECT_TRUE(contains(r.output, "launcher: torchrun")) << r.output;
   EXPECT_TRUE(contains(r.output, "smoke: OK")) << r.output;
 }
 
@@ -34,7 +34,7 @@ TEST(Launchers, SlurmVariables) {
   const std::string common = "SLURM_NTASKS=2 SLURM_NNODES=1 SLURM_TASKS_PER_NODE=2 SLURM_JOB_ID=1 MASTER_PORT=" + port();
   const auto r = run_two_ranks(common + " SLURM_PROCID=0 SLURM_LOCALID=0", common + " SLURM_PROCID=1 SLURM_LOCALID=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "launched by Slurm")) << r.output;
+  EXPECT_TRUE(contains(r.output, "launcher: Slurm")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 of 2 (local 1 of 2)")) << r.output;
   EXPECT_TRUE(contains(r.output, "smoke: OK")) << r.output;
 }
@@ -44,8 +44,23 @@ TEST(Launchers, OpenMpiVariables) {
   const auto r = run_two_ranks(common + " OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_RANK=0",
                                common + " OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_RANK=1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "launched by Open MPI")) << r.output;
+  EXPECT_TRUE(contains(r.output, "launcher: Open MPI")) << r.output;
   EXPECT_TRUE(contains(r.output, "smoke: OK")) << r.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+TEST(Launchers, LoneProcessesDoNotCollideOnAPort) {
+  // Without a launcher and without MASTER_PORT, each process serves its own
+  // rendezvous on a free port, so two can run side by side.
+  const std::string smoke = "env -u RANK -u WORLD_SIZE -u MASTER_PORT " + kCli + " smoke --mib 1";
+  const auto r = run_command("sh -c '" + smoke + " & p=$!; " + smoke + "; b=$?; wait $p; a=$?; exit $((a | b))'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "launcher: single-process")) << r.output;
 }
 
 }  // namespace

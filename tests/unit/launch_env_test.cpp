@@ -23,7 +23,11 @@ TEST(LaunchEnv, NoLauncherIsOneProcess) {
   EXPECT_EQ(env.rank, 0);
   EXPECT_EQ(env.world_size, 1);
   EXPECT_EQ(env.master_addr, "127.0.0.1");
-  EXPECT_EQ(env.master_port, 29500);
+  EXPECT_EQ(env.master_port, 0) << "a lone process serves its rendezvous on any free port";
+}
+
+TEST(LaunchEnv, LauncherDefaultPortIsTorchruns) {
+  EXPECT_EQ(parse_launch_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).master_port, 29500);
 }
 
 TEST(LaunchEnv, Torchrun) {

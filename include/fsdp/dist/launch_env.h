@@ -21,7 +21,9 @@ struct LaunchEnv {
   int local_rank = 0;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;  // torchrun's default
+  // torchrun's default, 29500, under a launcher; 0 for a lone process
+  // without MASTER_PORT, which then serves the rendezvous on any free port.
+  int master_port = 29500;
 
   bool multi_node() const { return local_world_size < world_size; }
 };
