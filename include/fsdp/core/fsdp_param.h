@@ -1,0 +1,44 @@
+#pragma once
+// One original parameter under FSDP (FSDP2's FSDPParam). The registered
+// parameter tensor keeps its identity for the whole run, so optimizers and
+// parameter groups built from module->parameters() stay valid; what changes
+// is the data it points at:
+//   sharded:   a 1-D view of this rank's slice of the unit's fp32 master shard
+//              (possibly empty): what the optimizer updates;
+//   unsharded: a view, in the parameter's original shape and compute dtype,
+//              of the unit's gathered flat buffer: what forward and backward use.
+// See [Note: FSDP and autograd] in fsdp_param_group.cpp.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/core/shard_layout.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace fsdp {
+
+struct FSDPParam {
+  std::string fqn;                   // fully qualified name from the root
+  at::Tensor param;                  // the registered parameter (identity kept)
+  std::vector<int64_t> shape;        // unsharded shape
+  int64_t numel = 0;
+  int64_t offset = 0;                // first element in the unit's flat buffer
+  ShardRange local;                  // this rank's part
+
+  // Held so the post-accumulate hook lives as long as the node; the node is
+  // re-created by autograd when the parameter's dtype changes (set_data).
+  std::shared_ptr<torch::autograd::Node> grad_accumulator;
+  // The sharded gradient the optimizer saw last step, set aside while the
+  // parameter is unsharded so autograd starts a fresh, full-shape gradient.
+  at::Tensor sharded_grad_stash;
+
+  bool requires_grad() const;
+};
+
+}  // namespace fsdp

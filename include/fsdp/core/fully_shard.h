@@ -1,0 +1,139 @@
+#pragma once
+// fully_shard: FSDP for any torch::nn module tree (FSDP2's fully_shard).
+//
+//   auto mesh = std::make_shared<fsdp::dist::DeviceMesh>(fsdp::make_mesh(world, strategy));
+//   fsdp::FullyShardOptions opts{mesh};
+//   for (auto& block : model->blocks) fsdp::fully_shard(block, opts);  // units first
+//   fsdp::fully_shard(model, opts);                                    // then the root
+//   torch::optim::AdamW optim(model->parameters(), 1e-3);               // sees local shards
+//   auto loss = loss_fn(fsdp::call(model, x), y);                       // call, not ->forward
+//   loss.backward(); optim.step(); optim.zero_grad();
+//
+// LibTorch modules have no forward hooks, so a unit's hooks run when it is
+// called through fsdp::call (the C++ counterpart of Python's module(x), which
+// runs hooks, versus module.forward(x), which does not). Model code calls its
+// blocks with fsdp::call too; without FSDP applied it is plain forward.
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "fsdp/core/options.h"
+
+namespace fsdp {
+
+class FSDPState;
+
+// Shards the parameters of `module` that no unit below it holds. Apply it to
+// submodules (blocks) before their ancestors, and last to the root. Throws
+// fsdp::Error, on every rank and before any collective, for a module sharded
+// twice, a parameter shared with another unit, or mixed dtypes in one unit.
+void fully_shard(torch::nn::Module& module, const FullyShardOptions& options);
+
+template <typename M>
+void fully_shard(torch::nn::ModuleHolder<M>& module, const FullyShardOptions& options) {
+  fully_shard(*module, options);
+}
+template <typename M>
+void fully_shard(const std::shared_ptr<M>& module, const FullyShardOptions& options) {
+  fully_shard(*module, options);
+}
+
+bool is_fully_sharded(const torch::nn::Module& module);
+
+// Gradient accumulation without communication (FSDP2's
+// set_requires_gradient_sync): while false, backward keeps gradients
+// unsharded and unreduced; the next backward with true reduces the sum.
+void set_requires_gradient_sync(torch::nn::Module& root, bool sync);
+
+// Explicit prefetch: when `unit` runs forward (backward), issue the
+// all-gathers of `units` right away, instead of the implicit next ones.
+void set_modules_to_forward_prefetch(torch::nn::Module& unit, const std::vector<torch::nn::Module*>& units);
+void set_modules_to_backward_prefetch(torch::nn::Module& unit, const std::vector<torch::nn::Module*>& units);
+
+// Every parameter's full value, in the order of root.named_parameters(),
+// tied parameters once. Collective: all ranks call it, between steps.
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Module& root);
+
+// The shape a parameter had before sharding (its current shape if unmanaged).
+std::vector<int64_t> unsharded_shape(const at::Tensor& param);
+
+// Bytes of the sharded fp32 master parameters of every unit under `module`.
+int64_t sharded_param_bytes(const torch::nn::Module& module);
+
+// Parameters of `module` with shared (tied) ones once: LibTorch's
+// Module::parameters() lists a tied parameter once per module holding it,
+// which an optimizer would step twice.
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
+
+namespace detail {
+
+FSDPState* state_of(const torch::nn::Module& module);
+void pre_forward(FSDPState& state);
+at::Tensor cast_input(const FSDPState& state, const at::Tensor& input);
+void post_forward(FSDPState& state, std::vector<at::Tensor>& outputs);
+
+inline torch::nn::Module& module_of(torch::nn::Module& m) { return m; }
+template <typename M>
+M& module_of(torch::nn::ModuleHolder<M>& m) { return *m; }
+template <typename M>
+M& module_of(const std::shared_ptr<M>& m) { return *m; }
+
+template <typename T>
+decltype(auto) cast_arg(const FSDPState& state, T&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return cast_input(state, arg);
+  } else {
+    return std::forward<T>(arg);
+  }
+}
+
+template <typename T>
+struct is_tensor_tuple : std::false_type {};
+template <typename... Ts>
+struct is_tensor_tuple<std::tuple<Ts...>> : std::conjunction<std::is_same<Ts, at::Tensor>...> {};
+
+// Runs post_forward on the tensors of an output: a tensor, a vector or a
+// tuple of tensors. Other output types cannot carry backward hooks.
+template <typename R>
+R finish_forward(FSDPState& state, R out) {
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    std::vector<at::Tensor> outs{std::move(out)};
+    post_forward(state, outs);
+    return outs[0];
+  } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+    post_forward(state, out);
+    return out;
+  } else if constexpr (is_tensor_tuple<R>::value) {
+    std::vector<at::Tensor> outs;
+    std::apply([&](auto&... t) { (outs.push_back(t), ...); }, out);
+    post_forward(state, outs);
+    size_t i = 0;
+    std::apply([&](auto&... t) { ((t = outs[i++]), ...); }, out);
+    return out;
+  } else {
+    static_assert(sizeof(R) == 0, "fsdp::call: a unit's forward must return a Tensor, a vector or a tuple of Tensors");
+  }
+}
+
+}  // namespace detail
+
+// Calls module's forward with FSDP's hooks when it is a unit: gather before,
+// reshard and hook the outputs for backward after.
+template <typename M, typename... Args>
+auto call(M& module, Args&&... args) {
+  auto& impl = detail::module_of(module);
+  FSDPState* state = detail::state_of(impl);
+  if (state == nullptr) return impl.forward(std::forward<Args>(args)...);
+  detail::pre_forward(*state);
+  auto out = impl.forward(detail::cast_arg(*state, std::forward<Args>(args))...);
+  return detail::finish_forward(*state, std::move(out));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,62 @@
+#pragma once
+// What fully_shard is asked to do: sharding strategy, mixed precision,
+// prefetching, initialisation.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/dist/device_mesh.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy {
+  kFullShard,    // free gathered parameters after forward, gather again for backward
+  kShardGradOp,  // keep them gathered from forward until the end of backward
+  kNoShard,      // replicate; all-reduce gradients (DDP); needs a mesh with shard size 1
+  kHybridShard,  // full shard inside each shard group, replicate across groups (2-D mesh)
+};
+
+const char* to_string(ShardingStrategy strategy);
+// Accepts full_shard, shard_grad_op, no_shard, hybrid_shard (any case).
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+// The mesh a strategy needs: 1-D (shard over all ranks) for full_shard and
+// shard_grad_op, replicate x 1 for no_shard, (W / fsdp_size) x fsdp_size for
+// hybrid_shard. Validated on every rank before any group is connected.
+dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingStrategy strategy,
+                           int fsdp_size = 0);
+
+// Mixed precision (FSDP2's MixedPrecisionPolicy). Unset fields keep the
+// parameters' own dtype. The optimizer always updates an fp32 master shard.
+struct MixedPrecisionPolicy {
+  std::optional<at::ScalarType> param_dtype;   // compute dtype of gathered parameters
+  std::optional<at::ScalarType> reduce_dtype;  // dtype gradients are reduced in
+  std::optional<at::ScalarType> output_dtype;  // dtype floating outputs are cast to
+  bool cast_forward_inputs = true;             // cast floating inputs to param_dtype
+};
+
+// Fills one full, unsharded parameter deterministically (every rank must
+// produce the same values). Called for parameters on the meta device, one
+// at a time, so a rank never holds more than its shard plus one parameter.
+using ParamInitFn = std::function<void(const std::string& fqn, at::Tensor& full)>;
+
+struct FullyShardOptions {
+  std::shared_ptr<dist::DeviceMesh> mesh;  // required
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  MixedPrecisionPolicy mixed_precision;
+  // Units whose all-gather is issued ahead of use: forward in recorded
+  // order, backward in reverse. 0 turns implicit prefetch off.
+  int prefetch_depth = 1;
+  // Stay replicated and untouched: no sharding, no gradient reduction.
+  std::vector<at::Tensor> ignored_params;
+  ParamInitFn param_init;
+  // Broadcast rank 0's values instead of trusting every rank's own init.
+  bool sync_module_states = false;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,287 @@
+#include "fsdp/core/fully_shard.h"
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fsdp_state.h"
+#include "fsdp/dist/collectives.h"
+
+namespace fsdp {
+namespace {
+
+// Which module is a unit and which unit holds each parameter. Python's FSDP
+// keeps this on the objects; LibTorch modules have no room for it, so it
+// lives here, keyed by address, with a weak reference to spot dead modules.
+struct Registry {
+  struct Unit {
+    std::weak_ptr<torch::nn::Module> module;
+    std::shared_ptr<FSDPState> state;
+  };
+  struct Param {
+    std::weak_ptr<torch::nn::Module> unit_module;
+    FSDPState* state;
+    size_t index;
+  };
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, Unit> units;
+  std::unordered_map<const void*, Param> params;  // keyed by TensorImpl
+
+  // Addresses of destroyed modules and tensors are reused: forget units
+  // whose module is gone (and with them their shards).
+  void sweep() {
+    for (auto it = params.begin(); it != params.end();) {
+      it = it->second.unit_module.expired() ? params.erase(it) : std::next(it);
+    }
+    for (auto it = units.begin(); it != units.end();) {
+      it = it->second.module.expired() ? units.erase(it) : std::next(it);
+    }
+  }
+  const Param* find_param(const void* key) const {
+    const auto it = params.find(key);
+    return it == params.end() || it->second.unit_module.expired() ? nullptr : &it->second;
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::weak_ptr<torch::nn::Module> weak_of(torch::nn::Module& module) {
+  try {
+    return module.shared_from_this();
+  } catch (const std::bad_weak_ptr&) {
+    throw Error("fully_shard: module " + module.name() +
+                " is not owned by a std::shared_ptr; create it as a module holder (TORCH_MODULE types, "
+                "torch::nn::Linear, std::make_shared<M>(...))");
+  }
+}
+
+const void* key_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// Units in `module`'s subtree (itself included), with their names relative to it.
+std::vector<std::pair<std::string, FSDPState*>> units_under(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, FSDPState*>> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    if (FSDPState* s = detail::state_of(*item.value())) out.emplace_back(item.key(), s);
+  }
+  return out;
+}
+
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+void validate_options(const FullyShardOptions& o) {
+  FSDP_CHECK(o.mesh != nullptr, "fully_shard: FullyShardOptions::mesh is not set: build one with fsdp::make_mesh");
+  FSDP_CHECK(o.prefetch_depth >= 0, "fully_shard: prefetch_depth ", o.prefetch_depth, ": expected >= 0");
+  const auto& layout = o.mesh->layout();
+  FSDP_CHECK(o.strategy != ShardingStrategy::kNoShard || layout.shard == 1,
+             "fully_shard: no_shard replicates every parameter, so the mesh must have shard size 1; it has ",
+             layout.shard, " (use fsdp::make_mesh(world, ShardingStrategy::kNoShard))");
+}
+
+}  // namespace
+
+namespace detail {
+
+FSDPState* state_of(const torch::nn::Module& module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.units.find(&module);
+  return it == r.units.end() || it->second.module.expired() ? nullptr : it->second.state.get();
+}
+
+void pre_forward(FSDPState& state) { state.pre_forward(); }
+at::Tensor cast_input(const FSDPState& state, const at::Tensor& input) { return state.cast_input(input); }
+void post_forward(FSDPState& state, std::vector<at::Tensor>& outputs) { state.post_forward(outputs); }
+
+}  // namespace detail
+
+void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+  validate_options(options);
+  const auto self = weak_of(module);
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.sweep();
+  }
+  if (FSDPState* existing = detail::state_of(module)) {
+    const std::string holds = existing->group() != nullptr
+                                  ? " (its parameters start with '" + existing->group()->params().front().fqn + "')"
+                                  : "";
+    throw Error("fully_shard: module " + module.name() + holds +
+                " is sharded already; apply fully_shard once per module, children before parents");
+  }
+
+  // Units below this one, by name; each parameter belongs to the deepest unit
+  // whose subtree names it.
+  const auto children = units_under(module);
+  const auto owner_by_path = [&](const std::string& fqn) -> FSDPState* {
+    FSDPState* owner = nullptr;
+    size_t best = 0;
+    for (const auto& [prefix, state] : children) {
+      if (!prefix.empty() && fqn.rfind(prefix + ".", 0) == 0 && prefix.size() + 1 > best) {
+        owner = state;
+        best = prefix.size() + 1;
+      }
+    }
+    return owner;
+  };
+
+  std::unordered_set<const void*> ignored;
+  for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
+
+  std::vector<FSDPParam> params;
+  std::unordered_map<const void*, std::string> first_name;  // tied parameters appear under several names
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      const std::string& fqn = item.key();
+      const at::Tensor& param = item.value();
+      const void* key = key_of(param);
+      if (ignored.count(key) != 0) continue;
+      FSDPState* path_owner = owner_by_path(fqn);
+      if (const auto* held = r.find_param(key)) {
+        // Held by a unit below: fine only if this name is inside that unit too.
+        FSDP_CHECK(held->state == path_owner, "fully_shard: parameter '", fqn,
+                   "' is shared with another unit, which holds it as '",
+                   held->state->group()->params()[held->index].fqn,
+                   "': a parameter can belong to one unit only; apply fully_shard to a common ancestor of "
+                   "the modules that share it (and not to them), or list it in ignored_params");
+        continue;
+      }
+      if (path_owner != nullptr) continue;  // a unit below owns this module's parameters by path
+      if (!first_name.emplace(key, fqn).second) continue;  // tied within this unit: once
+      FSDPParam p;
+      p.fqn = fqn;
+      p.param = param;
+      params.push_back(std::move(p));
+    }
+  }
+
+  std::unique_ptr<FSDPParamGroup> group;
+  if (!params.empty()) group = std::make_unique<FSDPParamGroup>(std::move(params), *options.mesh, options);
+  auto state = std::make_shared<FSDPState>(std::move(group), options);
+
+  // This module becomes the root of every unit below it; their names get
+  // this module's prefix so errors name parameters from the root.
+  auto tree = std::make_shared<FSDPTree>();
+  for (const auto& [prefix, child] : children) {
+    tree->states.push_back(child);
+    child->join_tree(tree, false);
+    if (child->group() != nullptr && !prefix.empty()) {
+      for (auto& p : child->group()->params()) {
+        if (p.fqn.rfind(prefix + ".", 0) != 0) p.fqn = join(prefix, p.fqn);
+      }
+    }
+  }
+  tree->states.push_back(state.get());
+  state->join_tree(tree, true);
+
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (state->group() != nullptr) {
+    const auto& ps = state->group()->params();
+    for (size_t i = 0; i < ps.size(); ++i) r.params[key_of(ps[i].param)] = {self, state.get(), i};
+  }
+  r.units[&module] = {self, state};
+}
+
+bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of(module) != nullptr; }
+
+void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
+  for (const auto& [name, state] : units_under(root)) {
+    (void)name;
+    if (state->group() != nullptr) state->group()->requires_gradient_sync = sync;
+  }
+}
+
+namespace {
+std::vector<FSDPState*> states_of(const std::vector<torch::nn::Module*>& modules, const char* what) {
+  std::vector<FSDPState*> out;
+  for (auto* m : modules) {
+    FSDPState* s = detail::state_of(*m);
+    FSDP_CHECK(s != nullptr, what, ": module ", m->name(), " is not sharded; apply fully_shard to it first");
+    out.push_back(s);
+  }
+  return out;
+}
+}  // namespace
+
+void set_modules_to_forward_prefetch(torch::nn::Module& unit, const std::vector<torch::nn::Module*>& units) {
+  FSDPState* s = detail::state_of(unit);
+  FSDP_CHECK(s != nullptr, "set_modules_to_forward_prefetch: module ", unit.name(), " is not sharded");
+  s->forward_prefetch = states_of(units, "set_modules_to_forward_prefetch");
+}
+
+void set_modules_to_backward_prefetch(torch::nn::Module& unit, const std::vector<torch::nn::Module*>& units) {
+  FSDPState* s = detail::state_of(unit);
+  FSDP_CHECK(s != nullptr, "set_modules_to_backward_prefetch: module ", unit.name(), " is not sharded");
+  s->backward_prefetch = states_of(units, "set_modules_to_backward_prefetch");
+}
+
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Module& root) {
+  // Gather each unit's flat master shard once, in a fixed order on every rank.
+  std::unordered_map<const void*, at::Tensor> full;
+  for (const auto& [name, state] : units_under(root)) {
+    (void)name;
+    FSDPParamGroup* group = state->group();
+    if (group == nullptr) continue;
+    FSDP_CHECK(group->sharded_state() == ShardedState::kSharded,
+               "full_parameters: called during forward or backward; call it between steps");
+    auto& g = group->shard_group();
+    const auto& ps = group->params();
+    // Every parameter's local view is a slice of one contiguous shard;
+    // rebuild that shard from the views (some may be empty).
+    at::Tensor shard = at::zeros({group->flat_numel() / g.size()}, ps.front().param.options());
+    for (const auto& p : ps) {
+      if (p.local.numel > 0) shard.narrow(0, p.local.begin_in_shard, p.local.numel).copy_(p.param.detach());
+    }
+    at::Tensor flat = at::empty({group->flat_numel()}, shard.options());
+    dist::all_gather_into_tensor(g, flat, shard).wait();
+    for (const auto& p : ps) full[key_of(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root.named_parameters(true)) {
+    const void* key = key_of(item.value());
+    if (!seen.insert(key).second) continue;
+    const auto it = full.find(key);
+    out.emplace_back(item.key(), it != full.end() ? it->second : item.value().detach().clone());
+  }
+  return out;
+}
+
+std::vector<int64_t> unsharded_shape(const at::Tensor& param) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto* held = r.find_param(key_of(param));
+  if (held == nullptr) return param.sizes().vec();
+  return held->state->group()->params()[held->index].shape;
+}
+
+int64_t sharded_param_bytes(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& [name, state] : units_under(module)) {
+    (void)name;
+    if (state->group() != nullptr) total += state->group()->sharded_param_bytes();
+  }
+  return total;
+}
+
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : module.parameters(true)) {
+    if (seen.insert(key_of(p)).second) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace fsdp

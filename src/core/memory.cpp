@@ -1,0 +1,73 @@
+#include "fsdp/core/memory.h"
+
+#include <algorithm>
+#include <atomic>
+#include <unordered_set>
+
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include "fsdp/core/fully_shard.h"
+
+namespace fsdp {
+namespace memory {
+namespace {
+std::atomic<int64_t> g_gathered{0};
+std::atomic<int64_t> g_peak{0};
+}  // namespace
+
+void on_gathered(int64_t delta_bytes) {
+  const int64_t now = g_gathered += delta_bytes;
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+int64_t gathered_bytes() { return g_gathered.load(); }
+int64_t peak_gathered_bytes() { return g_peak.load(); }
+void reset_peak() { g_peak = g_gathered.load(); }
+}  // namespace memory
+
+namespace {
+
+int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+// LibTorch's optimizer states expose their tensors only through their
+// concrete types; these are the ones fsdp.cpp's trainer uses.
+int64_t optimizer_state_tensor_bytes(const torch::optim::OptimizerParamState& state) {
+  if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
+    return bytes(s->exp_avg()) + bytes(s->exp_avg_sq()) + bytes(s->max_exp_avg_sq());
+  }
+  if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
+    return bytes(s->exp_avg()) + bytes(s->exp_avg_sq()) + bytes(s->max_exp_avg_sq());
+  }
+  if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
+    return bytes(s->momentum_buffer());
+  }
+  return 0;
+}
+
+}  // namespace
+
+MemoryStats memory_stats(const torch::nn::Module& module, const torch::optim::Optimizer* optimizer) {
+  MemoryStats stats;
+  std::unordered_set<const void*> seen;
+  for (const auto& param : module.parameters()) {
+    if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
+    if (param.grad().defined()) stats.grad_bytes += static_cast<int64_t>(param.grad().nbytes());
+  }
+  stats.sharded_param_bytes = sharded_param_bytes(module);
+  if (optimizer != nullptr) {
+    for (const auto& [key, state] : optimizer->state()) {
+      (void)key;
+      stats.optimizer_state_bytes += optimizer_state_tensor_bytes(*state);
+    }
+  }
+  stats.gathered_bytes = memory::gathered_bytes();
+  stats.peak_gathered_bytes = memory::peak_gathered_bytes();
+  return stats;
+}
+
+}  // namespace fsdp

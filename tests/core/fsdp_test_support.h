@@ -1,0 +1,57 @@
+#pragma once
+// Training loops shared by the FSDP tests: one sharded (under fsdp launch,
+// any world size) and one reference (this process alone, the whole global
+// batch, plain LibTorch), fed the same global batches.
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/core/options.h"
+#include "tiny_transformer.h"
+
+namespace fsdp::testing {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct RunSpec {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  bool bf16 = false;               // bf16 compute, fp32 reduce
+  int grad_accum = 1;              // micro-steps per optimizer step
+  bool sync_each_micro_step = true;
+  int prefetch_depth = 1;
+  bool explicit_prefetch = false;  // each block prefetches the next (forward) / previous (backward)
+  double weight_decay = 0.0;       // on matrices and embeddings; never on norms and biases
+  double clip = 0.0;               // max grad norm, 0 for none
+  int steps = 5;
+  int64_t rows_per_rank = 2;       // micro-batch rows each rank reads per micro-step
+};
+
+// What a sharded run observed along the way.
+struct ShardedRunLog {
+  std::vector<double> grad_norms;          // clip_grad_norm_'s return, per step
+  std::vector<int64_t> gathered_after_step;
+  int64_t state_bytes_after_first_step = 0;  // params + grads + optimizer state on this rank
+  int64_t padding_elements = 0;              // over all units on this rank's shard group
+};
+
+TinyConfig tiny_config();
+constexpr uint64_t kInitSeed = 1234;
+
+// Tokens (rows, seq + 1) of the global batch of step `step`.
+torch::Tensor global_batch(int step, int64_t rows);
+
+// Shard group size for hybrid_shard at this world size (0: not run).
+int hybrid_fsdp_size(int world);
+
+NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log = nullptr);
+NamedTensors train_reference(const RunSpec& spec, std::vector<double>* grad_norms = nullptr);
+
+// ||a - b|| / ||b|| (L2) of each parameter, the worst over all.
+double max_relative_difference(const NamedTensors& actual, const NamedTensors& expected, std::string* worst_name);
+
+}  // namespace fsdp::testing
