@@ -101,9 +101,12 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
   sharded_flat_ = at::zeros({shard_numel_}, at::TensorOptions().dtype(master_dtype_));
   for (auto& p : params_) {
     at::Tensor full;
-    if (p.param.is_meta()) {
+    FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
+               "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
+               "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
+    if (is_deferred(p.param)) {
       FSDP_CHECK(static_cast<bool>(options.param_init), "fully_shard: parameter '", p.fqn,
-                 "' is on the meta device: pass FullyShardOptions::param_init to initialise it");
+                 "' is deferred (no memory behind it): pass FullyShardOptions::param_init to initialise it");
       // One full parameter at a time: filled, sliced, dropped.
       full = at::empty(p.shape, at::TensorOptions().dtype(orig_dtype_));
       at::NoGradGuard no_grad;

@@ -133,6 +133,15 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
     return owner;
   };
 
+  // A held parameter's name as seen from `module`, when its unit is below.
+  const auto name_under = [&](FSDPState* state, size_t index) {
+    const std::string& name = state->group()->params()[index].fqn;
+    for (const auto& [prefix, child] : children) {
+      if (child == state && !prefix.empty() && name.rfind(prefix + ".", 0) != 0) return join(prefix, name);
+    }
+    return name;
+  };
+
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
 
@@ -150,8 +159,7 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
       if (const auto* held = r.find_param(key)) {
         // Held by a unit below: fine only if this name is inside that unit too.
         FSDP_CHECK(held->state == path_owner, "fully_shard: parameter '", fqn,
-                   "' is shared with another unit, which holds it as '",
-                   held->state->group()->params()[held->index].fqn,
+                   "' is shared with another unit, which holds it as '", name_under(held->state, held->index),
                    "': a parameter can belong to one unit only; apply fully_shard to a common ancestor of "
                    "the modules that share it (and not to them), or list it in ignored_params");
         continue;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include <ATen/ATen.h>
+
 #include "fsdp/common/error.h"
 
 namespace fsdp {
@@ -26,6 +28,14 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   }
   throw Error("unknown sharding strategy '" + name +
               "': expected full_shard, shard_grad_op, no_shard or hybrid_shard");
+}
+
+at::Tensor deferred_empty(at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), at::TensorOptions().dtype(dtype));
+}
+
+bool is_deferred(const at::Tensor& t) {
+  return t.numel() > 1 && static_cast<int64_t>(t.storage().nbytes()) < t.numel() * static_cast<int64_t>(t.element_size());
 }
 
 dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingStrategy strategy, int fsdp_size) {

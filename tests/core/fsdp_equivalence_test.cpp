@@ -41,7 +41,7 @@ TEST_P(Equivalence, FiveAdamWStepsMatchOneProcess) {
   if (!runs_here(strategy)) GTEST_SKIP() << "hybrid_shard runs at world sizes 2 (1x... 2x1) and 4 (2x2)";
   RunSpec spec;
   spec.strategy = strategy;
-  spec.bf16 = bf16;
+  spec.compute_dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
   spec.weight_decay = 0.1;
   ShardedRunLog log;
   const auto sharded = train_sharded(spec, &log);

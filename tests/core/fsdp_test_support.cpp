@@ -4,6 +4,7 @@
 
 #include "../dist/dist_test_world.h"
 #include "fsdp/core/grad_norm.h"
+#include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"
 
 namespace fsdp::testing {
@@ -75,8 +76,8 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
   options.mesh = mesh_for(spec.strategy);
   options.strategy = spec.strategy;
   options.prefetch_depth = spec.prefetch_depth;
-  if (spec.bf16) {
-    options.mixed_precision.param_dtype = torch::kBFloat16;
+  if (spec.compute_dtype != torch::kFloat) {
+    options.mixed_precision.param_dtype = spec.compute_dtype;
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
   for (auto& block : model->blocks) fully_shard(block, options);
@@ -87,6 +88,7 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
     for (size_t i = 1; i < b.size(); ++i) set_modules_to_backward_prefetch(*b[i], {b[i - 1].get()});
   }
   torch::optim::AdamW optimizer(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  ShardedGradScaler scaler(world.group(), GradScalerOptions{kLossScale, 2.0, 0.5, 1000});
 
   // Data order: micro-step a of rank r reads rows [(a * W + r) * B, ... + B).
   const int64_t B = spec.rows_per_rank;
@@ -97,14 +99,22 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
       const torch::Tensor rows = batch.narrow(0, (a * w + rank) * B, B);
       const auto c = tiny_config();
       torch::Tensor logits = fsdp::call(model, rows.narrow(1, 0, c.seq));
-      (loss_of(logits, rows.narrow(1, 1, c.seq)) / spec.grad_accum).backward();
+      torch::Tensor loss = loss_of(logits, rows.narrow(1, 1, c.seq)) / spec.grad_accum;
+      (spec.loss_scaling ? scaler.scale(loss) : loss).backward();
     }
+    if (spec.loss_scaling) scaler.unscale_(optimizer);
     const double norm = clip_grad_norm_(*model, spec.clip);
-    optimizer.step();
+    if (spec.loss_scaling) {
+      scaler.step(optimizer);
+      scaler.update();
+    } else {
+      optimizer.step();
+    }
     optimizer.zero_grad();
     if (log != nullptr) {
       log->grad_norms.push_back(norm);
       log->gathered_after_step.push_back(memory::gathered_bytes());
+      log->loss_scales.push_back(scaler.get_scale());
       if (step == 0) {
         const auto stats = memory_stats(*model, &optimizer);
         log->state_bytes_after_first_step = stats.sharded_param_bytes + stats.grad_bytes + stats.optimizer_state_bytes;
@@ -115,27 +125,28 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
 }
 
 NamedTensors train_reference(const RunSpec& spec, std::vector<double>* grad_norms) {
-  // One process, the whole global batch, plain LibTorch. With bf16, mixed
-  // precision is done by hand the classic way: fp32 master weights that the
-  // optimizer updates, copied into a bf16 model for forward and backward,
-  // whose gradients are widened to fp32.
+  // One process, the whole global batch, plain LibTorch. With bf16 or fp16,
+  // mixed precision is done by hand the classic way: fp32 master weights
+  // that the optimizer updates, copied into a low-precision model for
+  // forward and backward, whose gradients are widened to fp32.
   auto model = make_tiny(tiny_config(), kInitSeed);
   torch::optim::AdamW optimizer(param_groups(model, spec.weight_decay), torch::optim::AdamWOptions(1e-2));
   const auto master = unique_parameters(*model);  // the optimizer's tensors
-  TinyTransformer compute = spec.bf16 ? make_tiny(tiny_config(), kInitSeed) : model;
-  if (spec.bf16) compute->to(torch::kBFloat16);
+  const bool mixed = spec.compute_dtype != torch::kFloat;
+  TinyTransformer compute = mixed ? make_tiny(tiny_config(), kInitSeed) : model;
+  if (mixed) compute->to(spec.compute_dtype);
   const auto compute_params = unique_parameters(*compute);
 
   const int w = test_world().size();
   const int64_t rows_total = spec.rows_per_rank * w * spec.grad_accum;
   const auto c = tiny_config();
   for (int step = 0; step < spec.steps; ++step) {
-    if (spec.bf16) {
+    if (mixed) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < master.size(); ++i) compute_params[i].copy_(master[i]);
     }
     const torch::Tensor batch = global_batch(step, rows_total);
-    if (!spec.bf16) {
+    if (!mixed) {
       torch::Tensor logits = compute->forward(batch.narrow(1, 0, c.seq));
       loss_of(logits, batch.narrow(1, 1, c.seq)).backward();
     } else {
@@ -148,9 +159,10 @@ NamedTensors train_reference(const RunSpec& spec, std::vector<double>* grad_norm
         for (int a = 0; a < spec.grad_accum; ++a) {
           const torch::Tensor rows = batch.narrow(0, (a * w + r) * B, B);
           torch::Tensor logits = compute->forward(rows.narrow(1, 0, c.seq));
-          loss_of(logits, rows.narrow(1, 1, c.seq)).backward();
+          const double scale = spec.loss_scaling ? kLossScale : 1.0;
+          (loss_of(logits, rows.narrow(1, 1, c.seq)) * scale).backward();
           for (size_t i = 0; i < master.size(); ++i) {
-            master[i].mutable_grad().add_(compute_params[i].grad().to(torch::kFloat));
+            master[i].mutable_grad().add_(compute_params[i].grad().to(torch::kFloat).div_(scale));
             compute_params[i].mutable_grad() = torch::Tensor();
           }
         }

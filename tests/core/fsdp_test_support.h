@@ -20,7 +20,8 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 struct RunSpec {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  bool bf16 = false;               // bf16 compute, fp32 reduce
+  torch::ScalarType compute_dtype = torch::kFloat;  // bf16/fp16: mixed precision, fp32 reduce
+  bool loss_scaling = false;       // fp16: ShardedGradScaler (reference: the same scale, by hand)
   int grad_accum = 1;              // micro-steps per optimizer step
   bool sync_each_micro_step = true;
   int prefetch_depth = 1;
@@ -36,11 +37,12 @@ struct ShardedRunLog {
   std::vector<double> grad_norms;          // clip_grad_norm_'s return, per step
   std::vector<int64_t> gathered_after_step;
   int64_t state_bytes_after_first_step = 0;  // params + grads + optimizer state on this rank
-  int64_t padding_elements = 0;              // over all units on this rank's shard group
+  std::vector<double> loss_scales;           // the scaler's scale after each step
 };
 
 TinyConfig tiny_config();
 constexpr uint64_t kInitSeed = 1234;
+constexpr double kLossScale = 1024.0;
 
 // Tokens (rows, seq + 1) of the global batch of step `step`.
 torch::Tensor global_batch(int step, int64_t rows);

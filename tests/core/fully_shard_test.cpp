@@ -1,0 +1,287 @@
+// fully_shard beyond equivalence: bad input, memory, initialisation,
+// ignored parameters and fp16 loss scaling.
+
+#include <malloc.h>
+
+#include <gtest/gtest.h>
+
+#include "../dist/dist_test_world.h"
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/core/grad_scaler.h"
+#include "fsdp/core/memory.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp_test_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+std::shared_ptr<dist::DeviceMesh> world_mesh() {
+  static auto mesh = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), ShardingStrategy::kFullShard));
+  return mesh;
+}
+
+FullyShardOptions default_options() {
+  FullyShardOptions o;
+  o.mesh = world_mesh();
+  return o;
+}
+
+// Expects an fsdp::Error containing every needle, then proves with a
+// barrier that no rank is stuck in a collective.
+template <typename Fn>
+void expect_error_on_every_rank(Fn&& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  dist::barrier(test_world().group());
+}
+
+// A module that registers the tensor it is given, to share one parameter.
+struct HolderImpl : torch::nn::Module {
+  explicit HolderImpl(torch::Tensor t) { w = register_parameter("w", t); }
+  torch::Tensor forward(torch::Tensor x) { return x * w; }
+  torch::Tensor w;
+};
+TORCH_MODULE(Holder);
+
+TEST(FullyShardErrors, ShardingTwice) {
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  fully_shard(model->blocks[0], default_options());
+  expect_error_on_every_rank([&] { fully_shard(model->blocks[0], default_options()); },
+                             {"sharded already", "ln_1.weight", "once per module"});
+}
+
+TEST(FullyShardErrors, ParameterSharedBetweenTwoUnits) {
+  struct PairImpl : torch::nn::Module {
+    PairImpl() {
+      auto shared = torch::randn({4});
+      a = register_module("a", Holder(shared));
+      b = register_module("b", Holder(shared));
+    }
+    Holder a{nullptr}, b{nullptr};
+  };
+  auto pair = std::make_shared<PairImpl>();
+  fully_shard(pair->a, default_options());
+  expect_error_on_every_rank([&] { fully_shard(pair->b, default_options()); },
+                             {"parameter 'w' is shared with another unit", "common ancestor"});
+  // a holds it already, so the parent cannot take b's name for it either.
+  expect_error_on_every_rank([&] { fully_shard(*pair, default_options()); }, {"'b.w' is shared", "'a.w'"});
+}
+
+TEST(FullyShardErrors, MixedDtypesInOneUnit) {
+  struct MixedImpl : torch::nn::Module {
+    MixedImpl() {
+      register_parameter("single", torch::randn({3}));
+      register_parameter("double_precision", torch::randn({3}, torch::kDouble));
+    }
+  };
+  auto mixed = std::make_shared<MixedImpl>();
+  expect_error_on_every_rank([&] { fully_shard(*mixed, default_options()); },
+                             {"'double_precision'", "Double", "'single'", "Float", "one unit holds one dtype"});
+}
+
+TEST(FullyShardErrors, NoShardNeedsAReplicateMesh) {
+  if (test_world().size() == 1) GTEST_SKIP() << "at W=1 every mesh has shard size 1";
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  auto options = default_options();
+  options.strategy = ShardingStrategy::kNoShard;
+  expect_error_on_every_rank([&] { fully_shard(model, options); }, {"no_shard", "shard size 1"});
+}
+
+TEST(FullyShardErrors, HybridShardSizeMustDivideTheWorld) {
+  const int w = test_world().size();
+  expect_error_on_every_rank([&] { make_mesh(test_world_ptr(), ShardingStrategy::kHybridShard, w + 1); },
+                             {"does not divide WORLD_SIZE " + std::to_string(w)});
+}
+
+TEST(FullyShardErrors, UnknownStrategyName) {
+  EXPECT_THROW(parse_sharding_strategy("zero3"), Error);
+  EXPECT_EQ(parse_sharding_strategy("HYBRID_SHARD"), ShardingStrategy::kHybridShard);
+}
+
+int64_t full_param_count() {
+  int64_t n = 0;
+  for (const auto& p : unique_parameters(*make_tiny(tiny_config(), kInitSeed))) n += p.numel();
+  return n;
+}
+
+TEST(FullyShardMemory, ShardedStateIsAWthOfTheFullStatePlusPadding) {
+  const int w = test_world().size();
+  ShardedRunLog log;
+  RunSpec spec;
+  spec.steps = 1;
+  train_sharded(spec, &log);
+  // params + grads + AdamW's two moments, fp32, for the whole model:
+  const int64_t full_state = 4 * 4 * full_param_count();
+  const int64_t units = tiny_config().layers + 1;
+  const int64_t padding = 4 * 4 * units;  // at most one padded element per unit per shard copy
+  EXPECT_LE(log.state_bytes_after_first_step, full_state / w + padding)
+      << "full state " << full_state << " bytes over " << w << " ranks";
+  EXPECT_GE(log.state_bytes_after_first_step, full_state / w - padding) << "the state must be there";
+}
+
+int64_t heap_bytes() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+TEST(FullyShardMemory, HeldMemoryDoesNotGrowAcrossSteps) {
+  auto model = make_tiny(TinyConfig{64, 8, 64, 4, 3}, kInitSeed);
+  for (auto& block : model->blocks) fully_shard(block, default_options());
+  fully_shard(model, default_options());
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  int64_t model_bytes = 0;
+  for (const auto& p : unique_parameters(*make_tiny(TinyConfig{64, 8, 64, 4, 3}, 1))) model_bytes += p.nbytes();
+  std::vector<int64_t> held;
+  memory::reset_peak();
+  for (int step = 0; step < 8; ++step) {
+    auto tokens = global_batch(step, 2).remainder(64);
+    torch::Tensor logits = fsdp::call(model, tokens.narrow(1, 0, 8));
+    torch::nn::functional::cross_entropy(logits.reshape({-1, 64}), tokens.narrow(1, 1, 8).reshape({-1})).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered buffers left after step " << step;
+    held.push_back(heap_bytes());
+  }
+  // From step 2 on, nothing new is kept: growth stays well below one gathered model per step.
+  EXPECT_LT(held.back() - held[2], model_bytes / 4) << "heap after step 2: " << held[2] << ", after step 8: " << held.back();
+  // FULL_SHARD holds at most the root, the running block and one prefetched block gathered.
+  if (test_world().size() > 1) {
+    EXPECT_LT(memory::peak_gathered_bytes(), model_bytes);
+  }
+}
+
+TEST(FullyShardInit, MetaParametersAreMaterialisedOneAtATime) {
+  // Six deferred 512 KiB parameters: a rank must never hold more
+  // than its shards so far plus the one parameter being initialised.
+  struct WideImpl : torch::nn::Module {
+    WideImpl() {
+      for (int i = 0; i < 6; ++i) register_parameter("p" + std::to_string(i), deferred_empty({256, 512}));
+    }
+  };
+  const auto fill = [](const std::string& fqn, torch::Tensor& full) {
+    const double k = static_cast<double>(fqn.back() - '0') + 1;
+    full.copy_(torch::arange(full.numel(), torch::kFloat).reshape(full.sizes()).mul(k / full.numel()));
+  };
+  auto wide = std::make_shared<WideImpl>();
+  auto options = default_options();
+  int64_t peak_during_init = 0;
+  const int64_t before = heap_bytes();
+  options.param_init = [&](const std::string& fqn, torch::Tensor& full) {
+    fill(fqn, full);
+    peak_during_init = std::max(peak_during_init, heap_bytes() - before);
+  };
+  fully_shard(*wide, options);
+  const int64_t param_bytes = 256 * 512 * 4;
+  const int64_t shard_bytes = sharded_param_bytes(*wide);
+  EXPECT_LE(peak_during_init, shard_bytes + param_bytes + (64 << 10));
+  EXPECT_LT(peak_during_init, 6 * param_bytes) << "the whole model was materialised";
+  for (const auto& [name, value] : full_parameters(*wide)) {
+    torch::Tensor expected = torch::empty({256, 512});
+    fill(name, expected);
+    EXPECT_TRUE(value.equal(expected)) << name;
+  }
+}
+
+TEST(FullyShardInit, DeferredParametersWithoutAnInitFunctionAreAnError) {
+  auto holder = Holder(deferred_empty({4}));
+  expect_error_on_every_rank([&] { fully_shard(holder, default_options()); }, {"'w' is deferred", "param_init"});
+}
+
+TEST(FullyShardInit, MetaParametersAreRejectedWithTheAlternative) {
+  auto holder = Holder(torch::empty({4}, torch::kMeta));
+  expect_error_on_every_rank([&] { fully_shard(holder, default_options()); }, {"'w' is on the meta device", "deferred_empty"});
+}
+
+TEST(FullyShardInit, SyncModuleStatesTakesRankZerosValues) {
+  auto model = make_tiny(tiny_config(), 100 + test_world().rank());  // a different init on each rank
+  auto options = default_options();
+  options.sync_module_states = true;
+  for (auto& block : model->blocks) fully_shard(block, options);
+  fully_shard(model, options);
+  const auto rank0 = make_tiny(tiny_config(), 100);
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& item : rank0->named_parameters()) expected[item.key()] = item.value();
+  for (const auto& [name, value] : full_parameters(*model)) EXPECT_TRUE(value.equal(expected.at(name))) << name;
+}
+
+TEST(FullyShardParams, IgnoredParametersStayWholeAndTiedOnesAreShared) {
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  auto options = default_options();
+  options.ignored_params = {model->wpe->weight};
+  for (auto& block : model->blocks) fully_shard(block, options);
+  fully_shard(model, options);
+  EXPECT_EQ(model->wpe->weight.sizes(), (std::vector<int64_t>{tiny_config().seq, tiny_config().dim}));
+  EXPECT_EQ(unsharded_shape(model->wte->weight), (std::vector<int64_t>{tiny_config().vocab, tiny_config().dim}));
+  EXPECT_EQ(model->wte->weight.dim(), 1) << "managed parameters hold their 1-D shard between steps";
+  // The tied head is the embedding: one parameter, listed once.
+  const auto params = unique_parameters(*model);
+  EXPECT_EQ(std::count_if(params.begin(), params.end(),
+                          [&](const torch::Tensor& p) { return p.is_same(model->wte->weight); }),
+            1);
+  auto tokens = global_batch(0, 2);
+  torch::Tensor logits = fsdp::call(model, tokens.narrow(1, 0, tiny_config().seq));
+  logits.sum().backward();
+  EXPECT_EQ(model->wpe->weight.grad().sizes(), model->wpe->weight.sizes()) << "an ignored parameter keeps its full gradient";
+}
+
+bool cpu_has_fp16_kernels() {
+  try {
+    torch::layer_norm(torch::ones({2, 2}, torch::kHalf), {2});
+    torch::ones({2, 2}, torch::kHalf).matmul(torch::ones({2, 2}, torch::kHalf));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+class GradScalerTraining : public ::testing::TestWithParam<torch::ScalarType> {};
+
+TEST_P(GradScalerTraining, ScaledStepsMatchTheReplayedReference) {
+  if (GetParam() == torch::kHalf && !cpu_has_fp16_kernels()) {
+    GTEST_SKIP() << "this LibTorch has no fp16 LayerNorm/matmul on CPU; the bf16 case covers the scaler";
+  }
+  RunSpec spec;
+  spec.compute_dtype = GetParam();
+  spec.loss_scaling = true;
+  ShardedRunLog log;
+  const auto sharded = train_sharded(spec, &log);
+  const auto reference = train_reference(spec);
+  std::string worst;
+  EXPECT_LE(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
+  for (double s : log.loss_scales) EXPECT_EQ(s, kLossScale) << "no overflow expected at this scale";
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GradScalerTraining, ::testing::Values(torch::kHalf, torch::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepEverywhere) {
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  for (auto& block : model->blocks) fully_shard(block, default_options());
+  fully_shard(model, default_options());
+  torch::optim::AdamW optimizer(unique_parameters(*model), torch::optim::AdamWOptions(1e-2));
+  ShardedGradScaler scaler(test_world().group(), GradScalerOptions{1024.0, 2.0, 0.5, 1000});
+  const auto before = full_parameters(*model);
+  auto tokens = global_batch(0, 2);
+  scaler.scale(fsdp::call(model, tokens.narrow(1, 0, tiny_config().seq)).sum()).backward();
+  if (test_world().rank() == test_world().size() - 1) {
+    for (auto& p : unique_parameters(*model)) {
+      if (p.grad().numel() > 0) {
+        p.mutable_grad()[0] = std::numeric_limits<float>::infinity();
+        break;
+      }
+    }
+  }
+  EXPECT_FALSE(scaler.step(optimizer));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  const auto after = full_parameters(*model);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(after[i].second.equal(before[i].second)) << after[i].first;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
