@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -36,6 +37,16 @@ namespace fsdp {
 // precision); the node keeps a hook only while someone holds it, hence
 // FSDPParam::grad_accumulator.
 
+// [Note: gradients in place]
+// When a unit's shard group has one rank (W = 1, or no_shard) and gradients
+// are reduced in the parameters' dtype, the sharded and gathered forms are
+// the same memory, so gradients need not move either: every parameter's
+// .grad is a view of one persistent flat buffer, full-shape while gathered
+// and 1-D while sharded. LibTorch's AccumulateGrad adds into a defined
+// gradient in place (outside create_graph), zero_grad zeroes it in place,
+// and the only communication left is the all-reduce across replicas. A
+// gradient the user replaced is copied back into the buffer.
+
 namespace {
 
 class GradReadyHook : public torch::autograd::FunctionPostHook {
@@ -52,6 +63,13 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 };
 
 bool is_low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// A tensor over `flat`'s memory that autograd does not treat as a view:
+// optimizers' zero_grad calls detach_() on gradients, which views refuse.
+at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
+  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, shape,
+                                             c10::contiguous_strides(shape));
+}
 
 void resize_storage(const at::Tensor& t, int64_t nbytes) {
   at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(nbytes));
@@ -128,6 +146,8 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
     p.param.set_data(sharded_view(p));
   }
   unsharded_aliases_sharded_ = shard_group_->size() == 1 && param_dtype_ == master_dtype_;
+  grads_in_place_ = unsharded_aliases_sharded_ && reduce_dtype_ == param_dtype_;
+  if (grads_in_place_) grad_flat_ = at::zeros({padded_numel_}, at::TensorOptions().dtype(master_dtype_));
   if (unsharded_aliases_sharded_) {
     unsharded_flat_ = sharded_flat_;
   } else {
@@ -181,12 +201,14 @@ void FSDPParamGroup::wait_for_unshard() {
     all_gather_input_ = at::Tensor();
   }
   for (auto& p : params_) {
-    // Last step's sharded gradient waits aside; autograd starts a fresh one.
-    if (p.param.grad().defined()) {
+    p.param.set_data(unsharded_view(p));
+    if (grads_in_place_) {
+      if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
+    } else if (p.param.grad().defined()) {
+      // Last step's sharded gradient waits aside; autograd starts a fresh one.
       p.sharded_grad_stash = p.param.grad();
       p.param.mutable_grad() = at::Tensor();
     }
-    p.param.set_data(unsharded_view(p));
   }
   register_grad_hooks();
   state_ = ShardedState::kUnsharded;
@@ -204,6 +226,10 @@ void FSDPParamGroup::reshard() {
   }
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
+    if (grads_in_place_) {
+      if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
+      continue;
+    }
     if (p.sharded_grad_stash.defined() && !p.param.grad().defined()) {
       p.param.mutable_grad() = p.sharded_grad_stash;
     }
@@ -211,6 +237,16 @@ void FSDPParamGroup::reshard() {
   }
   free_unsharded();
   state_ = ShardedState::kSharded;
+}
+
+void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
+  at::Tensor& grad = p.param.mutable_grad();
+  if (!grad.defined()) {
+    view.zero_();  // set to none by the user: start from zero
+  } else if (!grad.is_alias_of(view)) {
+    view.copy_(grad.reshape(view.sizes()));  // replaced by the user or by autograd
+  }
+  grad = view;
 }
 
 void FSDPParamGroup::register_grad_hooks() {
@@ -238,6 +274,15 @@ void FSDPParamGroup::post_backward() {
   post_backward_done_ = true;
   if (grads_expected_ == 0) {
     reshard();
+    return;
+  }
+  if (grads_in_place_) {
+    reshard();  // re-attaches every gradient view, copying any that autograd replaced
+    if (!requires_gradient_sync) return;
+    reduced_this_backward_ = true;
+    if (replicate_group_->size() > 1) {
+      reduce_work_ = dist::all_reduce(*replicate_group_, grad_flat_, dist::ReduceOp::kAvg);
+    }
     return;
   }
   // Move the full-shape gradients into one flat buffer; the padding is zero.
@@ -280,15 +325,18 @@ void FSDPParamGroup::finalize_backward() {
     reduce_input_ = at::Tensor();
   }
   if (!reduced_this_backward_) return;
+  if (grads_in_place_) {
+    reduced_this_backward_ = false;
+    return;
+  }
   if (replicate_group_->size() > 1) dist::all_reduce(*replicate_group_, reduce_output_, dist::ReduceOp::kAvg).wait();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
-    at::Tensor grad = reduce_output_.narrow(0, p.local.begin_in_shard, p.local.numel)
-                          .to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+    const at::Tensor reduced = reduce_output_.narrow(0, p.local.begin_in_shard, p.local.numel);
     if (p.param.grad().defined()) {
-      p.param.mutable_grad().add_(grad);
+      p.param.mutable_grad().add_(reduced);  // accumulates across steps unless zeroed
     } else {
-      p.param.mutable_grad() = grad;
+      p.param.mutable_grad() = reduced.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
     }
   }
   reduce_output_ = at::Tensor();

@@ -65,6 +65,7 @@ class FSDPParamGroup {
   at::Tensor sharded_view(const FSDPParam& p) const;
   void allocate_unsharded();
   void free_unsharded();
+  void attach_grad_view(FSDPParam& p, const at::Tensor& view);
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;
@@ -81,6 +82,12 @@ class FSDPParamGroup {
   at::Tensor sharded_flat_;        // [shard_numel_] fp32 master (orig dtype without mixed precision)
   at::Tensor unsharded_flat_;      // [padded_numel_] param dtype; storage freed while sharded
   bool unsharded_aliases_sharded_ = false;  // shard group of 1, no cast: no copy at all
+  // With an aliased shard and no reduce cast, gradients live in grad_flat_
+  // for good: parameters' .grad are views of it in both states, autograd
+  // accumulates into them in place, and only replicas need a collective
+  // (DDP's gradient-as-bucket-view). See [Note: gradients in place].
+  bool grads_in_place_ = false;
+  at::Tensor grad_flat_;
   at::Tensor all_gather_input_;    // cast of the shard, alive while the all-gather runs
   std::optional<dist::Work> all_gather_work_;
 

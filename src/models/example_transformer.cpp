@@ -1,0 +1,56 @@
+#include "fsdp/models/example_transformer.h"
+
+#include "fsdp/core/fully_shard.h"
+
+namespace fsdp::models {
+
+namespace F = torch::nn::functional;
+
+ExampleBlockImpl::ExampleBlockImpl(const ExampleTransformerConfig& c) : n_heads(c.n_heads) {
+  TORCH_CHECK(c.dim % c.n_heads == 0, "dim ", c.dim, " is not a multiple of n_heads ", c.n_heads);
+  const auto no_bias = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(false); };
+  attention_norm = register_module("attention_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  wq = register_module("wq", torch::nn::Linear(no_bias(c.dim, c.dim)));
+  wk = register_module("wk", torch::nn::Linear(no_bias(c.dim, c.dim)));
+  wv = register_module("wv", torch::nn::Linear(no_bias(c.dim, c.dim)));
+  wo = register_module("wo", torch::nn::Linear(no_bias(c.dim, c.dim)));
+  ffn_norm = register_module("ffn_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  w1 = register_module("w1", torch::nn::Linear(c.dim, 4 * c.dim));
+  w2 = register_module("w2", torch::nn::Linear(4 * c.dim, c.dim));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor ExampleBlockImpl::forward(torch::Tensor x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_heads;
+  auto h = attention_norm(x);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_heads, hs}).transpose(1, 2); };
+  auto q = heads(wq(h)), k = heads(wk(h)), v = heads(wv(h));  // (B, nh, T, hs)
+  auto scores = q.matmul(k.transpose(-2, -1)).div_(std::sqrt(static_cast<double>(hs)));
+  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  auto att = scores.masked_fill(causal, -std::numeric_limits<float>::infinity()).softmax(-1);
+  auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
+  x = x + resid_dropout(wo(y));
+  return x + resid_dropout(w2(F::gelu(w1(ffn_norm(x)))));
+}
+
+ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c) {
+  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(c.vocab_size, c.dim));
+  pos_embeddings = register_module("pos_embeddings", torch::nn::Embedding(c.max_seq_len, c.dim));
+  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    blocks.emplace_back(c);
+    layers->push_back(blocks.back());
+  }
+  norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+  output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
+}
+
+torch::Tensor ExampleTransformerImpl::forward(torch::Tensor tokens) {
+  auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
+  auto x = dropout(tok_embeddings(tokens) + pos_embeddings(positions));
+  for (auto& block : blocks) x = fsdp::call(block, x);
+  return output(norm(x));
+}
+
+}  // namespace fsdp::models
