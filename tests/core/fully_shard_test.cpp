@@ -103,6 +103,20 @@ TEST(FullyShardErrors, UnknownStrategyName) {
   EXPECT_EQ(parse_sharding_strategy("HYBRID_SHARD"), ShardingStrategy::kHybridShard);
 }
 
+TEST(FullyShardParams, UnitSizesAreNotMultiplesOfThreeOrFour) {
+  // So that W = 3 and W = 4 pad every unit's flat buffer.
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  int64_t block = 0;
+  for (const auto& p : model->blocks[0]->parameters()) block += p.numel();
+  int64_t all = 0;
+  for (const auto& p : unique_parameters(*model)) all += p.numel();
+  const int64_t root = all - block * tiny_config().layers;
+  for (int w : {3, 4}) {
+    EXPECT_NE(block % w, 0) << "block of " << block;
+    EXPECT_NE(root % w, 0) << "root of " << root;
+  }
+}
+
 int64_t full_param_count() {
   int64_t n = 0;
   for (const auto& p : unique_parameters(*make_tiny(tiny_config(), kInitSeed))) n += p.numel();

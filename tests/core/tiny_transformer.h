@@ -15,8 +15,8 @@ namespace fsdp::testing {
 struct TinyConfig {
   int64_t vocab = 37;
   int64_t seq = 8;
-  int64_t dim = 18;
-  int64_t heads = 2;
+  int64_t dim = 25;  // a block holds 12*25^2 + 10*25 = 7750 parameters, the root 25*(37+8) + 50 = 1175
+  int64_t heads = 5;
   int64_t layers = 2;
 };
 
