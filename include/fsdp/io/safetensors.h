@@ -1,0 +1,65 @@
+#pragma once
+// safetensors files (Hugging Face's weight format): an 8-byte little-endian
+// header length, a JSON header {name: {dtype, shape, data_offsets}, ...,
+// "__metadata__": {...}}, then the tensors' bytes. Reading memory-maps the
+// file and validates the whole header up front, so a lying header (offsets
+// out of the file, overlapping, sizes that do not match shapes) is an error
+// naming the file and the tensor, never a crash.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdp::io {
+
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  // byte offsets within the data section
+  uint64_t end = 0;
+};
+
+class SafetensorsFile {
+ public:
+  // Throws fsdp::Error naming `path` and what is wrong with it.
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // A tensor over the mapped bytes (valid while this object lives); reading
+  // it touches only its own pages.
+  at::Tensor view(const std::string& name) const;
+  // The elements [begin, begin + count) of the tensor flattened, copied.
+  at::Tensor read_range(const std::string& name, int64_t begin, int64_t count) const;
+
+ private:
+  const SafetensorsEntry& entry(const std::string& name) const;
+
+  std::string path_;
+  int fd_ = -1;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  size_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes contiguous copies of `tensors` in the given order, atomically.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+const char* safetensors_dtype_name(at::ScalarType dtype);
+
+}  // namespace fsdp::io

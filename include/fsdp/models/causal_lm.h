@@ -1,0 +1,41 @@
+#pragma once
+// What the trainer needs from a language model, whatever its family: hidden
+// states from tokens, the output projection (tied or not), the blocks that
+// become FSDP units, and activation checkpointing per block. Model code is
+// single-device; parallelism is applied afterwards (parallelize.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace fsdp::models {
+
+struct CausalLMImpl : torch::nn::Module {
+  ~CausalLMImpl() override = default;
+
+  // (B, T) int64 tokens -> (B, T, C) hidden states after the final norm.
+  virtual torch::Tensor forward(torch::Tensor tokens) = 0;
+  // (vocab, C): logits = hidden @ output_weight()^T.
+  virtual torch::Tensor output_weight() = 0;
+  // The repeated blocks, in order: the units FSDP shards one by one.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() = 0;
+  // Recompute each block in backward instead of keeping its activations.
+  virtual void set_activation_checkpointing(bool enabled) = 0;
+
+  virtual std::string family() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+  virtual int64_t dim() const = 0;
+  virtual int64_t n_layers() const = 0;
+  // Hugging Face config.json for this architecture.
+  virtual std::string hf_config_json() const = 0;
+};
+
+using CausalLM = std::shared_ptr<CausalLMImpl>;
+
+// Parameters with tied ones once.
+int64_t count_parameters(const torch::nn::Module& model);
+
+}  // namespace fsdp::models

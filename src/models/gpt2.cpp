@@ -1,0 +1,160 @@
+#include "fsdp/models/gpt2.h"
+
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/models/attention.h"
+#include "fsdp/nn/activation_checkpoint.h"
+
+namespace fsdp::models {
+
+namespace {
+const std::map<std::string, GPT2Config>& presets() {
+  // (vocab, positions, embd, layers, heads)
+  static const std::map<std::string, GPT2Config> p = {
+      {"gpt2-tiny", {512, 64, 32, 2, 2}},
+      {"gpt2-d6", {50257, 1024, 384, 6, 6}},
+      {"gpt2", {50257, 1024, 768, 12, 12}},
+      {"gpt2-medium", {50257, 1024, 1024, 24, 16}},
+      {"gpt2-large", {50257, 1024, 1280, 36, 20}},
+      {"gpt2-xl", {50257, 1024, 1600, 48, 25}},
+  };
+  return p;
+}
+}  // namespace
+
+bool is_gpt2_preset(const std::string& name) { return presets().count(name) != 0; }
+
+GPT2Config gpt2_preset(const std::string& name) {
+  const auto it = presets().find(name);
+  FSDP_CHECK(it != presets().end(), "unknown GPT-2 preset '", name,
+             "': expected gpt2-tiny, gpt2-d6, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
+  return it->second;
+}
+
+Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
+  // Hugging Face initialises Conv1D weights from N(0, 0.02), biases at 0.
+  weight = register_parameter("weight", torch::randn({in, out}) * 0.02);
+  bias = register_parameter("bias", torch::zeros({out}));
+}
+
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+  auto shape = x.sizes().vec();
+  shape.back() = weight.size(1);
+  return torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(shape);
+}
+
+GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c) : n_head(c.n_head) {
+  FSDP_CHECK(c.n_embd % c.n_head == 0, "GPT-2: n_embd ", c.n_embd, " is not a multiple of n_head ", c.n_head);
+  c_attn = register_module("c_attn", Conv1D(c.n_embd, 3 * c.n_embd));
+  c_proj = register_module("c_proj", Conv1D(c.n_embd, c.n_embd));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.attn_pdrop));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.resid_pdrop));
+}
+
+torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto qkv = c_attn(x).split(C, -1);
+  const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, C / n_head}).transpose(1, 2); };
+  auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout);  // (B, nh, T, hs)
+  return resid_dropout(c_proj(y.transpose(1, 2).contiguous().view({B, T, C})));
+}
+
+GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
+  c_fc = register_module("c_fc", Conv1D(c.n_embd, 4 * c.n_embd));
+  c_proj = register_module("c_proj", Conv1D(4 * c.n_embd, c.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(c.resid_pdrop));
+}
+
+torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
+  // GPT-2's "gelu_new": the tanh approximation.
+  return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+}
+
+GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
+  const auto ln = [&] {
+    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon));
+  };
+  ln_1 = register_module("ln_1", ln());
+  attn = register_module("attn", GPT2Attention(c));
+  ln_2 = register_module("ln_2", ln());
+  mlp = register_module("mlp", GPT2MLP(c));
+}
+
+torch::Tensor GPT2BlockImpl::forward_block(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
+  if (checkpoint_activations) return nn::checkpoint([this](const torch::Tensor& t) { return forward_block(t); }, x);
+  return forward_block(x);
+}
+
+GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
+  torch::NoGradGuard no_grad;
+  wte->weight.normal_(0, 0.02);
+  wpe->weight.normal_(0, 0.01);
+  drop = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks.emplace_back(c);
+    h->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
+}
+
+GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(const GPT2Config& c) : config(c) {
+  transformer = register_module("transformer", GPT2Model(c));
+}
+
+torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
+  const int64_t T = tokens.size(1);
+  FSDP_CHECK(T <= config.n_positions, "sequence length ", T, " exceeds the model's ", config.n_positions,
+             " positions (n_positions)");
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(positions));
+  for (auto& block : transformer->blocks) x = fsdp::call(block, x);
+  return transformer->ln_f(x);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPT2LMHeadModelImpl::blocks() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : transformer->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+void GPT2LMHeadModelImpl::set_activation_checkpointing(bool enabled) {
+  for (auto& b : transformer->blocks) b->checkpoint_activations = enabled;
+}
+
+std::string GPT2LMHeadModelImpl::hf_config_json() const {
+  nlohmann::json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", config.vocab_size},
+      {"n_positions", config.n_positions},
+      {"n_ctx", config.n_positions},
+      {"n_embd", config.n_embd},
+      {"n_layer", config.n_layer},
+      {"n_head", config.n_head},
+      {"n_inner", nullptr},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", config.layer_norm_epsilon},
+      {"embd_pdrop", config.embd_pdrop},
+      {"attn_pdrop", config.attn_pdrop},
+      {"resid_pdrop", config.resid_pdrop},
+      {"tie_word_embeddings", true},
+      {"bos_token_id", 50256},
+      {"eos_token_id", 50256},
+      {"torch_dtype", "float32"},
+  };
+  return j.dump(2);
+}
+
+}  // namespace fsdp::models
