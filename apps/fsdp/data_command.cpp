@@ -1,0 +1,46 @@
+// `fsdp data prepare` (and `fsdp data encode` for checking the tokenizer).
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "commands.h"
+#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/data/prepare.h"
+
+namespace fsdp::cli {
+
+void add_data_command(CLI::App& app, int& exit_code) {
+  auto* data = app.add_subcommand("data", "prepare token files");
+  data->require_subcommand(1);
+
+  auto options = std::make_shared<data::PrepareOptions>();
+  options->tokenizer_dir = "data/gpt2";
+  auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
+  prepare->add_option("--input", options->input, "a .txt/.json file or a directory of them")->required();
+  prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin go")->required();
+  prepare->add_option("--tokenizer", options->tokenizer_dir, "directory with encoder.json and vocab.bpe (default data/gpt2)");
+  prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out (default 0.05)");
+  prepare->callback([options, &exit_code] {
+    const auto s = data::prepare_corpus(*options);
+    std::printf("data prepare: %lld documents, %.1f MB of text -> %lld train + %lld val tokens in %s\n",
+                static_cast<long long>(s.documents), static_cast<double>(s.bytes) / 1e6,
+                static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), options->out_dir.c_str());
+    exit_code = 0;
+  });
+
+  auto tokenizer_dir = std::make_shared<std::string>("data/gpt2");
+  auto* encode = data->add_subcommand("encode", "print the GPT-2 token ids of standard input, one line");
+  encode->add_option("--tokenizer", *tokenizer_dir, "directory with encoder.json and vocab.bpe");
+  encode->callback([tokenizer_dir, &exit_code] {
+    data::GPT2Tokenizer tokenizer(*tokenizer_dir + "/encoder.json", *tokenizer_dir + "/vocab.bpe");
+    std::stringstream in;
+    in << std::cin.rdbuf();
+    const auto ids = tokenizer.encode(in.str());
+    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
+    std::printf("\n");
+    exit_code = 0;
+  });
+}
+
+}  // namespace fsdp::cli
