@@ -10,5 +10,7 @@ void add_launch_command(CLI::App& app, int& exit_code);
 void add_smoke_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 void add_data_command(CLI::App& app, int& exit_code);
+void add_train_command(CLI::App& app, int& exit_code);
+void add_generate_command(CLI::App& app, int& exit_code);
 
 }  // namespace fsdp::cli

@@ -107,9 +107,11 @@ void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
     tree_->recording_order = false;
     tree_->in_forward = false;
     if (!grad_enabled) {
-      // Inference: no backward will come to release anything.
+      // Inference: no backward will come to release the units. The root
+      // stays gathered, as after every forward: its parameters (an output
+      // head, say) are used after its forward returns.
       for (FSDPState* s : tree_->states) {
-        if (s->group_) s->group_->reshard();
+        if (s->group_ && s != this) s->group_->reshard();
       }
     }
   }

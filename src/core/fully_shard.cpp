@@ -241,8 +241,9 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
     (void)name;
     FSDPParamGroup* group = state->group();
     if (group == nullptr) continue;
-    FSDP_CHECK(group->sharded_state() == ShardedState::kSharded,
-               "full_parameters: called during forward or backward; call it between steps");
+    // Between steps only the root can be gathered (after an inference
+    // forward); its shard is current, so release the gathered copy.
+    group->reshard();
     auto& g = group->shard_group();
     const auto& ps = group->params();
     // Every parameter's local view is a slice of one contiguous shard;

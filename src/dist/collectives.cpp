@@ -1,5 +1,7 @@
 #include "fsdp/dist/collectives.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 
 #include <ATen/ATen.h>
@@ -84,9 +86,24 @@ Work::~Work() {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_wait_ns{0};
+
+// Adds the time of its scope to g_wait_ns.
+struct WaitTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~WaitTimer() {
+    g_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+}  // namespace
+
+double exposed_comm_seconds() { return static_cast<double>(g_wait_ns.load()) * 1e-9; }
+
 void Work::wait() {
   if (done_) return;
   done_ = true;  // one attempt: a failed collective leaves the group unusable
+  WaitTimer timer;
   for (auto& w : pending_) {
     try {
       w->wait(group_->timeout());

@@ -16,6 +16,7 @@ const std::map<std::string, GPT2Config>& presets() {
   // (vocab, positions, embd, layers, heads)
   static const std::map<std::string, GPT2Config> p = {
       {"gpt2-tiny", {512, 64, 32, 2, 2}},
+      {"gpt2-mini", {50257, 256, 128, 4, 4}},
       {"gpt2-d6", {50257, 1024, 384, 6, 6}},
       {"gpt2", {50257, 1024, 768, 12, 12}},
       {"gpt2-medium", {50257, 1024, 1024, 24, 16}},
@@ -31,7 +32,7 @@ bool is_gpt2_preset(const std::string& name) { return presets().count(name) != 0
 GPT2Config gpt2_preset(const std::string& name) {
   const auto it = presets().find(name);
   FSDP_CHECK(it != presets().end(), "unknown GPT-2 preset '", name,
-             "': expected gpt2-tiny, gpt2-d6, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
+             "': expected gpt2-tiny, gpt2-mini, gpt2-d6, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
   return it->second;
 }
 

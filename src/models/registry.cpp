@@ -78,7 +78,7 @@ bool is_dir(const std::string& path) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-tiny", "gpt2-d6", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+  return {"gpt2-tiny", "gpt2-mini", "gpt2-d6", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
           "llama-tiny", "llama3-1b", "llama3-3b", "llama3-8b", "example"};
 }
 

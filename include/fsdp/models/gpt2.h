@@ -22,7 +22,7 @@ struct GPT2Config {
   double resid_pdrop = 0.0;
 };
 
-// gpt2-tiny (tests), gpt2-d6 (6 x 384), gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl.
+// gpt2-tiny (tests), gpt2-mini (4 x 128, the demo), gpt2-d6 (6 x 384), gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl.
 GPT2Config gpt2_preset(const std::string& name);
 bool is_gpt2_preset(const std::string& name);
 

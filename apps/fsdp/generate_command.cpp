@@ -1,0 +1,38 @@
+// `fsdp generate`: sample text from a Hugging Face directory (for example
+// one written by `fsdp train --export-hf`).
+
+#include <cstdio>
+
+#include "commands.h"
+#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/generate.h"
+
+namespace fsdp::cli {
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  struct Flags {
+    std::string from, prompt = "\n", tokenizer = "data/gpt2";
+    train::SampleOptions sample;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* cmd = app.add_subcommand("generate", "sample text from a Hugging Face model directory");
+  cmd->add_option("--from", f->from, "Hugging Face directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--prompt", f->prompt, "text to continue");
+  cmd->add_option("--max-new-tokens", f->sample.max_new_tokens, "tokens to generate (default 64)");
+  cmd->add_option("--temperature", f->sample.temperature, "sampling temperature, 0 for greedy (default 0.8)");
+  cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
+  cmd->add_option("--seed", f->sample.seed, "random seed (default 42)");
+  cmd->add_option("--tokenizer", f->tokenizer, "directory with encoder.json and vocab.bpe (default data/gpt2)");
+  cmd->callback([f, &exit_code] {
+    data::GPT2Tokenizer tokenizer(f->tokenizer + "/encoder.json", f->tokenizer + "/vocab.bpe");
+    auto model = models::load_hf_pretrained(f->from);
+    auto prompt = tokenizer.encode(f->prompt);
+    if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
+    const auto ids = train::generate(model, prompt, f->sample);
+    std::printf("%s%s\n", f->prompt.c_str(), tokenizer.decode(ids).c_str());
+    exit_code = 0;
+  });
+}
+
+}  // namespace fsdp::cli

@@ -1,0 +1,74 @@
+#pragma once
+// The trainer's configuration: a YAML file laid out in sections (model /
+// data / optim / runtime / fsdp), then command-line overrides, each checked
+// against one schema. Unknown keys and bad values are errors naming the key,
+// what was expected and the closest valid key. Light header: no LibTorch.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp::train {
+
+struct TrainConfig {
+  struct Model {
+    std::string name = "gpt2-tiny";  // a preset; ignored when init_from is set
+    std::string init_from;           // a Hugging Face directory (config.json + model.safetensors)
+    double dropout = 0.0;
+    bool activation_checkpoint = false;
+    bool chunk_loss = false;
+    bool print = false;  // print the module tree at start
+  } model;
+  struct Data {
+    std::string train = "synthetic";  // an llm.c token file, or "synthetic"
+    std::string val;                  // a token file for evaluation (optional)
+    int64_t seq_len = 64;
+    int64_t batch_size = 4;  // sequences per rank per micro-step
+    int64_t grad_accum = 1;
+  } data;
+  struct Optim {
+    double lr = 3e-4;
+    double min_lr_ratio = 0.1;  // of lr, where cosine and linear schedules end
+    int64_t warmup_steps = 10;
+    std::string lr_schedule = "cosine";  // cosine | linear | constant
+    double weight_decay = 0.1;           // on matrices and embeddings, never norms and biases
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;  // 0 disables
+  } optim;
+  struct Runtime {
+    int64_t steps = 100;
+    int64_t seed = 1337;
+    std::string precision = "fp32";  // fp32 | bf16 | fp16
+    int64_t log_every = 10;
+    int64_t eval_every = 0;  // 0: only at the end (when data.val is set)
+    int64_t eval_batches = 8;
+    std::string metrics;  // JSON-lines file written by rank 0
+    std::string tokenizer = "data/gpt2";
+    int64_t sample_tokens = 0;  // generate this many tokens at the end
+    std::string sample_prompt = "\n";
+    std::string export_hf;  // write a Hugging Face directory at the end
+  } runtime;
+  struct Fsdp {
+    std::string sharding = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
+    int64_t fsdp_size = 0;                // shard-group size for hybrid_shard
+    int64_t prefetch_depth = 1;
+    bool explicit_prefetch = false;
+  } fsdp;
+
+  // Loads a YAML file over the current values. Throws fsdp::Error naming
+  // the file, the key and the problem.
+  void load_yaml(const std::string& path);
+  // Sets "section.key" from text, as --set does; `source` names where the
+  // setting came from in errors.
+  void set(const std::string& dotted_key, const std::string& value, const std::string& source);
+  // Cross-field checks (allowed values, positive sizes, ...).
+  void validate() const;
+  std::string to_yaml() const;
+
+  static std::vector<std::string> keys();
+};
+
+}  // namespace fsdp::train

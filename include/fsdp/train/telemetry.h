@@ -1,0 +1,48 @@
+#pragma once
+// What the trainer reports: one JSON object per line in the metrics file,
+// and on a terminal a progress bar (plain lines when output is not a TTY).
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fsdp::train {
+
+class MetricsFile {
+ public:
+  // An empty path writes nothing. Throws naming the path if it cannot be opened.
+  explicit MetricsFile(const std::string& path);
+  void write(const nlohmann::json& line);
+
+ private:
+  std::ofstream out_;
+};
+
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t total_steps);
+  // One update per logged step; draws a bar on a terminal, prints a line otherwise.
+  void log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm);
+  void message(const std::string& text);
+  void finish();
+
+ private:
+  bool tty_;
+  int64_t first_step_, total_steps_;
+  std::chrono::steady_clock::time_point start_;
+  bool bar_drawn_ = false;
+};
+
+// Peak resident memory of this process (VmHWM), in bytes.
+int64_t peak_rss_bytes();
+
+// fp32 matmul rate this process reaches with its threads (FLOP/s), measured
+// once; the CPU "peak" MFU is stated against.
+double measured_cpu_peak_flops();
+
+// Model FLOPs per token for training (forward + backward): 6 N + 12 L T C.
+double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim);
+
+}  // namespace fsdp::train

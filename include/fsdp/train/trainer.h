@@ -1,0 +1,65 @@
+#pragma once
+// `fsdp train`: a language model trained with the FSDP core on token files
+// or synthetic data. Trainer::train() reads top to bottom: set up, loop
+// over steps (micro-steps, clip, step, log, evaluate), sample, export.
+
+#include <memory>
+#include <optional>
+
+#include "fsdp/core/grad_scaler.h"
+#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/models/causal_lm.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/lr_schedule.h"
+#include "fsdp/train/telemetry.h"
+
+namespace fsdp::train {
+
+struct TrainSummary {
+  std::vector<double> train_losses;  // one per step, averaged over ranks and micro-steps
+  std::vector<double> val_losses;    // one per evaluation
+  std::string sample;                // generated text, if asked for
+};
+
+class Trainer {
+ public:
+  // Validates the configuration against the model and the data before any
+  // file is written or any collective runs.
+  Trainer(TrainConfig config, std::shared_ptr<dist::World> world);
+  ~Trainer();
+
+  TrainSummary train();
+
+ private:
+  struct StepStats {
+    double loss, grad_norm, seconds, comm_seconds;
+  };
+  void build_model();
+  void build_optimizer();
+  StepStats train_step(int64_t step);
+  double evaluate();
+  void log_step(int64_t step, const StepStats& stats);
+  std::string sample_text();
+  void export_hf();
+
+  TrainConfig config_;
+  std::shared_ptr<dist::World> world_;
+  std::shared_ptr<dist::DeviceMesh> mesh_;
+  models::CausalLM model_;
+  int64_t params_ = 0;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<ShardedGradScaler> scaler_;
+  std::unique_ptr<data::DataLoader> train_data_;
+  std::unique_ptr<data::DataLoader> val_data_;
+  std::unique_ptr<data::GPT2Tokenizer> tokenizer_;  // for samples
+  LrSchedule schedule_;
+  std::unique_ptr<MetricsFile> metrics_;
+  std::unique_ptr<Progress> progress_;
+  double peak_flops_ = 0;
+  int64_t tokens_seen_ = 0;
+  TrainSummary summary_;
+};
+
+}  // namespace fsdp::train

@@ -1,0 +1,41 @@
+#include "fsdp/train/generate.h"
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+
+namespace fsdp::train {
+
+std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<int32_t>& prompt,
+                              const SampleOptions& o) {
+  FSDP_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    // The model sees at most its context window: the last max_seq_len tokens.
+    const auto context = std::min<int64_t>(static_cast<int64_t>(ids.size()), model->max_seq_len());
+    auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - context, ids.end()), torch::kLong).unsqueeze(0);
+    auto hidden = fsdp::call(model, tokens);  // (1, T, C)
+    auto logits = hidden.select(1, context - 1).matmul(model->output_weight().t()).to(torch::kFloat).squeeze(0);
+    int64_t next;
+    if (o.temperature <= 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / o.temperature;
+      if (o.top_k > 0 && o.top_k < logits.size(0)) {
+        const auto kth = std::get<0>(logits.topk(o.top_k)).min();
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(logits.softmax(-1), 1, false, gen).item<int64_t>();
+    }
+    ids.push_back(next);
+    out.push_back(static_cast<int32_t>(next));
+  }
+  if (was_training) model->train();
+  return out;
+}
+
+}  // namespace fsdp::train

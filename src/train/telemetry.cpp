@@ -1,0 +1,98 @@
+#include "fsdp/train/telemetry.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <torch/torch.h>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::train {
+
+MetricsFile::MetricsFile(const std::string& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::app);
+  FSDP_CHECK(out_.good(), "cannot write the metrics file '", path, "'");
+}
+
+void MetricsFile::write(const nlohmann::json& line) {
+  if (!out_.is_open()) return;
+  out_ << line.dump() << "\n";
+  out_.flush();
+}
+
+Progress::Progress(int64_t first_step, int64_t total_steps)
+    : tty_(::isatty(STDOUT_FILENO) != 0),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      start_(std::chrono::steady_clock::now()) {}
+
+void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int64_t done = step + 1 - first_step_;
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step - 1) : 0;
+  if (tty_) {
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", bar.c_str(), static_cast<long long>(step + 1),
+                static_cast<long long>(total_steps_), loss, tokens_per_s, eta);
+    bar_drawn_ = true;
+  } else {
+    std::printf("step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %.0fs\n",
+                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
+                tokens_per_s, eta);
+  }
+  std::fflush(stdout);
+}
+
+void Progress::message(const std::string& text) {
+  if (bar_drawn_) std::printf("\n");
+  bar_drawn_ = false;
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (bar_drawn_) std::printf("\n");
+  bar_drawn_ = false;
+  std::fflush(stdout);
+}
+
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+double measured_cpu_peak_flops() {
+  static const double peak = [] {
+    torch::NoGradGuard no_grad;
+    const int64_t n = 512;
+    auto a = torch::randn({n, n});
+    auto b = torch::randn({n, n});
+    auto c = a.matmul(b);  // warm up
+    int iters = 0;
+    const auto start = std::chrono::steady_clock::now();
+    double seconds = 0;
+    while (seconds < 0.2) {
+      c = a.matmul(b);
+      ++iters;
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    return 2.0 * static_cast<double>(n * n * n) * iters / seconds;
+  }();
+  return peak;
+}
+
+double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim) {
+  return 6.0 * static_cast<double>(params) + 12.0 * static_cast<double>(layers * seq_len * dim);
+}
+
+}  // namespace fsdp::train

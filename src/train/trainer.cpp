@@ -1,0 +1,243 @@
+#include "fsdp/train/trainer.h"
+
+#include <ATen/Parallel.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/core/grad_norm.h"
+#include "fsdp/core/memory.h"
+#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp/models/parallelize.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/nn/lm_loss.h"
+#include "fsdp/train/generate.h"
+
+namespace fsdp::train {
+namespace {
+
+torch::ScalarType precision_dtype(const std::string& p) {
+  if (p == "bf16") return torch::kBFloat16;
+  if (p == "fp16") return torch::kHalf;
+  return torch::kFloat;
+}
+
+double mean_over_ranks(dist::ProcessGroup& group, double local) {
+  auto t = torch::full({1}, local, torch::kDouble);
+  dist::all_reduce(group, t, dist::ReduceOp::kAvg).wait();
+  return t.item<double>();
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
+    : config_(std::move(config)), world_(std::move(world)) {
+  config_.validate();
+  torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
+  build_model();
+  const auto& d = config_.data;
+  FSDP_CHECK(d.seq_len <= model_->max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
+             model_->max_seq_len(), " positions");
+  const int rank = world_->rank(), w = world_->size();
+  train_data_ = std::make_unique<data::DataLoader>(d.train, d.batch_size, d.seq_len, rank, w,
+                                                   static_cast<int>(d.grad_accum), model_->vocab_size(),
+                                                   static_cast<uint64_t>(config_.runtime.seed) + 17 * static_cast<uint64_t>(rank));
+  if (!d.val.empty()) {
+    val_data_ = std::make_unique<data::DataLoader>(d.val, d.batch_size, d.seq_len, rank, w, 1, model_->vocab_size(),
+                                                   static_cast<uint64_t>(config_.runtime.seed) + 7919);
+  }
+  if (config_.runtime.sample_tokens > 0) {
+    const auto& dir = config_.runtime.tokenizer;
+    tokenizer_ = std::make_unique<data::GPT2Tokenizer>(dir + "/encoder.json", dir + "/vocab.bpe");
+  }
+  build_optimizer();
+  schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, config_.runtime.steps,
+               config_.optim.lr_schedule};
+  // Everything is validated; only now may files be written.
+  if (world_->rank() == 0) metrics_ = std::make_unique<MetricsFile>(config_.runtime.metrics);
+  progress_ = std::make_unique<Progress>(0, config_.runtime.steps);
+  peak_flops_ = measured_cpu_peak_flops();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build_model() {
+  const auto& m = config_.model;
+  model_ = m.init_from.empty() ? models::build_preset(m.name, m.dropout) : models::load_hf_pretrained(m.init_from);
+  params_ = models::count_parameters(*model_);
+  if (world_->rank() == 0) {
+    std::printf("model %s: %lld parameters (%s), %lld layers, width %lld, vocabulary %lld\n",
+                m.init_from.empty() ? m.name.c_str() : m.init_from.c_str(), static_cast<long long>(params_),
+                model_->family().c_str(), static_cast<long long>(model_->n_layers()),
+                static_cast<long long>(model_->dim()), static_cast<long long>(model_->vocab_size()));
+    if (m.print) std::cout << *model_ << "\n";
+  }
+}
+
+void Trainer::build_optimizer() {
+  // Decay groups are chosen on the unsharded model: parameters keep their
+  // identity through sharding, but not their shape.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : unique_parameters(*model_)) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+
+  const auto& f = config_.fsdp;
+  const auto strategy = parse_sharding_strategy(f.sharding);
+  mesh_ = std::make_shared<dist::DeviceMesh>(make_mesh(world_, strategy, static_cast<int>(f.fsdp_size)));
+  models::ParallelizeOptions par;
+  par.activation_checkpoint = config_.model.activation_checkpoint;
+  par.explicit_prefetch = f.explicit_prefetch;
+  par.fsdp.mesh = mesh_;
+  par.fsdp.strategy = strategy;
+  par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
+  const auto dtype = precision_dtype(config_.runtime.precision);
+  if (dtype != torch::kFloat) {
+    par.fsdp.mixed_precision.param_dtype = dtype;
+    par.fsdp.mixed_precision.reduce_dtype = torch::kFloat;
+  }
+  models::parallelize(*model_, par);
+
+  const auto& o = config_.optim;
+  auto options = [&](double wd) {
+    auto opt = std::make_unique<torch::optim::AdamWOptions>(o.lr);
+    opt->betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd);
+    return opt;
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, options(o.weight_decay));
+  groups.emplace_back(no_decay, options(0.0));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
+  if (dtype == torch::kHalf) scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
+}
+
+TrainSummary Trainer::train() {
+  if (world_->rank() == 0) {
+    metrics_->write({{"event", "start"},
+                     {"params", params_},
+                     {"world_size", world_->size()},
+                     {"sharding", config_.fsdp.sharding},
+                     {"precision", config_.runtime.precision},
+                     {"threads_per_rank", at::get_num_threads()},
+                     {"peak_flops_per_rank", peak_flops_},
+                     {"peak_source", "fp32 matmul rate measured at start-up (CPU)"}});
+  }
+  for (int64_t step = 0; step < config_.runtime.steps; ++step) {
+    const double lr = schedule_.at(step);
+    for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+
+    const StepStats stats = train_step(step);
+    summary_.train_losses.push_back(stats.loss);
+
+    const bool last = step + 1 == config_.runtime.steps;
+    if ((step + 1) % config_.runtime.log_every == 0 || last) log_step(step, stats);
+    const int64_t every = config_.runtime.eval_every;
+    if (val_data_ && ((every > 0 && (step + 1) % every == 0) || last)) {
+      const double val = evaluate();
+      summary_.val_losses.push_back(val);
+      if (world_->rank() == 0) {
+        metrics_->write({{"split", "val"}, {"step", step + 1}, {"loss", val}});
+        char line[128];
+        std::snprintf(line, sizeof(line), "step %lld: val loss %.4f", static_cast<long long>(step + 1), val);
+        progress_->message(line);
+      }
+    }
+  }
+  if (world_->rank() == 0) progress_->finish();
+  if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
+  if (!config_.runtime.export_hf.empty()) export_hf();
+  return summary_;
+}
+
+Trainer::StepStats Trainer::train_step(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  const double comm_before = dist::exposed_comm_seconds();
+  const int64_t A = config_.data.grad_accum;
+  double loss_sum = 0;
+  for (int a = 0; a < A; ++a) {
+    // Reduce gradients once per optimizer step, on the last micro-step.
+    set_requires_gradient_sync(*model_, a == A - 1);
+    const data::Batch batch = train_data_->batch(step, a);
+    torch::Tensor hidden = fsdp::call(model_, batch.inputs);
+    torch::Tensor loss = config_.model.chunk_loss
+                             ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
+                             : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
+    loss = loss / static_cast<double>(A);
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    loss_sum += loss.item<double>();
+  }
+  if (scaler_) scaler_->unscale_(*optimizer_);
+  const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
+  if (scaler_) {
+    scaler_->step(*optimizer_);
+    scaler_->update();
+  } else {
+    optimizer_->step();
+  }
+  optimizer_->zero_grad();
+  const double loss = mean_over_ranks(world_->group(), loss_sum);
+  tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {loss, grad_norm, seconds, dist::exposed_comm_seconds() - comm_before};
+}
+
+void Trainer::log_step(int64_t step, const StepStats& s) {
+  const double tokens_per_step = static_cast<double>(world_->size() * config_.data.grad_accum *
+                                                     config_.data.batch_size * config_.data.seq_len);
+  const double tokens_per_s = tokens_per_step / s.seconds;
+  const double flops_per_token = training_flops_per_token(params_, model_->n_layers(), config_.data.seq_len, model_->dim());
+  const double mfu = flops_per_token * tokens_per_s / world_->size() / peak_flops_;
+  const auto mem = memory_stats(*model_, optimizer_.get());
+  if (world_->rank() != 0) return;
+  metrics_->write({{"step", step + 1},
+                   {"loss", s.loss},
+                   {"lr", schedule_.at(step)},
+                   {"grad_norm", s.grad_norm},
+                   {"tokens_per_s", tokens_per_s},
+                   {"mfu", mfu},
+                   {"step_time_s", s.seconds},
+                   {"comm_wait_s", s.comm_seconds},
+                   {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1 << 20)},
+                   {"sharded_state_mb", static_cast<double>(mem.sharded_param_bytes + mem.grad_bytes +
+                                                            mem.optimizer_state_bytes) / (1 << 20)},
+                   {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
+                   {"tokens_seen", tokens_seen_}});
+  progress_->log(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm);
+}
+
+double Trainer::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  double sum = 0;
+  for (int64_t e = 0; e < config_.runtime.eval_batches; ++e) {
+    const data::Batch batch = val_data_->batch(e, 0);
+    torch::Tensor hidden = fsdp::call(model_, batch.inputs);
+    sum += (config_.model.chunk_loss ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
+                                     : nn::lm_loss(hidden, model_->output_weight(), batch.targets))
+               .item<double>();
+  }
+  model_->train();
+  return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.runtime.eval_batches));
+}
+
+std::string Trainer::sample_text() {
+  auto& tokenizer = *tokenizer_;
+  auto prompt = tokenizer.encode(config_.runtime.sample_prompt);
+  if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
+  SampleOptions options;
+  options.max_new_tokens = config_.runtime.sample_tokens;
+  options.seed = static_cast<uint64_t>(config_.runtime.seed);
+  const auto ids = generate(model_, prompt, options);
+  std::string text = tokenizer.decode(ids);
+  if (world_->rank() == 0) std::printf("--- sample (%zu tokens) ---\n%s%s\n---\n", ids.size(), config_.runtime.sample_prompt.c_str(), text.c_str());
+  return text;
+}
+
+void Trainer::export_hf() {
+  const auto params = full_parameters(*model_);
+  if (world_->rank() == 0) {
+    models::save_hf_pretrained(*model_, params, config_.runtime.export_hf);
+    std::printf("exported Hugging Face weights to %s\n", config_.runtime.export_hf.c_str());
+  }
+  dist::barrier(world_->group());
+}
+
+}  // namespace fsdp::train
