@@ -1,5 +1,7 @@
 #include "fsdp/common/runtime.h"
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -35,8 +37,20 @@ void quiet_library_logs() {
   if (!google::IsGoogleLoggingInitialized()) google::InitGoogleLogging("fsdp");
 }
 
+void keep_freed_memory() {
+  // Training allocates and frees the same large tensors (logits, gathered
+  // parameters, gradients) every step. glibc hands blocks over 128 KiB back
+  // to the kernel on free and takes them again with fresh page faults, which
+  // cost a third of a small model's step on 2 cores (measured: 1932 -> 2699
+  // tokens/s for gpt2-mini at W=2). Keep freed memory in the heap instead;
+  // MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ still override.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 void init_runtime() {
   quiet_library_logs();
+  keep_freed_memory();
   const EnvMap env = current_env();
   if (const auto threads = env_int(env, "OMP_NUM_THREADS"); threads && *threads > 0) {
     at::set_num_threads(static_cast<int>(*threads));

@@ -21,7 +21,9 @@ std::string did_you_mean(const std::string& name, const std::vector<std::string>
   std::string best;
   size_t best_distance = std::string::npos;
   for (const auto& c : candidates) {
-    const size_t d = edit_distance(name, c);
+    // A name that extends a candidate ("optimizer" for "optim") is as good as a typo.
+    const bool prefix = !c.empty() && (name.rfind(c, 0) == 0 || c.rfind(name, 0) == 0);
+    const size_t d = prefix ? 1 : edit_distance(name, c);
     if (d < best_distance) {
       best_distance = d;
       best = c;

@@ -120,6 +120,15 @@ TrainSummary Trainer::train() {
                      {"peak_flops_per_rank", peak_flops_},
                      {"peak_source", "fp32 matmul rate measured at start-up (CPU)"}});
   }
+  if (val_data_ && config_.runtime.eval_every > 0) {
+    // Where the model starts, for the curve.
+    const double val = evaluate();
+    summary_.val_losses.push_back(val);
+    if (world_->rank() == 0) {
+      metrics_->write({{"split", "val"}, {"step", 0}, {"loss", val}});
+      progress_->message("step 0: val loss " + std::to_string(val));
+    }
+  }
   for (int64_t step = 0; step < config_.runtime.steps; ++step) {
     const double lr = schedule_.at(step);
     for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -128,7 +137,7 @@ TrainSummary Trainer::train() {
     summary_.train_losses.push_back(stats.loss);
 
     const bool last = step + 1 == config_.runtime.steps;
-    if ((step + 1) % config_.runtime.log_every == 0 || last) log_step(step, stats);
+    if (step == 0 || (step + 1) % config_.runtime.log_every == 0 || last) log_step(step, stats);
     const int64_t every = config_.runtime.eval_every;
     if (val_data_ && ((every > 0 && (step + 1) % every == 0) || last)) {
       const double val = evaluate();

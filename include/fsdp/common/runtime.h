@@ -7,11 +7,14 @@
 namespace fsdp {
 
 // Applies OMP_NUM_THREADS (set per rank by `fsdp launch`) to LibTorch's
-// intra-op pool and warns on stderr when the reference BLAS is active.
+// intra-op pool, keeps freed memory for reuse, and warns on stderr when the
+// reference BLAS is active.
 // Also silences LibTorch's glog output below FATAL unless GLOG_minloglevel
 // is set: every failure it would log reaches the user as our own error.
 void init_runtime();
 void quiet_library_logs();
+// Tunes glibc malloc to keep large freed blocks (see runtime.cpp).
+void keep_freed_memory();
 
 // The real path of the libblas.so.3 this process loaded, or "" if none.
 std::string loaded_blas_path();
