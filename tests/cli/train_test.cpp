@@ -1,0 +1,164 @@
+// `fsdp train` run as a user runs it: a short run whose loss falls, the
+// same losses at W=1 and W=2 on the same global batch, and every bad input
+// giving one clear message, a non-zero exit and no files written.
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/data/token_file.h"
+#include "run_command.h"
+
+namespace fsdp::testing {
+namespace {
+
+const std::string kCli = FSDP_CLI;
+
+// A corpus with structure to learn: a repeating sequence of 50 tokens with
+// one random token in ten.
+std::string small_corpus(const std::string& dir) {
+  const auto path = dir + "/corpus.bin";
+  std::vector<int32_t> tokens;
+  uint32_t x = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    x = x * 1103515245u + 12345u;
+    tokens.push_back((x >> 16) % 10 == 0 ? static_cast<int32_t>((x >> 8) % 500) : (i % 50) * 7 % 500);
+  }
+  data::write_token_file(path, tokens);
+  return path;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics) {
+  std::vector<double> out;
+  for (const auto& m : metrics) {
+    if (m.contains("loss") && !m.contains("split")) out.push_back(m["loss"].get<double>());
+  }
+  return out;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + " train --model gpt2-tiny --data " + corpus +
+                             " --val-data " + corpus + " --steps 30 --seq-len 32 --batch-size 4 --lr 3e-3" +
+                             " --warmup-steps 5 --log-every 1 --eval-every 15 --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto metrics = read_metrics(dir + "/m.jsonl");
+  const auto losses = train_losses(metrics);
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_GT(losses.front(), 5.5) << "starts near ln(512) = 6.2";
+  EXPECT_LT(losses.back(), losses.front() - 1.5) << "the loss must fall";
+  std::vector<double> val;
+  for (const auto& m : metrics) {
+    if (m.value("split", "") == "val") val.push_back(m["loss"].get<double>());
+  }
+  ASSERT_EQ(val.size(), 3u) << "at steps 0, 15 and 30";
+  EXPECT_LT(val.back(), val.front() - 1.0);
+  // Telemetry fields on every training log line.
+  for (const auto& m : metrics) {
+    if (m.contains("split") || m.contains("event")) continue;
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "comm_wait_s",
+                            "peak_rss_mb", "tokens_seen"}) {
+      EXPECT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
+    }
+  }
+  EXPECT_EQ(metrics.front().value("event", ""), "start");
+  EXPECT_GT(metrics.front()["peak_flops_per_rank"].get<double>(), 0);
+}
+
+TEST(Train, TwoRanksReproduceOneRankOnTheSameGlobalBatch) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string common = " train --model gpt2-tiny --data " + corpus +
+                             " --steps 6 --seq-len 16 --lr 1e-3 --log-every 1 --grad-clip 0";
+  const auto one = run_command(kCli + " launch -n 1 -- " + kCli + common + " --batch-size 4 --metrics " + dir + "/w1.jsonl");
+  const auto two = run_command(kCli + " launch -n 2 -- " + kCli + common + " --batch-size 2 --metrics " + dir + "/w2.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto a = train_losses(read_metrics(dir + "/w1.jsonl"));
+  const auto b = train_losses(read_metrics(dir + "/w2.jsonl"));
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "step " << i + 1;
+}
+
+void expect_clean_failure(const std::string& args, const std::vector<std::string>& needles, const std::string& dir) {
+  const std::string metrics = dir + "/never.jsonl";
+  const auto r = run_command(kCli + " train " + args + " --metrics " + metrics);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "expected '" << n << "' in\n" << r.output;
+  EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+  EXPECT_FALSE(exists(metrics)) << "nothing may be written on bad input";
+}
+
+TEST(TrainErrors, BadConfigFiles) {
+  const auto dir = make_temp_dir();
+  std::ofstream(dir + "/unknown.yaml") << "optim:\n  learning_rate: 0.1\n";
+  expect_clean_failure("--config " + dir + "/unknown.yaml", {"unknown key 'optim.learning_rate'"}, dir);
+  std::ofstream(dir + "/type.yaml") << "data:\n  batch_size: eight\n";
+  expect_clean_failure("--config " + dir + "/type.yaml", {"data.batch_size is 'eight': expected an integer"}, dir);
+  expect_clean_failure("--set optim.lrr=0.1", {"unknown key 'optim.lrr'", "did you mean 'optim.lr'"}, dir);
+  expect_clean_failure("--precision fp8", {"runtime.precision is 'fp8'", "fp32, bf16, fp16"}, dir);
+}
+
+TEST(TrainErrors, BadTokenFiles) {
+  const auto dir = make_temp_dir();
+  std::ofstream(dir + "/magic.bin") << std::string(2048, 'x');
+  expect_clean_failure("--data " + dir + "/magic.bin", {"magic", "expected 20240520"}, dir);
+  std::vector<int32_t> tokens(1000, 1);
+  data::write_token_file(dir + "/ok.bin", tokens);
+  std::ifstream in(dir + "/ok.bin", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  std::ofstream(dir + "/truncated.bin", std::ios::binary) << bytes.substr(0, bytes.size() - 100);
+  expect_clean_failure("--data " + dir + "/truncated.bin", {"truncated"}, dir);
+  std::vector<int32_t> big(1000, 600);
+  data::write_token_file(dir + "/vocab.bin", big);
+  expect_clean_failure("--model gpt2-tiny --data " + dir + "/vocab.bin", {"token id 600", "vocabulary of 512"}, dir);
+}
+
+TEST(TrainErrors, SequenceBeyondTheModelsPositions) {
+  expect_clean_failure("--model gpt2-tiny --seq-len 100", {"data.seq_len 100 exceeds the model's 64 positions"}, make_temp_dir());
+}
+
+TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
+  const auto dir = make_temp_dir();
+  const auto ok = run_command(kCli + " train --model gpt2-tiny --steps 1 --export-hf " + dir + "/hf");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  std::ifstream in(dir + "/hf/config.json");
+  auto config = nlohmann::json::parse(in);
+  config["n_embd"] = 48;
+  std::ofstream(dir + "/hf/config.json") << config.dump();
+  expect_clean_failure("--init-from " + dir + "/hf", {"has shape [512, 32]", "implies [512, 48]"}, dir);
+  expect_clean_failure("--init-from " + dir + "/nothing", {"is not a directory"}, dir);
+}
+
+TEST(TrainErrors, UnknownModel) {
+  expect_clean_failure("--model gpt3", {"unknown model 'gpt3'"}, make_temp_dir());
+}
+
+TEST(Train, PrintConfigShowsTheEffectiveValues) {
+  const auto r = run_command(kCli + " train --model llama-tiny --set optim.lr=0.005 --print-config");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("name: \"llama-tiny\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lr: 0.005"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
