@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/common/suggest.h"
 
 namespace {
 
@@ -20,6 +21,22 @@ void print_error(const std::string& message) {
   } else {
     std::fprintf(stderr, "error: %s\n", message.c_str());
   }
+}
+
+// "did you mean --steps?" for a mistyped flag of the chosen subcommand.
+void suggest_option(const CLI::App& app, const std::string& message) {
+  const auto dash = message.find("--");
+  if (dash == std::string::npos) return;
+  const auto end = message.find_first_of(" ,]\n", dash);
+  const std::string given = message.substr(dash, end == std::string::npos ? std::string::npos : end - dash);
+  std::vector<std::string> names;
+  const CLI::App* command = &app;
+  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+  for (const auto* option : command->get_options()) {
+    for (const auto& name : option->get_lnames()) names.push_back("--" + name);
+  }
+  const std::string hint = fsdp::did_you_mean(given, names);
+  if (!hint.empty()) std::fprintf(stderr, "%s\n", hint.substr(2).c_str());
 }
 
 }  // namespace
@@ -36,6 +53,11 @@ int main(int argc, char** argv) {
   fsdp::cli::add_generate_command(app, exit_code);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // CLI11 names the stray argument; add the closest option of the command.
+    const int code = app.exit(e);
+    suggest_option(app, e.what());
+    return code;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {

@@ -99,6 +99,25 @@ TEST(Train, TwoRanksReproduceOneRankOnTheSameGlobalBatch) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "step " << i + 1;
 }
 
+TEST(Train, ActivationCheckpointingAndChunkedLossUnderFsdpKeepTheLosses) {
+  // Dropout on: recomputation inside FSDP units must replay the same masks.
+  const auto dir = make_temp_dir();
+  for (const std::string model : {"gpt2-tiny", "llama-tiny"}) {
+    const std::string common = " train --model " + model + " --steps 4 --seq-len 16 --batch-size 2 --log-every 1" +
+                               " --dropout 0.1 --metrics " + dir + "/";
+    const auto plain = run_command(kCli + " launch -n 2 -- " + kCli + common + model + "-plain.jsonl");
+    const auto ac = run_command(kCli + " launch -n 2 -- " + kCli + common + model +
+                                "-ac.jsonl --activation-checkpoint --chunk-loss");
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    ASSERT_EQ(ac.exit_code, 0) << ac.output;
+    const auto a = train_losses(read_metrics(dir + "/" + model + "-plain.jsonl"));
+    const auto b = train_losses(read_metrics(dir + "/" + model + "-ac.jsonl"));
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << model << " step " << i + 1;
+  }
+}
+
 void expect_clean_failure(const std::string& args, const std::vector<std::string>& needles, const std::string& dir) {
   const std::string metrics = dir + "/never.jsonl";
   const auto r = run_command(kCli + " train " + args + " --metrics " + metrics);
