@@ -126,7 +126,9 @@ TrainSummary Trainer::train() {
     summary_.val_losses.push_back(val);
     if (world_->rank() == 0) {
       metrics_->write({{"split", "val"}, {"step", 0}, {"loss", val}});
-      progress_->message("step 0: val loss " + std::to_string(val));
+      char line[64];
+      std::snprintf(line, sizeof(line), "step 0: val loss %.4f", val);
+      progress_->message(line);
     }
   }
   for (int64_t step = 0; step < config_.runtime.steps; ++step) {
