@@ -1,6 +1,7 @@
 #include "fsdp/models/example_transformer.h"
 
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/models/attention.h"
 
 namespace fsdp::models {
 
@@ -25,15 +26,12 @@ torch::Tensor ExampleBlockImpl::forward(torch::Tensor x) {
   auto h = attention_norm(x);
   const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_heads, hs}).transpose(1, 2); };
   auto q = heads(wq(h)), k = heads(wk(h)), v = heads(wv(h));  // (B, nh, T, hs)
-  auto scores = q.matmul(k.transpose(-2, -1)).div_(std::sqrt(static_cast<double>(hs)));
-  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
-  auto att = scores.masked_fill(causal, -std::numeric_limits<float>::infinity()).softmax(-1);
-  auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
+  auto y = causal_attention(q, k, v).transpose(1, 2).contiguous().view({B, T, C});
   x = x + resid_dropout(wo(y));
   return x + resid_dropout(w2(F::gelu(w1(ffn_norm(x)))));
 }
 
-ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c) {
+ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c) : max_seq_len(c.max_seq_len) {
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(c.vocab_size, c.dim));
   pos_embeddings = register_module("pos_embeddings", torch::nn::Embedding(c.max_seq_len, c.dim));
   dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
@@ -46,11 +44,15 @@ ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c
   output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab_size).bias(false)));
 }
 
-torch::Tensor ExampleTransformerImpl::forward(torch::Tensor tokens) {
+torch::Tensor ExampleTransformerImpl::hidden(torch::Tensor tokens) {
+  TORCH_CHECK(tokens.size(1) <= max_seq_len, "sequence length ", tokens.size(1), " exceeds the model's ", max_seq_len,
+              " positions");
   auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
   auto x = dropout(tok_embeddings(tokens) + pos_embeddings(positions));
   for (auto& block : blocks) x = fsdp::call(block, x);
-  return output(norm(x));
+  return norm(x);
 }
+
+torch::Tensor ExampleTransformerImpl::forward(torch::Tensor tokens) { return output(hidden(tokens)); }
 
 }  // namespace fsdp::models

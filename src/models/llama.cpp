@@ -96,7 +96,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
     k = k.repeat_interleave(rep, 1);
     v = v.repeat_interleave(rep, 1);
   }
-  auto y = causal_attention(q, k, v, dropout);
+  auto y = causal_attention(q, k, v, &dropout);
   return o_proj(y.transpose(1, 2).contiguous().view({B, T, n_heads * head_dim}));
 }
 

@@ -25,14 +25,7 @@ struct ExampleLMImpl : CausalLMImpl {
   explicit ExampleLMImpl(const ExampleTransformerConfig& c) : config(c) {
     model = register_module("model", ExampleTransformer(c));
   }
-  torch::Tensor forward(torch::Tensor tokens) override {
-    FSDP_CHECK(tokens.size(1) <= config.max_seq_len, "sequence length ", tokens.size(1), " exceeds the model's ",
-               config.max_seq_len, " positions");
-    auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
-    auto x = model->dropout(model->tok_embeddings(tokens) + model->pos_embeddings(positions));
-    for (auto& block : model->blocks) x = fsdp::call(block, x);
-    return model->norm(x);
-  }
+  torch::Tensor forward(torch::Tensor tokens) override { return model->hidden(tokens); }
   torch::Tensor output_weight() override { return model->output->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
     std::vector<std::shared_ptr<torch::nn::Module>> out;

@@ -93,6 +93,22 @@ TEST(Llama, RotaryUsesTheRotateHalfConvention) {
   EXPECT_TRUE(torch::allclose(apply_rotary(x, cos, sin)[0][0][0], x[0][0][0]));
 }
 
+TEST(ExampleTransformer, TheSeedTrainersModuleTree) {
+  // The FSDP2 example's model: dim 16, 10 layers, vocab 1024, 64 positions.
+  auto model = build_preset("example");
+  const auto n = names(*model);
+  for (const char* key : {"model.tok_embeddings.weight", "model.pos_embeddings.weight",
+                          "model.layers.0.attention_norm.weight", "model.layers.0.wq.weight", "model.layers.0.wk.weight",
+                          "model.layers.0.wv.weight", "model.layers.0.wo.weight", "model.layers.9.ffn_norm.bias",
+                          "model.layers.9.w1.weight", "model.layers.9.w2.bias", "model.norm.weight",
+                          "model.output.weight"}) {
+    EXPECT_EQ(n.count(key), 1u) << key;
+  }
+  // 1024*16 + 64*16 + 10 * (2*32 + 4*256 + (16*64+64) + (64*16+16)) + 32 + 16*1024
+  EXPECT_EQ(count_parameters(*model), 16384 + 1024 + 10 * (64 + 1024 + 1088 + 1040) + 32 + 16384);
+  EXPECT_EQ(model->forward(torch::zeros({2, 64}, torch::kLong)).sizes(), (std::vector<int64_t>{2, 64, 16}));
+}
+
 TEST(Registry, UnknownPresetSuggestsTheClosest) {
   try {
     build_preset("gpt2-tinny");

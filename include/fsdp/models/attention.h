@@ -6,8 +6,8 @@
 namespace fsdp::models {
 
 // q, k, v: (B, nh, T, hs) -> (B, nh, T, hs), each position attending to
-// itself and earlier ones; `dropout` applies to the attention weights.
+// itself and earlier ones; `dropout`, if given, applies to the attention weights.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               torch::nn::Dropout& dropout);
+                               torch::nn::Dropout* dropout = nullptr);
 
 }  // namespace fsdp::models

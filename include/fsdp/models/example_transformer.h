@@ -34,7 +34,9 @@ TORCH_MODULE(ExampleBlock);
 struct ExampleTransformerImpl : torch::nn::Module {
   explicit ExampleTransformerImpl(const ExampleTransformerConfig& config);
   torch::Tensor forward(torch::Tensor tokens);  // (B, T) int64 -> (B, T, vocab) logits
+  torch::Tensor hidden(torch::Tensor tokens);   // (B, T) int64 -> (B, T, C) after the final norm
 
+  int64_t max_seq_len;
   torch::nn::Embedding tok_embeddings{nullptr}, pos_embeddings{nullptr};
   torch::nn::Dropout dropout{nullptr};
   torch::nn::ModuleList layers;
