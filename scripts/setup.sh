@@ -11,6 +11,7 @@ packages=(
   libopenblas0-openmp     # fast BLAS: the reference BLAS is ~13x slower for fp32 matmuls
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libicu-dev              # Unicode classes for GPT-2's pre-tokenisation
+  zlib1g-dev              # CRC-32 checksums of checkpoint files
   libgtest-dev libgmock-dev
 )
 

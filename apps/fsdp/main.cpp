@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   fsdp::cli::add_data_command(app, exit_code);
   fsdp::cli::add_train_command(app, exit_code);
   fsdp::cli::add_generate_command(app, exit_code);
+  fsdp::cli::add_ckpt_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {

@@ -80,6 +80,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
   key_option(cmd, *flags, "--fsdp-size", "fsdp.fsdp_size", "shard-group size for hybrid_shard");
   key_option(cmd, *flags, "--prefetch-depth", "fsdp.prefetch_depth", "units gathered ahead");
   key_flag(cmd, *flags, "--explicit-prefetch", "fsdp.explicit_prefetch", "each block prefetches its neighbour");
+  key_option(cmd, *flags, "--ckpt-dir", "checkpoint.dir", "checkpoint directory; resumes from its latest checkpoint");
+  key_option(cmd, *flags, "--save-every", "checkpoint.save_every", "steps between checkpoints");
+  key_option(cmd, *flags, "--keep", "checkpoint.keep", "checkpoints kept");
+  key_flag(cmd, *flags, "--resume", "checkpoint.resume", "resume, and fail if there is nothing to resume");
   cmd->add_option("--set", flags->sets, "section.key=value, any configuration key (repeatable)");
   cmd->add_flag("--print-config", flags->print_config, "print the effective configuration and exit");
   cmd->callback([flags, dist_flags, &exit_code] {

@@ -267,6 +267,47 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
   return out;
 }
 
+std::vector<LocalShard> local_shards(torch::nn::Module& root) {
+  std::unordered_map<const void*, LocalShard> managed;
+  for (const auto& [name, state] : units_under(root)) {
+    (void)name;
+    FSDPParamGroup* group = state->group();
+    if (group == nullptr) continue;
+    group->reshard();
+    const int replica = group->replicate_group().rank();
+    for (const auto& p : group->params()) {
+      LocalShard s;
+      s.param = p.param;
+      s.local = p.param.detach();  // sharded: the parameter's data is its 1-D slice
+      s.shape = p.shape;
+      s.begin = p.local.begin_in_param;
+      s.numel = p.local.numel;
+      s.sharded = true;
+      s.replica = replica;
+      managed[key_of(p.param)] = s;
+    }
+  }
+  std::vector<LocalShard> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root.named_parameters(true)) {
+    const void* key = key_of(item.value());
+    if (!seen.insert(key).second) continue;
+    LocalShard s;
+    const auto it = managed.find(key);
+    if (it != managed.end()) {
+      s = it->second;
+    } else {
+      s.param = item.value();
+      s.local = item.value().detach().view({-1});
+      s.shape = item.value().sizes().vec();
+      s.numel = item.value().numel();
+    }
+    s.fqn = item.key();
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 std::vector<int64_t> unsharded_shape(const at::Tensor& param) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

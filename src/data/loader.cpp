@@ -3,6 +3,16 @@
 #include "fsdp/common/error.h"
 
 namespace fsdp::data {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
 
 DataLoader::DataLoader(const std::string& source, int64_t batch_size, int64_t seq_len, int rank, int world,
                        int grad_accum, int64_t vocab_size, uint64_t seed)
@@ -28,8 +38,13 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
   if (file_) {
     file_->read(offset(step, micro_step) % file_->size(), B_ * T_ + 1, tokens.data_ptr<int64_t>());
   } else {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ + 1000003ull * static_cast<uint64_t>(offset(step, micro_step) / (B_ * T_) + 1));
-    tokens = torch::randint(0, vocab_size_, {B_ * T_ + 1}, gen, torch::TensorOptions().dtype(torch::kLong));
+    // An endless virtual file: the token at position p is a hash of (seed, p),
+    // so synthetic runs keep the data-order contract at any world size too.
+    auto* out = tokens.data_ptr<int64_t>();
+    const int64_t start = offset(step, micro_step);
+    for (int64_t i = 0; i <= B_ * T_; ++i) {
+      out[i] = static_cast<int64_t>(splitmix64(seed_ ^ static_cast<uint64_t>(start + i)) % static_cast<uint64_t>(vocab_size_));
+    }
   }
   return {tokens.narrow(0, 0, B_ * T_).view({B_, T_}), tokens.narrow(0, 1, B_ * T_).view({B_, T_})};
 }

@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include "fsdp/common/error.h"
 #include "fsdp/io/atomic_file.h"
@@ -157,30 +158,81 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, i
   return at::from_blob(data, {count}, at::TensorOptions().dtype(e.dtype)).clone();
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<Spec>& specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), specs_(specs) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> contiguous;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    FSDP_CHECK(name != "__metadata__" && !header.contains(name), "write_safetensors: duplicate tensor name '", name, "'");
-    contiguous.push_back(t.detach().cpu().contiguous());
-    const uint64_t nbytes = contiguous.back().nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + nbytes}}};
+  for (const auto& spec : specs_) {
+    FSDP_CHECK(spec.name != "__metadata__" && !header.contains(spec.name), "safetensors: duplicate tensor name '",
+               spec.name, "' in '", path, "'");
+    uint64_t numel = 1;
+    for (auto d : spec.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t nbytes = numel * c10::elementSize(spec.dtype);
+    header[spec.name] = {{"dtype", safetensors_dtype_name(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section to 8 bytes
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
-  AtomicFile file(path);
-  file.write(len, 8);
-  file.write(text);
-  for (const auto& t : contiguous) file.write(t.data_ptr(), t.nbytes());
-  file.commit();
+  file_ = std::make_unique<AtomicFile>(path);
+  put(len, 8);
+  put(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::put(const void* data, size_t size) {
+  file_->write(data, size);
+  crc_ = static_cast<uint32_t>(::crc32(crc_, static_cast<const Bytef*>(data), static_cast<uInt>(size)));
+  bytes_ += size;
+}
+
+void SafetensorsWriter::write(const at::Tensor& tensor) {
+  FSDP_CHECK(next_ < specs_.size(), "safetensors: more tensors than declared for '", path_, "'");
+  const auto& spec = specs_[next_++];
+  FSDP_CHECK(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape, "safetensors: tensor '",
+             spec.name, "' does not match its declared dtype and shape");
+  const at::Tensor t = tensor.detach().cpu().contiguous();
+  // Large tensors go out in pieces so the CRC's 32-bit length never overflows.
+  const auto* p = static_cast<const char*>(t.data_ptr());
+  size_t left = t.nbytes();
+  while (left > 0) {
+    const size_t n = std::min<size_t>(left, 1u << 30);
+    put(p, n);
+    p += n;
+    left -= n;
+  }
+}
+
+void SafetensorsWriter::commit() {
+  FSDP_CHECK(next_ == specs_.size(), "safetensors: ", specs_.size() - next_, " declared tensors were not written to '",
+             path_, "'");
+  file_->commit();
+}
+
+uint32_t file_crc32(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  std::vector<unsigned char> buf(1 << 20);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  ssize_t n;
+  while ((n = ::read(fd, buf.data(), buf.size())) > 0) crc = ::crc32(crc, buf.data(), static_cast<uInt>(n));
+  ::close(fd);
+  return static_cast<uint32_t>(crc);
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Spec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  SafetensorsWriter writer(path, specs, metadata);
+  for (const auto& [name, t] : tensors) writer.write(t);
+  writer.commit();
 }
 
 }  // namespace fsdp::io

@@ -65,6 +65,10 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, fsdp_size, Kind::kInt),
       FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt),
       FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool),
+      FSDP_FIELD(checkpoint, dir, Kind::kString),
+      FSDP_FIELD(checkpoint, save_every, Kind::kInt),
+      FSDP_FIELD(checkpoint, keep, Kind::kInt),
+      FSDP_FIELD(checkpoint, resume, Kind::kBool),
   };
   return fields;
 }
@@ -166,7 +170,7 @@ void TrainConfig::load_yaml(const std::string& path) {
     throw Error("--config '" + path + "' is not valid YAML: " + e.what());
   }
   if (root.IsNull()) return;
-  FSDP_CHECK(root.IsMap(), path, ": expected sections model, data, optim, runtime, fsdp at the top level");
+  FSDP_CHECK(root.IsMap(), path, ": expected sections model, data, optim, runtime, fsdp, checkpoint at the top level");
   std::set<std::string> sections;
   for (const auto& f : schema()) sections.insert(f.section);
   for (const auto& section : root) {
@@ -206,6 +210,9 @@ void TrainConfig::validate() const {
   FSDP_CHECK(fsdp.sharding != "hybrid_shard" || fsdp.fsdp_size >= 1,
              "fsdp.sharding is hybrid_shard but fsdp.fsdp_size is ", fsdp.fsdp_size,
              ": set the shard-group size (--fsdp-size)");
+  FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");
+  FSDP_CHECK(checkpoint.keep >= 1, "checkpoint.keep is ", checkpoint.keep, ": expected at least 1");
+  FSDP_CHECK(!checkpoint.resume || !checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir (--ckpt-dir)");
   FSDP_CHECK(runtime.sample_tokens >= 0, "runtime.sample_tokens is ", runtime.sample_tokens, ": expected 0 or more");
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include <torch/torch.h>
@@ -13,6 +14,8 @@ namespace fsdp::train {
 
 MetricsFile::MetricsFile(const std::string& path) {
   if (path.empty()) return;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
   out_.open(path, std::ios::app);
   FSDP_CHECK(out_.good(), "cannot write the metrics file '", path, "'");
 }

@@ -2,6 +2,9 @@
 
 #include <ATen/Parallel.h>
 
+#include <csignal>
+
+#include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_norm.h"
@@ -15,6 +18,17 @@
 
 namespace fsdp::train {
 namespace {
+
+// SIGTERM/SIGINT ask for a clean stop: finish the step, save, exit 0.
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Every rank stops at the same step, whichever saw the signal.
+bool stop_requested(dist::ProcessGroup& group) {
+  auto t = torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f);
+  dist::all_reduce(group, t, dist::ReduceOp::kMax).wait();
+  return t.item<float>() > 0;
+}
 
 torch::ScalarType precision_dtype(const std::string& p) {
   if (p == "bf16") return torch::kBFloat16;
@@ -41,7 +55,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   const int rank = world_->rank(), w = world_->size();
   train_data_ = std::make_unique<data::DataLoader>(d.train, d.batch_size, d.seq_len, rank, w,
                                                    static_cast<int>(d.grad_accum), model_->vocab_size(),
-                                                   static_cast<uint64_t>(config_.runtime.seed) + 17 * static_cast<uint64_t>(rank));
+                                                   static_cast<uint64_t>(config_.runtime.seed));
   if (!d.val.empty()) {
     val_data_ = std::make_unique<data::DataLoader>(d.val, d.batch_size, d.seq_len, rank, w, 1, model_->vocab_size(),
                                                    static_cast<uint64_t>(config_.runtime.seed) + 7919);
@@ -51,11 +65,12 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     tokenizer_ = std::make_unique<data::GPT2Tokenizer>(dir + "/encoder.json", dir + "/vocab.bpe");
   }
   build_optimizer();
+  resume_if_possible();
   schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, config_.runtime.steps,
                config_.optim.lr_schedule};
   // Everything is validated; only now may files be written.
   if (world_->rank() == 0) metrics_ = std::make_unique<MetricsFile>(config_.runtime.metrics);
-  progress_ = std::make_unique<Progress>(0, config_.runtime.steps);
+  progress_ = std::make_unique<Progress>(start_step_, config_.runtime.steps);
   peak_flops_ = measured_cpu_peak_flops();
 }
 
@@ -120,7 +135,12 @@ TrainSummary Trainer::train() {
                      {"peak_flops_per_rank", peak_flops_},
                      {"peak_source", "fp32 matmul rate measured at start-up (CPU)"}});
   }
-  if (val_data_ && config_.runtime.eval_every > 0) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  if (val_data_ && config_.runtime.eval_every > 0 && start_step_ == 0) {
     // Where the model starts, for the curve.
     const double val = evaluate();
     summary_.val_losses.push_back(val);
@@ -131,7 +151,7 @@ TrainSummary Trainer::train() {
       progress_->message(line);
     }
   }
-  for (int64_t step = 0; step < config_.runtime.steps; ++step) {
+  for (int64_t step = start_step_; step < config_.runtime.steps; ++step) {
     const double lr = schedule_.at(step);
     for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
 
@@ -151,11 +171,68 @@ TrainSummary Trainer::train() {
         progress_->message(line);
       }
     }
+    const int64_t save_every = config_.checkpoint.save_every;
+    const bool stop = stop_requested(world_->group());
+    if (!config_.checkpoint.dir.empty() && (last || stop || (save_every > 0 && (step + 1) % save_every == 0))) {
+      save_checkpoint(step + 1);
+    }
+    if (stop && !last) {
+      if (world_->rank() == 0) {
+        progress_->message("stopped by " + std::string(g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
+                           std::to_string(step + 1) +
+                           (config_.checkpoint.dir.empty() ? " (no --ckpt-dir: nothing saved)" : "; resume with the same --ckpt-dir"));
+      }
+      return summary_;
+    }
   }
   if (world_->rank() == 0) progress_->finish();
   if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
   if (!config_.runtime.export_hf.empty()) export_hf();
   return summary_;
+}
+
+void Trainer::resume_if_possible() {
+  const auto& c = config_.checkpoint;
+  if (c.dir.empty()) return;
+  const auto found = checkpoint::latest(c.dir);
+  FSDP_CHECK(found || !c.resume, "--resume: '", c.dir, "' holds no checkpoint (no 'latest')");
+  if (!found) return;
+  const auto state = checkpoint::load(*found, *model_, *optimizer_, *world_);
+  FSDP_CHECK(state.step <= config_.runtime.steps, "checkpoint '", *found, "' is at step ", state.step,
+             ", beyond runtime.steps = ", config_.runtime.steps);
+  start_step_ = state.step;
+  tokens_seen_ = state.tokens_seen;
+  if (scaler_ && state.loss_scale > 0) scaler_ = std::make_unique<ShardedGradScaler>(world_->group(), GradScalerOptions{state.loss_scale});
+  if (world_->rank() == 0) {
+    std::printf("resumed from %s at step %lld (saved by %s rank(s) under %s)\n", found->c_str(),
+                static_cast<long long>(state.step), std::to_string(state.mesh.empty() ? 0 : state.mesh[0] * state.mesh[1]).c_str(),
+                state.sharding.c_str());
+  }
+}
+
+void Trainer::save_checkpoint(int64_t steps_done) {
+  const auto start = std::chrono::steady_clock::now();
+  checkpoint::TrainerState state;
+  state.step = steps_done;
+  state.tokens_seen = tokens_seen_;
+  state.loss_scale = scaler_ ? scaler_->get_scale() : 0.0;
+  state.config_yaml = config_.to_yaml();
+  try {
+    state.hf_config = model_->hf_config_json();
+  } catch (const Error&) {
+    // A model without a Hugging Face equivalent: the checkpoint still resumes.
+  }
+  state.sharding = config_.fsdp.sharding;
+  state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
+  const auto path = checkpoint::save(config_.checkpoint.dir, static_cast<int>(config_.checkpoint.keep), *model_,
+                                     *optimizer_, state, *world_);
+  if (world_->rank() == 0) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[512];
+    std::snprintf(line, sizeof(line), "saved %s (%.2f s)", path.c_str(), secs);
+    progress_->message(line);
+    metrics_->write({{"event", "checkpoint"}, {"step", steps_done}, {"path", path}, {"seconds", secs}});
+  }
 }
 
 Trainer::StepStats Trainer::train_step(int64_t step) {

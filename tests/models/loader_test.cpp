@@ -59,6 +59,14 @@ TEST(DataOrder, TokenIdsBeyondTheVocabularyAreRejected) {
   }
 }
 
+TEST(DataOrder, SyntheticDataKeepsTheContractToo) {
+  DataLoader one(std::string("synthetic"), 4, 8, 0, 1, 1, 100, 9);
+  DataLoader r0(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 9), r1(std::string("synthetic"), 2, 8, 1, 2, 1, 100, 9);
+  for (int64_t step = 0; step < 5; ++step) {
+    EXPECT_TRUE(torch::cat({r0.batch(step, 0).inputs, r1.batch(step, 0).inputs}).equal(one.batch(step, 0).inputs));
+  }
+}
+
 TEST(DataOrder, SyntheticDataDiffersByRankAndRepeatsBySeed) {
   DataLoader a(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 5), b(std::string("synthetic"), 2, 8, 1, 2, 1, 100, 5);
   DataLoader a_again(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 5);

@@ -29,6 +29,7 @@ class FSDPParamGroup {
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   dist::ProcessGroup& shard_group() const { return *shard_group_; }
+  dist::ProcessGroup& replicate_group() const { return *replicate_group_; }
 
   // Issues the all-gather (no-op when unsharded or already in flight).
   void unshard();

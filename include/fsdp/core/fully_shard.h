@@ -61,6 +61,24 @@ void set_modules_to_backward_prefetch(torch::nn::Module& unit, const std::vector
 // tied parameters once. Collective: all ranks call it, between steps.
 std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Module& root);
 
+// One parameter as this rank holds it, for checkpoints: `local` is a 1-D
+// tensor over elements [begin, begin + numel) of the flattened parameter
+// (the whole parameter for one FSDP does not manage). Writing into `local`
+// writes the parameter.
+struct LocalShard {
+  std::string fqn;
+  at::Tensor param;             // the registered parameter (optimizer state is keyed by it)
+  at::Tensor local;             // 1-D view of what this rank holds
+  std::vector<int64_t> shape;   // the full shape
+  int64_t begin = 0;
+  int64_t numel = 0;
+  bool sharded = false;         // false: replicated on every rank (unmanaged or ignored)
+  int replica = 0;              // this rank's index across replicas (HSDP, no_shard); 0 otherwise
+};
+// In the order of root.named_parameters(), tied parameters once. Between
+// steps (gathered units are released first).
+std::vector<LocalShard> local_shards(torch::nn::Module& root);
+
 // The shape a parameter had before sharding (its current shape if unmanaged).
 std::vector<int64_t> unsharded_shape(const at::Tensor& param);
 

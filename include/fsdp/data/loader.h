@@ -21,8 +21,9 @@ struct Batch {
 
 class DataLoader {
  public:
-  // `source` is a token file or "synthetic" (random tokens from `seed`,
-  // different on each rank and step). Token ids must be below vocab_size.
+  // `source` is a token file or "synthetic" (tokens hashed from `seed` and
+  // their position in an endless stream, read in the same order as a file).
+  // Token ids must be below vocab_size.
   DataLoader(const std::string& source, int64_t batch_size, int64_t seq_len, int rank, int world, int grad_accum,
              int64_t vocab_size, uint64_t seed);
 

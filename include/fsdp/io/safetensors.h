@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "fsdp/io/atomic_file.h"
+
 namespace fsdp::io {
 
 struct SafetensorsEntry {
@@ -55,6 +57,39 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+// Writes a safetensors file one tensor at a time, so that no more than one
+// tensor need be in memory: the header (names, dtypes, shapes) first, then
+// each tensor's bytes in the declared order. Atomic: nothing replaces `path`
+// until commit().
+class SafetensorsWriter {
+ public:
+  struct Spec {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(const std::string& path, const std::vector<Spec>& specs,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  // The next tensor, in declared order, with its declared dtype and shape.
+  void write(const at::Tensor& tensor);
+  void commit();
+  uint64_t bytes_written() const { return bytes_; }
+  uint32_t crc32() const { return crc_; }  // of the whole file
+
+ private:
+  void put(const void* data, size_t size);
+  std::string path_;
+  std::vector<Spec> specs_;
+  size_t next_ = 0;
+  std::unique_ptr<class AtomicFile> file_;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+};
+
+// CRC-32 (zlib's) of a whole file, streamed.
+uint32_t file_crc32(const std::string& path);
 
 // Writes contiguous copies of `tensors` in the given order, atomically.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

@@ -1,6 +1,6 @@
 #pragma once
 // The trainer's configuration: a YAML file laid out in sections (model /
-// data / optim / runtime / fsdp), then command-line overrides, each checked
+// data / optim / runtime / fsdp / checkpoint), then command-line overrides, each checked
 // against one schema. Unknown keys and bad values are errors naming the key,
 // what was expected and the closest valid key. Light header: no LibTorch.
 
@@ -57,6 +57,12 @@ struct TrainConfig {
     int64_t prefetch_depth = 1;
     bool explicit_prefetch = false;
   } fsdp;
+  struct Checkpoint {
+    std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one
+    int64_t save_every = 0;  // steps between saves (0: only at the end and on SIGTERM/SIGINT)
+    int64_t keep = 3;        // newest checkpoints kept
+    bool resume = false;     // insist on resuming (an error if DIR holds no checkpoint)
+  } checkpoint;
 
   // Loads a YAML file over the current values. Throws fsdp::Error naming
   // the file, the key and the problem.

@@ -36,6 +36,8 @@ class Trainer {
   struct StepStats {
     double loss, grad_norm, seconds, comm_seconds;
   };
+  void resume_if_possible();
+  void save_checkpoint(int64_t steps_done);
   void build_model();
   void build_optimizer();
   StepStats train_step(int64_t step);
@@ -59,6 +61,7 @@ class Trainer {
   std::unique_ptr<Progress> progress_;
   double peak_flops_ = 0;
   int64_t tokens_seen_ = 0;
+  int64_t start_step_ = 0;
   TrainSummary summary_;
 };
 

@@ -1,0 +1,60 @@
+#pragma once
+// Sharded checkpoints. Every rank writes its own shard of the parameters and
+// of the optimizer state (safetensors), and rank 0 one metadata.json that
+// records the step, the configuration, the mesh, each parameter's global
+// shape and which element ranges each rank's file holds, the trainer state
+// and a CRC-32 per file. A save is atomic: written into step_N.tmp/, fsynced,
+// renamed to step_N/, and only then is `latest` pointed at it; the last K
+// are kept. A load works at any world size and strategy: each rank reads,
+// through memory maps, only the ranges it now holds.
+//
+// Layout:  DIR/latest                  "step_00000120"
+//          DIR/step_00000120/metadata.json
+//          DIR/step_00000120/rank_00000.safetensors ...
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::checkpoint {
+
+struct TrainerState {
+  int64_t step = 0;          // optimizer steps completed
+  int64_t tokens_seen = 0;
+  double loss_scale = 0;     // fp16 grad scaler (0: none)
+  std::string config_yaml;   // the effective configuration
+  std::string hf_config;     // the architecture, as Hugging Face config.json
+  std::string sharding;      // strategy name at save time
+  std::vector<int64_t> mesh; // (replicate, shard) at save time
+};
+
+// Collective over `world`. Returns the checkpoint's directory.
+std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                 const TrainerState& state, dist::World& world);
+
+// The checkpoint `latest` points at, if any; throws if `latest` names a
+// directory that is not there.
+std::optional<std::string> latest(const std::string& dir);
+
+// Collective over `world`. Loads parameters and optimizer state into an
+// already sharded model and its optimizer, whatever world size and strategy
+// saved them. Throws fsdp::Error naming the file and the problem for a
+// missing or damaged file, or metadata from another model.
+TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                  dist::World& world);
+
+// The metadata, validated; throws naming the file.
+nlohmann::json read_metadata(const std::string& checkpoint);
+
+// `fsdp ckpt inspect`: a summary, and whether every file's checksum holds.
+std::string inspect(const std::string& checkpoint);
+
+// `fsdp ckpt export`: Hugging Face config.json + model.safetensors, one full
+// parameter at a time.
+void export_hf(const std::string& checkpoint, const std::string& out_dir);
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,364 @@
+#include "fsdp/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp/io/atomic_file.h"
+#include "fsdp/io/safetensors.h"
+
+namespace fsdp::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "fsdp.cpp-checkpoint";
+constexpr int kVersion = 1;
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+std::string state_key(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
+
+torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const at::Tensor& param) {
+  auto& states = optimizer.state();
+  const auto it = states.find(state_key(param));
+  return it == states.end() ? nullptr : static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Fault injection for the crash-safety test: FSDP_FAULT_KILL_IN_SAVE=N kills
+// rank 0 with SIGKILL during its N-th save, after every shard and the
+// metadata are written but before the checkpoint is published.
+void maybe_die_in_save() {
+  static int saves = 0;
+  ++saves;
+  const char* n = std::getenv("FSDP_FAULT_KILL_IN_SAVE");
+  if (n != nullptr && std::atoi(n) == saves) ::kill(::getpid(), SIGKILL);
+}
+
+// The saved files of one checkpoint, opened (and checksummed) on first use.
+class Files {
+ public:
+  Files(std::string dir, const nlohmann::json& meta) : dir_(std::move(dir)) {
+    for (const auto& f : meta["files"]) info_[f["rank"].get<int>()] = f;
+  }
+  const io::SafetensorsFile& get(int rank) {
+    auto it = open_.find(rank);
+    if (it != open_.end()) return *it->second;
+    const auto info = info_.find(rank);
+    FSDP_CHECK(info != info_.end(), "checkpoint '", dir_, "': metadata lists no file for rank ", rank);
+    const std::string path = dir_ + "/" + info->second["name"].get<std::string>();
+    FSDP_CHECK(fs::exists(path), "checkpoint '", dir_, "': rank file '", path, "' is missing");
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    FSDP_CHECK(size == info->second["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
+               " bytes but was written with ", info->second["bytes"].get<int64_t>(), " (truncated or replaced)");
+    const uint32_t crc = io::file_crc32(path);
+    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path,
+               "' fails its checksum (CRC-32 ", crc, ", expected ", info->second["crc32"].get<uint32_t>(),
+               "): the file is damaged");
+    return *open_.emplace(rank, std::make_unique<io::SafetensorsFile>(path)).first->second;
+  }
+
+ private:
+  std::string dir_;
+  std::map<int, nlohmann::json> info_;
+  std::map<int, std::unique_ptr<io::SafetensorsFile>> open_;
+};
+
+// Copies elements [begin, begin + out.numel()) of `tensor` (a saved
+// parameter or moment, spread over rank files) into `out`.
+void gather_range(Files& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
+                  const at::Tensor& out, const std::string& what) {
+  const int64_t n = out.numel();
+  int64_t covered = 0;
+  for (const auto& piece : pieces) {
+    const int64_t pb = piece["begin"].get<int64_t>(), pn = piece["count"].get<int64_t>();
+    const int64_t lo = std::max(begin, pb), hi = std::min(begin + n, pb + pn);
+    if (hi <= lo) continue;
+    const auto& file = files.get(piece["rank"].get<int>());
+    out.narrow(0, lo - begin, hi - lo).copy_(file.read_range(tensor, lo - pb, hi - lo));
+    covered += hi - lo;
+  }
+  FSDP_CHECK(covered == n, "checkpoint: ", what, " covers ", covered, " of the ", n, " elements this rank needs");
+}
+
+}  // namespace
+
+std::optional<std::string> latest(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  if (!in.good()) return std::nullopt;
+  std::string name;
+  std::getline(in, name);
+  const std::string path = dir + "/" + name;
+  FSDP_CHECK(!name.empty() && fs::is_directory(path), "'", dir, "/latest' names '", name,
+             "', which is not a checkpoint directory");
+  return path;
+}
+
+nlohmann::json read_metadata(const std::string& checkpoint) {
+  const std::string path = checkpoint + "/metadata.json";
+  std::ifstream in(path);
+  FSDP_CHECK(in.good(), "checkpoint '", checkpoint, "' has no metadata.json (not a checkpoint, or an unfinished save)");
+  nlohmann::json meta;
+  try {
+    in >> meta;
+  } catch (const std::exception& e) {
+    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+  FSDP_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "'", path, "' is not fsdp.cpp checkpoint metadata");
+  FSDP_CHECK(meta.value("version", 0) == kVersion, "'", path, "' has version ", meta.value("version", 0),
+             ", this build reads version ", kVersion);
+  for (const char* key : {"step", "world_size", "params", "files", "trainer"}) {
+    FSDP_CHECK(meta.contains(key), "'", path, "' lacks '", key, "'");
+  }
+  return meta;
+}
+
+std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                 const TrainerState& state, dist::World& world) {
+  auto& group = world.group();
+  const int rank = world.rank(), w = world.size();
+  const std::string name = step_name(state.step);
+  const std::string final_dir = dir + "/" + name;
+  const std::string tmp_dir = final_dir + ".tmp";
+  if (rank == 0) {
+    fs::create_directories(dir);
+    fs::remove_all(tmp_dir);  // an earlier save that died here
+    fs::create_directories(tmp_dir);
+  }
+  dist::barrier(group);
+
+  // This rank's file: its shards (one replica writes each), its moments, its RNG.
+  const auto shards = local_shards(model);
+  std::vector<io::SafetensorsWriter::Spec> specs;
+  std::vector<at::Tensor> tensors;
+  at::Tensor table = at::zeros({static_cast<int64_t>(shards.size()), 4}, at::kLong);  // begin, count, writes, adam step
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& s = shards[i];
+    const bool writes = s.sharded ? s.replica == 0 : rank == 0;
+    auto* adam = adam_state(optimizer, s.param);
+    table[static_cast<int64_t>(i)][0] = s.begin;
+    table[static_cast<int64_t>(i)][1] = s.numel;
+    table[static_cast<int64_t>(i)][2] = writes && s.numel > 0 ? 1 : 0;
+    table[static_cast<int64_t>(i)][3] = adam != nullptr ? adam->step() : 0;
+    if (!writes || s.numel == 0) continue;
+    specs.push_back({"model/" + s.fqn, s.local.scalar_type(), {s.numel}});
+    tensors.push_back(s.local);
+    if (adam != nullptr) {
+      for (const auto& [prefix, moment] : {std::pair<const char*, at::Tensor>{"exp_avg/", adam->exp_avg()},
+                                           std::pair<const char*, at::Tensor>{"exp_avg_sq/", adam->exp_avg_sq()}}) {
+        specs.push_back({prefix + s.fqn, moment.scalar_type(), {s.numel}});
+        tensors.push_back(moment.reshape({-1}));
+      }
+    }
+  }
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  specs.push_back({"rng/cpu", rng.scalar_type(), rng.sizes().vec()});
+  tensors.push_back(rng);
+  io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), specs);
+  for (const auto& t : tensors) writer.write(t);
+  writer.commit();
+
+  // Rank 0 learns who holds what, and every file's size and checksum.
+  at::Tensor all_tables = at::empty({w * table.numel()}, at::kLong);
+  dist::all_gather_into_tensor(group, all_tables, table.view({-1})).wait();
+  at::Tensor file_info = at::tensor({static_cast<int64_t>(writer.bytes_written()), static_cast<int64_t>(writer.crc32())}, at::kLong);
+  at::Tensor all_files = at::empty({2 * w}, at::kLong);
+  dist::all_gather_into_tensor(group, all_files, file_info).wait();
+
+  if (rank == 0) {
+    nlohmann::json params = nlohmann::json::object();
+    auto tables = all_tables.view({w, static_cast<int64_t>(shards.size()), 4});
+    for (size_t i = 0; i < shards.size(); ++i) {
+      nlohmann::json pieces = nlohmann::json::array();
+      int64_t adam_step = 0;
+      for (int r = 0; r < w; ++r) {
+        const auto row = tables[r][static_cast<int64_t>(i)];
+        adam_step = std::max(adam_step, row[3].item<int64_t>());
+        if (row[2].item<int64_t>() == 1) {
+          pieces.push_back({{"rank", r}, {"begin", row[0].item<int64_t>()}, {"count", row[1].item<int64_t>()}});
+        }
+      }
+      params[shards[i].fqn] = {{"shape", shards[i].shape},
+                               {"dtype", io::safetensors_dtype_name(shards[i].local.scalar_type())},
+                               {"adam_step", adam_step},
+                               {"shards", pieces}};
+    }
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < w; ++r) {
+      files.push_back({{"rank", r},
+                       {"name", rank_file(r)},
+                       {"bytes", all_files[2 * r].item<int64_t>()},
+                       {"crc32", static_cast<uint32_t>(all_files[2 * r + 1].item<int64_t>())}});
+    }
+    nlohmann::json meta = {{"format", kFormat},
+                           {"version", kVersion},
+                           {"step", state.step},
+                           {"world_size", w},
+                           {"sharding", state.sharding},
+                           {"mesh", state.mesh},
+                           {"config", state.config_yaml},
+                           {"hf_config", state.hf_config},
+                           {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
+                           {"params", params},
+                           {"files", files}};
+    io::write_file_atomically(tmp_dir + "/metadata.json", meta.dump(1) + "\n");
+    fsync_dir(tmp_dir);
+    maybe_die_in_save();
+    // Publish: the directory appears whole, then `latest` moves to it.
+    fs::remove_all(final_dir);
+    fs::rename(tmp_dir, final_dir);
+    fsync_dir(dir);
+    io::write_file_atomically(dir + "/latest", name + "\n");
+    // Keep the newest `keep` checkpoints.
+    std::vector<std::string> steps;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const auto n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i) fs::remove_all(dir + "/" + steps[i]);
+  }
+  dist::barrier(group);
+  return final_dir;
+}
+
+TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                  dist::World& world) {
+  const nlohmann::json meta = read_metadata(checkpoint);
+  const auto shards = local_shards(model);
+  const auto& params = meta["params"];
+  // The same model: every parameter, with its shape.
+  for (const auto& s : shards) {
+    FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
+               s.fqn, "'");
+    const auto saved = params[s.fqn]["shape"].get<std::vector<int64_t>>();
+    FSDP_CHECK(saved == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
+               "' was saved with shape ", c10::IntArrayRef(saved), ", this model has ", c10::IntArrayRef(s.shape));
+  }
+  FSDP_CHECK(params.size() == shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
+             " parameters, this model ", shards.size(), ": it is from another model");
+
+  Files files(checkpoint, meta);
+  torch::NoGradGuard no_grad;
+  for (const auto& s : shards) {
+    const auto& entry = params[s.fqn];
+    const auto& pieces = entry["shards"];
+    gather_range(files, pieces, "model/" + s.fqn, s.begin, s.local, "parameter '" + s.fqn + "'");
+    const int64_t adam_step = entry["adam_step"].get<int64_t>();
+    if (adam_step == 0) continue;
+    auto moment = [&](const char* prefix) {
+      at::Tensor m = at::zeros_like(s.param);
+      gather_range(files, pieces, prefix + s.fqn, s.begin, m.view({-1}), std::string(prefix) + s.fqn);
+      return m;
+    };
+    auto adam = std::make_unique<torch::optim::AdamWParamState>();
+    adam->step(adam_step);
+    adam->exp_avg(moment("exp_avg/"));
+    adam->exp_avg_sq(moment("exp_avg_sq/"));
+    optimizer.state()[state_key(s.param)] = std::move(adam);
+  }
+  // The random stream continues where it was, when each rank maps to one saved.
+  if (meta["world_size"].get<int>() == world.size()) {
+    const auto& mine = files.get(world.rank());
+    auto generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
+    generator.set_state(mine.view("rng/cpu").clone());
+  }
+  dist::barrier(world.group());
+
+  TrainerState state;
+  state.step = meta["step"].get<int64_t>();
+  state.tokens_seen = meta["trainer"].value("tokens_seen", int64_t{0});
+  state.loss_scale = meta["trainer"].value("loss_scale", 0.0);
+  state.config_yaml = meta.value("config", "");
+  state.hf_config = meta.value("hf_config", "");
+  state.sharding = meta.value("sharding", "");
+  state.mesh = meta.value("mesh", std::vector<int64_t>{});
+  return state;
+}
+
+std::string inspect(const std::string& checkpoint) {
+  const nlohmann::json meta = read_metadata(checkpoint);
+  std::ostringstream out;
+  int64_t elements = 0;
+  for (const auto& [name, p] : meta["params"].items()) {
+    (void)name;
+    int64_t n = 1;
+    for (auto d : p["shape"]) n *= d.get<int64_t>();
+    elements += n;
+  }
+  out << "checkpoint " << checkpoint << "\n"
+      << "  step " << meta["step"] << ", saved by " << meta["world_size"] << " rank(s), sharding "
+      << meta.value("sharding", "?") << ", mesh " << meta.value("mesh", nlohmann::json::array()).dump() << "\n"
+      << "  " << meta["params"].size() << " parameters, " << elements << " elements, tokens seen "
+      << meta["trainer"].value("tokens_seen", int64_t{0}) << "\n";
+  Files files(checkpoint, meta);
+  bool ok = true;
+  for (const auto& f : meta["files"]) {
+    std::string status = "ok";
+    try {
+      files.get(f["rank"].get<int>());
+    } catch (const Error& e) {
+      status = std::string("BAD: ") + e.what();
+      ok = false;
+    }
+    out << "  " << f["name"].get<std::string>() << "  " << f["bytes"] << " bytes  crc32 " << f["crc32"] << "  "
+        << status << "\n";
+  }
+  out << (ok ? "  checksums: all files intact\n" : "  checksums: DAMAGED files above\n");
+  return out.str();
+}
+
+void export_hf(const std::string& checkpoint, const std::string& out_dir) {
+  const nlohmann::json meta = read_metadata(checkpoint);
+  FSDP_CHECK(!meta.value("hf_config", "").empty(), "checkpoint '", checkpoint,
+             "' records no Hugging Face architecture to export to");
+  fs::create_directories(out_dir);
+  Files files(checkpoint, meta);
+  std::vector<io::SafetensorsWriter::Spec> specs;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : meta["params"].items()) {
+    names.push_back(name);
+    specs.push_back({name, at::kFloat, p["shape"].get<std::vector<int64_t>>()});
+  }
+  io::SafetensorsWriter writer(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
+  for (size_t i = 0; i < names.size(); ++i) {
+    // One full parameter at a time, assembled from its pieces.
+    at::Tensor full = at::empty(specs[i].shape, at::kFloat);
+    gather_range(files, meta["params"][names[i]]["shards"], "model/" + names[i], 0, full.view({-1}),
+                 "parameter '" + names[i] + "'");
+    writer.write(full);
+  }
+  writer.commit();
+  io::write_file_atomically(out_dir + "/config.json", meta["hf_config"].get<std::string>() + "\n");
+}
+
+}  // namespace fsdp::checkpoint
