@@ -1,0 +1,44 @@
+#include "train_support.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "fsdp/data/token_file.h"
+
+namespace fsdp::testing {
+
+std::string small_corpus(const std::string& dir) {
+  const auto path = dir + "/corpus.bin";
+  std::vector<int32_t> tokens;
+  uint32_t x = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    x = x * 1103515245u + 12345u;
+    tokens.push_back((x >> 16) % 10 == 0 ? static_cast<int32_t>((x >> 8) % 500) : (i % 50) * 7 % 500);
+  }
+  data::write_token_file(path, tokens);
+  return path;
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics) {
+  std::vector<double> out;
+  for (const auto& m : metrics) {
+    if (m.contains("loss") && !m.contains("split")) out.push_back(m["loss"].get<double>());
+  }
+  return out;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace fsdp::testing

@@ -1,0 +1,22 @@
+#pragma once
+// Helpers for tests that run `fsdp train`: a small corpus to learn, and the
+// losses a run's metrics file recorded.
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace fsdp::testing {
+
+// A token file (ids < 500) with structure to learn: a repeating sequence of
+// 50 tokens with one random token in ten. Returns its path.
+std::string small_corpus(const std::string& dir);
+
+std::vector<nlohmann::json> read_metrics(const std::string& path);
+// The training losses, one per logged step, in order.
+std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics);
+
+bool exists(const std::string& path);
+
+}  // namespace fsdp::testing
