@@ -197,16 +197,18 @@ void Trainer::resume_if_possible() {
   const auto found = checkpoint::latest(c.dir);
   FSDP_CHECK(found || !c.resume, "--resume: '", c.dir, "' holds no checkpoint (no 'latest')");
   if (!found) return;
+  const auto start = std::chrono::steady_clock::now();
   const auto state = checkpoint::load(*found, *model_, *optimizer_, *world_);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   FSDP_CHECK(state.step <= config_.runtime.steps, "checkpoint '", *found, "' is at step ", state.step,
              ", beyond runtime.steps = ", config_.runtime.steps);
   start_step_ = state.step;
   tokens_seen_ = state.tokens_seen;
   if (scaler_ && state.loss_scale > 0) scaler_ = std::make_unique<ShardedGradScaler>(world_->group(), GradScalerOptions{state.loss_scale});
   if (world_->rank() == 0) {
-    std::printf("resumed from %s at step %lld (saved by %s rank(s) under %s)\n", found->c_str(),
+    std::printf("resumed from %s at step %lld (saved by %s rank(s) under %s; loaded in %.2f s)\n", found->c_str(),
                 static_cast<long long>(state.step), std::to_string(state.mesh.empty() ? 0 : state.mesh[0] * state.mesh[1]).c_str(),
-                state.sharding.c_str());
+                state.sharding.c_str(), seconds);
   }
 }
 
