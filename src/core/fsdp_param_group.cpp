@@ -147,7 +147,6 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
   }
   unsharded_aliases_sharded_ = shard_group_->size() == 1 && param_dtype_ == master_dtype_;
   grads_in_place_ = unsharded_aliases_sharded_ && reduce_dtype_ == param_dtype_;
-  if (grads_in_place_) grad_flat_ = at::zeros({padded_numel_}, at::TensorOptions().dtype(master_dtype_));
   if (unsharded_aliases_sharded_) {
     unsharded_flat_ = sharded_flat_;
   } else {
@@ -203,6 +202,7 @@ void FSDPParamGroup::wait_for_unshard() {
   for (auto& p : params_) {
     p.param.set_data(unsharded_view(p));
     if (grads_in_place_) {
+      ensure_grad_flat();
       if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
     } else if (p.param.grad().defined()) {
       // Last step's sharded gradient waits aside; autograd starts a fresh one.
@@ -227,6 +227,7 @@ void FSDPParamGroup::reshard() {
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
     if (grads_in_place_) {
+      ensure_grad_flat();
       if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
       continue;
     }
@@ -240,6 +241,7 @@ void FSDPParamGroup::reshard() {
 }
 
 void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
+  // `view` is over grad_flat_, which exists from the first use on (see alias_of callers).
   at::Tensor& grad = p.param.mutable_grad();
   if (!grad.defined()) {
     view.zero_();  // set to none by the user: start from zero
@@ -247,6 +249,12 @@ void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
     view.copy_(grad.reshape(view.sizes()));  // replaced by the user or by autograd
   }
   grad = view;
+}
+
+void FSDPParamGroup::ensure_grad_flat() {
+  // Allocated on first use, not at sharding: a model that only runs
+  // inference, or is still being initialised, holds no gradient memory.
+  if (!grad_flat_.defined()) grad_flat_ = at::zeros({padded_numel_}, at::TensorOptions().dtype(master_dtype_));
 }
 
 void FSDPParamGroup::register_grad_hooks() {

@@ -38,8 +38,8 @@ GPT2Config gpt2_preset(const std::string& name) {
 
 Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
   // Hugging Face initialises Conv1D weights from N(0, 0.02), biases at 0.
-  weight = register_parameter("weight", torch::randn({in, out}) * 0.02);
-  bias = register_parameter("bias", torch::zeros({out}));
+  weight = register_parameter("weight", nn::new_parameter({in, out}, [](torch::Tensor& t) { t.normal_(0, 0.02); }));
+  bias = register_parameter("bias", nn::new_parameter({out}, [](torch::Tensor& t) { t.zero_(); }));
 }
 
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
@@ -76,12 +76,9 @@ torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
 }
 
 GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
-  const auto ln = [&] {
-    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon));
-  };
-  ln_1 = register_module("ln_1", ln());
+  ln_1 = register_module("ln_1", nn::LayerNorm(c.n_embd, c.layer_norm_epsilon));
   attn = register_module("attn", GPT2Attention(c));
-  ln_2 = register_module("ln_2", ln());
+  ln_2 = register_module("ln_2", nn::LayerNorm(c.n_embd, c.layer_norm_epsilon));
   mlp = register_module("mlp", GPT2MLP(c));
 }
 
@@ -96,18 +93,15 @@ torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
-  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
-  wpe = register_module("wpe", torch::nn::Embedding(c.n_positions, c.n_embd));
-  torch::NoGradGuard no_grad;
-  wte->weight.normal_(0, 0.02);
-  wpe->weight.normal_(0, 0.01);
+  wte = register_module("wte", nn::Embedding(c.vocab_size, c.n_embd, 0.02));
+  wpe = register_module("wpe", nn::Embedding(c.n_positions, c.n_embd, 0.01));
   drop = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.n_layer; ++i) {
     blocks.emplace_back(c);
     h->push_back(blocks.back());
   }
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)));
+  ln_f = register_module("ln_f", nn::LayerNorm(c.n_embd, c.layer_norm_epsilon));
 }
 
 GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(const GPT2Config& c) : config(c) {

@@ -23,11 +23,8 @@ const std::map<std::string, LlamaConfig>& presets() {
   return p;
 }
 
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
-  torch::NoGradGuard no_grad;
-  l->weight.normal_(0, 0.02);  // Hugging Face's initializer_range
-  return l;
+nn::Linear linear(int64_t in, int64_t out) {
+  return nn::Linear(in, out, /*bias=*/false, /*std=*/0.02);  // Hugging Face's initializer_range
 }
 }  // namespace
 
@@ -49,7 +46,7 @@ int64_t llama_parameter_count(const LlamaConfig& c) {
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", torch::ones({dim}));
+  weight = register_parameter("weight", nn::new_parameter({dim}, [](torch::Tensor& t) { t.fill_(1); }));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
@@ -131,11 +128,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  {
-    torch::NoGradGuard no_grad;
-    embed_tokens->weight.normal_(0, 0.02);
-  }
+  embed_tokens = register_module("embed_tokens", nn::Embedding(c.vocab_size, c.hidden_size, 0.02));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     blocks.emplace_back(c);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "fsdp/models/example_transformer.h"
 #include "fsdp/models/gpt2.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
 namespace {
@@ -131,7 +133,50 @@ CausalLM build_from_hf_config(const nlohmann::json& j, const std::string& where)
 
 std::string hf_key(const std::string& fqn) { return fqn; }
 
-CausalLM load_hf_pretrained(const std::string& dir) {
+HfWeights::HfWeights(const std::string& dir) : config_path_(dir + "/config.json") {
+  FSDP_CHECK(is_dir(dir), "--init-from '", dir, "' is not a directory (expected a Hugging Face model directory)");
+  file_ = std::make_unique<io::SafetensorsFile>(dir + "/model.safetensors");
+}
+
+HfWeights::~HfWeights() = default;
+
+std::string HfWeights::key_for(const std::string& fqn) const {
+  // Checkpoints saved from GPT2Model carry no "transformer." prefix.
+  std::string key = hf_key(fqn);
+  if (file_->find(key) == nullptr && key.rfind("transformer.", 0) == 0 && file_->find(key.substr(12)) != nullptr) {
+    key = key.substr(12);
+  }
+  return key;
+}
+
+void HfWeights::validate(torch::nn::Module& model) const {
+  std::set<std::string> used;
+  std::set<const void*> seen;
+  for (const auto& item : model.named_parameters()) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    const std::string key = key_for(item.key());
+    const auto* entry = file_->find(key);
+    FSDP_CHECK(entry != nullptr, "'", file_->path(), "' has no tensor '", key, "', which the architecture in ",
+               config_path_, " needs");
+    FSDP_CHECK(entry->shape == item.value().sizes().vec(), "'", file_->path(), "': tensor '", key, "' has shape ",
+               c10::IntArrayRef(entry->shape), " but ", config_path_, " implies ", item.value().sizes());
+    used.insert(key);
+  }
+  for (const auto& e : file_->entries()) {
+    if (used.count(e.name) != 0) continue;
+    const bool known_extra = e.name.find("attn.bias") != std::string::npos ||
+                             e.name.find("attn.masked_bias") != std::string::npos || e.name == "lm_head.weight" ||
+                             e.name.find("rotary_emb.inv_freq") != std::string::npos;
+    FSDP_CHECK(known_extra, "'", file_->path(), "' holds tensor '", e.name, "', which the architecture in ", config_path_,
+               " does not have");
+  }
+}
+
+void HfWeights::fill(const std::string& fqn, torch::Tensor& full) const {
+  full.copy_(file_->view(key_for(fqn)));
+}
+
+CausalLM build_from_hf_dir(const std::string& dir, bool deferred) {
   FSDP_CHECK(is_dir(dir), "--init-from '", dir, "' is not a directory (expected a Hugging Face model directory)");
   const std::string config_path = dir + "/config.json";
   std::ifstream in(config_path);
@@ -142,34 +187,21 @@ CausalLM load_hf_pretrained(const std::string& dir) {
   } catch (const std::exception& e) {
     throw Error("'" + config_path + "' is not valid JSON (" + e.what() + ")");
   }
-  CausalLM model = build_from_hf_config(config, config_path);
-  io::SafetensorsFile file(dir + "/model.safetensors");
+  std::optional<nn::DeferredInit> guard;
+  if (deferred) guard.emplace();
+  return build_from_hf_config(config, config_path);
+}
 
-  std::set<std::string> used;
+CausalLM load_hf_pretrained(const std::string& dir) {
+  CausalLM model = build_from_hf_dir(dir, /*deferred=*/false);
+  HfWeights weights(dir);
+  weights.validate(*model);
   torch::NoGradGuard no_grad;
   std::set<const void*> seen;
   for (const auto& item : model->named_parameters()) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    // Checkpoints saved from GPT2Model carry no "transformer." prefix.
-    std::string key = hf_key(item.key());
-    if (file.find(key) == nullptr && key.rfind("transformer.", 0) == 0 && file.find(key.substr(12)) != nullptr) {
-      key = key.substr(12);
-    }
-    const auto* entry = file.find(key);
-    FSDP_CHECK(entry != nullptr, "'", file.path(), "' has no tensor '", key, "', which the architecture in ",
-               config_path, " needs");
-    FSDP_CHECK(entry->shape == item.value().sizes().vec(), "'", file.path(), "': tensor '", key, "' has shape ",
-               c10::IntArrayRef(entry->shape), " but ", config_path, " implies ", item.value().sizes());
-    item.value().copy_(file.view(key));
-    used.insert(key);
-  }
-  for (const auto& e : file.entries()) {
-    if (used.count(e.name) != 0) continue;
-    const bool known_extra = e.name.find("attn.bias") != std::string::npos ||
-                             e.name.find("attn.masked_bias") != std::string::npos || e.name == "lm_head.weight" ||
-                             e.name.find("rotary_emb.inv_freq") != std::string::npos;
-    FSDP_CHECK(known_extra, "'", file.path(), "' holds tensor '", e.name, "', which the architecture in ", config_path,
-               " does not have");
+    torch::Tensor value = item.value();
+    weights.fill(item.key(), value);
   }
   return model;
 }

@@ -78,7 +78,15 @@ Trainer::~Trainer() = default;
 
 void Trainer::build_model() {
   const auto& m = config_.model;
-  model_ = m.init_from.empty() ? models::build_preset(m.name, m.dropout) : models::load_hf_pretrained(m.init_from);
+  if (m.init_from.empty()) {
+    model_ = models::build_preset(m.name, m.dropout);
+  } else {
+    // Deferred: no rank holds the whole model; fully_shard reads each
+    // parameter from the memory-mapped file and keeps its shard.
+    model_ = models::build_from_hf_dir(m.init_from, /*deferred=*/true);
+    init_weights_ = std::make_shared<models::HfWeights>(m.init_from);
+    init_weights_->validate(*model_);
+  }
   params_ = models::count_parameters(*model_);
   if (world_->rank() == 0) {
     std::printf("model %s: %lld parameters (%s), %lld layers, width %lld, vocabulary %lld\n",
@@ -104,6 +112,9 @@ void Trainer::build_optimizer() {
   par.fsdp.mesh = mesh_;
   par.fsdp.strategy = strategy;
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
+  if (init_weights_) {
+    par.fsdp.param_init = [weights = init_weights_](const std::string& fqn, at::Tensor& full) { weights->fill(fqn, full); };
+  }
   const auto dtype = precision_dtype(config_.runtime.precision);
   if (dtype != torch::kFloat) {
     par.fsdp.mixed_precision.param_dtype = dtype;

@@ -67,6 +67,7 @@ class FSDPParamGroup {
   void allocate_unsharded();
   void free_unsharded();
   void attach_grad_view(FSDPParam& p, const at::Tensor& view);
+  void ensure_grad_flat();
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;

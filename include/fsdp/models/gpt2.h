@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
 
@@ -56,7 +57,7 @@ struct GPT2BlockImpl : torch::nn::Module {
   explicit GPT2BlockImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward_block(const torch::Tensor& x);
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   GPT2Attention attn{nullptr};
   GPT2MLP mlp{nullptr};
   bool checkpoint_activations = false;
@@ -65,11 +66,11 @@ TORCH_MODULE(GPT2Block);
 
 struct GPT2ModelImpl : torch::nn::Module {
   explicit GPT2ModelImpl(const GPT2Config& config);
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // (vocab, C), (positions, C)
+  nn::Embedding wte{nullptr}, wpe{nullptr};  // (vocab, C), (positions, C)
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
   std::vector<GPT2Block> blocks;  // the modules of h, typed
-  torch::nn::LayerNorm ln_f{nullptr};
+  nn::LayerNorm ln_f{nullptr};
 };
 TORCH_MODULE(GPT2Model);
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
 
@@ -43,7 +44,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   int64_t n_heads, n_kv_heads, head_dim;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
 TORCH_MODULE(LlamaAttention);
@@ -51,7 +52,7 @@ TORCH_MODULE(LlamaAttention);
 struct LlamaMLPImpl : torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -69,7 +70,7 @@ TORCH_MODULE(LlamaDecoderLayer);
 
 struct LlamaModelImpl : torch::nn::Module {
   explicit LlamaModelImpl(const LlamaConfig& config);
-  torch::nn::Embedding embed_tokens{nullptr};
+  nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   std::vector<LlamaDecoderLayer> blocks;
   RMSNorm norm{nullptr};
@@ -91,7 +92,7 @@ struct LlamaForCausalLMImpl : CausalLMImpl {
 
   LlamaConfig config;
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  nn::Linear lm_head{nullptr};
 };
 
 // Rotary tables for positions [0, T): cos and sin, (T, head_dim), in the

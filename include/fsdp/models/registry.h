@@ -7,6 +7,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "fsdp/io/safetensors.h"
 #include "fsdp/models/causal_lm.h"
 
 namespace fsdp::models {
@@ -27,9 +28,31 @@ CausalLM build_from_hf_config(const nlohmann::json& config, const std::string& w
 // Face's, so a fully qualified name is its key. The one place that says so.
 std::string hf_key(const std::string& fqn);
 
+// A Hugging Face directory's weights, memory-mapped, matched to a model's
+// parameter names (GPT-2 files saved without the "transformer." prefix too).
+class HfWeights {
+ public:
+  explicit HfWeights(const std::string& dir);
+  ~HfWeights();
+  // Throws naming the tensor that is missing, of the wrong shape, or extra.
+  void validate(torch::nn::Module& model) const;
+  // Fills `full` with the weights of parameter `fqn`.
+  void fill(const std::string& fqn, torch::Tensor& full) const;
+  const std::string& config_path() const { return config_path_; }
+
+ private:
+  std::string key_for(const std::string& fqn) const;
+  std::string config_path_;
+  std::unique_ptr<class io::SafetensorsFile> file_;
+};
+
+// The model DIR/config.json describes. With `deferred`, parameters are
+// deferred (no memory) until fully_shard materialises them shard by shard.
+CausalLM build_from_hf_dir(const std::string& dir, bool deferred);
+
 // Builds the model in DIR/config.json and loads DIR/model.safetensors into
-// it (every rank reads the memory-mapped file). Throws naming the tensor
-// that is missing or whose shape does not fit the config.
+// it, whole, in this process (for generation). Throws naming the tensor that
+// is missing or whose shape does not fit the config.
 CausalLM load_hf_pretrained(const std::string& dir);
 
 // Writes DIR/config.json and DIR/model.safetensors from full parameter

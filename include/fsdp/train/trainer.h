@@ -11,6 +11,7 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/lr_schedule.h"
 #include "fsdp/train/telemetry.h"
@@ -50,6 +51,7 @@ class Trainer {
   std::shared_ptr<dist::World> world_;
   std::shared_ptr<dist::DeviceMesh> mesh_;
   models::CausalLM model_;
+  std::shared_ptr<models::HfWeights> init_weights_;  // --init-from: read into shards by fully_shard
   int64_t params_ = 0;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<ShardedGradScaler> scaler_;

@@ -1,0 +1,53 @@
+#pragma once
+// The layers the model families are built from (Linear, Embedding,
+// LayerNorm), with LibTorch's parameter names (weight, bias) and math, plus
+// one thing LibTorch's own layers cannot do: deferred construction. Inside a
+// DeferredInit scope their parameters are created with fsdp::deferred_empty
+// (full shape, no memory), so a model larger than one rank's memory can be
+// built and then materialised shard by shard by fully_shard's param_init.
+
+#include <torch/torch.h>
+
+namespace fsdp::nn {
+
+// While alive, new_parameter() creates deferred parameters (this thread).
+class DeferredInit {
+ public:
+  DeferredInit();
+  ~DeferredInit();
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// A parameter of `shape` initialised by `init` (skipped when deferred).
+torch::Tensor new_parameter(torch::IntArrayRef shape, const std::function<void(torch::Tensor&)>& init);
+
+// y = x W^T + b, W (out, in); initialised N(0, std).
+struct LinearImpl : torch::nn::Module {
+  LinearImpl(int64_t in, int64_t out, bool bias, double std = 0.02);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
+
+// (vocab, C), initialised N(0, std).
+struct EmbeddingImpl : torch::nn::Module {
+  EmbeddingImpl(int64_t count, int64_t dim, double std = 0.02);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+struct LayerNormImpl : torch::nn::Module {
+  LayerNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
+}  // namespace fsdp::nn
