@@ -15,7 +15,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads-per-rank", options->threads_per_rank,
                   "intra-op threads per rank (default: cores / ranks; OMP_NUM_THREADS wins if set)");
   cmd->add_option("--stop-grace", options->stop_grace_s,
-                  "seconds between SIGTERM and SIGKILL when stopping ranks (default 5)");
+                  "seconds between SIGTERM and SIGKILL when stopping ranks (default 30)");
   cmd->add_flag("--no-prefix{false}", options->prefix_output, "do not prefix output lines with the rank");
   cmd->add_option("command", options->command, "the program and its arguments (after --)")->required();
   cmd->positionals_at_end();

@@ -14,7 +14,9 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;             // 0: a free port (single node only)
   int threads_per_rank = 0;        // 0: this machine's cores / nproc_per_node, at least 1
-  double stop_grace_s = 5.0;       // SIGTERM, then SIGKILL after this long
+  // SIGTERM, then SIGKILL after this long: enough for `fsdp train` to finish
+  // its step and save a checkpoint.
+  double stop_grace_s = 30.0;
   bool prefix_output = true;       // "[rank N] " before every line
   std::vector<std::string> command;
 };
