@@ -147,12 +147,9 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
   }
   unsharded_aliases_sharded_ = shard_group_->size() == 1 && param_dtype_ == master_dtype_;
   grads_in_place_ = unsharded_aliases_sharded_ && reduce_dtype_ == param_dtype_;
-  if (unsharded_aliases_sharded_) {
-    unsharded_flat_ = sharded_flat_;
-  } else {
-    unsharded_flat_ = at::empty({padded_numel_}, at::TensorOptions().dtype(param_dtype_));
-    resize_storage(unsharded_flat_, 0);
-  }
+  // Without aliasing, the gathered buffer is allocated at the first unshard:
+  // allocating it here would hold a whole unit at once during initialisation.
+  if (unsharded_aliases_sharded_) unsharded_flat_ = sharded_flat_;
 }
 
 at::Tensor FSDPParamGroup::sharded_view(const FSDPParam& p) const {
@@ -166,13 +163,18 @@ at::Tensor FSDPParamGroup::unsharded_view(const FSDPParam& p) const {
 void FSDPParamGroup::allocate_unsharded() {
   if (unsharded_aliases_sharded_) return;
   const int64_t nbytes = padded_numel_ * static_cast<int64_t>(c10::elementSize(param_dtype_));
-  if (static_cast<int64_t>(unsharded_flat_.storage().nbytes()) == nbytes) return;
-  resize_storage(unsharded_flat_, nbytes);
+  if (!unsharded_flat_.defined()) {
+    unsharded_flat_ = at::empty({padded_numel_}, at::TensorOptions().dtype(param_dtype_));
+  } else if (static_cast<int64_t>(unsharded_flat_.storage().nbytes()) == nbytes) {
+    return;
+  } else {
+    resize_storage(unsharded_flat_, nbytes);
+  }
   memory::on_gathered(nbytes);
 }
 
 void FSDPParamGroup::free_unsharded() {
-  if (unsharded_aliases_sharded_) return;
+  if (unsharded_aliases_sharded_ || !unsharded_flat_.defined()) return;
   const auto nbytes = static_cast<int64_t>(unsharded_flat_.storage().nbytes());
   if (nbytes == 0) return;
   resize_storage(unsharded_flat_, 0);
@@ -354,7 +356,7 @@ void FSDPParamGroup::finalize_backward() {
 int64_t FSDPParamGroup::sharded_param_bytes() const { return static_cast<int64_t>(sharded_flat_.nbytes()); }
 
 int64_t FSDPParamGroup::unsharded_bytes_held() const {
-  if (unsharded_aliases_sharded_) return 0;
+  if (unsharded_aliases_sharded_ || !unsharded_flat_.defined()) return 0;
   return static_cast<int64_t>(unsharded_flat_.storage().nbytes());
 }
 

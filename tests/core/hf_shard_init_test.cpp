@@ -56,6 +56,8 @@ TEST(HfShardInit, ParametersComeFromTheFileOneAtATime) {
   const int64_t largest = 4 * 512 * 256;
   const int64_t shards = sharded_param_bytes(*model);
   EXPECT_LE(peak, shards + largest + (2 << 20)) << "full model " << full_bytes << " bytes";
+  std::printf("init peak %lld bytes: shards %lld + largest parameter %lld\n", static_cast<long long>(peak),
+              static_cast<long long>(shards), static_cast<long long>(largest));
   if (world.size() > 1) {
     EXPECT_LT(peak, full_bytes * 3 / 4) << "a rank held most of the model";
   }
