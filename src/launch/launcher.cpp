@@ -120,9 +120,23 @@ class Supervisor {
       FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
                  "fsdp launch: pipe failed: ", std::strerror(errno));
       const auto env = child_env(local, rank.global_rank);
+      // Until the child has reset SIGINT/SIGTERM to their defaults, a signal
+      // forwarded to it would run the launcher's handler in the child and be
+      // lost; keep them blocked across fork, so they stay pending instead.
+      sigset_t stop_signals, previous;
+      sigemptyset(&stop_signals);
+      sigaddset(&stop_signals, SIGINT);
+      sigaddset(&stop_signals, SIGTERM);
+      ::sigprocmask(SIG_BLOCK, &stop_signals, &previous);
       const pid_t pid = ::fork();
+      if (pid == 0) {
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+        exec_child(out_pipe[1], err_pipe[1], env);
+      }
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       FSDP_CHECK(pid >= 0, "fsdp launch: fork failed: ", std::strerror(errno));
-      if (pid == 0) exec_child(out_pipe[1], err_pipe[1], env);
       ::close(out_pipe[1]);
       ::close(err_pipe[1]);
       ::setpgid(pid, pid);  // also done in the child: whichever runs first wins the race
