@@ -34,7 +34,6 @@ void FSDPState::begin_iteration() {
     if (s->group_) s->group_->reset_backward_state();
   }
   tree_->callback_queued = false;
-  tree_->in_forward = true;
 }
 
 void FSDPState::pre_forward() {
@@ -105,7 +104,6 @@ void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
   training_state_ = TrainingState::kIdle;
   if (is_root_) {
     tree_->recording_order = false;
-    tree_->in_forward = false;
     if (!grad_enabled) {
       // Inference: no backward will come to release the units. The root
       // stays gathered, as after every forward: its parameters (an output

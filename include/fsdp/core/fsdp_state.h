@@ -22,7 +22,6 @@ struct FSDPTree {
   std::vector<FSDPState*> states;         // every unit, in module order, root included
   std::vector<FSDPState*> forward_order;  // as recorded during the first forward
   bool recording_order = true;
-  bool in_forward = false;   // a forward of the root is running
   bool in_backward = false;  // between the root's pre-backward and the end of backward
   bool callback_queued = false;
 };
