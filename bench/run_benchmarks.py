@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark: fsdp.cpp against PyTorch in Python, same machine,
+same GPT-2 (6 layers, 384 wide, 6 heads, vocab 50257), same batch (4 x 256
+tokens per rank), same threads, same AdamW. Runs interleave (ours, theirs,
+ours, theirs, ...) so machine drift cancels; each run's first two steps are
+warm-up. Writes out/bench/results.json and out/bench/results.md.
+
+    python3 bench/run_benchmarks.py [--reps 3] [--steps 6]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FSDP = os.path.join(ROOT, "build", "fsdp")
+PEER = os.path.join(ROOT, "bench", "pytorch_gpt2.py")
+MODEL = "--model gpt2-d6 --data synthetic --seq-len 256 --batch-size 4 --log-every 1 --grad-clip 1.0"
+
+
+def ours(world, steps, metrics, extra=""):
+    train = f"{FSDP} train {MODEL} --steps {steps} --metrics {metrics} {extra}"
+    if world == 1:
+        return f"OMP_NUM_THREADS=2 {train}"
+    return f"{FSDP} launch -n {world} -- {train}"  # the launcher gives each rank 2/world threads
+
+
+def theirs(world, steps, metrics):
+    peer = f"/usr/bin/python3 {PEER} --steps {steps} --metrics {metrics}"
+    if world == 1:
+        return f"OMP_NUM_THREADS=2 {peer}"
+    return f"{FSDP} launch -n {world} -- {peer} --ddp"
+
+
+CASES = [
+    ("W=1, 2 threads", "fsdp.cpp (FSDP full_shard)", lambda s, m: ours(1, s, m), "PyTorch eager", lambda s, m: theirs(1, s, m)),
+    ("W=2, 1 thread each", "fsdp.cpp FULL_SHARD", lambda s, m: ours(2, s, m), "PyTorch DDP (Gloo)", lambda s, m: theirs(2, s, m)),
+]
+
+
+def tokens_per_s(command, metrics):
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    subprocess.run(command, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
+    timed = [l["tokens_per_s"] for l in lines[2:]]  # the first two steps warm up
+    return statistics.median(timed)
+
+
+def main():
+    if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode != 0:
+        raise SystemExit("run_benchmarks: the PyTorch peer needs Debian's python3-torch: sudo apt-get install python3-torch")
+    if not os.path.exists(FSDP):
+        raise SystemExit("run_benchmarks: build/fsdp is missing: run scripts/build.sh first")
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    a = p.parse_args()
+    out_dir = os.path.join(ROOT, "out", "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp()
+    results = []
+    for name, a_name, a_cmd, b_name, b_cmd in CASES:
+        a_runs, b_runs = [], []
+        for rep in range(a.reps):
+            # Alternate which side goes first as well.
+            order = [(a_runs, a_cmd), (b_runs, b_cmd)] if rep % 2 == 0 else [(b_runs, b_cmd), (a_runs, a_cmd)]
+            for runs, cmd in order:
+                metrics = os.path.join(tmp, "m.jsonl")
+                runs.append(tokens_per_s(cmd(a.steps, metrics), metrics))
+        results.append({"case": name, "ours": a_name, "theirs": b_name,
+                        "ours_tokens_per_s": {"median": statistics.median(a_runs), "min": min(a_runs), "max": max(a_runs)},
+                        "theirs_tokens_per_s": {"median": statistics.median(b_runs), "min": min(b_runs), "max": max(b_runs)},
+                        "ratio": statistics.median(a_runs) / statistics.median(b_runs)})
+        print(json.dumps(results[-1]))
+    json.dump(results, open(os.path.join(out_dir, "results.json"), "w"), indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as md:
+        md.write("| case | fsdp.cpp tokens/s (median, min-max) | PyTorch tokens/s (median, min-max) | ratio |\n")
+        md.write("| --- | --- | --- | --- |\n")
+        for r in results:
+            o, t = r["ours_tokens_per_s"], r["theirs_tokens_per_s"]
+            md.write(f"| {r['case']}: {r['ours']} vs {r['theirs']} | {o['median']:.0f} ({o['min']:.0f}-{o['max']:.0f}) "
+                     f"| {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {r['ratio']:.2f}x |\n")
+    print(open(os.path.join(out_dir, "results.md")).read())
+
+
+if __name__ == "__main__":
+    main()
