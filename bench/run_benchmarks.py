@@ -12,7 +12,10 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDP = os.path.join(ROOT, "build", "fsdp")
@@ -49,6 +52,38 @@ def tokens_per_s(command, metrics):
     return statistics.median(timed)
 
 
+# This project's strategies on the same model: (label, world, extra flags).
+SWEEP = [
+    ("W1 full_shard", 1, "--sharding full_shard"),
+    ("W1 no_shard", 1, "--sharding no_shard"),
+    ("W2 no_shard (DDP)", 2, "--sharding no_shard"),
+    ("W2 full_shard", 2, "--sharding full_shard"),
+    ("W2 shard_grad_op", 2, "--sharding shard_grad_op"),
+    ("W2 hybrid 2x1", 2, "--sharding hybrid_shard --fsdp-size 1"),
+    ("W2 full_shard + AC", 2, "--sharding full_shard --activation-checkpoint"),
+    ("W2 full_shard bf16", 2, "--sharding full_shard --precision bf16"),
+]
+
+
+def sweep(steps, tmp):
+    rows = []
+    for label, world, extra in SWEEP:
+        metrics = os.path.join(tmp, "sweep.jsonl")
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        subprocess.run(ours(world, steps, metrics, extra), shell=True, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l][2:]
+        rows.append({"config": label,
+                     "tokens_per_s": statistics.median(l["tokens_per_s"] for l in lines),
+                     "step_time_s": statistics.median(l["step_time_s"] for l in lines),
+                     "comm_wait_s": statistics.median(l["comm_wait_s"] for l in lines),
+                     "state_mb_per_rank": lines[-1]["sharded_state_mb"],
+                     "peak_rss_mb": lines[-1]["peak_rss_mb"]})
+        print(json.dumps(rows[-1]))
+    return rows
+
+
 def main():
     if subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode != 0:
         raise SystemExit("run_benchmarks: the PyTorch peer needs Debian's python3-torch: sudo apt-get install python3-torch")
@@ -75,7 +110,16 @@ def main():
                         "theirs_tokens_per_s": {"median": statistics.median(b_runs), "min": min(b_runs), "max": max(b_runs)},
                         "ratio": statistics.median(a_runs) / statistics.median(b_runs)})
         print(json.dumps(results[-1]))
-    json.dump(results, open(os.path.join(out_dir, "results.json"), "w"), indent=1)
+    rows = sweep(a.steps, tmp)
+    comm = subprocess.run(f"{FSDP} launch -n 2 -- {FSDP} bench comm -b 4096 -e 16777216 -f 16",
+                          shell=True, check=True, capture_output=True, text=True).stdout
+    json.dump({"peers": results, "strategies": rows}, open(os.path.join(out_dir, "results.json"), "w"), indent=1)
+    import svg_plot
+    svg_plot.bars(os.path.join(out_dir, "memory_by_strategy.svg"),
+                  [(r["config"].replace(" (DDP)", ""), r["state_mb_per_rank"]) for r in rows],
+                  "MB per rank", "Parameters + gradients + AdamW state per rank")
+    svg_plot.bars(os.path.join(out_dir, "throughput_by_strategy.svg"),
+                  [(r["config"].replace(" (DDP)", ""), r["tokens_per_s"]) for r in rows], "tokens/s", "Throughput by strategy")
     with open(os.path.join(out_dir, "results.md"), "w") as md:
         md.write("| case | fsdp.cpp tokens/s (median, min-max) | PyTorch tokens/s (median, min-max) | ratio |\n")
         md.write("| --- | --- | --- | --- |\n")
@@ -83,6 +127,13 @@ def main():
             o, t = r["ours_tokens_per_s"], r["theirs_tokens_per_s"]
             md.write(f"| {r['case']}: {r['ours']} vs {r['theirs']} | {o['median']:.0f} ({o['min']:.0f}-{o['max']:.0f}) "
                      f"| {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {r['ratio']:.2f}x |\n")
+        md.write("\n| fsdp.cpp config | tokens/s | step s | exposed comm s | params+grads+optimizer MB/rank | peak RSS MB |\n")
+        md.write("| --- | --- | --- | --- | --- | --- |\n")
+        for r in rows:
+            md.write(f"| {r['config']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.2f} | {r['comm_wait_s']:.3f} "
+                     f"| {r['state_mb_per_rank']:.0f} | {r['peak_rss_mb']:.0f} |\n")
+        md.write("\n```\n" + "\n".join(l.replace("[rank 0] ", "", 1) for l in comm.splitlines() if l.strip() != "[rank 0] #")
+                 + "\n```\n")
     print(open(os.path.join(out_dir, "results.md")).read())
 
 
