@@ -78,6 +78,9 @@ def sweep(steps, tmp):
                      "tokens_per_s": statistics.median(l["tokens_per_s"] for l in lines),
                      "step_time_s": statistics.median(l["step_time_s"] for l in lines),
                      "comm_wait_s": statistics.median(l["comm_wait_s"] for l in lines),
+                     "data_s": statistics.median(l["data_s"] for l in lines),
+                     "forward_backward_s": statistics.median(l["forward_backward_s"] for l in lines),
+                     "optimizer_s": statistics.median(l["optimizer_s"] for l in lines),
                      "state_mb_per_rank": lines[-1]["sharded_state_mb"],
                      "peak_rss_mb": lines[-1]["peak_rss_mb"]})
         print(json.dumps(rows[-1]))
@@ -127,10 +130,12 @@ def main():
             o, t = r["ours_tokens_per_s"], r["theirs_tokens_per_s"]
             md.write(f"| {r['case']}: {r['ours']} vs {r['theirs']} | {o['median']:.0f} ({o['min']:.0f}-{o['max']:.0f}) "
                      f"| {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {r['ratio']:.2f}x |\n")
-        md.write("\n| fsdp.cpp config | tokens/s | step s | exposed comm s | params+grads+optimizer MB/rank | peak RSS MB |\n")
-        md.write("| --- | --- | --- | --- | --- | --- |\n")
+        md.write("\n| fsdp.cpp config | tokens/s | step s | data s | fwd+bwd s | optimizer s | exposed comm s "
+                 "| params+grads+optimizer MB/rank | peak RSS MB |\n")
+        md.write("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
         for r in rows:
-            md.write(f"| {r['config']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.2f} | {r['comm_wait_s']:.3f} "
+            md.write(f"| {r['config']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.2f} | {r['data_s']:.4f} "
+                     f"| {r['forward_backward_s']:.2f} | {r['optimizer_s']:.2f} | {r['comm_wait_s']:.3f} "
                      f"| {r['state_mb_per_rank']:.0f} | {r['peak_rss_mb']:.0f} |\n")
         md.write("\n```\n" + "\n".join(l.replace("[rank 0] ", "", 1) for l in comm.splitlines() if l.strip() != "[rank 0] #")
                  + "\n```\n")

@@ -249,14 +249,19 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 Trainer::StepStats Trainer::train_step(int64_t step) {
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto start = Clock::now();
   const double comm_before = dist::exposed_comm_seconds();
   const int64_t A = config_.data.grad_accum;
-  double loss_sum = 0;
+  double loss_sum = 0, data_s = 0, forward_backward_s = 0;
   for (int a = 0; a < A; ++a) {
     // Reduce gradients once per optimizer step, on the last micro-step.
     set_requires_gradient_sync(*model_, a == A - 1);
+    auto t = Clock::now();
     const data::Batch batch = train_data_->batch(step, a);
+    data_s += seconds_since(t);
+    t = Clock::now();
     torch::Tensor hidden = fsdp::call(model_, batch.inputs);
     torch::Tensor loss = config_.model.chunk_loss
                              ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
@@ -264,7 +269,9 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     loss = loss / static_cast<double>(A);
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     loss_sum += loss.item<double>();
+    forward_backward_s += seconds_since(t);
   }
+  const auto optimizer_start = Clock::now();
   if (scaler_) scaler_->unscale_(*optimizer_);
   const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
   if (scaler_) {
@@ -274,10 +281,11 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     optimizer_->step();
   }
   optimizer_->zero_grad();
+  const double optimizer_s = seconds_since(optimizer_start);
   const double loss = mean_over_ranks(world_->group(), loss_sum);
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {loss, grad_norm, seconds, dist::exposed_comm_seconds() - comm_before};
+  return {loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s, forward_backward_s,
+          optimizer_s};
 }
 
 void Trainer::log_step(int64_t step, const StepStats& s) {
@@ -296,6 +304,9 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                    {"mfu", mfu},
                    {"step_time_s", s.seconds},
                    {"comm_wait_s", s.comm_seconds},
+                   {"data_s", s.data_seconds},
+                   {"forward_backward_s", s.forward_backward_seconds},
+                   {"optimizer_s", s.optimizer_seconds},
                    {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1 << 20)},
                    {"sharded_state_mb", static_cast<double>(mem.sharded_param_bytes + mem.grad_bytes +
                                                             mem.optimizer_state_bytes) / (1 << 20)},

@@ -41,7 +41,7 @@ TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
   for (const auto& m : metrics) {
     if (m.contains("split") || m.contains("event")) continue;
     for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "comm_wait_s",
-                            "peak_rss_mb", "tokens_seen"}) {
+                            "data_s", "forward_backward_s", "optimizer_s", "peak_rss_mb", "tokens_seen"}) {
       EXPECT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
     }
   }

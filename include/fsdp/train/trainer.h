@@ -34,8 +34,11 @@ class Trainer {
   TrainSummary train();
 
  private:
+  // Where a step's time went: data loading, forward + backward (including
+  // the collectives it waited on), clipping + optimizer; comm_seconds is the
+  // part of the step spent blocked on collectives.
   struct StepStats {
-    double loss, grad_norm, seconds, comm_seconds;
+    double loss, grad_norm, seconds, comm_seconds, data_seconds, forward_backward_seconds, optimizer_seconds;
   };
   void resume_if_possible();
   void save_checkpoint(int64_t steps_done);
