@@ -52,37 +52,41 @@ def tokens_per_s(command, metrics):
     return statistics.median(timed)
 
 
-# This project's strategies on the same model: (label, world, extra flags).
-SWEEP = [
+# This project's strategies on the same model: (label, world, extra flags),
+# each with activation checkpointing and bf16 compute off and on.
+STRATEGIES = [
     ("W1 full_shard", 1, "--sharding full_shard"),
     ("W1 no_shard", 1, "--sharding no_shard"),
-    ("W2 no_shard (DDP)", 2, "--sharding no_shard"),
+    ("W2 no_shard", 2, "--sharding no_shard"),
     ("W2 full_shard", 2, "--sharding full_shard"),
     ("W2 shard_grad_op", 2, "--sharding shard_grad_op"),
     ("W2 hybrid 2x1", 2, "--sharding hybrid_shard --fsdp-size 1"),
-    ("W2 full_shard + AC", 2, "--sharding full_shard --activation-checkpoint"),
-    ("W2 full_shard bf16", 2, "--sharding full_shard --precision bf16"),
 ]
+VARIANTS = [("", ""), (" +AC", " --activation-checkpoint"), (" bf16", " --precision bf16")]
+SWEEP = [(label + vlabel, world, flags + vflags) for label, world, flags in STRATEGIES for vlabel, vflags in VARIANTS]
 
 
-def sweep(steps, tmp):
+def sweep(steps, reps, tmp):
+    # Round-robin over the configurations, `reps` times, so drift spreads evenly.
+    samples = {label: [] for label, _, _ in SWEEP}
+    for _ in range(reps):
+        for label, world, extra in SWEEP:
+            metrics = os.path.join(tmp, "sweep.jsonl")
+            if os.path.exists(metrics):
+                os.remove(metrics)
+            subprocess.run(ours(world, steps, metrics, extra), shell=True, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            samples[label].append([json.loads(l) for l in open(metrics) if '"step_time_s"' in l][2:])
     rows = []
-    for label, world, extra in SWEEP:
-        metrics = os.path.join(tmp, "sweep.jsonl")
-        if os.path.exists(metrics):
-            os.remove(metrics)
-        subprocess.run(ours(world, steps, metrics, extra), shell=True, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l][2:]
-        rows.append({"config": label,
-                     "tokens_per_s": statistics.median(l["tokens_per_s"] for l in lines),
-                     "step_time_s": statistics.median(l["step_time_s"] for l in lines),
-                     "comm_wait_s": statistics.median(l["comm_wait_s"] for l in lines),
-                     "data_s": statistics.median(l["data_s"] for l in lines),
-                     "forward_backward_s": statistics.median(l["forward_backward_s"] for l in lines),
-                     "optimizer_s": statistics.median(l["optimizer_s"] for l in lines),
-                     "state_mb_per_rank": lines[-1]["sharded_state_mb"],
-                     "peak_rss_mb": lines[-1]["peak_rss_mb"]})
+    for label, _, _ in SWEEP:
+        runs = samples[label]
+        med = lambda key: statistics.median(statistics.median(l[key] for l in run) for run in runs)
+        tps = [statistics.median(l["tokens_per_s"] for l in run) for run in runs]
+        rows.append({"config": label, "tokens_per_s": statistics.median(tps), "tokens_per_s_min": min(tps),
+                     "tokens_per_s_max": max(tps), "step_time_s": med("step_time_s"), "data_s": med("data_s"),
+                     "forward_backward_s": med("forward_backward_s"), "optimizer_s": med("optimizer_s"),
+                     "comm_wait_s": med("comm_wait_s"), "state_mb_per_rank": runs[-1][-1]["sharded_state_mb"],
+                     "peak_rss_mb": max(run[-1]["peak_rss_mb"] for run in runs)})
         print(json.dumps(rows[-1]))
     return rows
 
@@ -113,16 +117,17 @@ def main():
                         "theirs_tokens_per_s": {"median": statistics.median(b_runs), "min": min(b_runs), "max": max(b_runs)},
                         "ratio": statistics.median(a_runs) / statistics.median(b_runs)})
         print(json.dumps(results[-1]))
-    rows = sweep(a.steps, tmp)
+    rows = sweep(a.steps, a.reps, tmp)
     comm = subprocess.run(f"{FSDP} launch -n 2 -- {FSDP} bench comm -b 4096 -e 16777216 -f 16",
                           shell=True, check=True, capture_output=True, text=True).stdout
     json.dump({"peers": results, "strategies": rows}, open(os.path.join(out_dir, "results.json"), "w"), indent=1)
     import svg_plot
     svg_plot.bars(os.path.join(out_dir, "memory_by_strategy.svg"),
-                  [(r["config"].replace(" (DDP)", ""), r["state_mb_per_rank"]) for r in rows],
+                  [(r["config"], r["state_mb_per_rank"]) for r in rows if "+" not in r["config"] and "bf16" not in r["config"]],
                   "MB per rank", "Parameters + gradients + AdamW state per rank")
     svg_plot.bars(os.path.join(out_dir, "throughput_by_strategy.svg"),
-                  [(r["config"].replace(" (DDP)", ""), r["tokens_per_s"]) for r in rows], "tokens/s", "Throughput by strategy")
+                  [(r["config"], r["tokens_per_s"]) for r in rows if "+" not in r["config"] and "bf16" not in r["config"]],
+                  "tokens/s", "Throughput by strategy")
     with open(os.path.join(out_dir, "results.md"), "w") as md:
         md.write("| case | fsdp.cpp tokens/s (median, min-max) | PyTorch tokens/s (median, min-max) | ratio |\n")
         md.write("| --- | --- | --- | --- |\n")
@@ -130,11 +135,12 @@ def main():
             o, t = r["ours_tokens_per_s"], r["theirs_tokens_per_s"]
             md.write(f"| {r['case']}: {r['ours']} vs {r['theirs']} | {o['median']:.0f} ({o['min']:.0f}-{o['max']:.0f}) "
                      f"| {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {r['ratio']:.2f}x |\n")
-        md.write("\n| fsdp.cpp config | tokens/s | step s | data s | fwd+bwd s | optimizer s | exposed comm s "
+        md.write("\n| fsdp.cpp config | tokens/s (median, min-max) | step s | data s | fwd+bwd s | optimizer s | exposed comm s "
                  "| params+grads+optimizer MB/rank | peak RSS MB |\n")
         md.write("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
         for r in rows:
-            md.write(f"| {r['config']} | {r['tokens_per_s']:.0f} | {r['step_time_s']:.2f} | {r['data_s']:.4f} "
+            md.write(f"| {r['config']} | {r['tokens_per_s']:.0f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}) "
+                     f"| {r['step_time_s']:.2f} | {r['data_s']:.4f} "
                      f"| {r['forward_backward_s']:.2f} | {r['optimizer_s']:.2f} | {r['comm_wait_s']:.3f} "
                      f"| {r['state_mb_per_rank']:.0f} | {r['peak_rss_mb']:.0f} |\n")
         md.write("\n```\n" + "\n".join(l.replace("[rank 0] ", "", 1) for l in comm.splitlines() if l.strip() != "[rank 0] #")
