@@ -1,14 +1,15 @@
 #include "fsdp/core/fsdp_param_group.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/Resize.h>
+#include <ATen/record_function.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
-#include "fsdp/core/memory.h"
+#include "fsdp/core/comm_context.h"
 
 namespace fsdp {
 
@@ -23,13 +24,15 @@ namespace fsdp {
 // that is why freeing resizes the storage to 0 bytes and gathering resizes it
 // back, never replacing it.
 //
-// Gradients: autograd accumulates a full-shape gradient into each parameter
-// (its AccumulateGrad node has our post-hook, which counts). When the last
-// one of a unit has arrived, every node that reads the unit's parameters has
-// run, so the gradients are moved into one flat buffer, reduce-scattered
-// asynchronously and the unit is resharded. At the end of backward the root
-// waits for the reduce-scatters and each parameter gets its sharded gradient:
-// a 1-D tensor matching its sharded data, which is what the optimizer sees.
+// Gradients: before a unit's backward, each trainable parameter's .grad
+// becomes a full-shape view of one flat gradient buffer, so autograd's
+// AccumulateGrad adds into it in place (outside create_graph) and the buffer
+// is the reduce-scatter's input as it stands. AccumulateGrad's post-hook
+// only marks the parameter as used. When the unit's backward is done (see
+// [Note: when a unit's backward ends] in fsdp_state.cpp) the unit is
+// resharded and the buffer reduce-scattered asynchronously; each parameter
+// then gets its sharded gradient: a 1-D tensor matching its sharded data,
+// which is what the optimizer sees.
 //
 // set_data to another dtype (fp32 shard <-> bf16 gathered view) makes
 // autograd drop the parameter's AccumulateGrad node, so hooks are
@@ -49,17 +52,19 @@ namespace fsdp {
 
 namespace {
 
-class GradReadyHook : public torch::autograd::FunctionPostHook {
+// Marks one parameter of the group as having received a gradient.
+class GradUsedHook : public torch::autograd::FunctionPostHook {
  public:
-  explicit GradReadyHook(FSDPParamGroup* group) : group_(group) {}
+  GradUsedHook(FSDPParamGroup* group, size_t index) : group_(group), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list& /*inputs*/) override {
-    group_->on_grad_ready();
+    group_->mark_used(index_);
     return outputs;
   }
 
  private:
   FSDPParamGroup* group_;
+  size_t index_;
 };
 
 bool is_low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
@@ -71,10 +76,6 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shap
                                              c10::contiguous_strides(shape));
 }
 
-void resize_storage(const at::Tensor& t, int64_t nbytes) {
-  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(nbytes));
-}
-
 }  // namespace
 
 bool FSDPParam::requires_grad() const { return param.requires_grad(); }
@@ -84,9 +85,11 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
     : params_(std::move(params)),
       shard_group_(&mesh.shard_group()),
       replicate_group_(&mesh.replicate_group()),
+      world_group_(&mesh.world().group()),
       mp_(options.mixed_precision) {
   FSDP_ASSERT(!params_.empty());
   orig_dtype_ = params_.front().param.scalar_type();
+  device_ = params_.front().param.device();
   for (const auto& p : params_) {
     FSDP_CHECK(p.param.scalar_type() == orig_dtype_, "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), " but '", params_.front().fqn, "' in the same unit is ", orig_dtype_,
@@ -94,6 +97,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
                "separate units");
     FSDP_CHECK(at::isFloatingType(p.param.scalar_type()), "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), ": only floating-point parameters can be sharded; list it in ignored_params");
+    FSDP_CHECK(p.param.device() == device_, "fully_shard: parameter '", p.fqn, "' is on ", p.param.device(),
+               " but '", params_.front().fqn, "' in the same unit is on ", device_,
+               ": move the module to one device first");
   }
   master_dtype_ = is_low_precision(orig_dtype_) ? at::kFloat : orig_dtype_;
   param_dtype_ = mp_.param_dtype.value_or(orig_dtype_);
@@ -105,18 +111,25 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
     p.numel = p.param.numel();
     p.offset = offset;
     offset += p.numel;
+    trainable_ += p.requires_grad() ? 1 : 0;
   }
   total_numel_ = offset;
   const int w = shard_group_->size();
   shard_numel_ = dist::shard_numel(total_numel_, w);
   padded_numel_ = shard_numel_ * w;
   for (auto& p : params_) p.local = shard_range(p.offset, p.numel, shard_numel_, shard_group_->rank());
-  for (const auto& p : params_) grads_expected_ += p.requires_grad() ? 1 : 0;
+  used_.assign(params_.size(), 0);
   init_shard(options);
 }
 
+void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
+  comm_ = comm;
+  name_ = unit_name;
+}
+
 void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
-  sharded_flat_ = at::zeros({shard_numel_}, at::TensorOptions().dtype(master_dtype_));
+  const auto on_device = at::TensorOptions().device(device_);
+  sharded_flat_ = at::zeros({shard_numel_}, on_device.dtype(master_dtype_));
   for (auto& p : params_) {
     at::Tensor full;
     FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
@@ -126,7 +139,7 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
       FSDP_CHECK(static_cast<bool>(options.param_init), "fully_shard: parameter '", p.fqn,
                  "' is deferred (no memory behind it): pass FullyShardOptions::param_init to initialise it");
       // One full parameter at a time: filled, sliced, dropped.
-      full = at::empty(p.shape, at::TensorOptions().dtype(orig_dtype_));
+      full = at::empty(p.shape, on_device.dtype(orig_dtype_));
       at::NoGradGuard no_grad;
       options.param_init(p.fqn, full);
     } else {
@@ -160,54 +173,76 @@ at::Tensor FSDPParamGroup::unsharded_view(const FSDPParam& p) const {
   return unsharded_flat_.narrow(0, p.offset, p.numel).view(p.shape);
 }
 
+int64_t FSDPParamGroup::gathered_bytes() const {
+  return padded_numel_ * static_cast<int64_t>(c10::elementSize(param_dtype_));
+}
+
+int64_t FSDPParamGroup::reduction_bytes() const {
+  // Unsharded gradients (or their cast), a receive buffer of the same size
+  // (reduce-scatter built from an all-to-all) and the reduced shard.
+  const auto reduce_size = static_cast<int64_t>(c10::elementSize(reduce_dtype_));
+  const auto param_size = static_cast<int64_t>(c10::elementSize(param_dtype_));
+  return padded_numel_ * (param_size + 2 * reduce_size) + shard_numel_ * reduce_size;
+}
+
 void FSDPParamGroup::allocate_unsharded() {
   if (unsharded_aliases_sharded_) return;
-  const int64_t nbytes = padded_numel_ * static_cast<int64_t>(c10::elementSize(param_dtype_));
+  const int64_t nbytes = gathered_bytes();
   if (!unsharded_flat_.defined()) {
-    unsharded_flat_ = at::empty({padded_numel_}, at::TensorOptions().dtype(param_dtype_));
+    unsharded_flat_ = at::empty({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_));
   } else if (static_cast<int64_t>(unsharded_flat_.storage().nbytes()) == nbytes) {
     return;
   } else {
-    resize_storage(unsharded_flat_, nbytes);
+    compat::resize_storage_bytes(unsharded_flat_, nbytes);
   }
-  memory::on_gathered(nbytes);
+  memory::count(memory::BufferKind::kGathered, nbytes);
 }
 
 void FSDPParamGroup::free_unsharded() {
   if (unsharded_aliases_sharded_ || !unsharded_flat_.defined()) return;
   const auto nbytes = static_cast<int64_t>(unsharded_flat_.storage().nbytes());
   if (nbytes == 0) return;
-  resize_storage(unsharded_flat_, 0);
-  memory::on_gathered(-nbytes);
+  compat::resize_storage_bytes(unsharded_flat_, 0);
+  memory::count(memory::BufferKind::kGathered, -nbytes);
 }
 
 void FSDPParamGroup::unshard() {
   if (state_ == ShardedState::kUnsharded || all_gather_work_ || unsharded_aliases_sharded_) return;
+  RECORD_USER_SCOPE("FSDP::all_gather");
   allocate_unsharded();
-  at::Tensor input = param_dtype_ == master_dtype_ ? sharded_flat_ : sharded_flat_.to(param_dtype_);
+  CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllGather);
+  if (param_dtype_ != master_dtype_) all_gather_input_.reset(sharded_flat_.to(param_dtype_));
+  const at::Tensor& input = param_dtype_ == master_dtype_ ? sharded_flat_ : all_gather_input_.get();
   if (shard_group_->size() == 1) {
     unsharded_flat_.copy_(input);
+    all_gather_input_.reset();
     return;
   }
-  all_gather_input_ = input;
-  all_gather_work_ = dist::all_gather_into_tensor(*shard_group_, unsharded_flat_, all_gather_input_);
+  all_gather_event_ = comm_->record(FSDPEvent::Kind::kAllGather, *name_, static_cast<int64_t>(input.nbytes()));
+  all_gather_work_ = dist::all_gather_into_tensor(*shard_group_, unsharded_flat_, input);
+}
+
+void FSDPParamGroup::finish_all_gather() {
+  if (!all_gather_work_) return;
+  RECORD_USER_SCOPE("FSDP::all_gather_wait");
+  std::optional<dist::Work> work = std::move(all_gather_work_);
+  all_gather_work_.reset();
+  work->wait();
+  comm_->mark_waited(all_gather_event_);
+  all_gather_input_.reset();
 }
 
 void FSDPParamGroup::wait_for_unshard() {
   if (state_ == ShardedState::kUnsharded) return;
   unshard();  // no-op when prefetched
-  if (all_gather_work_) {
-    all_gather_work_->wait();
-    all_gather_work_.reset();
-    all_gather_input_ = at::Tensor();
-  }
+  finish_all_gather();
   for (auto& p : params_) {
     p.param.set_data(unsharded_view(p));
     if (grads_in_place_) {
       ensure_grad_flat();
       if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
     } else if (p.param.grad().defined()) {
-      // Last step's sharded gradient waits aside; autograd starts a fresh one.
+      // Last step's sharded gradient waits aside; backward works on a full-shape one.
       p.sharded_grad_stash = p.param.grad();
       p.param.mutable_grad() = at::Tensor();
     }
@@ -217,11 +252,7 @@ void FSDPParamGroup::wait_for_unshard() {
 }
 
 void FSDPParamGroup::reshard() {
-  if (all_gather_work_) {  // prefetched but never used: finish before freeing
-    all_gather_work_->wait();
-    all_gather_work_.reset();
-    all_gather_input_ = at::Tensor();
-  }
+  finish_all_gather();  // prefetched but never used: finish before freeing
   if (state_ == ShardedState::kSharded) {
     free_unsharded();
     return;
@@ -229,13 +260,12 @@ void FSDPParamGroup::reshard() {
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
     if (grads_in_place_) {
-      ensure_grad_flat();
       if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
       continue;
     }
-    if (p.sharded_grad_stash.defined() && !p.param.grad().defined()) {
-      p.param.mutable_grad() = p.sharded_grad_stash;
-    }
+    // A full-shape gradient still here was never collected (an abandoned
+    // backward): the sharded one from before this step takes its place.
+    p.param.mutable_grad() = p.sharded_grad_stash;
     p.sharded_grad_stash = at::Tensor();
   }
   free_unsharded();
@@ -243,10 +273,13 @@ void FSDPParamGroup::reshard() {
 }
 
 void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
-  // `view` is over grad_flat_, which exists from the first use on (see alias_of callers).
   at::Tensor& grad = p.param.mutable_grad();
+  if (!p.grad_existence_recorded) {
+    p.grad_existed_before = grad.defined();
+    p.grad_existence_recorded = true;
+  }
   if (!grad.defined()) {
-    view.zero_();  // set to none by the user: start from zero
+    view.zero_();  // none yet, or set to none by the user: start from zero
   } else if (!grad.is_alias_of(view)) {
     view.copy_(grad.reshape(view.sizes()));  // replaced by the user or by autograd
   }
@@ -256,101 +289,203 @@ void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
 void FSDPParamGroup::ensure_grad_flat() {
   // Allocated on first use, not at sharding: a model that only runs
   // inference, or is still being initialised, holds no gradient memory.
-  if (!grad_flat_.defined()) grad_flat_ = at::zeros({padded_numel_}, at::TensorOptions().dtype(master_dtype_));
+  if (!grad_flat_.defined()) {
+    grad_flat_ = at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(master_dtype_));
+  }
 }
 
 void FSDPParamGroup::register_grad_hooks() {
-  for (auto& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
     if (!p.requires_grad()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(p.param);
     if (accumulator == p.grad_accumulator) continue;
-    accumulator->add_post_hook(std::make_unique<GradReadyHook>(this));
+    accumulator->add_post_hook(std::make_unique<GradUsedHook>(this, i));
     p.grad_accumulator = std::move(accumulator);
   }
 }
 
-void FSDPParamGroup::reset_backward_state() {
-  grads_ready_ = 0;
-  post_backward_done_ = false;
-  reduced_this_backward_ = false;
+void FSDPParamGroup::prepare_gradients() {
+  if (grads_in_place_ || trainable_ == 0 || state_ != ShardedState::kUnsharded) return;
+  if (!unsharded_grad_.defined()) {
+    unsharded_grad_.reset(at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_)));
+  }
+  const at::Tensor& flat = unsharded_grad_.get();
+  for (auto& p : params_) {
+    if (!p.requires_grad()) continue;
+    at::Tensor& grad = p.param.mutable_grad();
+    at::Tensor view = alias_of(flat, p.offset, p.shape);
+    if (grad.defined() && grad.is_alias_of(view)) continue;  // attached already: the unit runs backward twice
+    // A gradient accumulated before this pre-backward (a parameter used
+    // after its unit's forward, like a tied output head) joins the buffer.
+    if (grad.defined()) view.add_(grad.reshape(p.shape));
+    grad = view;
+  }
 }
 
-void FSDPParamGroup::on_grad_ready() {
-  if (++grads_ready_ == grads_expected_) post_backward();
+void FSDPParamGroup::collect_unsharded_gradients() {
+  // Gradients autograd left outside the flat buffer (it replaces a defined
+  // gradient under create_graph; a parameter can also get one before its
+  // unit's pre-backward) are added into it; then parameters drop them.
+  for (auto& p : params_) {
+    if (!p.requires_grad()) continue;
+    at::Tensor& grad = p.param.mutable_grad();
+    if (!grad.defined()) continue;
+    if (!unsharded_grad_.defined()) {
+      unsharded_grad_.reset(at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_)));
+    }
+    at::Tensor view = alias_of(unsharded_grad_.get(), p.offset, p.shape);
+    if (!grad.is_alias_of(view)) view.copy_(grad.reshape(p.shape));
+    grad = at::Tensor();
+  }
 }
 
 void FSDPParamGroup::post_backward() {
   if (post_backward_done_) return;
   post_backward_done_ = true;
-  if (grads_expected_ == 0) {
+  RECORD_USER_SCOPE("FSDP::post_backward");
+  if (trainable_ == 0) {
     reshard();
     return;
   }
   if (grads_in_place_) {
-    reshard();  // re-attaches every gradient view, copying any that autograd replaced
+    ensure_grad_flat();
+    if (state_ == ShardedState::kUnsharded) {
+      reshard();  // re-attaches every gradient view, copying any that autograd replaced
+    } else {
+      for (auto& p : params_) {  // not used on this rank: replicas may still send gradients
+        if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
+      }
+    }
     if (!requires_gradient_sync) return;
     reduced_this_backward_ = true;
-    if (replicate_group_->size() > 1) {
-      reduce_work_ = dist::all_reduce(*replicate_group_, grad_flat_, dist::ReduceOp::kAvg);
-    }
+    comm_->reduce(*this);
     return;
   }
-  // Move the full-shape gradients into one flat buffer; the padding is zero.
-  at::Tensor flat = at::empty({padded_numel_}, at::TensorOptions().dtype(reduce_dtype_));
-  flat.narrow(0, total_numel_, padded_numel_ - total_numel_).zero_();
-  for (auto& p : params_) {
-    at::Tensor slice = flat.narrow(0, p.offset, p.numel);
-    const at::Tensor& grad = p.param.grad();
-    if (grad.defined() && state_ == ShardedState::kUnsharded) {
-      slice.copy_(grad.reshape({-1}));
-      p.param.mutable_grad() = at::Tensor();
-    } else {
-      slice.zero_();  // not used in this forward
-    }
-  }
-  if (unsynced_grads_.defined()) {
-    flat.add_(unsynced_grads_);
-    unsynced_grads_ = at::Tensor();
-  }
+  if (state_ == ShardedState::kUnsharded) collect_unsharded_gradients();
   reshard();
+  // Nothing arrived on this rank (the unit was not used here): zeros keep
+  // the collectives matched with ranks that did use it.
+  at::Tensor grads = unsharded_grad_.defined()
+                         ? unsharded_grad_.release()
+                         : at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_));
+  at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : grads.to(reduce_dtype_);
+  grads = at::Tensor();
+  if (unsynced_grads_.defined()) input.add_(unsynced_grads_.release());
   if (!requires_gradient_sync) {
-    unsynced_grads_ = flat;
+    unsynced_grads_.reset(input);
     return;
   }
   reduced_this_backward_ = true;
-  if (shard_group_->size() == 1) {
-    reduce_output_ = flat;
-    return;
-  }
-  reduce_input_ = flat;
-  reduce_output_ = at::empty({shard_numel_}, at::TensorOptions().dtype(reduce_dtype_));
-  reduce_work_ = dist::reduce_scatter_tensor(*shard_group_, reduce_output_, reduce_input_, dist::ReduceOp::kAvg);
+  reduce_input_.reset(input);
+  comm_->reduce(*this);
 }
 
-void FSDPParamGroup::finalize_backward() {
-  post_backward();
-  if (reduce_work_) {
-    reduce_work_->wait();
-    reduce_work_.reset();
-    reduce_input_ = at::Tensor();
-  }
-  if (!reduced_this_backward_) return;
-  if (grads_in_place_) {
-    reduced_this_backward_ = false;
+void FSDPParamGroup::issue_reduce_scatter() {
+  if (grads_in_place_) return;  // nothing to scatter: the shard is the whole unit
+  if (shard_group_->size() == 1) {
+    reduce_output_.reset(reduce_input_.release());
     return;
   }
-  if (replicate_group_->size() > 1) dist::all_reduce(*replicate_group_, reduce_output_, dist::ReduceOp::kAvg).wait();
+  RECORD_USER_SCOPE("FSDP::reduce_scatter");
+  CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kReduceScatter);
+  reduce_output_.reset(at::empty({shard_numel_}, at::TensorOptions().device(device_).dtype(reduce_dtype_)));
+  reduce_event_ = comm_->record(FSDPEvent::Kind::kReduceScatter, *name_,
+                                static_cast<int64_t>(reduce_input_.get().nbytes()));
+  reduce_work_ = dist::reduce_scatter_tensor(*shard_group_, reduce_output_.get(), reduce_input_.get(),
+                                             dist::ReduceOp::kAvg);
+}
+
+void FSDPParamGroup::wait_reduce_scatter() {
+  if (reduce_work_) {
+    RECORD_USER_SCOPE("FSDP::reduce_scatter_wait");
+    std::optional<dist::Work> work = std::move(reduce_work_);
+    reduce_work_.reset();
+    work->wait();
+    comm_->mark_waited(reduce_event_);
+  }
+  reduce_input_.reset();  // freed as soon as its collective is done
+}
+
+bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group_->size() > 1; }
+
+void FSDPParamGroup::issue_replica_all_reduce() {
+  RECORD_USER_SCOPE("FSDP::all_reduce");
+  CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllReduce);
+  const at::Tensor& buffer = grads_in_place_ ? grad_flat_ : reduce_output_.get();
+  reduce_event_ = comm_->record(FSDPEvent::Kind::kAllReduce, *name_, static_cast<int64_t>(buffer.nbytes()));
+  reduce_work_ = dist::all_reduce(*replicate_group_, buffer, dist::ReduceOp::kAvg);
+}
+
+void FSDPParamGroup::wait_replica_all_reduce() { wait_reduce_scatter(); }
+
+void FSDPParamGroup::assign_gradients() {
+  if (grads_in_place_) return;  // the gradients are views of the reduced buffer already
+  const at::Tensor& reduced = reduce_output_.get();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
-    const at::Tensor reduced = reduce_output_.narrow(0, p.local.begin_in_shard, p.local.numel);
-    if (p.param.grad().defined()) {
-      p.param.mutable_grad().add_(reduced);  // accumulates across steps unless zeroed
+    const at::Tensor slice = reduced.narrow(0, p.local.begin_in_shard, p.local.numel);
+    at::Tensor& grad = p.param.mutable_grad();
+    p.grad_existed_before = grad.defined();
+    p.grad_existence_recorded = true;
+    if (grad.defined()) {
+      grad.add_(slice);  // accumulates across steps unless zeroed
     } else {
-      p.param.mutable_grad() = reduced.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+      grad = slice.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
     }
   }
-  reduce_output_ = at::Tensor();
+  reduce_output_.reset();
+}
+
+void FSDPParamGroup::append_used(std::vector<uint8_t>& out) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].requires_grad()) out.push_back(used_[i]);
+  }
+}
+
+size_t FSDPParamGroup::apply_used(const uint8_t* used_anywhere) {
+  size_t k = 0;
+  for (auto& p : params_) {
+    if (!p.requires_grad()) continue;
+    if (used_anywhere[k++] == 0 && !p.grad_existed_before) p.param.mutable_grad() = at::Tensor();
+  }
+  std::fill(used_.begin(), used_.end(), 0);
+  return k;
+}
+
+void FSDPParamGroup::begin_iteration() {
+  post_backward_done_ = false;
+  for (auto& p : params_) p.grad_existence_recorded = false;
+}
+
+void FSDPParamGroup::end_backward() {
+  post_backward_done_ = false;
   reduced_this_backward_ = false;
+  for (auto& p : params_) p.grad_existence_recorded = false;
+}
+
+void FSDPParamGroup::abandon() noexcept {
+  try {
+    finish_all_gather();
+  } catch (const std::exception&) {
+  }
+  if (reduce_work_) {
+    try {
+      reduce_work_->wait();
+    } catch (const std::exception&) {
+    }
+    reduce_work_.reset();
+  }
+  reduce_input_.reset();
+  reduce_output_.reset();
+  unsharded_grad_.reset();
+  try {  // partial full-shape gradients give way to the sharded ones from before
+
+    reshard();
+  } catch (const std::exception&) {
+  }
+  std::fill(used_.begin(), used_.end(), 0);
+  end_backward();
 }
 
 int64_t FSDPParamGroup::sharded_param_bytes() const { return static_cast<int64_t>(sharded_flat_.nbytes()); }

@@ -1,13 +1,75 @@
 #include "fsdp/core/fsdp_state.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/error_text.h"
+#include "fsdp/dist/collectives.h"
 
 namespace fsdp {
+
+// [Note: when a unit's backward ends]
+// As in FSDP2, not by counting gradients (frozen parameters never get one,
+// and a count says nothing about nodes that still read the parameters):
+//
+// - Each call of a unit puts one autograd node (PostBackwardNode) on the
+//   call's inputs that require gradients. Autograd runs it once the
+//   gradients of those inputs exist, which is after every node of the call
+//   that leads to them, so after every read of the gathered parameters on
+//   that path; AccumulateGrad nodes run as soon as they are ready, before it.
+// - A unit called several times (a block applied twice, two forwards before
+//   one backward) is done when the nodes of all its calls have run. A call
+//   whose inputs need no gradient (the first block, the root) carries no
+//   node, so that unit's backward ends at the end of backward.
+// - At the end of backward (a callback queued on the autograd engine) every
+//   unit still gathered or still owing a reduction runs post-backward, in
+//   module order, so every rank issues the same collectives; then the
+//   reductions are drained and the ranks agree on which parameters got a
+//   gradient anywhere (one small all-reduce), so a parameter no rank used
+//   keeps the gradient it had (none stays none, as in one process).
+// - Errors: a forward that throws leaves its unit as it found it, and the
+//   root's leaves the whole tree ready; a backward that throws never runs the
+//   callback, and the guard the callback holds, destroyed with the engine's
+//   graph task, finishes the collectives issued and reshards every unit.
+
+namespace {
+
+struct PostBackwardNode : public torch::autograd::Function<PostBackwardNode> {
+  // TensorList, not variable_list: autograd counts the tensors of a
+  // TensorList as inputs, but takes a std::vector for one opaque argument.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                int64_t state) {
+    ctx->saved_data["state"] = state;
+    return inputs.vec();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<FSDPState*>(ctx->saved_data["state"].toInt())->on_inputs_grad();
+    grads.emplace_back();  // the state pointer has no gradient
+    return grads;
+  }
+};
+
+// Held by the end-of-backward callback: if the graph task dies without
+// running it (backward threw), the iteration is abandoned.
+struct BackwardGuard {
+  std::shared_ptr<FSDPTree> tree;
+  bool completed = false;
+  explicit BackwardGuard(std::shared_ptr<FSDPTree> t) : tree(std::move(t)) {}
+  BackwardGuard(const BackwardGuard&) = delete;
+  BackwardGuard& operator=(const BackwardGuard&) = delete;
+  ~BackwardGuard() {
+    if (!completed) FSDPState::abandon_iteration(*tree, /*keep_open=*/false);
+  }
+};
+
+}  // namespace
 
 FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOptions& options)
     : group_(std::move(group)),
@@ -15,63 +77,79 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
       reshard_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
                              options.strategy == ShardingStrategy::kHybridShard) {}
 
-void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root) {
+void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, const std::string& name) {
   tree_ = tree;
   is_root_ = is_root;
-}
-
-void FSDPState::lazy_init_as_root() {
-  // A unit called with no tree around it is a root of its own. fully_shard
-  // builds the tree when it shards an ancestor; this covers units used alone.
-  auto tree = std::make_shared<FSDPTree>();
-  tree->states.push_back(this);
-  join_tree(tree, true);
+  name_ = name.empty() ? "<root>" : name;
+  if (group_) group_->attach(&tree_->comm, &name_);
 }
 
 void FSDPState::begin_iteration() {
   for (FSDPState* s : tree_->states) {
     s->training_state_ = TrainingState::kIdle;
-    if (s->group_) s->group_->reset_backward_state();
+    s->pending_backward_calls_ = 0;
+    s->registered_calls_ = 0;
+    s->unsignalled_call_ = false;
+    s->post_forward_indices_.clear();
+    s->backward_cursor_ = 0;
+    if (s->group_) s->group_->begin_iteration();
   }
-  tree_->callback_queued = false;
+  tree_->post_forward_order.clear();
+  tree_->open_graphs.clear();
+  tree_->iteration_open = true;
 }
 
-void FSDPState::pre_forward() {
-  if (!tree_) lazy_init_as_root();
-  if (tree_->in_backward) {
-    // A forward inside backward (activation checkpointing recomputes a
-    // block): the unit was gathered for backward already.
-    if (group_) group_->wait_for_unshard();
-    return;
+detail::CallFrame FSDPState::pre_forward() {
+  detail::CallFrame frame;
+  frame.grad_enabled = at::GradMode::is_enabled();
+  frame.in_backward = tree_->in_backward;
+  frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
+  if (frame.in_backward) {
+    // Recomputed inside backward: gathered for the backward that follows.
+    if (group_) {
+      group_->wait_for_unshard();
+      if (frame.grad_enabled) group_->prepare_gradients();
+    }
+    return frame;
   }
-  if (is_root_) begin_iteration();
+  RECORD_USER_SCOPE("FSDP::pre_forward");
+  if (is_root_ && frame.grad_enabled) {
+    // A new iteration unless an earlier forward's graph still awaits its
+    // backward (two forwards, one backward); a graph that was dropped
+    // without a backward does not count.
+    const bool live = std::any_of(tree_->open_graphs.begin(), tree_->open_graphs.end(),
+                                  [](const auto& g) { return !g.expired(); });
+    if (!tree_->iteration_open || !live) {
+      begin_iteration();
+      frame.opened_iteration = true;
+    }
+  }
   training_state_ = TrainingState::kForward;
+  tree_->comm.record(FSDPEvent::Kind::kPreForward, name_);
   if (group_) group_->wait_for_unshard();
-  if (tree_->recording_order && std::find(tree_->forward_order.begin(), tree_->forward_order.end(), this) ==
-                                    tree_->forward_order.end()) {
+  if (tree_->recording_order &&
+      std::find(tree_->forward_order.begin(), tree_->forward_order.end(), this) == tree_->forward_order.end()) {
     tree_->forward_order.push_back(this);
   }
-  prefetch(forward_prefetch, +1);
+  prefetch_forward();
+  return frame;
 }
 
-void FSDPState::prefetch(const std::vector<FSDPState*>& explicit_list, int direction) {
-  if (!explicit_list.empty()) {
-    for (FSDPState* s : explicit_list) {
-      if (s->group_) s->group_->unshard();
-    }
-    return;
+void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tensor*>& inputs) {
+  if (!frame.grad_enabled) return;
+  torch::autograd::variable_list wrapped;
+  for (at::Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) wrapped.push_back(*t);
   }
-  if (tree_->recording_order || options_.prefetch_depth <= 0) return;
-  const auto& order = tree_->forward_order;
-  const auto it = std::find(order.begin(), order.end(), this);
-  if (it == order.end()) return;
-  auto index = static_cast<int64_t>(it - order.begin());
-  for (int k = 1; k <= options_.prefetch_depth; ++k) {
-    const int64_t j = index + direction * k;
-    if (j < 0 || j >= static_cast<int64_t>(order.size())) break;
-    FSDPState* s = order[static_cast<size_t>(j)];
-    if (s->group_ && !s->is_root_) s->group_->unshard();
+  if (wrapped.empty()) return;
+  wrapped = PostBackwardNode::apply(at::TensorList(wrapped), reinterpret_cast<int64_t>(this));
+  size_t i = 0;
+  for (at::Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) *t = wrapped[i++];
   }
+  frame.wrapped_inputs = true;
+  ++pending_backward_calls_;
+  ++registered_calls_;
 }
 
 at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
@@ -83,59 +161,188 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
   return input;
 }
 
-void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
-  if (tree_->in_backward) return;
-  const bool grad_enabled = at::GradMode::is_enabled();
-  if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
+void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Tensor>& outputs) {
+  if (frame.in_backward) return;
+  RECORD_USER_SCOPE("FSDP::post_forward");
+  tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
+  training_state_ = TrainingState::kIdle;
   if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
     for (auto& t : outputs) {
       if (t.defined() && at::isFloatingType(t.scalar_type())) t = t.to(*out_dtype);
     }
   }
-  if (grad_enabled) {
-    for (auto& t : outputs) {
-      if (!t.defined() || !t.requires_grad()) continue;
-      t.register_hook([this](const at::Tensor& grad) {
-        pre_backward();
-        return grad;
-      });
-    }
-  }
-  training_state_ = TrainingState::kIdle;
-  if (is_root_) {
-    tree_->recording_order = false;
-    if (!grad_enabled) {
-      // Inference: no backward will come to release the units. The root
-      // stays gathered, as after every forward: its parameters (an output
-      // head, say) are used after its forward returns.
+  if (is_root_) tree_->recording_order = false;
+  if (!frame.grad_enabled) {
+    // No backward follows: leave every unit as this forward found it
+    // (units awaiting a backward gather again in their pre-backward).
+    if (group_ && !frame.was_unsharded) group_->reshard();
+    if (is_root_) {
       for (FSDPState* s : tree_->states) {
-        if (s->group_ && s != this) s->group_->reshard();
+        // Prefetched for a call that never came: finish and free.
+        if (s != this && s->group_ && s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
       }
     }
+    return;
   }
+  const bool needs_backward =
+      std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (needs_backward) {
+    if (!frame.wrapped_inputs) unsignalled_call_ = true;
+    post_forward_indices_.push_back(tree_->post_forward_order.size());
+    tree_->post_forward_order.push_back(this);
+    backward_cursor_ = post_forward_indices_.size();
+  }
+  if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
+  // One pre-backward per call, whichever of its outputs gets a gradient first.
+  auto fired = std::make_shared<bool>(false);
+  for (auto& t : outputs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    t.register_hook([this, fired](const at::Tensor& grad) {
+      if (!*fired) {
+        *fired = true;
+        pre_backward();
+      }
+      return grad;
+    });
+    if (is_root_ && t.grad_fn()) tree_->open_graphs.push_back(t.grad_fn());
+  }
+}
+
+void FSDPState::on_forward_error(const detail::CallFrame& frame) noexcept {
+  training_state_ = TrainingState::kIdle;
+  if (frame.in_backward) return;  // the backward's own error handling takes over
+  if (is_root_) {
+    abandon_iteration(*tree_, /*keep_open=*/tree_->iteration_open && !frame.opened_iteration);
+    return;
+  }
+  if (group_ && !frame.was_unsharded) group_->abandon();
 }
 
 void FSDPState::pre_backward() {
-  if (training_state_ == TrainingState::kPreBackward) return;
-  if (is_root_ && !tree_->callback_queued) {
+  RECORD_USER_SCOPE("FSDP::pre_backward");
+  if (!tree_->callback_queued) {
     tree_->callback_queued = true;
     tree_->in_backward = true;
-    auto tree = tree_;
-    torch::autograd::Engine::get_default_engine().queue_callback([tree] { end_of_backward(tree); });
+    auto guard = std::make_shared<BackwardGuard>(tree_);
+    torch::autograd::Engine::get_default_engine().queue_callback([guard] {
+      end_of_backward(*guard->tree);
+      guard->completed = true;
+    });
   }
+  tree_->comm.record(FSDPEvent::Kind::kPreBackward, name_);
   training_state_ = TrainingState::kPreBackward;
-  if (group_) group_->wait_for_unshard();
-  prefetch(backward_prefetch, -1);
+  if (group_) {
+    group_->wait_for_unshard();
+    group_->prepare_gradients();
+  }
+  prefetch_backward();
 }
 
-void FSDPState::end_of_backward(const std::shared_ptr<FSDPTree>& tree) {
-  // Every unit, in the same order on every rank: units whose gradients never
-  // all arrived (unused parameters) reduce now, so collectives still match.
-  for (FSDPState* s : tree->states) {
-    if (s->group_) s->group_->finalize_backward();
-    s->training_state_ = TrainingState::kIdle;
+void FSDPState::on_inputs_grad() {
+  if (--pending_backward_calls_ > 0 || unsignalled_call_) return;
+  post_backward();
+}
+
+void FSDPState::post_backward() {
+  tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
+  training_state_ = TrainingState::kPostBackward;
+  if (group_) group_->post_backward();
+}
+
+void FSDPState::issue_unshard(FSDPState* s) const {
+  if (s->group_ && s->group_->sharded_state() == ShardedState::kSharded) s->group_->unshard();
+}
+
+void FSDPState::prefetch_forward() {
+  if (!forward_prefetch.empty()) {
+    for (FSDPState* s : forward_prefetch) issue_unshard(s);
+    return;
   }
-  tree->in_backward = false;
+  if (options_.prefetch_depth <= 0) return;
+  // Until the first forward has recorded the order, module order stands in.
+  const auto& order = tree_->recording_order ? tree_->states : tree_->forward_order;
+  const auto it = std::find(order.begin(), order.end(), this);
+  if (it == order.end()) return;
+  for (auto next = it + 1; next != order.end() && next - it <= options_.prefetch_depth; ++next) {
+    if (!(*next)->is_root_) issue_unshard(*next);
+  }
+}
+
+void FSDPState::prefetch_backward() {
+  if (!backward_prefetch.empty()) {
+    for (FSDPState* s : backward_prefetch) issue_unshard(s);
+    return;
+  }
+  // The units that finished their forward just before this call did are
+  // the next to run backward (FSDP2's post-forward order).
+  if (options_.prefetch_depth <= 0 || backward_cursor_ == 0) return;
+  const size_t index = post_forward_indices_[--backward_cursor_];
+  const auto& order = tree_->post_forward_order;
+  for (size_t k = 1; k <= static_cast<size_t>(options_.prefetch_depth) && k <= index; ++k) {
+    issue_unshard(order[index - k]);
+  }
+}
+
+void FSDPState::end_of_backward(FSDPTree& tree) {
+  RECORD_USER_SCOPE("FSDP::end_of_backward");
+  for (FSDPState* s : tree.states) {
+    FSDPParamGroup* g = s->group_.get();
+    if (g == nullptr || g->post_backward_done()) continue;
+    // Units owing a reduction reduce even if unused here: the peers may not agree.
+    const bool owes_reduction = g->has_trainable_params() && g->requires_gradient_sync;
+    if (owes_reduction || g->sharded_state() == ShardedState::kUnsharded) s->post_backward();
+  }
+  tree.comm.drain();
+
+  std::vector<uint8_t> used;
+  std::vector<FSDPParamGroup*> reduced;
+  for (FSDPState* s : tree.states) {
+    if (s->group_ && s->group_->reduced_this_backward()) {
+      s->group_->append_used(used);
+      reduced.push_back(s->group_.get());
+    }
+  }
+  if (!used.empty()) {
+    at::Tensor flags = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kByte);
+    dist::ProcessGroup& world = reduced.front()->world_group();
+    if (world.size() > 1) dist::all_reduce(world, flags, dist::ReduceOp::kMax).wait();
+    size_t offset = 0;
+    for (FSDPParamGroup* g : reduced) offset += g->apply_used(used.data() + offset);
+  }
+
+  for (FSDPState* s : tree.states) {
+    s->training_state_ = TrainingState::kIdle;
+    s->pending_backward_calls_ = s->registered_calls_;
+    s->backward_cursor_ = s->post_forward_indices_.size();
+    if (s->group_) s->group_->end_backward();
+  }
+  tree.in_backward = false;
+  tree.callback_queued = false;
+  tree.iteration_open = false;
+}
+
+void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
+  tree.comm.abandon();
+  for (FSDPState* s : tree.states) {
+    s->training_state_ = TrainingState::kIdle;
+    if (s->group_) s->group_->abandon();
+    if (keep_open) {
+      s->unsignalled_call_ = true;  // the earlier graph's calls end at the end of backward
+    } else {
+      s->pending_backward_calls_ = 0;
+      s->registered_calls_ = 0;
+      s->unsignalled_call_ = false;
+      s->post_forward_indices_.clear();
+      s->backward_cursor_ = 0;
+    }
+  }
+  tree.in_backward = false;
+  tree.callback_queued = false;
+  if (!keep_open) {
+    tree.iteration_open = false;
+    tree.open_graphs.clear();
+    tree.post_forward_order.clear();
+  }
 }
 
 }  // namespace fsdp

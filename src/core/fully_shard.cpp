@@ -96,9 +96,20 @@ FSDPState* state_of(const torch::nn::Module& module) {
   return it == r.units.end() || it->second.module.expired() ? nullptr : it->second.state.get();
 }
 
-void pre_forward(FSDPState& state) { state.pre_forward(); }
-at::Tensor cast_input(const FSDPState& state, const at::Tensor& input) { return state.cast_input(input); }
-void post_forward(FSDPState& state, std::vector<at::Tensor>& outputs) { state.post_forward(outputs); }
+CallScope::CallScope(FSDPState& state) : state_(state), frame_(state.pre_forward()) {}
+
+CallScope::~CallScope() {
+  if (!finished_) state_.on_forward_error(frame_);  // the forward threw
+}
+
+at::Tensor CallScope::cast(const at::Tensor& input) const { return state_.cast_input(input); }
+
+void CallScope::wrap_inputs(const std::vector<at::Tensor*>& inputs) { state_.wrap_inputs(frame_, inputs); }
+
+void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
+  finished_ = true;
+  state_.post_forward(frame_, outputs);
+}
 
 }  // namespace detail
 
@@ -180,17 +191,17 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
   // This module becomes the root of every unit below it; their names get
   // this module's prefix so errors name parameters from the root.
   auto tree = std::make_shared<FSDPTree>();
+  tree->states.push_back(state.get());
+  state->join_tree(tree, true, "");
   for (const auto& [prefix, child] : children) {
     tree->states.push_back(child);
-    child->join_tree(tree, false);
+    child->join_tree(tree, false, prefix);
     if (child->group() != nullptr && !prefix.empty()) {
       for (auto& p : child->group()->params()) {
         if (p.fqn.rfind(prefix + ".", 0) != 0) p.fqn = join(prefix, p.fqn);
       }
     }
   }
-  tree->states.push_back(state.get());
-  state->join_tree(tree, true);
 
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -202,6 +213,18 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
 }
 
 bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of(module) != nullptr; }
+
+std::vector<FSDPEvent> event_log(const torch::nn::Module& root) {
+  FSDPState* state = detail::state_of(root);
+  FSDP_CHECK(state != nullptr, "event_log: module ", root.name(), " is not sharded");
+  return state->tree()->comm.events();
+}
+
+void clear_event_log(const torch::nn::Module& root) {
+  FSDPState* state = detail::state_of(root);
+  FSDP_CHECK(state != nullptr, "clear_event_log: module ", root.name(), " is not sharded");
+  state->tree()->comm.clear_events();
+}
 
 void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
   for (const auto& [name, state] : units_under(root)) {

@@ -1,7 +1,9 @@
 #include "fsdp/core/grad_norm.h"
 
 #include <cmath>
-#include <unordered_set>
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -13,19 +15,26 @@
 namespace fsdp {
 
 double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
-  // Sharded gradients add up across the shard group; replicated ones (no
-  // unit, or ignored) are the same everywhere and count once. Across
-  // replicas (HSDP) the reduced gradients are identical, so the shard group
-  // alone gives the global norm.
-  std::unordered_set<const void*> sharded;
-  dist::ProcessGroup* shard_group = nullptr;
+  // Sharded gradients add up across their unit's shard group; replicated
+  // ones (no unit, or ignored) are the same everywhere and count once.
+  // Across replicas (HSDP) the reduced gradients are identical, so each
+  // shard group alone gives its units' share. Units may live in different
+  // shard groups: one partial sum per group, each all-reduced in its group,
+  // in the order the groups first appear in module order (the same on every
+  // rank).
+  std::unordered_map<const void*, size_t> group_of_param;  // -> index into groups
+  std::vector<dist::ProcessGroup*> groups;
   for (const auto& item : root.named_modules("", true)) {
     FSDPState* state = detail::state_of(*item.value());
     if (state == nullptr || state->group() == nullptr) continue;
-    shard_group = &state->group()->shard_group();
-    for (const auto& p : state->group()->params()) sharded.insert(p.param.unsafeGetTensorImpl());
+    dist::ProcessGroup* g = &state->group()->shard_group();
+    auto it = std::find(groups.begin(), groups.end(), g);
+    const auto index = static_cast<size_t>(it - groups.begin());
+    if (it == groups.end()) groups.push_back(g);
+    for (const auto& p : state->group()->params()) group_of_param[p.param.unsafeGetTensorImpl()] = index;
   }
-  at::Tensor sharded_sq = at::zeros({1}, at::kDouble);
+  std::vector<at::Tensor> sharded_sq(groups.size());
+  for (auto& t : sharded_sq) t = at::zeros({1}, at::kDouble);
   at::Tensor replicated_sq = at::zeros({1}, at::kDouble);
   std::vector<at::Tensor> grads;
   for (const auto& p : unique_parameters(root)) {
@@ -33,10 +42,15 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
     if (!g.defined()) continue;
     grads.push_back(g);
     at::Tensor sq = g.to(at::kDouble).pow(2).sum().reshape({1});
-    (sharded.count(p.unsafeGetTensorImpl()) != 0 ? sharded_sq : replicated_sq).add_(sq);
+    const auto it = group_of_param.find(p.unsafeGetTensorImpl());
+    (it != group_of_param.end() ? sharded_sq[it->second] : replicated_sq).add_(sq);
   }
-  if (shard_group != nullptr && shard_group->size() > 1) dist::all_reduce(*shard_group, sharded_sq).wait();
-  const double norm = std::sqrt((sharded_sq + replicated_sq).item<double>());
+  double total = replicated_sq.item<double>();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i]->size() > 1) dist::all_reduce(*groups[i], sharded_sq[i]).wait();
+    total += sharded_sq[i].item<double>();
+  }
+  const double norm = std::sqrt(total);
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     for (auto& g : grads) g.mul_(scale);

@@ -1,7 +1,6 @@
 #include "fsdp/core/memory.h"
 
 #include <algorithm>
-#include <atomic>
 #include <unordered_set>
 
 #include <torch/nn/module.h>
@@ -14,20 +13,9 @@
 
 namespace fsdp {
 namespace memory {
-namespace {
-std::atomic<int64_t> g_gathered{0};
-std::atomic<int64_t> g_peak{0};
-}  // namespace
-
-void on_gathered(int64_t delta_bytes) {
-  const int64_t now = g_gathered += delta_bytes;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-int64_t gathered_bytes() { return g_gathered.load(); }
-int64_t peak_gathered_bytes() { return g_peak.load(); }
-void reset_peak() { g_peak = g_gathered.load(); }
+int64_t gathered_bytes() { return current_bytes(BufferKind::kGathered); }
+int64_t peak_gathered_bytes() { return peak_bytes(BufferKind::kGathered); }
+void reset_peak() { reset_peaks(); }
 }  // namespace memory
 
 namespace {
@@ -65,8 +53,15 @@ MemoryStats memory_stats(const torch::nn::Module& module, const torch::optim::Op
       stats.optimizer_state_bytes += optimizer_state_tensor_bytes(*state);
     }
   }
-  stats.gathered_bytes = memory::gathered_bytes();
-  stats.peak_gathered_bytes = memory::peak_gathered_bytes();
+  using memory::BufferKind;
+  stats.gathered_bytes = memory::current_bytes(BufferKind::kGathered);
+  stats.peak_gathered_bytes = memory::peak_bytes(BufferKind::kGathered);
+  stats.unsharded_grad_bytes = memory::current_bytes(BufferKind::kGradient);
+  stats.peak_unsharded_grad_bytes = memory::peak_bytes(BufferKind::kGradient);
+  stats.comm_bytes = memory::current_bytes(BufferKind::kComm);
+  stats.peak_comm_bytes = memory::peak_bytes(BufferKind::kComm);
+  stats.transient_bytes = memory::current_total_bytes();
+  stats.peak_transient_bytes = memory::peak_total_bytes();
   return stats;
 }
 

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "fsdp/common/buffer_accounting.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 
@@ -58,6 +59,17 @@ Work::Work(std::string op, ProcessGroup* group, std::vector<c10::intrusive_ptr<c
            std::function<void()> finish)
     : op_(std::move(op)), group_(group), pending_(std::move(pending)), finish_(std::move(finish)), done_(false) {}
 
+Work::Work(Work&& other) noexcept
+    : op_(std::move(other.op_)),
+      group_(other.group_),
+      pending_(std::move(other.pending_)),
+      finish_(std::move(other.finish_)),
+      done_(other.done_) {
+  other.pending_.clear();
+  other.finish_ = nullptr;
+  other.done_ = true;
+}
+
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     if (!done_) {
@@ -72,6 +84,8 @@ Work& Work::operator=(Work&& other) noexcept {
     pending_ = std::move(other.pending_);
     finish_ = std::move(other.finish_);
     done_ = other.done_;
+    other.pending_.clear();
+    other.finish_ = nullptr;
     other.done_ = true;
   }
   return *this;
@@ -182,13 +196,15 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
   }
   // See [Note: reduce-scatter on Gloo].
   at::Tensor received = at::empty_like(input);
+  auto counted = std::make_shared<memory::Reservation>(memory::BufferKind::kComm,
+                                                       static_cast<int64_t>(received.nbytes()));
   at::Tensor recv_bytes = as_bytes(received);
   at::Tensor send_bytes = as_bytes(input);
   std::vector<int64_t> equal_splits;
   auto work = issue(kOp, group, [&] {
     return group.impl().alltoall_base(recv_bytes, send_bytes, equal_splits, equal_splits);
   });
-  return Work(kOp, &group, {work}, [output, received, divide, w, n] {
+  return Work(kOp, &group, {work}, [output, received, counted, divide, w, n] {
     at::Tensor chunks = received.view({w, n});
     at::Tensor sum = is_half(chunks) ? chunks.to(at::kFloat).sum(0) : chunks.sum(0);
     if (divide) sum.div_(w);
@@ -204,13 +220,15 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   const bool divide = divide_after(op, group.backend());
   const bool widen = is_half(tensor) && group.backend() == Backend::kGloo;
   at::Tensor buffer = widen ? tensor.to(at::kFloat) : tensor;
+  auto counted = std::make_shared<memory::Reservation>(memory::BufferKind::kComm,
+                                                       widen ? static_cast<int64_t>(buffer.nbytes()) : 0);
   std::vector<at::Tensor> tensors{buffer};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d_op(op, group.backend());
   opts.timeout = group.timeout();
   auto work = issue(kOp, group, [&] { return group.impl().allreduce(tensors, opts); });
   const int w = group.size();
-  return Work(kOp, &group, {work}, [tensor, buffer, divide, widen, w] {
+  return Work(kOp, &group, {work}, [tensor, buffer, counted, divide, w, widen] {
     if (divide) buffer.div_(w);
     if (widen) tensor.copy_(buffer);
   });

@@ -18,8 +18,11 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
     // The model sees at most its context window: the last max_seq_len tokens.
     const auto context = std::min<int64_t>(static_cast<int64_t>(ids.size()), model->max_seq_len());
     auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - context, ids.end()), torch::kLong).unsqueeze(0);
-    auto hidden = fsdp::call(model, tokens);  // (1, T, C)
-    auto logits = hidden.select(1, context - 1).matmul(model->output_weight().t()).to(torch::kFloat).squeeze(0);
+    // The head uses the root's parameters, gathered only inside the root's call.
+    auto logits = fsdp::run(model, [&] {
+                    auto hidden = model->forward(tokens);  // (1, T, C)
+                    return hidden.select(1, context - 1).matmul(model->output_weight().t());
+                  }).to(torch::kFloat).squeeze(0);
     int64_t next;
     if (o.temperature <= 0) {
       next = logits.argmax().item<int64_t>();

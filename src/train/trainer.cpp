@@ -321,10 +321,12 @@ double Trainer::evaluate() {
   double sum = 0;
   for (int64_t e = 0; e < config_.runtime.eval_batches; ++e) {
     const data::Batch batch = val_data_->batch(e, 0);
-    torch::Tensor hidden = fsdp::call(model_, batch.inputs);
-    sum += (config_.model.chunk_loss ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
-                                     : nn::lm_loss(hidden, model_->output_weight(), batch.targets))
-               .item<double>();
+    // The loss uses the output head: inside the root's call, where it is gathered.
+    sum += fsdp::run(model_, [&] {
+             torch::Tensor hidden = model_->forward(batch.inputs);
+             return config_.model.chunk_loss ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
+                                             : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
+           }).item<double>();
   }
   model_->train();
   return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.runtime.eval_batches));

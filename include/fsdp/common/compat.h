@@ -1,15 +1,22 @@
 #pragma once
-// Every difference between the LibTorch versions fsdp.cpp builds against
-// (Debian's 1.13 on CPU, PyTorch 2.x on GPU machines) lives here.
+// Every difference between the LibTorch versions and devices fsdp.cpp builds
+// against (Debian's 1.13 on CPU, PyTorch 2.x on GPU machines) lives here.
 
 #include <torch/version.h>
 
+#include <ATen/core/Tensor.h>
+#include <ATen/native/Resize.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "fsdp/common/error.h"
 
 #define FSDP_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
 
 #if FSDP_TORCH_VERSION >= 200
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+#ifdef FSDP_WITH_CUDA
+#include <ATen/native/cuda/Resize.h>
 #endif
 
 namespace fsdp::compat {
@@ -26,5 +33,30 @@ using C10dBackend = c10d::ProcessGroup;
 // tensor natively. 1.13 throws "no support for _allgather_base in Gloo";
 // later versions are probed at run time (see ProcessGroup::native_*).
 constexpr bool kGlooMayHaveFlatCollectives = FSDP_TORCH_VERSION >= 200;
+
+#ifdef FSDP_WITH_CUDA
+constexpr const char* kCudaSuffix = " and CUDA";
+#else
+constexpr const char* kCudaSuffix = " only";
+#endif
+
+// Frees (nbytes = 0) or re-grows a tensor's storage in place, on whatever
+// device it lives: views of it made earlier (saved by autograd) stay valid
+// and see the new memory. The one place FSDP's gathered buffers change size.
+inline void resize_storage_bytes(const at::Tensor& t, int64_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (t.is_cpu()) {
+    at::native::resize_bytes_cpu(storage, static_cast<size_t>(nbytes));
+    return;
+  }
+#ifdef FSDP_WITH_CUDA
+  if (t.is_cuda()) {
+    at::native::resize_bytes_cuda(storage, static_cast<size_t>(nbytes));
+    return;
+  }
+#endif
+  throw Error(detail::concat("fsdp: cannot resize storage on device ", t.device(),
+                             ": this build supports CPU", kCudaSuffix));
+}
 
 }  // namespace fsdp::compat

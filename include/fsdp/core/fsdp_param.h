@@ -35,8 +35,13 @@ struct FSDPParam {
   // re-created by autograd when the parameter's dtype changes (set_data).
   std::shared_ptr<torch::autograd::Node> grad_accumulator;
   // The sharded gradient the optimizer saw last step, set aside while the
-  // parameter is unsharded so autograd starts a fresh, full-shape gradient.
+  // parameter is unsharded so autograd works on a full-shape gradient.
   at::Tensor sharded_grad_stash;
+  // Whether the parameter had a gradient before this backward: one that no
+  // rank produced a gradient for is left as it was (undefined stays
+  // undefined, so optimizers skip it, as in one process).
+  bool grad_existed_before = false;
+  bool grad_existence_recorded = false;
 
   bool requires_grad() const;
 };

@@ -1,19 +1,24 @@
 #pragma once
 // All parameters of one fully_shard call (FSDP2's FSDPParamGroup): one flat
 // all-gather before use, one flat reduce-scatter after backward, and the
-// sharded/unsharded state machine. Mixed-precision casts happen here.
+// sharded/unsharded state machine. Mixed-precision casts happen here; when
+// collectives run is decided by FSDPState and CommContext.
 
-#include <functional>
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "fsdp/core/counted_tensor.h"
 #include "fsdp/core/fsdp_param.h"
 #include "fsdp/core/options.h"
 #include "fsdp/dist/collectives.h"
 
 namespace fsdp {
+
+class CommContext;
 
 enum class ShardedState { kSharded, kUnsharded };
 
@@ -25,32 +30,56 @@ class FSDPParamGroup {
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
 
+  // Where collectives are issued and logged, and the unit's name in the log.
+  void attach(CommContext* comm, const std::string* unit_name);
+
   ShardedState sharded_state() const { return state_; }
   std::vector<FSDPParam>& params() { return params_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   dist::ProcessGroup& shard_group() const { return *shard_group_; }
   dist::ProcessGroup& replicate_group() const { return *replicate_group_; }
+  dist::ProcessGroup& world_group() const { return *world_group_; }
+  bool has_trainable_params() const { return trainable_ > 0; }
 
+  // --- parameters -------------------------------------------------------
   // Issues the all-gather (no-op when unsharded or already in flight).
   void unshard();
   // Waits for it and points every parameter at its gathered view.
   void wait_for_unshard();
-  // Points parameters back at their shards and frees the gathered buffer.
+  // Points parameters back at their shards (and their gradients back at
+  // the sharded ones) and frees the gathered buffer.
   void reshard();
 
-  // Called once all of this unit's gradients exist (or at the end of
-  // backward for what never got one): moves them into the reduce buffer,
-  // issues the reduce-scatter (or accumulates, without gradient sync), and
-  // reshards.
+  // --- backward ---------------------------------------------------------
+  // Pre-backward: each trainable parameter's gradient becomes a view of one
+  // flat unsharded gradient buffer, which autograd accumulates into.
+  void prepare_gradients();
+  // The unit's backward is done: collects its gradients into the reduce
+  // input, reshards, and hands the reduction to the CommContext (or keeps
+  // accumulating, without gradient sync). Once per backward.
   void post_backward();
   bool post_backward_done() const { return post_backward_done_; }
-  // Counts one parameter's gradient; runs post_backward on the last one.
-  void on_grad_ready();
-  // End of backward: waits for the reduce-scatter, all-reduces across
-  // replicas (HSDP / NO_SHARD), and hands each parameter its sharded gradient.
-  void finalize_backward();
-  // Forgets per-iteration progress (called at the start of each forward).
-  void reset_backward_state();
+  // Reduction stages, run by CommContext in this order.
+  void issue_reduce_scatter();
+  void wait_reduce_scatter();
+  bool reduces_across_replicas() const;
+  void issue_replica_all_reduce();
+  void wait_replica_all_reduce();
+  void assign_gradients();
+  // Whether each trainable parameter got a gradient on this rank since the
+  // last synchronised backward (appended in parameter order), and the
+  // verdict of all ranks: parameters no rank used keep the gradient they had.
+  bool reduced_this_backward() const { return reduced_this_backward_; }
+  void append_used(std::vector<uint8_t>& out) const;
+  size_t apply_used(const uint8_t* used_anywhere);
+  void mark_used(size_t index) { used_[index] = 1; }
+
+  // Per-iteration bookkeeping: a new forward, and the end of a backward.
+  void begin_iteration();
+  void end_backward();
+  // After an error in forward or backward: in-flight collectives finished,
+  // parameters resharded, partial gradients of this backward dropped.
+  void abandon() noexcept;
 
   bool requires_gradient_sync = true;
 
@@ -58,6 +87,10 @@ class FSDPParamGroup {
   int64_t sharded_param_bytes() const;
   int64_t unsharded_bytes_held() const;
   int64_t flat_numel() const { return padded_numel_; }
+  // Bytes one all-gather writes (the gathered buffer) and one reduction
+  // holds at most (input, receive buffer, reduced shard), for memory bounds.
+  int64_t gathered_bytes() const;
+  int64_t reduction_bytes() const;
 
  private:
   void init_shard(const FullyShardOptions& options);
@@ -68,18 +101,25 @@ class FSDPParamGroup {
   void free_unsharded();
   void attach_grad_view(FSDPParam& p, const at::Tensor& view);
   void ensure_grad_flat();
+  void finish_all_gather();
+  void collect_unsharded_gradients();
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;
   dist::ProcessGroup* replicate_group_;
+  dist::ProcessGroup* world_group_;
+  CommContext* comm_ = nullptr;
+  const std::string* name_ = nullptr;
   MixedPrecisionPolicy mp_;
   at::ScalarType orig_dtype_;
   at::ScalarType master_dtype_;  // dtype of the shard the optimizer updates
   at::ScalarType param_dtype_;   // dtype of the gathered buffer
   at::ScalarType reduce_dtype_;  // dtype gradients are reduced in
+  at::Device device_{at::kCPU};
   int64_t total_numel_ = 0;
   int64_t shard_numel_ = 0;
   int64_t padded_numel_ = 0;
+  int trainable_ = 0;
 
   at::Tensor sharded_flat_;        // [shard_numel_] fp32 master (orig dtype without mixed precision)
   at::Tensor unsharded_flat_;      // [padded_numel_] param dtype; storage freed while sharded
@@ -90,18 +130,22 @@ class FSDPParamGroup {
   // (DDP's gradient-as-bucket-view). See [Note: gradients in place].
   bool grads_in_place_ = false;
   at::Tensor grad_flat_;
-  at::Tensor all_gather_input_;    // cast of the shard, alive while the all-gather runs
+  CountedTensor all_gather_input_{memory::BufferKind::kComm};  // cast of the shard, while the all-gather runs
   std::optional<dist::Work> all_gather_work_;
+  size_t all_gather_event_ = 0;
 
-  at::Tensor unsynced_grads_;      // [padded_numel_] reduce dtype: micro-steps without gradient sync
-  at::Tensor reduce_output_;       // [shard_numel_] reduce dtype
-  at::Tensor reduce_input_;        // [padded_numel_] reduce dtype, alive while the reduce-scatter runs
+  // Backward. [padded_numel_] param dtype: what autograd accumulates into.
+  CountedTensor unsharded_grad_{memory::BufferKind::kGradient};
+  // [padded_numel_] reduce dtype: micro-steps without gradient sync.
+  CountedTensor unsynced_grads_{memory::BufferKind::kGradient};
+  CountedTensor reduce_input_{memory::BufferKind::kComm};   // [padded_numel_] while the reduce-scatter runs
+  CountedTensor reduce_output_{memory::BufferKind::kComm};  // [shard_numel_] until assigned
   std::optional<dist::Work> reduce_work_;
+  size_t reduce_event_ = 0;
+  std::vector<uint8_t> used_;  // per parameter: a gradient arrived on this rank
   bool reduced_this_backward_ = false;
 
   ShardedState state_ = ShardedState::kSharded;
-  int grads_ready_ = 0;
-  int grads_expected_ = 0;
   bool post_backward_done_ = false;
 };
 

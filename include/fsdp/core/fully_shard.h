@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "fsdp/core/comm_context.h"
 #include "fsdp/core/options.h"
 
 namespace fsdp {
@@ -90,48 +92,77 @@ int64_t sharded_param_bytes(const torch::nn::Module& module);
 // which an optimizer would step twice.
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
 
+// One collective or compute boundary FSDP recorded for `root`'s tree (see
+// comm_context.h): the last CommContext::kMaxEvents, oldest first.
+std::vector<FSDPEvent> event_log(const torch::nn::Module& root);
+void clear_event_log(const torch::nn::Module& root);
+
 namespace detail {
 
 FSDPState* state_of(const torch::nn::Module& module);
-void pre_forward(FSDPState& state);
-at::Tensor cast_input(const FSDPState& state, const at::Tensor& input);
-void post_forward(FSDPState& state, std::vector<at::Tensor>& outputs);
 
-inline torch::nn::Module& module_of(torch::nn::Module& m) { return m; }
-template <typename M>
-M& module_of(torch::nn::ModuleHolder<M>& m) { return *m; }
-template <typename M>
-M& module_of(const std::shared_ptr<M>& m) { return *m; }
+// What one call of a unit found and did, for its post-forward.
+struct CallFrame {
+  bool grad_enabled = false;
+  bool in_backward = false;     // recomputation inside backward (activation checkpointing)
+  bool was_unsharded = false;   // gathered before this call: a no-grad call leaves it so
+  bool wrapped_inputs = false;  // a post-backward node sits on this call's inputs
+  bool opened_iteration = false;
+};
 
-template <typename T>
-decltype(auto) cast_arg(const FSDPState& state, T&& arg) {
-  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-    return cast_input(state, arg);
-  } else {
-    return std::forward<T>(arg);
+// The hooks around one call: pre-forward on construction, post-forward in
+// finish(), and, if the call throws before finishing, the unit (the whole
+// tree, for the root) put back in a state the next step can start from.
+class CallScope {
+ public:
+  explicit CallScope(FSDPState& state);
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+  template <typename T>
+  decltype(auto) cast_arg(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      return cast(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
   }
-}
+  // Puts the post-backward node on these inputs (those requiring gradients).
+  void wrap_inputs(const std::vector<at::Tensor*>& inputs);
+
+  // Runs post_forward on the tensors of an output: a tensor, a vector or a
+  // tuple of tensors. Other output types cannot carry backward hooks.
+  template <typename R>
+  R finish(R out);
+
+ private:
+  at::Tensor cast(const at::Tensor& input) const;
+  void finish_tensors(std::vector<at::Tensor>& outputs);
+
+  FSDPState& state_;
+  CallFrame frame_;
+  bool finished_ = false;
+};
 
 template <typename T>
 struct is_tensor_tuple : std::false_type {};
 template <typename... Ts>
 struct is_tensor_tuple<std::tuple<Ts...>> : std::conjunction<std::is_same<Ts, at::Tensor>...> {};
 
-// Runs post_forward on the tensors of an output: a tensor, a vector or a
-// tuple of tensors. Other output types cannot carry backward hooks.
 template <typename R>
-R finish_forward(FSDPState& state, R out) {
+R CallScope::finish(R out) {
   if constexpr (std::is_same_v<R, at::Tensor>) {
     std::vector<at::Tensor> outs{std::move(out)};
-    post_forward(state, outs);
+    finish_tensors(outs);
     return outs[0];
   } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
-    post_forward(state, out);
+    finish_tensors(out);
     return out;
   } else if constexpr (is_tensor_tuple<R>::value) {
     std::vector<at::Tensor> outs;
     std::apply([&](auto&... t) { (outs.push_back(t), ...); }, out);
-    post_forward(state, outs);
+    finish_tensors(outs);
     size_t i = 0;
     std::apply([&](auto&... t) { ((t = outs[i++]), ...); }, out);
     return out;
@@ -140,18 +171,47 @@ R finish_forward(FSDPState& state, R out) {
   }
 }
 
+inline void collect_tensor(at::Tensor& t, std::vector<at::Tensor*>& out) { out.push_back(&t); }
+template <typename T>
+void collect_tensor(T& /*not a tensor*/, std::vector<at::Tensor*>& /*out*/) {}
+
+inline torch::nn::Module& module_of(torch::nn::Module& m) { return m; }
+template <typename M>
+M& module_of(torch::nn::ModuleHolder<M>& m) { return *m; }
+template <typename M>
+M& module_of(const std::shared_ptr<M>& m) { return *m; }
+
 }  // namespace detail
 
-// Calls module's forward with FSDP's hooks when it is a unit: gather before,
-// reshard and hook the outputs for backward after.
+// Calls module's forward with FSDP's hooks when it is a unit: gather before;
+// after, reshard, and hook the outputs (pre-backward) and the tensor inputs
+// (post-backward, see [Note: when a unit's backward ends]).
 template <typename M, typename... Args>
 auto call(M& module, Args&&... args) {
   auto& impl = detail::module_of(module);
   FSDPState* state = detail::state_of(impl);
   if (state == nullptr) return impl.forward(std::forward<Args>(args)...);
-  detail::pre_forward(*state);
-  auto out = impl.forward(detail::cast_arg(*state, std::forward<Args>(args))...);
-  return detail::finish_forward(*state, std::move(out));
+  detail::CallScope scope(*state);
+  std::tuple<decltype(scope.cast_arg(std::forward<Args>(args)))...> inputs(scope.cast_arg(std::forward<Args>(args))...);
+  std::vector<at::Tensor*> tensors;
+  std::apply([&](auto&... a) { (detail::collect_tensor(a, tensors), ...); }, inputs);
+  scope.wrap_inputs(tensors);
+  auto out = std::apply([&](auto&&... a) { return impl.forward(std::forward<decltype(a)>(a)...); }, std::move(inputs));
+  return scope.finish(std::move(out));
+}
+
+// Runs fn() as if it were module's forward (gathered before, hooks after):
+// for work that uses a unit's parameters around its forward, like a language
+// model's output head applied to the hidden states its forward returns. Use
+// it where such work runs without gradients: after a no-grad forward every
+// unit is resharded, the root too.
+template <typename M, typename Fn>
+auto run(M& module, Fn&& fn) {
+  FSDPState* state = detail::state_of(detail::module_of(module));
+  if (state == nullptr) return fn();
+  detail::CallScope scope(*state);
+  auto out = fn();
+  return scope.finish(std::move(out));
 }
 
 }  // namespace fsdp

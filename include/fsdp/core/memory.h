@@ -1,9 +1,12 @@
 #pragma once
 // Memory accounting read from the tensors FSDP holds, for telemetry and
 // tests: how much of the model, its gradients and its optimizer state this
-// rank keeps, and the most gathered parameter memory it held at once.
+// rank keeps, and the transient buffers a step allocates (gathered
+// parameters, unsharded gradients, communication buffers), now and at most.
 
 #include <cstdint>
+
+#include "fsdp/common/buffer_accounting.h"
 
 namespace torch::nn {
 class Module;
@@ -20,16 +23,21 @@ struct MemoryStats {
   int64_t optimizer_state_bytes = 0;  // tensors in the optimizer's per-parameter state
   int64_t gathered_bytes = 0;         // gathered parameter buffers held right now
   int64_t peak_gathered_bytes = 0;    // the most held at once since the last reset
+  int64_t unsharded_grad_bytes = 0;   // gradient buffers of gathered units (backward, no-sync accumulation)
+  int64_t peak_unsharded_grad_bytes = 0;
+  int64_t comm_bytes = 0;             // communication buffers: collective inputs, receive buffers, reduced shards
+  int64_t peak_comm_bytes = 0;
+  int64_t transient_bytes = 0;        // gathered + unsharded gradients + communication, now
+  int64_t peak_transient_bytes = 0;   // ... and the most held at once
 };
 
 // `optimizer` may be null. Parameters shared by several modules count once.
 MemoryStats memory_stats(const torch::nn::Module& module, const torch::optim::Optimizer* optimizer = nullptr);
 
 namespace memory {
-// Gathered-buffer bookkeeping, process-wide (one model per process).
-void on_gathered(int64_t delta_bytes);
 int64_t gathered_bytes();
 int64_t peak_gathered_bytes();
+// Every peak restarts from what is held now.
 void reset_peak();
 }  // namespace memory
 

@@ -29,8 +29,11 @@ class Work {
   Work() = default;
   Work(std::string op, ProcessGroup* group, std::vector<c10::intrusive_ptr<c10d::Work>> pending,
        std::function<void()> finish);
-  Work(Work&&) noexcept = default;
+  // A moved-from handle is done: only the new owner waits.
+  Work(Work&& other) noexcept;
   Work& operator=(Work&&) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
   ~Work();
 
   void wait();
@@ -50,6 +53,8 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
 
 // output (n elements) <- op over ranks of input[rank*n, (rank+1)*n), where
 // input holds W * n elements. Half-precision inputs are reduced in fp32.
+// Buffers the backend needs besides input and output (Gloo's receive
+// buffer) are counted as communication memory until the handle is waited.
 Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input,
                            ReduceOp op = ReduceOp::kSum);
 

@@ -1,0 +1,80 @@
+#pragma once
+// Where one module tree's FSDP collectives are issued, ordered and recorded
+// (FSDP2's FSDPCommContext). Three jobs:
+//
+// - The reduction pipeline. Gradients of a unit are reduce-scattered across
+//   its shard group, then (HSDP, no_shard) all-reduced across replicas. At
+//   most one reduce-scatter and one replica all-reduce are in flight: issuing
+//   the next unit's reduction first finishes the previous one, which frees its
+//   input and staging buffers, so backward holds at most two units' gradient
+//   and communication buffers however deep the model is.
+// - The event log: every collective issued and waited, and every unit's
+//   compute boundaries, in order, for tests (was unit i+1 gathered before unit
+//   i finished?) and telemetry.
+// - The device seam. Streams and events belong here; on CPU there are none,
+//   so StreamScope is empty. A CUDA build gives each collective kind its own
+//   stream here without touching the state machine.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+class FSDPParamGroup;
+
+// One entry of the event log. Compute boundaries (pre_forward, post_forward,
+// pre_backward, post_backward) have no bytes and equal issue and wait times.
+struct FSDPEvent {
+  enum class Kind { kAllGather, kReduceScatter, kAllReduce, kPreForward, kPostForward, kPreBackward, kPostBackward };
+  Kind kind;
+  std::string unit;      // the unit's name from the root ("h.0"), "<root>" for the root
+  int64_t bytes = 0;     // bytes each rank sends into the collective
+  int64_t sequence = 0;  // position in issue order, from 0 at construction
+  double issued_s = 0;   // seconds since the log started
+  double waited_s = -1;  // when its wait returned; -1 while in flight
+};
+const char* to_string(FSDPEvent::Kind kind);
+
+class CommContext {
+ public:
+  enum class Stream { kAllGather, kReduceScatter, kAllReduce };
+  // Runs what it encloses on `stream` (ordered after the compute issued so
+  // far). No-op on CPU, where Gloo's own threads run the collectives.
+  class StreamScope {
+   public:
+    StreamScope(CommContext& /*context*/, Stream /*stream*/) {}
+  };
+
+  CommContext();
+
+  // Starts `group`'s reduction (it has collected its gradients), first
+  // finishing the one issued before it.
+  void reduce(FSDPParamGroup& group);
+  // End of backward: finishes every reduction still in flight.
+  void drain();
+  // After an error: finishes what was issued (the peers issued it too),
+  // swallowing failures so the caller's own error is the one reported.
+  void abandon() noexcept;
+
+  // Event log, bounded to the last kMaxEvents entries.
+  static constexpr size_t kMaxEvents = 8192;
+  size_t record(FSDPEvent::Kind kind, const std::string& unit, int64_t bytes = 0);
+  void mark_waited(size_t sequence);
+  std::vector<FSDPEvent> events() const { return {events_.begin(), events_.end()}; }
+  void clear_events() { events_.clear(); }
+
+ private:
+  void finish_reduce_scatter();
+  double now_s() const;
+
+  FSDPParamGroup* reduce_scatter_in_flight_ = nullptr;
+  FSDPParamGroup* all_reduce_in_flight_ = nullptr;
+  std::deque<FSDPEvent> events_;
+  int64_t next_sequence_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace fsdp

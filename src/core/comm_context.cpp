@@ -1,0 +1,90 @@
+#include "fsdp/core/comm_context.h"
+
+#include "fsdp/core/fsdp_param_group.h"
+
+namespace fsdp {
+
+const char* to_string(FSDPEvent::Kind kind) {
+  switch (kind) {
+    case FSDPEvent::Kind::kAllGather: return "all_gather";
+    case FSDPEvent::Kind::kReduceScatter: return "reduce_scatter";
+    case FSDPEvent::Kind::kAllReduce: return "all_reduce";
+    case FSDPEvent::Kind::kPreForward: return "pre_forward";
+    case FSDPEvent::Kind::kPostForward: return "post_forward";
+    case FSDPEvent::Kind::kPreBackward: return "pre_backward";
+    case FSDPEvent::Kind::kPostBackward: return "post_backward";
+  }
+  return "?";
+}
+
+CommContext::CommContext() : start_(std::chrono::steady_clock::now()) {}
+
+double CommContext::now_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+size_t CommContext::record(FSDPEvent::Kind kind, const std::string& unit, int64_t bytes) {
+  const bool collective =
+      kind == FSDPEvent::Kind::kAllGather || kind == FSDPEvent::Kind::kReduceScatter || kind == FSDPEvent::Kind::kAllReduce;
+  FSDPEvent e{kind, unit, bytes, next_sequence_++, now_s(), -1};
+  if (!collective) e.waited_s = e.issued_s;
+  if (events_.size() == kMaxEvents) events_.pop_front();
+  events_.push_back(std::move(e));
+  return static_cast<size_t>(events_.back().sequence);
+}
+
+void CommContext::mark_waited(size_t sequence) {
+  if (events_.empty()) return;
+  const auto first = static_cast<size_t>(events_.front().sequence);
+  if (sequence < first || sequence - first >= events_.size()) return;  // dropped from the log already
+  events_[sequence - first].waited_s = now_s();
+}
+
+// Moves the reduction in flight past its reduce-scatter: frees its input, and
+// either assigns its gradients or starts its replica all-reduce (first
+// finishing the all-reduce before it).
+void CommContext::finish_reduce_scatter() {
+  FSDPParamGroup* group = reduce_scatter_in_flight_;
+  if (group == nullptr) return;
+  reduce_scatter_in_flight_ = nullptr;
+  group->wait_reduce_scatter();
+  if (all_reduce_in_flight_ != nullptr) {
+    FSDPParamGroup* previous = all_reduce_in_flight_;
+    all_reduce_in_flight_ = nullptr;
+    previous->wait_replica_all_reduce();
+    previous->assign_gradients();
+  }
+  if (group->reduces_across_replicas()) {
+    group->issue_replica_all_reduce();
+    all_reduce_in_flight_ = group;
+  } else {
+    group->assign_gradients();
+  }
+}
+
+void CommContext::reduce(FSDPParamGroup& group) {
+  finish_reduce_scatter();
+  group.issue_reduce_scatter();
+  reduce_scatter_in_flight_ = &group;
+}
+
+void CommContext::drain() {
+  finish_reduce_scatter();
+  if (all_reduce_in_flight_ != nullptr) {
+    FSDPParamGroup* group = all_reduce_in_flight_;
+    all_reduce_in_flight_ = nullptr;
+    group->wait_replica_all_reduce();
+    group->assign_gradients();
+  }
+}
+
+void CommContext::abandon() noexcept {
+  try {
+    drain();
+  } catch (const std::exception&) {
+    reduce_scatter_in_flight_ = nullptr;
+    all_reduce_in_flight_ = nullptr;
+  }
+}
+
+}  // namespace fsdp
