@@ -193,13 +193,14 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
     backward_cursor_ = post_forward_indices_.size();
   }
   if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
-  // One pre-backward per call, whichever of its outputs gets a gradient first.
-  auto fired = std::make_shared<bool>(false);
+  // One pre-backward per call and backward, whichever of its outputs gets a
+  // gradient first (a retained graph can be backwarded again).
+  auto fired_in = std::make_shared<int64_t>(-1);
   for (auto& t : outputs) {
     if (!t.defined() || !t.requires_grad()) continue;
-    t.register_hook([this, fired](const at::Tensor& grad) {
-      if (!*fired) {
-        *fired = true;
+    t.register_hook([this, fired_in](const at::Tensor& grad) {
+      if (*fired_in != tree_->backward_count) {
+        *fired_in = tree_->backward_count;
         pre_backward();
       }
       return grad;
@@ -319,6 +320,7 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   tree.in_backward = false;
   tree.callback_queued = false;
   tree.iteration_open = false;
+  ++tree.backward_count;
 }
 
 void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
@@ -338,6 +340,7 @@ void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
   }
   tree.in_backward = false;
   tree.callback_queued = false;
+  ++tree.backward_count;
   if (!keep_open) {
     tree.iteration_open = false;
     tree.open_graphs.clear();

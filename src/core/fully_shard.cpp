@@ -85,6 +85,42 @@ void validate_options(const FullyShardOptions& o) {
              layout.shard, " (use fsdp::make_mesh(world, ShardingStrategy::kNoShard))");
 }
 
+// sync_module_states for what no unit shards: buffers (running statistics,
+// rotary tables) and ignored parameters of this module's subtree outside the
+// units below it (those synced their own), broadcast from global rank 0 in
+// name order, the same on every rank.
+void sync_unmanaged_states(torch::nn::Module& module,
+                           const std::vector<std::pair<std::string, FSDPState*>>& children,
+                           const FullyShardOptions& options) {
+  const auto inside_child = [&](const std::string& name) {
+    for (const auto& [prefix, state] : children) {
+      (void)state;
+      if (!prefix.empty() && name.rfind(prefix + ".", 0) == 0) return true;
+    }
+    return false;
+  };
+  auto& world = options.mesh->world().group();
+  if (world.size() == 1) return;
+  const auto broadcast_in_place = [&](const at::Tensor& t) {
+    at::NoGradGuard no_grad;
+    at::Tensor buffer = t.detach().contiguous().clone();
+    dist::broadcast(world, buffer, 0).wait();
+    t.detach().copy_(buffer);
+  };
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined() && !inside_child(item.key())) broadcast_in_place(item.value());
+  }
+  std::unordered_set<const void*> ignored;
+  for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
+  std::unordered_set<const void*> done;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const void* key = key_of(item.value());
+    if (ignored.count(key) != 0 && !inside_child(item.key()) && done.insert(key).second) {
+      broadcast_in_place(item.value());
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -183,6 +219,8 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
       params.push_back(std::move(p));
     }
   }
+
+  if (options.sync_module_states) sync_unmanaged_states(module, children, options);
 
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) group = std::make_unique<FSDPParamGroup>(std::move(params), *options.mesh, options);

@@ -36,6 +36,7 @@ struct FSDPTree {
   std::vector<std::weak_ptr<torch::autograd::Node>> open_graphs;  // the root outputs' grad_fns
   bool in_backward = false;
   bool callback_queued = false;
+  int64_t backward_count = 0;  // backwards finished or abandoned
   CommContext comm;
 };
 

@@ -1,0 +1,106 @@
+#pragma once
+// A small residual network for the tests of FSDP off the happy path: frozen
+// parameters beside trainable adapters (LoRA-style), a block applied twice,
+// a parameter used only in some steps, and blocks that throw in forward or
+// backward on request. Single-device code: blocks go through fsdp::call,
+// which is plain forward when FSDP is not applied.
+
+#include <stdexcept>
+
+#include <torch/torch.h>
+
+#include "fsdp/core/fully_shard.h"
+
+namespace fsdp::testing {
+
+struct AdapterNetConfig {
+  int64_t dim = 23;   // no unit's size divides by 2, 3 or 4: padding is exercised
+  int64_t rank = 3;   // adapter width
+  int64_t blocks = 3;
+  bool adapters = false;    // lora_a/lora_b beside each block's base projection
+  bool gate = false;        // a per-block gate vector, used only when use_gate
+  int twice_block = -1;     // this block is applied twice in a row
+};
+
+// Fails in backward: autograd surfaces the exception from loss.backward().
+struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const torch::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
+                                                 torch::autograd::variable_list /*grads*/) {
+    throw std::runtime_error("injected failure in backward");
+  }
+};
+
+// B = batch, C = channels
+struct AdapterBlockImpl : torch::nn::Module {
+  explicit AdapterBlockImpl(const AdapterNetConfig& c)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        base(register_module("base", torch::nn::Linear(c.dim, c.dim))) {
+    if (c.adapters) {
+      lora_a = register_module("lora_a", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.rank).bias(false)));
+      lora_b = register_module("lora_b", torch::nn::Linear(torch::nn::LinearOptions(c.rank, c.dim).bias(false)));
+    }
+    if (c.gate) gate = register_parameter("gate", torch::rand({c.dim}) + 0.5);
+  }
+
+  torch::Tensor forward(torch::Tensor x) {  // (B, C)
+    if (throw_in_forward) throw std::runtime_error("injected failure in forward");
+    torch::Tensor h = norm(x);
+    torch::Tensor y = base(h);
+    if (lora_a) y = y + lora_b(lora_a(h));
+    if (gate.defined() && use_gate) y = y * gate;
+    if (throw_in_backward) y = ThrowInBackward::apply(y);
+    return x + torch::tanh(y);
+  }
+
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear base;
+  torch::nn::Linear lora_a{nullptr}, lora_b{nullptr};
+  torch::Tensor gate;
+  bool throw_in_forward = false;
+  bool throw_in_backward = false;
+  bool use_gate = true;
+};
+TORCH_MODULE(AdapterBlock);
+
+struct AdapterNetImpl : torch::nn::Module {
+  explicit AdapterNetImpl(const AdapterNetConfig& c)
+      : config(c),
+        in_proj(register_module("in_proj", torch::nn::Linear(c.dim, c.dim))),
+        head(register_module("head", torch::nn::Linear(c.dim, 2))) {
+    for (int64_t i = 0; i < c.blocks; ++i) blocks.push_back(register_module("b" + std::to_string(i), AdapterBlock(c)));
+  }
+
+  torch::Tensor forward(torch::Tensor x) {  // (B, C) -> (B, 2)
+    torch::Tensor h = in_proj(x);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      h = fsdp::call(blocks[i], h);
+      if (static_cast<int>(i) == config.twice_block) h = fsdp::call(blocks[i], h);
+    }
+    return head(h);
+  }
+
+  // Freezes every block's norm and base projection (the adapters and the
+  // rest stay trainable), as LoRA fine-tuning does.
+  void freeze_bases() {
+    for (auto& b : blocks) {
+      for (auto& p : b->norm->parameters()) p.set_requires_grad(false);
+      for (auto& p : b->base->parameters()) p.set_requires_grad(false);
+    }
+  }
+  void freeze_block(size_t i) {
+    for (auto& p : blocks[i]->parameters()) p.set_requires_grad(false);
+  }
+
+  AdapterNetConfig config;
+  torch::nn::Linear in_proj, head;
+  std::vector<AdapterBlock> blocks;
+};
+TORCH_MODULE(AdapterNet);
+
+inline AdapterNet make_adapter_net(const AdapterNetConfig& c, uint64_t seed) {
+  torch::manual_seed(seed);
+  return AdapterNet(c);
+}
+
+}  // namespace fsdp::testing

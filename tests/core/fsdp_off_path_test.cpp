@@ -1,0 +1,343 @@
+// FSDP2's guarantees off the happy path, each against one process running
+// the same global batch: frozen parameters (LoRA-style and whole units), a
+// block applied twice, two forwards before one backward, exceptions in
+// forward and backward, a parameter unused in some steps, and a no-grad
+// forward between backward and the optimizer step.
+
+#include <gtest/gtest.h>
+
+#include "../dist/dist_test_world.h"
+#include "adapter_net.h"
+#include "fsdp/core/memory.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp_test_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr int64_t kRowsPerRank = 3;
+
+struct Scenario {
+  AdapterNetConfig net;
+  bool freeze_bases = false;
+  int frozen_block = -1;
+  bool bf16 = false;
+  int forwards_per_step = 1;       // 2: two forwards, their losses summed, one backward
+  int throw_forward_step = -1;     // block 1 throws in this step's forward
+  int throw_backward_step = -1;    // ... or in its backward
+  bool gate_on_even_steps = false; // the gates are used on even steps only
+  bool eval_before_step = false;   // a no-grad forward between backward and the optimizer step
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int steps = 5;
+};
+
+struct RunLog {
+  std::vector<torch::Tensor> eval_outputs;      // one per step, when eval_before_step
+  std::vector<bool> gate_grad_defined;          // after each backward, block 0's gate
+  std::vector<FSDPEvent> last_step_events;
+};
+
+torch::Tensor inputs_of(int step, int forward, int64_t rows, int64_t dim) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + forward + 1);
+  return torch::randn({rows, dim}, gen);
+}
+torch::Tensor targets_of(int step, int forward, int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5000 * step + forward + 7);
+  return torch::randn({rows, 2}, gen);
+}
+
+AdapterNet build(const Scenario& s) {
+  auto net = make_adapter_net(s.net, kInitSeed);
+  if (s.freeze_bases) net->freeze_bases();
+  if (s.frozen_block >= 0) net->freeze_block(static_cast<size_t>(s.frozen_block));
+  return net;
+}
+
+std::vector<torch::Tensor> trainable(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : unique_parameters(m)) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+void set_grads_to_none(torch::nn::Module& m) {
+  for (auto& p : unique_parameters(m)) p.mutable_grad() = torch::Tensor();
+}
+
+std::shared_ptr<dist::DeviceMesh> mesh_of(ShardingStrategy strategy) {
+  static std::map<ShardingStrategy, std::shared_ptr<dist::DeviceMesh>> cache;
+  auto& slot = cache[strategy];
+  if (!slot) {
+    const int f = strategy == ShardingStrategy::kHybridShard ? hybrid_fsdp_size(test_world().size()) : 0;
+    slot = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), strategy, f));
+  }
+  return slot;
+}
+
+NamedTensors named(torch::nn::Module& m) {
+  NamedTensors out;
+  std::set<const void*> seen;
+  for (const auto& item : m.named_parameters()) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return out;
+}
+
+NamedTensors train_sharded(const Scenario& s, RunLog* log) {
+  const int w = test_world().size();
+  const int rank = test_world().rank();
+  auto net = build(s);
+  FullyShardOptions options;
+  options.mesh = mesh_of(s.strategy);
+  options.strategy = s.strategy;
+  if (s.bf16) {
+    options.mixed_precision.param_dtype = torch::kBFloat16;
+    options.mixed_precision.reduce_dtype = torch::kFloat;
+  }
+  for (auto& b : net->blocks) fully_shard(b, options);
+  fully_shard(net, options);
+  torch::optim::AdamW optimizer(trainable(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const int64_t rows = kRowsPerRank * w;
+  for (int step = 0; step < s.steps; ++step) {
+    for (auto& b : net->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
+    if (log != nullptr) clear_event_log(*net);
+    const bool fail_forward = step == s.throw_forward_step;
+    const bool fail_backward = step == s.throw_backward_step;
+    net->blocks[1]->throw_in_forward = fail_forward;
+    net->blocks[1]->throw_in_backward = fail_backward;
+    try {
+      torch::Tensor loss = torch::zeros({});
+      for (int f = 0; f < s.forwards_per_step; ++f) {
+        torch::Tensor x = inputs_of(step, f, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+        torch::Tensor y = targets_of(step, f, rows).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+        loss = loss + torch::mse_loss(fsdp::call(net, x).to(torch::kFloat), y);
+      }
+      loss.backward();
+      EXPECT_FALSE(fail_forward || fail_backward) << "the injected failure did not surface";
+    } catch (const std::exception& e) {
+      EXPECT_TRUE(fail_forward || fail_backward) << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+      net->blocks[1]->throw_in_forward = false;
+      net->blocks[1]->throw_in_backward = false;
+      EXPECT_EQ(memory::gathered_bytes(), 0) << "an error left units gathered";
+      set_grads_to_none(*net);
+      continue;  // the step is dropped, as in the reference
+    }
+    if (log != nullptr) log->gate_grad_defined.push_back(net->config.gate && net->blocks[0]->gate.grad().defined());
+    if (s.eval_before_step) {
+      torch::NoGradGuard no_grad;
+      torch::Tensor out = fsdp::call(net, inputs_of(100 + step, 0, rows, s.net.dim));
+      if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
+    }
+    optimizer.step();
+    set_grads_to_none(*net);
+    EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered buffers left after step " << step;
+    if (log != nullptr) log->last_step_events = event_log(*net);
+  }
+  return full_parameters(*net);
+}
+
+// One process: the whole global batch in fp32; under bf16, each rank's rows
+// replayed through a bf16 copy and the widened gradients averaged in fp32.
+NamedTensors train_reference(const Scenario& s, RunLog* log) {
+  const int w = test_world().size();
+  auto net = build(s);
+  auto master = trainable(*net);
+  torch::optim::AdamW optimizer(master, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  AdapterNet compute = s.bf16 ? build(s) : net;
+  if (s.bf16) compute->to(torch::kBFloat16);
+  auto compute_params = trainable(*compute);
+  const int64_t rows = kRowsPerRank * w;
+  for (int step = 0; step < s.steps; ++step) {
+    if (step == s.throw_forward_step || step == s.throw_backward_step) continue;
+    for (auto& b : compute->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
+    if (!s.bf16) {
+      torch::Tensor loss = torch::zeros({});
+      for (int f = 0; f < s.forwards_per_step; ++f) {
+        loss = loss + torch::mse_loss(net->forward(inputs_of(step, f, rows, s.net.dim)), targets_of(step, f, rows));
+      }
+      loss.backward();
+    } else {
+      {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < master.size(); ++i) compute_params[i].copy_(master[i]);
+      }
+      std::vector<torch::Tensor> sums(master.size());
+      for (int r = 0; r < w; ++r) {
+        torch::Tensor loss = torch::zeros({});
+        for (int f = 0; f < s.forwards_per_step; ++f) {
+          torch::Tensor x = inputs_of(step, f, rows, s.net.dim).narrow(0, r * kRowsPerRank, kRowsPerRank);
+          torch::Tensor y = targets_of(step, f, rows).narrow(0, r * kRowsPerRank, kRowsPerRank);
+          loss = loss + torch::mse_loss(compute->forward(x.to(torch::kBFloat16)).to(torch::kFloat), y);
+        }
+        loss.backward();
+        for (size_t i = 0; i < master.size(); ++i) {
+          const torch::Tensor& g = compute_params[i].grad();
+          if (!g.defined()) continue;
+          sums[i] = sums[i].defined() ? sums[i] + g.to(torch::kFloat) : g.to(torch::kFloat);
+          compute_params[i].mutable_grad() = torch::Tensor();
+        }
+      }
+      for (size_t i = 0; i < master.size(); ++i) {
+        if (sums[i].defined()) master[i].mutable_grad() = sums[i] / w;
+      }
+    }
+    if (log != nullptr) log->gate_grad_defined.push_back(net->config.gate && net->blocks[0]->gate.grad().defined());
+    if (s.eval_before_step) {
+      torch::NoGradGuard no_grad;
+      if (s.bf16) {
+        for (size_t i = 0; i < master.size(); ++i) compute_params[i].copy_(master[i]);
+      }
+      torch::Tensor x = inputs_of(100 + step, 0, rows, s.net.dim);
+      torch::Tensor out = s.bf16 ? compute->forward(x.to(torch::kBFloat16)) : net->forward(x);
+      if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
+    }
+    optimizer.step();
+    set_grads_to_none(*net);
+  }
+  return named(*net);
+}
+
+void expect_matches_reference(const Scenario& s, RunLog* sharded_log = nullptr, RunLog* reference_log = nullptr) {
+  RunLog local_sharded, local_reference;
+  if (sharded_log == nullptr) sharded_log = &local_sharded;
+  if (reference_log == nullptr) reference_log = &local_reference;
+  const auto sharded = train_sharded(s, sharded_log);
+  const auto reference = train_reference(s, reference_log);
+  std::string worst;
+  const double diff = max_relative_difference(sharded, reference, &worst);
+  EXPECT_LE(diff, kTolerance) << "worst parameter: " << worst;
+  // The reference's parameters moved: the comparison means something.
+  const auto initial = named(*build(s));
+  EXPECT_GT(max_relative_difference(reference, initial, nullptr), 1e-3) << "training changed nothing";
+  ASSERT_EQ(sharded_log->eval_outputs.size(), reference_log->eval_outputs.size());
+  for (size_t i = 0; i < sharded_log->eval_outputs.size(); ++i) {
+    const auto& a = sharded_log->eval_outputs[i];
+    const auto& b = reference_log->eval_outputs[i];
+    EXPECT_LE((a - b).norm().item<double>() / b.norm().item<double>(), s.bf16 ? 1e-2 : kTolerance) << "eval " << i;
+  }
+}
+
+TEST(OffPath, LoraStyleFrozenBaseWithTrainableAdapters) {
+  Scenario s;
+  s.net.adapters = true;
+  s.freeze_bases = true;
+  expect_matches_reference(s);
+}
+
+TEST(OffPath, FullyFrozenBlockReshardsPromptlyInBackward) {
+  Scenario s;
+  s.frozen_block = 1;
+  RunLog log;
+  expect_matches_reference(s, &log);
+  // The frozen block is released in backward as soon as its inputs'
+  // gradients exist, before the block below it starts its backward.
+  int64_t released = -1, next_started = -1;
+  for (const auto& e : log.last_step_events) {
+    if (e.kind == FSDPEvent::Kind::kPostBackward && e.unit == "b1") released = e.sequence;
+    if (e.kind == FSDPEvent::Kind::kPreBackward && e.unit == "b0") next_started = e.sequence;
+  }
+  ASSERT_GE(released, 0) << "no post-backward for the frozen block";
+  ASSERT_GE(next_started, 0);
+  EXPECT_LT(released, next_started);
+}
+
+class AppliedTwice : public ::testing::TestWithParam<bool> {};
+TEST_P(AppliedTwice, BlockAppliedTwiceInOneForward) {
+  Scenario s;
+  s.net.twice_block = 1;
+  s.bf16 = GetParam();
+  expect_matches_reference(s);
+}
+INSTANTIATE_TEST_SUITE_P(Precision, AppliedTwice, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+
+class TwoForwards : public ::testing::TestWithParam<bool> {};
+TEST_P(TwoForwards, TwoForwardsSummedIntoOneBackward) {
+  Scenario s;
+  s.forwards_per_step = 2;
+  s.bf16 = GetParam();
+  expect_matches_reference(s);
+}
+INSTANTIATE_TEST_SUITE_P(Precision, TwoForwards, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+
+class Exceptions : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(Exceptions, ThrownInForwardCaughtThenStepsMatch) {
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.throw_forward_step = 1;
+  expect_matches_reference(s);
+}
+TEST_P(Exceptions, ThrownInBackwardCaughtThenStepsMatch) {
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.throw_backward_step = 1;
+  expect_matches_reference(s);
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, Exceptions,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kHybridShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(OffPath, ParameterUnusedInSomeStepsGetsNoGradient) {
+  Scenario s;
+  s.net.gate = true;
+  s.gate_on_even_steps = true;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  ASSERT_EQ(sharded.gate_grad_defined.size(), 5u);
+  EXPECT_EQ(sharded.gate_grad_defined, reference.gate_grad_defined);
+  EXPECT_EQ(sharded.gate_grad_defined, (std::vector<bool>{true, false, true, false, true}));
+}
+
+class EvalBetween : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(EvalBetween, NoGradForwardBetweenBackwardAndStep) {
+  Scenario s;
+  s.strategy = GetParam();
+  s.eval_before_step = true;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  EXPECT_EQ(sharded.eval_outputs.size(), 5u);
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, EvalBetween,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(OffPath, SecondBackwardThroughARetainedGraphAccumulates) {
+  // Twice through the same graph equals one backward of twice the loss.
+  const int w = test_world().size();
+  const int rank = test_world().rank();
+  Scenario s;
+  const int64_t rows = kRowsPerRank * w;
+  torch::Tensor x = inputs_of(0, 0, rows, s.net.dim);
+  torch::Tensor y = targets_of(0, 0, rows);
+  auto net = build(s);
+  FullyShardOptions options;
+  options.mesh = mesh_of(ShardingStrategy::kFullShard);
+  for (auto& b : net->blocks) fully_shard(b, options);
+  fully_shard(net, options);
+  torch::Tensor loss = torch::mse_loss(fsdp::call(net, x.narrow(0, rank * kRowsPerRank, kRowsPerRank)),
+                                       y.narrow(0, rank * kRowsPerRank, kRowsPerRank));
+  loss.backward({}, /*retain_graph=*/true);
+  loss.backward();
+  EXPECT_EQ(memory::gathered_bytes(), 0);
+  // Reference: one process, one backward of 2 x loss; compare each rank's shards.
+  auto ref = build(s);
+  (2 * torch::mse_loss(ref->forward(x), y)).backward();
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& item : ref->named_parameters()) expected[item.key()] = item.value().grad().reshape({-1});
+  for (const auto& shard : local_shards(*net)) {
+    ASSERT_TRUE(shard.param.grad().defined()) << shard.fqn;
+    const torch::Tensor want = expected.at(shard.fqn).narrow(0, shard.begin, shard.numel);
+    EXPECT_TRUE(torch::allclose(shard.param.grad(), want, 1e-5, 1e-6)) << shard.fqn;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing
