@@ -79,8 +79,12 @@ def main():
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--ddp", action="store_true")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="torch.set_flush_denormal(True): without it AdamW's tiny values go subnormal and slow every op")
     p.add_argument("--metrics", required=True)
     a = p.parse_args()
+    if a.flush_denormal:
+        torch.set_flush_denormal(True)
 
     threads = int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))
     torch.set_num_threads(threads)

@@ -192,7 +192,14 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
     tree_->post_forward_order.push_back(this);
     backward_cursor_ = post_forward_indices_.size();
   }
-  if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
+  if (group_ && reshard_after_forward_ && !is_root_) {
+    group_->reshard();
+  } else if (group_ && needs_backward) {
+    // Staying gathered (the root, shard_grad_op): gradient views now, so a
+    // parameter used after this forward (a tied output head) accumulates
+    // into the flat buffer in place instead of into a tensor of its own.
+    group_->prepare_gradients();
+  }
   // One pre-backward per call and backward, whichever of its outputs gets a
   // gradient first (a retained graph can be backwarded again).
   auto fired_in = std::make_shared<int64_t>(-1);

@@ -66,15 +66,6 @@ void set_grads_to_none(torch::nn::Module& m) {
   for (auto& p : unique_parameters(m)) p.mutable_grad() = torch::Tensor();
 }
 
-std::shared_ptr<dist::DeviceMesh> mesh_of(ShardingStrategy strategy) {
-  static std::map<ShardingStrategy, std::shared_ptr<dist::DeviceMesh>> cache;
-  auto& slot = cache[strategy];
-  if (!slot) {
-    const int f = strategy == ShardingStrategy::kHybridShard ? hybrid_fsdp_size(test_world().size()) : 0;
-    slot = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), strategy, f));
-  }
-  return slot;
-}
 
 NamedTensors named(torch::nn::Module& m) {
   NamedTensors out;
@@ -90,7 +81,7 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
   const int rank = test_world().rank();
   auto net = build(s);
   FullyShardOptions options;
-  options.mesh = mesh_of(s.strategy);
+  options.mesh = mesh_for(s.strategy);
   options.strategy = s.strategy;
   if (s.bf16) {
     options.mixed_precision.param_dtype = torch::kBFloat16;
@@ -319,7 +310,7 @@ TEST(OffPath, SecondBackwardThroughARetainedGraphAccumulates) {
   torch::Tensor y = targets_of(0, 0, rows);
   auto net = build(s);
   FullyShardOptions options;
-  options.mesh = mesh_of(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   for (auto& b : net->blocks) fully_shard(b, options);
   fully_shard(net, options);
   torch::Tensor loss = torch::mse_loss(fsdp::call(net, x.narrow(0, rank * kRowsPerRank, kRowsPerRank)),

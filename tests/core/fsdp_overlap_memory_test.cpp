@@ -21,15 +21,6 @@
 namespace fsdp::testing {
 namespace {
 
-std::shared_ptr<dist::DeviceMesh> mesh_for_strategy(ShardingStrategy strategy) {
-  static std::map<ShardingStrategy, std::shared_ptr<dist::DeviceMesh>> cache;
-  auto& slot = cache[strategy];
-  if (!slot) {
-    const int f = strategy == ShardingStrategy::kHybridShard ? hybrid_fsdp_size(test_world().size()) : 0;
-    slot = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), strategy, f));
-  }
-  return slot;
-}
 
 AdapterNet sharded_net(const AdapterNetConfig& c, const FullyShardOptions& options) {
   auto net = make_adapter_net(c, kInitSeed);
@@ -88,7 +79,7 @@ TEST(Prefetch, NextUnitIsGatheredBeforeTheCurrentOneFinishes) {
   AdapterNetConfig c;
   c.blocks = 4;
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   // Step 1 records the order (module order stands in); step 2 uses it.
@@ -101,7 +92,7 @@ TEST(Prefetch, ExplicitListsAndDepthTwo) {
   AdapterNetConfig c;
   c.blocks = 4;
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   {
     auto net = sharded_net(c, options);
     auto& b = net->blocks;
@@ -126,7 +117,7 @@ TEST(BackwardMemory, BoundedByTwoUnitsOfGradientAndCommunicationBuffers) {
   c.blocks = 8;
   c.dim = 61;
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   const auto* root = detail::state_of(*net)->group();
@@ -159,7 +150,7 @@ TEST(HybridShard, ReplicaAllReduceOverlapsBackward) {
   AdapterNetConfig c;
   c.blocks = 4;
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kHybridShard);
+  options.mesh = mesh_for(ShardingStrategy::kHybridShard);
   options.strategy = ShardingStrategy::kHybridShard;
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -188,7 +179,7 @@ TEST(Profiler, FsdpRangesAppearInATrace) {
   const auto path = (dir / "trace.json").string();
   AdapterNetConfig c;
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   auto net = sharded_net(c, options);
   {
     torch::autograd::profiler::RecordProfile profile(path);
@@ -214,9 +205,9 @@ TEST(GradNorm, UnitsInDifferentShardGroups) {
   AdapterNetConfig c;
   auto net = make_adapter_net(c, kInitSeed);
   FullyShardOptions full;
-  full.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  full.mesh = mesh_for(ShardingStrategy::kFullShard);
   FullyShardOptions hybrid;
-  hybrid.mesh = mesh_for_strategy(ShardingStrategy::kHybridShard);
+  hybrid.mesh = mesh_for(ShardingStrategy::kHybridShard);
   hybrid.strategy = ShardingStrategy::kHybridShard;
   fully_shard(net->blocks[0], full);
   fully_shard(net->blocks[1], hybrid);
@@ -246,7 +237,7 @@ TEST(SyncModuleStates, BroadcastsBuffersAndIgnoredParameters) {
   };
   auto m = std::make_shared<WithStateImpl>();
   FullyShardOptions options;
-  options.mesh = mesh_for_strategy(ShardingStrategy::kFullShard);
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   options.sync_module_states = true;
   options.ignored_params = {m->scale};
   fully_shard(*m, options);

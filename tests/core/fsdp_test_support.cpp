@@ -38,8 +38,8 @@ std::map<std::pair<int, int>, std::shared_ptr<dist::DeviceMesh>>& mesh_cache() {
   static std::map<std::pair<int, int>, std::shared_ptr<dist::DeviceMesh>> cache;
   return cache;
 }
+}  // namespace
 
-// Meshes are made once per shape: every rank runs the tests in the same order.
 std::shared_ptr<dist::DeviceMesh> mesh_for(ShardingStrategy strategy) {
   auto world = test_world_ptr();
   const int f = strategy == ShardingStrategy::kHybridShard ? hybrid_fsdp_size(world->size()) : 0;
@@ -48,8 +48,6 @@ std::shared_ptr<dist::DeviceMesh> mesh_for(ShardingStrategy strategy) {
   if (!slot) slot = std::make_shared<dist::DeviceMesh>(make_mesh(world, strategy, f));
   return slot;
 }
-
-}  // namespace
 
 TinyConfig tiny_config() { return TinyConfig{}; }
 

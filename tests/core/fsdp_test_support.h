@@ -50,6 +50,10 @@ torch::Tensor global_batch(int step, int64_t rows);
 // Shard group size for hybrid_shard at this world size (0: not run).
 int hybrid_fsdp_size(int world);
 
+// The test world's mesh for a strategy, made once per shape: every rank
+// runs the tests in the same order.
+std::shared_ptr<dist::DeviceMesh> mesh_for(ShardingStrategy strategy);
+
 NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log = nullptr);
 NamedTensors train_reference(const RunSpec& spec, std::vector<double>* grad_norms = nullptr);
 
