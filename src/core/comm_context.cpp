@@ -42,18 +42,13 @@ void CommContext::mark_waited(size_t sequence) {
 
 // Moves the reduction in flight past its reduce-scatter: frees its input, and
 // either assigns its gradients or starts its replica all-reduce (first
-// finishing the all-reduce before it).
+// finishing the all-reduce before it, so at most one is in flight).
 void CommContext::finish_reduce_scatter() {
   FSDPParamGroup* group = reduce_scatter_in_flight_;
   if (group == nullptr) return;
   reduce_scatter_in_flight_ = nullptr;
   group->wait_reduce_scatter();
-  if (all_reduce_in_flight_ != nullptr) {
-    FSDPParamGroup* previous = all_reduce_in_flight_;
-    all_reduce_in_flight_ = nullptr;
-    previous->wait_replica_all_reduce();
-    previous->assign_gradients();
-  }
+  finish_all_reduce();
   if (group->reduces_across_replicas()) {
     group->issue_replica_all_reduce();
     all_reduce_in_flight_ = group;
@@ -68,14 +63,17 @@ void CommContext::reduce(FSDPParamGroup& group) {
   reduce_scatter_in_flight_ = &group;
 }
 
+void CommContext::finish_all_reduce() {
+  FSDPParamGroup* group = all_reduce_in_flight_;
+  if (group == nullptr) return;
+  all_reduce_in_flight_ = nullptr;
+  group->wait_replica_all_reduce();
+  group->assign_gradients();
+}
+
 void CommContext::drain() {
   finish_reduce_scatter();
-  if (all_reduce_in_flight_ != nullptr) {
-    FSDPParamGroup* group = all_reduce_in_flight_;
-    all_reduce_in_flight_ = nullptr;
-    group->wait_replica_all_reduce();
-    group->assign_gradients();
-  }
+  finish_all_reduce();
 }
 
 void CommContext::abandon() noexcept {

@@ -305,12 +305,22 @@ void FSDPParamGroup::register_grad_hooks() {
   }
 }
 
-void FSDPParamGroup::prepare_gradients() {
-  if (grads_in_place_ || trainable_ == 0 || state_ != ShardedState::kUnsharded) return;
+const at::Tensor& FSDPParamGroup::unsharded_grad() {
   if (!unsharded_grad_.defined()) {
     unsharded_grad_.reset(at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_)));
   }
-  const at::Tensor& flat = unsharded_grad_.get();
+  return unsharded_grad_.get();
+}
+
+void FSDPParamGroup::attach_sharded_grad_views() {
+  for (auto& p : params_) {
+    if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
+  }
+}
+
+void FSDPParamGroup::prepare_gradients() {
+  if (grads_in_place_ || trainable_ == 0 || state_ != ShardedState::kUnsharded) return;
+  const at::Tensor& flat = unsharded_grad();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     at::Tensor& grad = p.param.mutable_grad();
@@ -331,10 +341,7 @@ void FSDPParamGroup::collect_unsharded_gradients() {
     if (!p.requires_grad()) continue;
     at::Tensor& grad = p.param.mutable_grad();
     if (!grad.defined()) continue;
-    if (!unsharded_grad_.defined()) {
-      unsharded_grad_.reset(at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_)));
-    }
-    at::Tensor view = alias_of(unsharded_grad_.get(), p.offset, p.shape);
+    at::Tensor view = alias_of(unsharded_grad(), p.offset, p.shape);
     if (!grad.is_alias_of(view)) view.copy_(grad.reshape(p.shape));
     grad = at::Tensor();
   }
@@ -353,9 +360,7 @@ void FSDPParamGroup::post_backward() {
     if (state_ == ShardedState::kUnsharded) {
       reshard();  // re-attaches every gradient view, copying any that autograd replaced
     } else {
-      for (auto& p : params_) {  // not used on this rank: replicas may still send gradients
-        if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
-      }
+      attach_sharded_grad_views();  // not used on this rank: replicas may still send gradients
     }
     if (!requires_gradient_sync) return;
     reduced_this_backward_ = true;
@@ -366,9 +371,8 @@ void FSDPParamGroup::post_backward() {
   reshard();
   // Nothing arrived on this rank (the unit was not used here): zeros keep
   // the collectives matched with ranks that did use it.
-  at::Tensor grads = unsharded_grad_.defined()
-                         ? unsharded_grad_.release()
-                         : at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_));
+  unsharded_grad();
+  at::Tensor grads = unsharded_grad_.release();
   at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : grads.to(reduce_dtype_);
   grads = at::Tensor();
   if (unsynced_grads_.defined()) input.add_(unsynced_grads_.release());

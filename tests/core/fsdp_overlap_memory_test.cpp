@@ -53,7 +53,7 @@ std::string block(int i) { return "b" + std::to_string(i); }
 // Backward: the last block's gather is issued before its backward starts
 // (from the root's pre-backward), and block i-1's before block i's
 // backward ends.
-void expect_prefetched(const std::vector<FSDPEvent>& events, int blocks, bool check_backward) {
+void expect_prefetched(const std::vector<FSDPEvent>& events, int blocks) {
   using K = FSDPEvent::Kind;
   for (int i = 0; i + 1 < blocks; ++i) {
     const int64_t gather = position(events, K::kAllGather, block(i + 1));
@@ -61,7 +61,6 @@ void expect_prefetched(const std::vector<FSDPEvent>& events, int blocks, bool ch
     ASSERT_GE(gather, 0) << "no all-gather for " << block(i + 1);
     EXPECT_LT(gather, end) << block(i + 1) << " gathered after " << block(i) << "'s forward ended";
   }
-  if (!check_backward) return;
   const int last = blocks - 1;
   const int64_t gather_last = position(events, K::kAllGather, block(last), 1);  // its second gather: for backward
   ASSERT_GE(gather_last, 0);
@@ -83,8 +82,8 @@ TEST(Prefetch, NextUnitIsGatheredBeforeTheCurrentOneFinishes) {
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   // Step 1 records the order (module order stands in); step 2 uses it.
-  expect_prefetched(step_events(net, optimizer, 0), 4, /*check_backward=*/true);
-  expect_prefetched(step_events(net, optimizer, 1), 4, /*check_backward=*/true);
+  expect_prefetched(step_events(net, optimizer, 0), 4);
+  expect_prefetched(step_events(net, optimizer, 1), 4);
 }
 
 TEST(Prefetch, ExplicitListsAndDepthTwo) {
@@ -101,7 +100,7 @@ TEST(Prefetch, ExplicitListsAndDepthTwo) {
     set_modules_to_backward_prefetch(*net, {b.back().get()});
     torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
     step_events(net, optimizer, 0);
-    expect_prefetched(step_events(net, optimizer, 1), 4, true);
+    expect_prefetched(step_events(net, optimizer, 1), 4);
   }
   options.prefetch_depth = 2;
   auto net = sharded_net(c, options);

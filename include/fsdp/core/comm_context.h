@@ -68,6 +68,7 @@ class CommContext {
 
  private:
   void finish_reduce_scatter();
+  void finish_all_reduce();
   double now_s() const;
 
   FSDPParamGroup* reduce_scatter_in_flight_ = nullptr;

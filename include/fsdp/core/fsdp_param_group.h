@@ -101,6 +101,9 @@ class FSDPParamGroup {
   void free_unsharded();
   void attach_grad_view(FSDPParam& p, const at::Tensor& view);
   void ensure_grad_flat();
+  void attach_sharded_grad_views();
+  // The flat unsharded gradient buffer, allocated (zeroed) on first use.
+  const at::Tensor& unsharded_grad();
   void finish_all_gather();
   void collect_unsharded_gradients();
 
