@@ -10,6 +10,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/comm_context.h"
+#include "fsdp/core/memory.h"
 
 namespace fsdp {
 
@@ -91,6 +92,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
   orig_dtype_ = params_.front().param.scalar_type();
   device_ = params_.front().param.device();
   for (const auto& p : params_) {
+    FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
+               "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
+               "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
     FSDP_CHECK(p.param.scalar_type() == orig_dtype_, "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), " but '", params_.front().fqn, "' in the same unit is ", orig_dtype_,
                ": one unit holds one dtype; convert the module (module->to(dtype)) or shard these parameters in "
@@ -129,12 +133,9 @@ void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
 
 void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
   const auto on_device = at::TensorOptions().device(device_);
-  sharded_flat_ = at::zeros({shard_numel_}, on_device.dtype(master_dtype_));
+  sharded_flat_ = memory::empty_flat(shard_numel_, on_device.dtype(master_dtype_)).zero_();
   for (auto& p : params_) {
     at::Tensor full;
-    FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
-               "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
-               "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
     if (is_deferred(p.param)) {
       FSDP_CHECK(static_cast<bool>(options.param_init), "fully_shard: parameter '", p.fqn,
                  "' is deferred (no memory behind it): pass FullyShardOptions::param_init to initialise it");
@@ -189,7 +190,7 @@ void FSDPParamGroup::allocate_unsharded() {
   if (unsharded_aliases_sharded_) return;
   const int64_t nbytes = gathered_bytes();
   if (!unsharded_flat_.defined()) {
-    unsharded_flat_ = at::empty({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_));
+    unsharded_flat_ = memory::empty_flat(padded_numel_, at::TensorOptions().device(device_).dtype(param_dtype_));
   } else if (static_cast<int64_t>(unsharded_flat_.storage().nbytes()) == nbytes) {
     return;
   } else {

@@ -77,6 +77,26 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
       reshard_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
                              options.strategy == ShardingStrategy::kHybridShard) {}
 
+FSDPState::~FSDPState() {
+  if (!tree_) return;
+  const auto drop = [this](std::vector<FSDPState*>& v) { v.erase(std::remove(v.begin(), v.end(), this), v.end()); };
+  drop(tree_->states);
+  drop(tree_->forward_order);
+  tree_->post_forward_order.clear();  // rebuilt by the next iteration
+  for (FSDPState* s : tree_->states) {
+    drop(s->forward_prefetch);
+    drop(s->backward_prefetch);
+    s->post_forward_indices_.clear();
+  }
+  if (!is_root_) return;
+  const std::vector<FSDPState*> orphans = tree_->states;
+  for (FSDPState* s : orphans) {
+    auto own = std::make_shared<FSDPTree>();
+    own->states.push_back(s);
+    s->join_tree(own, true, "");
+  }
+}
+
 void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, const std::string& name) {
   tree_ = tree;
   is_root_ = is_root;

@@ -1,6 +1,5 @@
 #include "fsdp/core/fully_shard.h"
 
-#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -8,58 +7,25 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/fsdp_state.h"
+#include "fsdp/core/memory.h"
 #include "fsdp/dist/collectives.h"
 
 namespace fsdp {
 namespace {
 
-// Which module is a unit and which unit holds each parameter. Python's FSDP
-// keeps this on the objects; LibTorch modules have no room for it, so it
-// lives here, keyed by address, with a weak reference to spot dead modules.
-struct Registry {
-  struct Unit {
-    std::weak_ptr<torch::nn::Module> module;
-    std::shared_ptr<FSDPState> state;
-  };
-  struct Param {
-    std::weak_ptr<torch::nn::Module> unit_module;
-    FSDPState* state;
-    size_t index;
-  };
-  std::mutex mutex;
-  std::unordered_map<const torch::nn::Module*, Unit> units;
-  std::unordered_map<const void*, Param> params;  // keyed by TensorImpl
+// A unit's state belongs to its module, as FSDP2 keeps it on the module
+// object: LibTorch modules have no attribute slots, so it hangs from a child
+// module with no parameters or buffers, and goes when the module goes.
+constexpr const char* kStateChild = "_fsdp";
 
-  // Addresses of destroyed modules and tensors are reused: forget units
-  // whose module is gone (and with them their shards).
-  void sweep() {
-    for (auto it = params.begin(); it != params.end();) {
-      it = it->second.unit_module.expired() ? params.erase(it) : std::next(it);
-    }
-    for (auto it = units.begin(); it != units.end();) {
-      it = it->second.module.expired() ? units.erase(it) : std::next(it);
-    }
+struct UnitStateHolder : torch::nn::Module {
+  explicit UnitStateHolder(std::shared_ptr<FSDPState> s) : state(std::move(s)) {}
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& /*device*/) const override {
+    throw Error("clone: a module with fully_shard applied cannot be cloned (its parameters are shards of "
+                "buffers it shares with its unit); clone the model before sharding it");
   }
-  const Param* find_param(const void* key) const {
-    const auto it = params.find(key);
-    return it == params.end() || it->second.unit_module.expired() ? nullptr : &it->second;
-  }
+  std::shared_ptr<FSDPState> state;
 };
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
-std::weak_ptr<torch::nn::Module> weak_of(torch::nn::Module& module) {
-  try {
-    return module.shared_from_this();
-  } catch (const std::bad_weak_ptr&) {
-    throw Error("fully_shard: module " + module.name() +
-                " is not owned by a std::shared_ptr; create it as a module holder (TORCH_MODULE types, "
-                "torch::nn::Linear, std::make_shared<M>(...))");
-  }
-}
 
 const void* key_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
@@ -126,10 +92,11 @@ void sync_unmanaged_states(torch::nn::Module& module,
 namespace detail {
 
 FSDPState* state_of(const torch::nn::Module& module) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  const auto it = r.units.find(&module);
-  return it == r.units.end() || it->second.module.expired() ? nullptr : it->second.state.get();
+  const auto children = module.named_children();
+  const auto* child = children.find(kStateChild);
+  if (child == nullptr) return nullptr;
+  const auto* holder = (*child)->as<UnitStateHolder>();
+  return holder != nullptr ? holder->state.get() : nullptr;
 }
 
 CallScope::CallScope(FSDPState& state) : state_(state), frame_(state.pre_forward()) {}
@@ -151,12 +118,6 @@ void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
 
 void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
   validate_options(options);
-  const auto self = weak_of(module);
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    r.sweep();
-  }
   if (FSDPState* existing = detail::state_of(module)) {
     const std::string holds = existing->group() != nullptr
                                   ? " (its parameters start with '" + existing->group()->params().front().fqn + "')"
@@ -192,32 +153,46 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
 
+  // Parameters held by the units below, and where.
+  struct Held {
+    FSDPState* state;
+    size_t index;
+  };
+  std::unordered_map<const void*, Held> held_below;
+  for (const auto& [prefix, state] : children) {
+    (void)prefix;
+    if (state->group() == nullptr) continue;
+    const auto& ps = state->group()->params();
+    for (size_t i = 0; i < ps.size(); ++i) held_below[key_of(ps[i].param)] = {state, i};
+  }
+  const char* const kOneUnit =
+      ": a parameter can belong to one unit only; apply fully_shard to a common ancestor of the modules that "
+      "share it (and not to them), or list it in ignored_params";
+
   std::vector<FSDPParam> params;
   std::unordered_map<const void*, std::string> first_name;  // tied parameters appear under several names
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-      const std::string& fqn = item.key();
-      const at::Tensor& param = item.value();
-      const void* key = key_of(param);
-      if (ignored.count(key) != 0) continue;
-      FSDPState* path_owner = owner_by_path(fqn);
-      if (const auto* held = r.find_param(key)) {
-        // Held by a unit below: fine only if this name is inside that unit too.
-        FSDP_CHECK(held->state == path_owner, "fully_shard: parameter '", fqn,
-                   "' is shared with another unit, which holds it as '", name_under(held->state, held->index),
-                   "': a parameter can belong to one unit only; apply fully_shard to a common ancestor of "
-                   "the modules that share it (and not to them), or list it in ignored_params");
-        continue;
-      }
-      if (path_owner != nullptr) continue;  // a unit below owns this module's parameters by path
-      if (!first_name.emplace(key, fqn).second) continue;  // tied within this unit: once
-      FSDPParam p;
-      p.fqn = fqn;
-      p.param = param;
-      params.push_back(std::move(p));
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string& fqn = item.key();
+    const at::Tensor& param = item.value();
+    const void* key = key_of(param);
+    if (ignored.count(key) != 0) continue;
+    FSDPState* path_owner = owner_by_path(fqn);
+    const auto held = held_below.find(key);
+    if (held != held_below.end()) {
+      // Held by a unit below: fine only if this name is inside that unit too.
+      FSDP_CHECK(held->second.state == path_owner, "fully_shard: parameter '", fqn,
+                 "' is shared with another unit, which holds it as '",
+                 name_under(held->second.state, held->second.index), "'", kOneUnit);
+      continue;
     }
+    if (path_owner != nullptr) continue;  // a unit below owns this module's parameters by path
+    FSDP_CHECK(!memory::is_flat_buffer(param), "fully_shard: parameter '", fqn,
+               "' is shared with another unit, outside this module, which has sharded it already", kOneUnit);
+    if (!first_name.emplace(key, fqn).second) continue;  // tied within this unit: once
+    FSDPParam p;
+    p.fqn = fqn;
+    p.param = param;
+    params.push_back(std::move(p));
   }
 
   if (options.sync_module_states) sync_unmanaged_states(module, children, options);
@@ -240,14 +215,7 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
       }
     }
   }
-
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  if (state->group() != nullptr) {
-    const auto& ps = state->group()->params();
-    for (size_t i = 0; i < ps.size(); ++i) r.params[key_of(ps[i].param)] = {self, state.get(), i};
-  }
-  r.units[&module] = {self, state};
+  module.register_module(kStateChild, std::make_shared<UnitStateHolder>(std::move(state)));
 }
 
 bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of(module) != nullptr; }
@@ -369,12 +337,22 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
   return out;
 }
 
-std::vector<int64_t> unsharded_shape(const at::Tensor& param) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  const auto* held = r.find_param(key_of(param));
-  if (held == nullptr) return param.sizes().vec();
-  return held->state->group()->params()[held->index].shape;
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& root) {
+  std::unordered_map<const void*, std::vector<int64_t>> managed;
+  for (const auto& [name, state] : units_under(root)) {
+    (void)name;
+    if (state->group() == nullptr) continue;
+    for (const auto& p : state->group()->params()) managed[key_of(p.param)] = p.shape;
+  }
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root.named_parameters(true)) {
+    const void* key = key_of(item.value());
+    if (!seen.insert(key).second) continue;
+    const auto it = managed.find(key);
+    out.emplace_back(item.key(), it != managed.end() ? it->second : item.value().sizes().vec());
+  }
+  return out;
 }
 
 int64_t sharded_param_bytes(const torch::nn::Module& module) {

@@ -43,6 +43,11 @@ struct FSDPTree {
 class FSDPState {
  public:
   FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOptions& options);
+  // Leaves the tree: a unit whose module goes first leaves no dangling entry,
+  // and units outliving their root become roots of their own.
+  ~FSDPState();
+  FSDPState(const FSDPState&) = delete;
+  FSDPState& operator=(const FSDPState&) = delete;
 
   // One call of the unit through fsdp::call (see detail::CallFrame).
   detail::CallFrame pre_forward();

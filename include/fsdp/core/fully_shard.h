@@ -81,8 +81,9 @@ struct LocalShard {
 // steps (gathered units are released first).
 std::vector<LocalShard> local_shards(torch::nn::Module& root);
 
-// The shape a parameter had before sharding (its current shape if unmanaged).
-std::vector<int64_t> unsharded_shape(const at::Tensor& param);
+// Every parameter's shape before sharding, in the order of
+// root.named_parameters(), tied parameters once.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& root);
 
 // Bytes of the sharded fp32 master parameters of every unit under `module`.
 int64_t sharded_param_bytes(const torch::nn::Module& module);
