@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/models/example_transformer.h"
@@ -33,7 +34,7 @@ double timed_step(Model& model, torch::optim::Optimizer& optimizer, const torch:
   torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), tokens.narrow(1, 1, T).reshape({-1}))
       .backward();
   optimizer.step();
-  optimizer.zero_grad();
+  compat::zero_grad_to_none(optimizer);
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 

@@ -10,6 +10,7 @@
 #include <glog/logging.h>
 
 #include "fsdp/common/env.h"
+#include "fsdp/common/flat_buffer.h"
 
 namespace fsdp {
 
@@ -51,6 +52,10 @@ void keep_freed_memory() {
 void init_runtime() {
   quiet_library_logs();
   keep_freed_memory();
+  // See [Note: large CPU buffers] in flat_buffer.cpp.
+  if (const char* cache = std::getenv("FSDP_CPU_CACHE"); cache == nullptr || std::string(cache) != "0") {
+    memory::cache_large_cpu_allocations();
+  }
   const EnvMap env = current_env();
   if (const auto threads = env_int(env, "OMP_NUM_THREADS"); threads && *threads > 0) {
     at::set_num_threads(static_cast<int>(*threads));

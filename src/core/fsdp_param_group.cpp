@@ -212,7 +212,7 @@ void FSDPParamGroup::unshard() {
   RECORD_USER_SCOPE("FSDP::all_gather");
   allocate_unsharded();
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllGather);
-  if (param_dtype_ != master_dtype_) all_gather_input_.reset(sharded_flat_.to(param_dtype_));
+  if (param_dtype_ != master_dtype_) all_gather_input_.reset(memory::flat_copy(sharded_flat_, param_dtype_));
   const at::Tensor& input = param_dtype_ == master_dtype_ ? sharded_flat_ : all_gather_input_.get();
   if (shard_group_->size() == 1) {
     unsharded_flat_.copy_(input);
@@ -308,7 +308,7 @@ void FSDPParamGroup::register_grad_hooks() {
 
 const at::Tensor& FSDPParamGroup::unsharded_grad() {
   if (!unsharded_grad_.defined()) {
-    unsharded_grad_.reset(at::zeros({padded_numel_}, at::TensorOptions().device(device_).dtype(param_dtype_)));
+    unsharded_grad_.reset(memory::empty_flat(padded_numel_, at::TensorOptions().device(device_).dtype(param_dtype_)).zero_());
   }
   return unsharded_grad_.get();
 }
@@ -374,7 +374,7 @@ void FSDPParamGroup::post_backward() {
   // the collectives matched with ranks that did use it.
   unsharded_grad();
   at::Tensor grads = unsharded_grad_.release();
-  at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : grads.to(reduce_dtype_);
+  at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : memory::flat_copy(grads, reduce_dtype_);
   grads = at::Tensor();
   if (unsynced_grads_.defined()) input.add_(unsynced_grads_.release());
   if (!requires_gradient_sync) {
@@ -394,7 +394,7 @@ void FSDPParamGroup::issue_reduce_scatter() {
   }
   RECORD_USER_SCOPE("FSDP::reduce_scatter");
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kReduceScatter);
-  reduce_output_.reset(at::empty({shard_numel_}, at::TensorOptions().device(device_).dtype(reduce_dtype_)));
+  reduce_output_.reset(memory::empty_flat(shard_numel_, at::TensorOptions().device(device_).dtype(reduce_dtype_)));
   reduce_event_ = comm_->record(FSDPEvent::Kind::kReduceScatter, *name_,
                                 static_cast<int64_t>(reduce_input_.get().nbytes()));
   reduce_work_ = dist::reduce_scatter_tensor(*shard_group_, reduce_output_.get(), reduce_input_.get(),
@@ -426,17 +426,21 @@ void FSDPParamGroup::wait_replica_all_reduce() { wait_reduce_scatter(); }
 
 void FSDPParamGroup::assign_gradients() {
   if (grads_in_place_) return;  // the gradients are views of the reduced buffer already
-  const at::Tensor& reduced = reduce_output_.get();
+  // The reduced shard (a flat buffer) becomes the gradients' memory: each
+  // parameter without one gets an alias of its slice, so no per-parameter
+  // copies are made, and the buffer goes back to the flat-buffer cache when
+  // the optimizer sets them to none.
+  at::Tensor reduced = reduce_output_.get();
+  if (reduced.scalar_type() != master_dtype_) reduced = memory::flat_copy(reduced, master_dtype_);
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
-    const at::Tensor slice = reduced.narrow(0, p.local.begin_in_shard, p.local.numel);
     at::Tensor& grad = p.param.mutable_grad();
     p.grad_existed_before = grad.defined();
     p.grad_existence_recorded = true;
     if (grad.defined()) {
-      grad.add_(slice);  // accumulates across steps unless zeroed
+      grad.add_(reduced.narrow(0, p.local.begin_in_shard, p.local.numel));  // accumulates unless set to none
     } else {
-      grad = slice.to(master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+      grad = alias_of(reduced, p.local.begin_in_shard, {p.local.numel});
     }
   }
   reduce_output_.reset();

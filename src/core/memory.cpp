@@ -3,15 +3,12 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include <ATen/EmptyTensor.h>
-#include <c10/core/Allocator.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 
-#include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 
 namespace fsdp {
@@ -20,44 +17,6 @@ int64_t gathered_bytes() { return current_bytes(BufferKind::kGathered); }
 int64_t peak_gathered_bytes() { return peak_bytes(BufferKind::kGathered); }
 void reset_peak() { reset_peaks(); }
 
-namespace {
-
-class FlatBufferAllocator final : public c10::Allocator {
- public:
-  explicit FlatBufferAllocator(c10::DeviceType type) : type_(type) {}
-  c10::DataPtr allocate(size_t nbytes) const override { return base()->allocate(nbytes); }
-  c10::DeleterFnPtr raw_deleter() const override { return base()->raw_deleter(); }
-
- private:
-  // Looked up per call: a device's allocator is registered when its library
-  // loads, which may be after this one.
-  c10::Allocator* base() const { return c10::GetAllocator(type_); }
-  c10::DeviceType type_;
-};
-
-c10::Allocator* flat_allocator(c10::DeviceType type) {
-  static FlatBufferAllocator cpu(c10::DeviceType::CPU);
-  static FlatBufferAllocator cuda(c10::DeviceType::CUDA);
-  if (type == c10::DeviceType::CPU) return &cpu;
-  if (type == c10::DeviceType::CUDA) return &cuda;
-  throw Error(detail::concat("fully_shard: cannot hold parameters on device type ", type,
-                             ": supported are CPU and CUDA"));
-}
-
-}  // namespace
-
-at::Tensor empty_flat(int64_t numel, const at::TensorOptions& options) {
-  const c10::Device device = options.device();
-  const auto key = c10::computeDispatchKey(options.dtype().toScalarType(), options.layout(), device);
-  return at::Tensor(at::detail::empty_generic({numel}, flat_allocator(device.type()), c10::DispatchKeySet(key),
-                                              options.dtype().toScalarType(), c10::nullopt));
-}
-
-bool is_flat_buffer(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage()) return false;
-  const c10::Allocator* a = t.storage().allocator();
-  return a != nullptr && dynamic_cast<const FlatBufferAllocator*>(a) != nullptr;
-}
 }  // namespace memory
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include "fsdp/common/buffer_accounting.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/error_text.h"
 
 namespace fsdp::dist {
@@ -195,7 +196,7 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
     }
   }
   // See [Note: reduce-scatter on Gloo].
-  at::Tensor received = at::empty_like(input);
+  at::Tensor received = memory::empty_flat(input.numel(), input.options());
   auto counted = std::make_shared<memory::Reservation>(memory::BufferKind::kComm,
                                                        static_cast<int64_t>(received.nbytes()));
   at::Tensor recv_bytes = as_bytes(received);
@@ -206,9 +207,15 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
   });
   return Work(kOp, &group, {work}, [output, received, counted, divide, w, n] {
     at::Tensor chunks = received.view({w, n});
-    at::Tensor sum = is_half(chunks) ? chunks.to(at::kFloat).sum(0) : chunks.sum(0);
-    if (divide) sum.div_(w);
-    output.copy_(sum.view(output.sizes()));
+    if (is_half(chunks)) {
+      at::Tensor sum = chunks.to(at::kFloat).sum(0);
+      if (divide) sum.div_(w);
+      output.copy_(sum.view(output.sizes()));
+      return;
+    }
+    at::Tensor out = output.view({n});
+    at::sum_out(out, chunks, at::IntArrayRef{0});  // straight into the output: no shard-sized temporary
+    if (divide) out.div_(w);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_norm.h"
@@ -280,7 +281,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   } else {
     optimizer_->step();
   }
-  optimizer_->zero_grad();
+  compat::zero_grad_to_none(*optimizer_);
   const double optimizer_s = seconds_since(optimizer_start);
   const double loss = mean_over_ranks(world_->group(), loss_sum);
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/optim/optimizer.h>
 
 #include "fsdp/common/error.h"
 
@@ -57,6 +58,16 @@ inline void resize_storage_bytes(const at::Tensor& t, int64_t nbytes) {
 #endif
   throw Error(detail::concat("fsdp: cannot resize storage on device ", t.device(),
                              ": this build supports CPU", kCudaSuffix));
+}
+
+// Gradients set to none rather than zeroed (PyTorch's default since 2.0,
+// which 1.13's C++ optimizer lacks): between steps a sharded gradient holds
+// no memory, and the next backward's reduce-scatter output becomes the
+// gradient instead of being added to zeros.
+inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  }
 }
 
 }  // namespace fsdp::compat

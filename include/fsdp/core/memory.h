@@ -6,9 +6,8 @@
 
 #include <cstdint>
 
-#include <ATen/core/Tensor.h>
-
 #include "fsdp/common/buffer_accounting.h"
+#include "fsdp/common/flat_buffer.h"
 
 namespace torch::nn {
 class Module;
@@ -41,13 +40,6 @@ int64_t gathered_bytes();
 int64_t peak_gathered_bytes();
 // Every peak restarts from what is held now.
 void reset_peak();
-
-// A unit's flat buffers (its master shard, its gathered parameters) come
-// from an allocator that only forwards to the device's own. It marks their
-// storage as FSDP's, so a parameter whose data lives in one is known to be
-// held by a unit already, without a table of sharded tensors.
-at::Tensor empty_flat(int64_t numel, const at::TensorOptions& options);
-bool is_flat_buffer(const at::Tensor& t);
 }  // namespace memory
 
 }  // namespace fsdp
