@@ -61,6 +61,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, sample_tokens, Kind::kInt),
       FSDP_FIELD(runtime, sample_prompt, Kind::kString),
       FSDP_FIELD(runtime, export_hf, Kind::kString),
+      FSDP_FIELD(runtime, keep_denormals, Kind::kBool),
       FSDP_FIELD(fsdp, sharding, Kind::kString, "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
       FSDP_FIELD(fsdp, fsdp_size, Kind::kInt),
       FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt),

@@ -48,6 +48,10 @@ double mean_over_ranks(dist::ProcessGroup& group, double local) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
+  // Values below 1.2e-38 (fp32's smallest normal) become zero: AdamW's
+  // second moments of rarely-hit embedding rows drift there, and x86 takes
+  // microcode assists on every subnormal operand (PyTorch's peer slows ~8x).
+  at::globalContext().setFlushDenormal(!config_.runtime.keep_denormals);
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
   build_model();
   const auto& d = config_.data;

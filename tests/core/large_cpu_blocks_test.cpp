@@ -21,7 +21,8 @@ TEST(LargeCpuBlocks, AFreedBlockServesTheNextRequestOfItsSize) {
   const int64_t in_use = memory::large_cpu_bytes_in_use();
   EXPECT_GE(in_use, 3 * kMiB);
   a = torch::Tensor();
-  EXPECT_EQ(memory::large_cpu_bytes_in_use(), in_use - 3 * kMiB);
+  // At most: Gloo's worker may drop an earlier collective's buffer meanwhile.
+  EXPECT_LE(memory::large_cpu_bytes_in_use(), in_use - 3 * kMiB);
   EXPECT_GE(memory::cached_cpu_bytes(), 3 * kMiB);
   auto b = floats_of(3 * kMiB);
   EXPECT_EQ(b.data_ptr(), first) << "same size class: the kept block, already faulted in";
@@ -30,18 +31,19 @@ TEST(LargeCpuBlocks, AFreedBlockServesTheNextRequestOfItsSize) {
 TEST(LargeCpuBlocks, SmallTensorsStayWithTheDefaultAllocator) {
   const int64_t in_use = memory::large_cpu_bytes_in_use();
   auto small = floats_of(64 << 10);
-  EXPECT_EQ(memory::large_cpu_bytes_in_use(), in_use);
+  EXPECT_LE(memory::large_cpu_bytes_in_use(), in_use);
 }
 
 TEST(LargeCpuBlocks, BlocksUnusedForLongAreHandedBackOnAMiss) {
+  memory::release_cached_cpu_blocks();  // what earlier tests left: the request below must miss
+  EXPECT_EQ(memory::cached_cpu_bytes(), 0);
   floats_of(64 * kMiB);  // freed at once: kept
-  EXPECT_GE(memory::cached_cpu_bytes(), 64 * kMiB);
+  EXPECT_EQ(memory::cached_cpu_bytes(), 64 * kMiB);
   for (int i = 0; i < 4100; ++i) floats_of(kMiB);  // one block, reused: every request a hit
   EXPECT_GE(memory::cached_cpu_bytes(), 64 * kMiB) << "hits hand nothing back";
-  floats_of(2 * kMiB + 4096);  // a size not seen before: a miss
-  EXPECT_LT(memory::cached_cpu_bytes(), 64 * kMiB) << "the block idle for 4100 allocations was kept";
-  memory::release_cached_cpu_blocks();
-  EXPECT_EQ(memory::cached_cpu_bytes(), 0);
+  floats_of(2 * kMiB + 4096);  // a size class with nothing kept: a miss
+  // Left: the 1 MiB block, just used, and the one just freed.
+  EXPECT_EQ(memory::cached_cpu_bytes(), kMiB + 5 * kMiB / 2) << "the block idle for 4100 allocations was kept";
 }
 
 TEST(LargeCpuBlocks, FlatBuffersAreMarkedAndStaySoWhenResized) {

@@ -27,14 +27,16 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 
 TEST(Config, YamlSectionsSetFields) {
   TrainConfig c;
+  EXPECT_FALSE(c.runtime.keep_denormals) << "subnormals are flushed unless asked";
   c.load_yaml(write_yaml("model:\n  name: llama-tiny\n  activation_checkpoint: true\n"
-                         "optim:\n  lr: 1.5e-3\n  lr_schedule: linear\nruntime:\n  steps: 7\n"
+                         "optim:\n  lr: 1.5e-3\n  lr_schedule: linear\nruntime:\n  steps: 7\n  keep_denormals: true\n"
                          "fsdp:\n  sharding: hybrid_shard\n  fsdp_size: 2\n"));
   EXPECT_EQ(c.model.name, "llama-tiny");
   EXPECT_TRUE(c.model.activation_checkpoint);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.5e-3);
   EXPECT_EQ(c.optim.lr_schedule, "linear");
   EXPECT_EQ(c.runtime.steps, 7);
+  EXPECT_TRUE(c.runtime.keep_denormals);
   EXPECT_EQ(c.fsdp.fsdp_size, 2);
   EXPECT_NO_THROW(c.validate());
 }

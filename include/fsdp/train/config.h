@@ -50,6 +50,7 @@ struct TrainConfig {
     int64_t sample_tokens = 0;  // generate this many tokens at the end
     std::string sample_prompt = "\n";
     std::string export_hf;  // write a Hugging Face directory at the end
+    bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
   } runtime;
   struct Fsdp {
     std::string sharding = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
