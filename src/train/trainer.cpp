@@ -258,6 +258,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const auto start = Clock::now();
   const double comm_before = dist::exposed_comm_seconds();
+  clear_event_log(*model_);
   const int64_t A = config_.data.grad_accum;
   double loss_sum = 0, data_s = 0, forward_backward_s = 0;
   for (int a = 0; a < A; ++a) {
@@ -289,8 +290,16 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const double optimizer_s = seconds_since(optimizer_start);
   const double loss = mean_over_ranks(world_->group(), loss_sum);
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
-  return {loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s, forward_backward_s,
-          optimizer_s};
+  StepStats stats{loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s,
+                  forward_backward_s, optimizer_s};
+  for (const auto& e : event_log(*model_)) {
+    if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
+        e.kind == FSDPEvent::Kind::kAllReduce) {
+      ++stats.collectives;
+      stats.comm_bytes += e.bytes;
+    }
+  }
+  return stats;
 }
 
 void Trainer::log_step(int64_t step, const StepStats& s) {
@@ -309,6 +318,8 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                    {"mfu", mfu},
                    {"step_time_s", s.seconds},
                    {"comm_wait_s", s.comm_seconds},
+                   {"fsdp_collectives", s.collectives},
+                   {"fsdp_comm_mb", static_cast<double>(s.comm_bytes) / (1 << 20)},
                    {"data_s", s.data_seconds},
                    {"forward_backward_s", s.forward_backward_seconds},
                    {"optimizer_s", s.optimizer_seconds},

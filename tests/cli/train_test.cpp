@@ -41,9 +41,16 @@ TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
   for (const auto& m : metrics) {
     if (m.contains("split") || m.contains("event")) continue;
     for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "comm_wait_s",
-                            "data_s", "forward_backward_s", "optimizer_s", "peak_rss_mb", "tokens_seen"}) {
+                            "data_s", "forward_backward_s", "optimizer_s", "peak_rss_mb", "tokens_seen",
+                            "fsdp_collectives", "fsdp_comm_mb"}) {
       EXPECT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
     }
+    // From FSDP's event log. gpt2-tiny has 2 blocks and the root as units;
+    // FULL_SHARD gathers all 3 in forward, the 2 blocks again in backward
+    // (the root stays gathered through backward) and reduce-scatters all 3.
+    const int blocks = 2;
+    EXPECT_EQ(m["fsdp_collectives"].get<int>(), (blocks + 1) + blocks + (blocks + 1)) << m.dump();
+    EXPECT_GT(m["fsdp_comm_mb"].get<double>(), 0);
   }
   EXPECT_EQ(metrics.front().value("event", ""), "start");
   EXPECT_GT(metrics.front()["peak_flops_per_rank"].get<double>(), 0);

@@ -39,6 +39,8 @@ class Trainer {
   // part of the step spent blocked on collectives.
   struct StepStats {
     double loss, grad_norm, seconds, comm_seconds, data_seconds, forward_backward_seconds, optimizer_seconds;
+    int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (its event log)
+    int64_t comm_bytes = 0;   // what this rank sent through them
   };
   void resume_if_possible();
   void save_checkpoint(int64_t steps_done);
