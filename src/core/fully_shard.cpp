@@ -38,6 +38,16 @@ std::vector<std::pair<std::string, FSDPState*>> units_under(const torch::nn::Mod
   return out;
 }
 
+// root.named_parameters() with tied parameters once, under their first name.
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(key_of(item.value())).second) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
@@ -286,12 +296,9 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
     for (const auto& p : ps) full[key_of(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : root.named_parameters(true)) {
-    const void* key = key_of(item.value());
-    if (!seen.insert(key).second) continue;
-    const auto it = full.find(key);
-    out.emplace_back(item.key(), it != full.end() ? it->second : item.value().detach().clone());
+  for (const auto& [name, param] : unique_named_parameters(root)) {
+    const auto it = full.find(key_of(param));
+    out.emplace_back(name, it != full.end() ? it->second : param.detach().clone());
   }
   return out;
 }
@@ -317,21 +324,18 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
     }
   }
   std::vector<LocalShard> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : root.named_parameters(true)) {
-    const void* key = key_of(item.value());
-    if (!seen.insert(key).second) continue;
+  for (const auto& [name, param] : unique_named_parameters(root)) {
     LocalShard s;
-    const auto it = managed.find(key);
+    const auto it = managed.find(key_of(param));
     if (it != managed.end()) {
       s = it->second;
     } else {
-      s.param = item.value();
-      s.local = item.value().detach().view({-1});
-      s.shape = item.value().sizes().vec();
-      s.numel = item.value().numel();
+      s.param = param;
+      s.local = param.detach().view({-1});
+      s.shape = param.sizes().vec();
+      s.numel = param.numel();
     }
-    s.fqn = item.key();
+    s.fqn = name;
     out.push_back(std::move(s));
   }
   return out;
@@ -345,12 +349,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
     for (const auto& p : state->group()->params()) managed[key_of(p.param)] = p.shape;
   }
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : root.named_parameters(true)) {
-    const void* key = key_of(item.value());
-    if (!seen.insert(key).second) continue;
-    const auto it = managed.find(key);
-    out.emplace_back(item.key(), it != managed.end() ? it->second : item.value().sizes().vec());
+  for (const auto& [name, param] : unique_named_parameters(root)) {
+    const auto it = managed.find(key_of(param));
+    out.emplace_back(name, it != managed.end() ? it->second : param.sizes().vec());
   }
   return out;
 }
@@ -366,10 +367,7 @@ int64_t sharded_param_bytes(const torch::nn::Module& module) {
 
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
   std::vector<at::Tensor> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& p : module.parameters(true)) {
-    if (seen.insert(key_of(p)).second) out.push_back(p);
-  }
+  for (const auto& [name, param] : unique_named_parameters(module)) out.push_back(param);
   return out;
 }
 
