@@ -81,6 +81,8 @@ def main():
     p.add_argument("--ddp", action="store_true")
     p.add_argument("--flush-denormal", action="store_true",
                    help="torch.set_flush_denormal(True): without it AdamW's tiny values go subnormal and slow every op")
+    p.add_argument("--bf16", action="store_true",
+                   help="torch.autocast('cpu', torch.bfloat16) around forward and loss (fp32 master weights)")
     p.add_argument("--metrics", required=True)
     a = p.parse_args()
     if a.flush_denormal:
@@ -105,8 +107,9 @@ def main():
     for step in range(a.steps):
         tokens = torch.randint(0, a.vocab, (a.batch_size, a.seq_len + 1), generator=gen)
         start = time.perf_counter()
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -41,6 +41,39 @@ TEST(Launcher, PicksAFreePortAndDividesCores) {
   EXPECT_TRUE(contains(r.output, "threads=" + std::to_string(expected_threads))) << r.output;
 }
 
+TEST(Launcher, PlacesForEachRankAreItsOwnSliceOfTheAllowedCpus) {
+  const std::vector<int> cpus{0, 1, 2, 3, 6, 7, 8, 9};
+  EXPECT_EQ(launch::omp_places_for(cpus, 0, 4, 2), "{0},{1}");
+  EXPECT_EQ(launch::omp_places_for(cpus, 2, 4, 2), "{6},{7}");
+  EXPECT_EQ(launch::omp_places_for(cpus, 1, 2, 4), "{6},{7},{8},{9}");
+  EXPECT_EQ(launch::omp_places_for(cpus, 0, 3, 3), "") << "9 threads on 8 CPUs: not pinned";
+}
+
+TEST(Launcher, PinsEachRanksThreadsUnlessTheUserPlacedThem) {
+  const std::string show = " -- sh -c 'echo places=$OMP_PLACES bind=$OMP_PROC_BIND'";
+  const auto cpus = launch::allowed_cpus();
+  const std::string clean = "env -u OMP_NUM_THREADS -u OMP_PLACES -u OMP_PROC_BIND ";
+  // One rank per pair of CPUs: each has two (or three) threads of its own, pinned.
+  const int ranks = std::max(1, static_cast<int>(cpus.size()) / 2);
+  const auto r = run_command(clean + launch("-n " + std::to_string(ranks) + show));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  if (cpus.size() >= 2) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const std::string line = "[rank " + std::to_string(rank) + "] places=" +
+                               launch::omp_places_for(cpus, rank, ranks, static_cast<int>(cpus.size()) / ranks) +
+                               " bind=close";
+      EXPECT_TRUE(contains(r.output, line)) << "missing '" << line << "' in\n" << r.output;
+    }
+  }
+  // One thread per rank: left unbound, so Gloo's threads may use other cores.
+  const auto single = run_command(clean + launch("-n " + std::to_string(cpus.size()) + show));
+  EXPECT_TRUE(contains(single.output, "places= bind=\n")) << single.output;
+  const auto user = run_command("env -u OMP_NUM_THREADS -u OMP_PLACES OMP_PROC_BIND=spread " + launch("-n 1" + show));
+  EXPECT_TRUE(contains(user.output, "places= bind=spread")) << user.output;
+  const auto off = run_command(clean + "FSDP_PIN_THREADS=0 " + launch("-n 1" + show));
+  EXPECT_TRUE(contains(off.output, "places= bind=\n")) << off.output;
+}
+
 TEST(Launcher, PrefixesEveryLineIncludingStderrAndUnterminatedOutput) {
   const auto r = run_command(launch("-n 2 -- sh -c 'echo one; echo two >&2; printf three'"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

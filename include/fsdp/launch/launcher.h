@@ -34,5 +34,12 @@ int find_free_port();
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
+// Their CPU numbers, in order.
+std::vector<int> allowed_cpus();
+
+// OpenMP places for one rank of `ranks` on this node, `threads` each: its own
+// slice of `cpus` ("{4},{5}" for rank 2 of 4 with 2 threads on 8 CPUs), or
+// empty when the ranks' threads do not fit on distinct CPUs.
+std::string omp_places_for(const std::vector<int>& cpus, int local_rank, int ranks, int threads);
 
 }  // namespace fsdp::launch
