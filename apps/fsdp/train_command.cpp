@@ -70,6 +70,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   key_option(cmd, *flags, "--steps", "runtime.steps", "optimizer steps");
   key_option(cmd, *flags, "--seed", "runtime.seed", "random seed");
   key_option(cmd, *flags, "--precision", "runtime.precision", "fp32, bf16 or fp16");
+  key_option(cmd, *flags, "--max-bad-steps", "runtime.max_bad_steps",
+             "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)");
   key_flag(cmd, *flags, "--keep-denormals", "runtime.keep_denormals",
            "compute with subnormal floats instead of flushing them to zero (slower on x86)");
   key_option(cmd, *flags, "--log-every", "runtime.log_every", "steps between log lines");

@@ -62,6 +62,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, sample_prompt, Kind::kString),
       FSDP_FIELD(runtime, export_hf, Kind::kString),
       FSDP_FIELD(runtime, keep_denormals, Kind::kBool),
+      FSDP_FIELD(runtime, max_bad_steps, Kind::kInt),
       FSDP_FIELD(fsdp, sharding, Kind::kString, "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
       FSDP_FIELD(fsdp, fsdp_size, Kind::kInt),
       FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt),
@@ -200,6 +201,7 @@ void TrainConfig::validate() const {
   positive(runtime.steps, "runtime.steps");
   positive(runtime.log_every, "runtime.log_every");
   positive(runtime.eval_batches, "runtime.eval_batches");
+  positive(runtime.max_bad_steps, "runtime.max_bad_steps");
   FSDP_CHECK(runtime.eval_every >= 0, "runtime.eval_every is ", runtime.eval_every, ": expected 0 or more");
   FSDP_CHECK(optim.lr > 0, "optim.lr is ", optim.lr, ": expected a positive learning rate");
   FSDP_CHECK(optim.warmup_steps >= 0, "optim.warmup_steps is ", optim.warmup_steps, ": expected 0 or more");

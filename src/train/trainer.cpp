@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <csignal>
 
 #include "fsdp/checkpoint/checkpoint.h"
@@ -29,6 +30,17 @@ bool stop_requested(dist::ProcessGroup& group) {
   auto t = torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f);
   dist::all_reduce(group, t, dist::ReduceOp::kMax).wait();
   return t.item<float>() > 0;
+}
+
+// Whether every rank's parameters are finite (a finite step can still
+// overflow them, with a huge learning rate): a checkpoint is never written
+// from non-finite weights.
+bool parameters_finite(dist::ProcessGroup& group, const torch::nn::Module& model) {
+  bool finite = true;
+  for (const auto& p : unique_parameters(model)) finite = finite && torch::isfinite(p.detach()).all().item<bool>();
+  auto t = torch::full({1}, finite ? 0.0f : 1.0f);
+  dist::all_reduce(group, t, dist::ReduceOp::kMax).wait();
+  return t.item<float>() == 0;
 }
 
 torch::ScalarType precision_dtype(const std::string& p) {
@@ -173,6 +185,12 @@ TrainSummary Trainer::train() {
 
     const StepStats stats = train_step(step);
     summary_.train_losses.push_back(stats.loss);
+    if (stats.skipped) {
+      ++skipped_steps_;
+      ++bad_steps_in_a_row_;
+    } else {
+      bad_steps_in_a_row_ = 0;
+    }
 
     const bool last = step + 1 == config_.runtime.steps;
     if (step == 0 || (step + 1) % config_.runtime.log_every == 0 || last) log_step(step, stats);
@@ -187,9 +205,22 @@ TrainSummary Trainer::train() {
         progress_->message(line);
       }
     }
+    if (stats.skipped) {
+      const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(stats.loss) +
+                               ", gradient norm " + std::to_string(stats.grad_norm);
+      FSDP_CHECK(bad_steps_in_a_row_ < config_.runtime.max_bad_steps, what, ": ", bad_steps_in_a_row_,
+                 " non-finite steps in a row (--max-bad-steps ", config_.runtime.max_bad_steps,
+                 "); stopping. Each was skipped, so the weights are those of the last finite step",
+                 config_.checkpoint.dir.empty() ? "" : " (the latest checkpoint holds them or earlier ones)",
+                 ". Lower the learning rate, clip gradients (--grad-clip), or use bf16 instead of fp16");
+      if (world_->rank() == 0) progress_->message(what + ": not finite, optimizer step skipped");
+    }
+    // A skipped step left the state as the last good step did: it is not
+    // saved, so `latest` always names a step that trained.
     const int64_t save_every = config_.checkpoint.save_every;
     const bool stop = stop_requested(world_->group());
-    if (!config_.checkpoint.dir.empty() && (last || stop || (save_every > 0 && (step + 1) % save_every == 0))) {
+    if (!config_.checkpoint.dir.empty() && !stats.skipped &&
+        (last || stop || (save_every > 0 && (step + 1) % save_every == 0))) {
       save_checkpoint(step + 1);
     }
     if (stop && !last) {
@@ -229,6 +260,13 @@ void Trainer::resume_if_possible() {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  if (!parameters_finite(world_->group(), *model_)) {
+    if (world_->rank() == 0) {
+      progress_->message("step " + std::to_string(steps_done) +
+                         ": weights are not finite; checkpoint not written (the latest stays the last good one)");
+    }
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   checkpoint::TrainerState state;
   state.step = steps_done;
@@ -280,7 +318,14 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const auto optimizer_start = Clock::now();
   if (scaler_) scaler_->unscale_(*optimizer_);
   const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
-  if (scaler_) {
+  // Both are results of collectives, the same on every rank, so every rank
+  // takes the same decision. Under fp16 an infinite gradient is the loss
+  // scaler's business (it skips the step and lowers the scale).
+  const double loss = mean_over_ranks(world_->group(), loss_sum);
+  const bool skip = !std::isfinite(loss) || (!scaler_ && !std::isfinite(grad_norm));
+  if (skip) {
+    if (scaler_) scaler_->update();
+  } else if (scaler_) {
     scaler_->step(*optimizer_);
     scaler_->update();
   } else {
@@ -288,10 +333,10 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   }
   compat::zero_grad_to_none(*optimizer_);
   const double optimizer_s = seconds_since(optimizer_start);
-  const double loss = mean_over_ranks(world_->group(), loss_sum);
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
   StepStats stats{loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s,
                   forward_backward_s, optimizer_s};
+  stats.skipped = skip;
   for (const auto& e : event_log(*model_)) {
     if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
         e.kind == FSDPEvent::Kind::kAllReduce) {
@@ -318,6 +363,8 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                    {"mfu", mfu},
                    {"step_time_s", s.seconds},
                    {"comm_wait_s", s.comm_seconds},
+                   {"skipped", s.skipped},
+                   {"skipped_steps", skipped_steps_},
                    {"fsdp_collectives", s.collectives},
                    {"fsdp_comm_mb", static_cast<double>(s.comm_bytes) / (1 << 20)},
                    {"data_s", s.data_seconds},

@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -150,6 +152,40 @@ TEST(Train, PrintConfigShowsTheEffectiveValues) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("name: \"llama-tiny\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("lr: 0.005"), std::string::npos) << r.output;
+}
+
+TEST(Train, NonFiniteStepsAreSkippedOnEveryRankAndStopTheRunWithoutACheckpoint) {
+  // A learning rate of 1e30 makes step 1's update blow the weights up to
+  // ~1e30: finite, but step 2's activations overflow and its loss is NaN.
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli +
+                             " train --model gpt2-tiny --data synthetic --steps 10 --seq-len 16 --batch-size 2"
+                             " --lr 1e30 --warmup-steps 0 --lr-schedule constant --grad-clip 0 --max-bad-steps 2"
+                             " --save-every 1 --log-every 1 --ckpt-dir " + dir + "/ckpt --metrics " + dir + "/m.jsonl");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(contains(r.output, "[rank " + std::to_string(rank) + "] error: step 3: loss")) << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, "2 non-finite steps in a row (--max-bad-steps 2)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 2: loss -nan, gradient norm -nan: not finite, optimizer step skipped") ||
+              contains(r.output, "step 2: loss nan, gradient norm nan: not finite, optimizer step skipped"))
+      << r.output;
+  std::vector<nlohmann::json> steps;
+  for (const auto& m : read_metrics(dir + "/m.jsonl")) {
+    if (m.contains("step_time_s")) steps.push_back(m);
+  }
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_FALSE(steps[0]["skipped"].get<bool>());
+  EXPECT_TRUE(std::isfinite(steps[0]["loss"].get<double>()));
+  EXPECT_TRUE(steps[1]["skipped"].get<bool>());
+  EXPECT_TRUE(steps[2]["skipped"].get<bool>());
+  EXPECT_EQ(steps[2]["skipped_steps"].get<int>(), 2);
+  // Only the finite step was saved.
+  std::ifstream latest(dir + "/ckpt/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_00000001");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt/step_00000002"));
 }
 
 }  // namespace

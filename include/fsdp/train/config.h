@@ -51,6 +51,7 @@ struct TrainConfig {
     std::string sample_prompt = "\n";
     std::string export_hf;  // write a Hugging Face directory at the end
     bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
+    int64_t max_bad_steps = 3;    // non-finite steps in a row (skipped) before the run stops
   } runtime;
   struct Fsdp {
     std::string sharding = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard

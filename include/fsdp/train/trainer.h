@@ -39,6 +39,7 @@ class Trainer {
   // part of the step spent blocked on collectives.
   struct StepStats {
     double loss, grad_norm, seconds, comm_seconds, data_seconds, forward_backward_seconds, optimizer_seconds;
+    bool skipped = false;     // non-finite loss or gradient norm: no optimizer step (every rank agrees)
     int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (its event log)
     int64_t comm_bytes = 0;   // what this rank sent through them
   };
@@ -69,6 +70,8 @@ class Trainer {
   double peak_flops_ = 0;
   int64_t tokens_seen_ = 0;
   int64_t start_step_ = 0;
+  int64_t skipped_steps_ = 0;     // non-finite steps skipped in this run
+  int64_t bad_steps_in_a_row_ = 0;
   TrainSummary summary_;
 };
 
