@@ -41,6 +41,11 @@ void suggest_option(const CLI::App& app, const std::string& message) {
 
 }  // namespace
 
+// Usage errors (an unknown flag, a missing value, no subcommand) exit 2, as
+// argparse, getopt-based tools and torchrun do; CLI11's own codes (106-114)
+// would tell a script nothing. Bad values found later exit 1.
+constexpr int kUsageError = 2;
+
 int main(int argc, char** argv) {
   CLI::App app{"fsdp.cpp: Fully Sharded Data Parallel training in C++"};
   app.require_subcommand(1);
@@ -56,11 +61,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
     // CLI11 names the stray argument; add the closest option of the command.
-    const int code = app.exit(e);
+    app.exit(e);
     suggest_option(app, e.what());
-    return code;
+    return kUsageError;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" to CLI11 that exit 0.
+    return app.exit(e) == 0 ? 0 : kUsageError;
   } catch (const std::exception& e) {
     print_error(fsdp::error_text(e));
     return 1;

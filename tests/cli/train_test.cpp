@@ -112,6 +112,17 @@ TEST(TrainErrors, BadConfigFiles) {
   expect_clean_failure("--precision fp8", {"runtime.precision is 'fp8'", "fp32, bf16, fp16"}, dir);
 }
 
+TEST(TrainErrors, UsageErrorsExitTwoAndBadValuesOne) {
+  const auto unknown = run_command(kCli + " train --stepz 3");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_TRUE(contains(unknown.output, "--stepz")) << unknown.output;
+  EXPECT_TRUE(contains(unknown.output, "--steps")) << "the closest flag is suggested\n" << unknown.output;
+  EXPECT_EQ(run_command(kCli + " train --steps").exit_code, 2) << "a flag without its value";
+  EXPECT_EQ(run_command(kCli).exit_code, 2) << "no subcommand";
+  EXPECT_EQ(run_command(kCli + " train --help").exit_code, 0);
+  EXPECT_EQ(run_command(kCli + " train --precision fp8").exit_code, 1) << "a bad value, not a usage error";
+}
+
 TEST(TrainErrors, BadTokenFiles) {
   const auto dir = make_temp_dir();
   std::ofstream(dir + "/magic.bin") << std::string(2048, 'x');
