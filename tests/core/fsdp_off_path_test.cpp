@@ -235,6 +235,9 @@ TEST(OffPath, FullyFrozenBlockReshardsPromptlyInBackward) {
   EXPECT_LT(released, next_started);
 }
 
+// Test-name suffix for the precision parameter (true: bf16 compute).
+std::string precision_name(const ::testing::TestParamInfo<bool>& info) { return info.param ? "bf16" : "fp32"; }
+
 class AppliedTwice : public ::testing::TestWithParam<bool> {};
 TEST_P(AppliedTwice, BlockAppliedTwiceInOneForward) {
   Scenario s;
@@ -243,7 +246,7 @@ TEST_P(AppliedTwice, BlockAppliedTwiceInOneForward) {
   expect_matches_reference(s);
 }
 INSTANTIATE_TEST_SUITE_P(Precision, AppliedTwice, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+                         precision_name);
 
 class TwoForwards : public ::testing::TestWithParam<bool> {};
 TEST_P(TwoForwards, TwoForwardsSummedIntoOneBackward) {
@@ -253,7 +256,7 @@ TEST_P(TwoForwards, TwoForwardsSummedIntoOneBackward) {
   expect_matches_reference(s);
 }
 INSTANTIATE_TEST_SUITE_P(Precision, TwoForwards, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+                         precision_name);
 
 class Exceptions : public ::testing::TestWithParam<ShardingStrategy> {};
 TEST_P(Exceptions, ThrownInForwardCaughtThenStepsMatch) {

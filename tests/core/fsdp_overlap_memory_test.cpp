@@ -29,6 +29,19 @@ AdapterNet sharded_net(const AdapterNetConfig& c, const FullyShardOptions& optio
   return net;
 }
 
+// The prefetch tests' model (four blocks) and the usual FULL_SHARD options.
+constexpr int kPrefetchBlocks = 4;
+AdapterNetConfig four_blocks() {
+  AdapterNetConfig c;
+  c.blocks = kPrefetchBlocks;
+  return c;
+}
+FullyShardOptions full_shard_options() {
+  FullyShardOptions options;
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  return options;
+}
+
 // One training step's events (forward, backward, optimizer step).
 std::vector<FSDPEvent> step_events(AdapterNet& net, torch::optim::Optimizer& optimizer, int step) {
   clear_event_log(*net);
@@ -75,23 +88,19 @@ void expect_prefetched(const std::vector<FSDPEvent>& events, int blocks) {
 
 TEST(Prefetch, NextUnitIsGatheredBeforeTheCurrentOneFinishes) {
   if (test_world().size() == 1) GTEST_SKIP() << "one rank gathers nothing";
-  AdapterNetConfig c;
-  c.blocks = 4;
-  FullyShardOptions options;
-  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  const AdapterNetConfig c = four_blocks();
+  const FullyShardOptions options = full_shard_options();
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   // Step 1 records the order (module order stands in); step 2 uses it.
-  expect_prefetched(step_events(net, optimizer, 0), 4);
-  expect_prefetched(step_events(net, optimizer, 1), 4);
+  expect_prefetched(step_events(net, optimizer, 0), kPrefetchBlocks);
+  expect_prefetched(step_events(net, optimizer, 1), kPrefetchBlocks);
 }
 
 TEST(Prefetch, ExplicitListsAndDepthTwo) {
   if (test_world().size() == 1) GTEST_SKIP() << "one rank gathers nothing";
-  AdapterNetConfig c;
-  c.blocks = 4;
-  FullyShardOptions options;
-  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  const AdapterNetConfig c = four_blocks();
+  FullyShardOptions options = full_shard_options();
   {
     auto net = sharded_net(c, options);
     auto& b = net->blocks;
@@ -100,7 +109,7 @@ TEST(Prefetch, ExplicitListsAndDepthTwo) {
     set_modules_to_backward_prefetch(*net, {b.back().get()});
     torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
     step_events(net, optimizer, 0);
-    expect_prefetched(step_events(net, optimizer, 1), 4);
+    expect_prefetched(step_events(net, optimizer, 1), kPrefetchBlocks);
   }
   options.prefetch_depth = 2;
   auto net = sharded_net(c, options);
@@ -115,8 +124,7 @@ TEST(BackwardMemory, BoundedByTwoUnitsOfGradientAndCommunicationBuffers) {
   AdapterNetConfig c;
   c.blocks = 8;
   c.dim = 61;
-  FullyShardOptions options;
-  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  const FullyShardOptions options = full_shard_options();
   auto net = sharded_net(c, options);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
   const auto* root = detail::state_of(*net)->group();
@@ -177,8 +185,7 @@ TEST(Profiler, FsdpRangesAppearInATrace) {
   std::filesystem::create_directories(dir);
   const auto path = (dir / "trace.json").string();
   AdapterNetConfig c;
-  FullyShardOptions options;
-  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  const FullyShardOptions options = full_shard_options();
   auto net = sharded_net(c, options);
   {
     torch::autograd::profiler::RecordProfile profile(path);
@@ -235,8 +242,7 @@ TEST(SyncModuleStates, BroadcastsBuffersAndIgnoredParameters) {
     torch::Tensor weight, scale, stats;
   };
   auto m = std::make_shared<WithStateImpl>();
-  FullyShardOptions options;
-  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  FullyShardOptions options = full_shard_options();
   options.sync_module_states = true;
   options.ignored_params = {m->scale};
   fully_shard(*m, options);
