@@ -12,6 +12,10 @@ packages=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libicu-dev              # Unicode classes for GPT-2's pre-tokenisation
   zlib1g-dev              # CRC-32 checksums of checkpoint files
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files
+  libboost-dev            # Boost.CRC: CRC-32C of TensorBoard records
+  python3-crc32c          # tests: an independent CRC-32C to check TensorBoard records
+  python3-matplotlib      # bench/: charts
   libgtest-dev libgmock-dev
 )
 

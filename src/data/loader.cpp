@@ -14,39 +14,82 @@ uint64_t splitmix64(uint64_t x) {
 
 }  // namespace
 
-DataLoader::DataLoader(const std::string& source, int64_t batch_size, int64_t seq_len, int rank, int world,
-                       int grad_accum, int64_t vocab_size, uint64_t seed)
-    : B_(batch_size), T_(seq_len), rank_(rank), world_(world), grad_accum_(grad_accum), vocab_size_(vocab_size),
-      seed_(seed) {
-  FSDP_CHECK(B_ >= 1 && T_ >= 1 && grad_accum_ >= 1, "data: batch_size, seq_len and grad_accum must be at least 1");
+int64_t permute_index(int64_t i, int64_t n, uint64_t seed, uint64_t epoch) {
+  // Balanced Feistel over 2*half bits, 4 rounds; values >= n walk again,
+  // which ends because the network is a bijection of [0, 4^half).
+  int half = 1;
+  while ((int64_t{1} << (2 * half)) < n) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  const uint64_t key = splitmix64(seed ^ splitmix64(epoch + 0x51ed270b2a8e1c4bull));
+  uint64_t x = static_cast<uint64_t>(i);
+  do {
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = splitmix64(key ^ (right * 0x9e3779b97f4a7c15ull) ^ round) & mask;
+      const uint64_t next = left ^ f;
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+
+DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) : o_(options) {
+  FSDP_CHECK(o_.batch_size >= 1 && o_.seq_len >= 1 && o_.grad_accum >= 1,
+             "data: batch_size, seq_len and grad_accum must be at least 1");
   if (source == "synthetic") return;
-  file_ = std::make_shared<TokenFile>(source);
-  const auto [max_id, where] = file_->max_token();
-  FSDP_CHECK(max_id < vocab_size_, "'", source, "' holds token id ", max_id, " (at position ", where,
-             "), which is not below the model's vocabulary of ", vocab_size_,
+  stream_ = std::make_shared<TokenStream>(expand_token_paths(source, o_.flag));
+  const auto max = stream_->max_token();
+  FSDP_CHECK(max.id < o_.vocab_size, "'", max.path, "' holds token id ", max.id, " (at position ", max.position,
+             "), which is not below the model's vocabulary of ", o_.vocab_size,
              " (a file tokenized for another model?)");
-  FSDP_CHECK(file_->size() > B_ * T_, "'", source, "' holds ", file_->size(), " tokens, fewer than one batch of ",
-             B_, " x ", T_, " + 1");
+  const int64_t B = o_.batch_size, T = o_.seq_len;
+  FSDP_CHECK(stream_->size() > B * T, o_.flag, " '", source, "' holds ", stream_->size(),
+             " tokens, fewer than one batch of ", B, " x ", T, " + 1");
+}
+
+void DataLoader::resume_at(int64_t step, int64_t tokens) {
+  start_step_ = step;
+  // Sequences start at multiples of T; a checkpoint from another sequence
+  // length continues at the next whole sequence.
+  start_tokens_ = (tokens + o_.seq_len - 1) / o_.seq_len * o_.seq_len;
 }
 
 int64_t DataLoader::offset(int64_t step, int micro_step) const {
-  return ((step * grad_accum_ + micro_step) * world_ + rank_) * B_ * T_;
+  const int64_t BT = o_.batch_size * o_.seq_len;
+  return start_tokens_ + (((step - start_step_) * o_.grad_accum + micro_step) * o_.world + o_.rank) * BT;
+}
+
+int64_t DataLoader::sequence_start(int64_t i) const {
+  const int64_t T = o_.seq_len;
+  if (!o_.shuffle || !stream_) return i * T;
+  const int64_t windows = (stream_->size() - 1) / T;
+  const int64_t epoch = i / windows;
+  return permute_index(i % windows, windows, o_.seed, static_cast<uint64_t>(epoch)) * T;
+}
+
+void DataLoader::read_sequence(int64_t i, int64_t* out) const {
+  const int64_t T = o_.seq_len;
+  const int64_t start = sequence_start(i);
+  if (stream_) {
+    stream_->read(start % stream_->size(), T + 1, out);
+    return;
+  }
+  // An endless virtual file: the token at position p is a hash of (seed, p),
+  // so synthetic runs keep the data-order contract at any world size too.
+  for (int64_t k = 0; k <= T; ++k) {
+    out[k] = static_cast<int64_t>(splitmix64(o_.seed ^ static_cast<uint64_t>(start + k)) %
+                                  static_cast<uint64_t>(o_.vocab_size));
+  }
 }
 
 Batch DataLoader::batch(int64_t step, int micro_step) const {
-  auto tokens = torch::empty({B_ * T_ + 1}, torch::kLong);
-  if (file_) {
-    file_->read(offset(step, micro_step) % file_->size(), B_ * T_ + 1, tokens.data_ptr<int64_t>());
-  } else {
-    // An endless virtual file: the token at position p is a hash of (seed, p),
-    // so synthetic runs keep the data-order contract at any world size too.
-    auto* out = tokens.data_ptr<int64_t>();
-    const int64_t start = offset(step, micro_step);
-    for (int64_t i = 0; i <= B_ * T_; ++i) {
-      out[i] = static_cast<int64_t>(splitmix64(seed_ ^ static_cast<uint64_t>(start + i)) % static_cast<uint64_t>(vocab_size_));
-    }
-  }
-  return {tokens.narrow(0, 0, B_ * T_).view({B_, T_}), tokens.narrow(0, 1, B_ * T_).view({B_, T_})};
+  const int64_t B = o_.batch_size, T = o_.seq_len;
+  auto rows = torch::empty({B, T + 1}, torch::kLong);
+  const int64_t first = offset(step, micro_step) / T;
+  for (int64_t b = 0; b < B; ++b) read_sequence(first + b, rows[b].data_ptr<int64_t>());
+  return {rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous()};
 }
 
 }  // namespace fsdp::data

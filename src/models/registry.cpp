@@ -77,6 +77,17 @@ std::vector<std::string> preset_names() {
           "llama-tiny", "llama3-1b", "llama3-3b", "llama3-8b", "example"};
 }
 
+std::string preset_help() {
+  std::string out;
+  for (const auto& name : preset_names()) {
+    int64_t vocab = ExampleTransformerConfig{}.vocab_size;
+    if (is_gpt2_preset(name)) vocab = gpt2_preset(name).vocab_size;
+    if (is_llama_preset(name)) vocab = llama_preset(name).vocab_size;
+    out += (out.empty() ? "" : ", ") + name + " (vocabulary " + std::to_string(vocab) + ")";
+  }
+  return out;
+}
+
 CausalLM build_preset(const std::string& name, double dropout) {
   if (is_gpt2_preset(name)) {
     auto c = gpt2_preset(name);

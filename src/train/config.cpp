@@ -20,57 +20,67 @@ struct Field {
   const char* section;
   const char* key;
   Kind kind;
+  const char* flag;  // the `fsdp train` flag that sets it
+  const char* help;
   std::function<void*(TrainConfig&)> slot;
   std::vector<std::string> allowed;  // for enumerated strings
   std::string dotted() const { return std::string(section) + "." + key; }
 };
 
-#define FSDP_FIELD(section, key, kind, ...) \
-  Field { #section, #key, kind, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
+// Every configuration key, declared once: the YAML schema, the flags, their
+// help text and --print-config all come from this table.
+#define FSDP_FIELD(section, key, kind, flag, help, ...) \
+  Field { #section, #key, kind, flag, help, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
 
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
-      FSDP_FIELD(model, name, Kind::kString),
-      FSDP_FIELD(model, init_from, Kind::kString),
-      FSDP_FIELD(model, dropout, Kind::kDouble),
-      FSDP_FIELD(model, activation_checkpoint, Kind::kBool),
-      FSDP_FIELD(model, chunk_loss, Kind::kBool),
-      FSDP_FIELD(model, print, Kind::kBool),
-      FSDP_FIELD(data, train, Kind::kString),
-      FSDP_FIELD(data, val, Kind::kString),
-      FSDP_FIELD(data, seq_len, Kind::kInt),
-      FSDP_FIELD(data, batch_size, Kind::kInt),
-      FSDP_FIELD(data, grad_accum, Kind::kInt),
-      FSDP_FIELD(optim, lr, Kind::kDouble),
-      FSDP_FIELD(optim, min_lr_ratio, Kind::kDouble),
-      FSDP_FIELD(optim, warmup_steps, Kind::kInt),
-      FSDP_FIELD(optim, lr_schedule, Kind::kString, "cosine", "linear", "constant"),
-      FSDP_FIELD(optim, weight_decay, Kind::kDouble),
-      FSDP_FIELD(optim, beta1, Kind::kDouble),
-      FSDP_FIELD(optim, beta2, Kind::kDouble),
-      FSDP_FIELD(optim, eps, Kind::kDouble),
-      FSDP_FIELD(optim, grad_clip, Kind::kDouble),
-      FSDP_FIELD(runtime, steps, Kind::kInt),
-      FSDP_FIELD(runtime, seed, Kind::kInt),
-      FSDP_FIELD(runtime, precision, Kind::kString, "fp32", "bf16", "fp16"),
-      FSDP_FIELD(runtime, log_every, Kind::kInt),
-      FSDP_FIELD(runtime, eval_every, Kind::kInt),
-      FSDP_FIELD(runtime, eval_batches, Kind::kInt),
-      FSDP_FIELD(runtime, metrics, Kind::kString),
-      FSDP_FIELD(runtime, tokenizer, Kind::kString),
-      FSDP_FIELD(runtime, sample_tokens, Kind::kInt),
-      FSDP_FIELD(runtime, sample_prompt, Kind::kString),
-      FSDP_FIELD(runtime, export_hf, Kind::kString),
-      FSDP_FIELD(runtime, keep_denormals, Kind::kBool),
-      FSDP_FIELD(runtime, max_bad_steps, Kind::kInt),
-      FSDP_FIELD(fsdp, sharding, Kind::kString, "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
-      FSDP_FIELD(fsdp, fsdp_size, Kind::kInt),
-      FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt),
-      FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool),
-      FSDP_FIELD(checkpoint, dir, Kind::kString),
-      FSDP_FIELD(checkpoint, save_every, Kind::kInt),
-      FSDP_FIELD(checkpoint, keep, Kind::kInt),
-      FSDP_FIELD(checkpoint, resume, Kind::kBool),
+      FSDP_FIELD(model, name, Kind::kString, "--model", "model preset"),
+      FSDP_FIELD(model, init_from, Kind::kString, "--init-from", "start from a Hugging Face directory (config.json + safetensors)"),
+      FSDP_FIELD(model, dropout, Kind::kDouble, "--dropout", "dropout probability"),
+      FSDP_FIELD(model, activation_checkpoint, Kind::kBool, "--activation-checkpoint", "recompute each block in backward"),
+      FSDP_FIELD(model, chunk_loss, Kind::kBool, "--chunk-loss", "cross-entropy without materialising all logits"),
+      FSDP_FIELD(model, print, Kind::kBool, "--print-model", "print the module tree, shapes and parameter counts"),
+      FSDP_FIELD(data, train, Kind::kString, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
+      FSDP_FIELD(data, val, Kind::kString, "--val-data", "token files for evaluation (as --data)"),
+      FSDP_FIELD(data, seq_len, Kind::kInt, "--seq-len", "tokens per sequence"),
+      FSDP_FIELD(data, batch_size, Kind::kInt, "--batch-size", "sequences per rank per micro-step"),
+      FSDP_FIELD(data, grad_accum, Kind::kInt, "--grad-accum", "micro-steps per optimizer step"),
+      FSDP_FIELD(data, shuffle, Kind::kBool, "--shuffle", "read sequence windows in a seeded permutation (resume and resharding stay exact)"),
+      FSDP_FIELD(optim, lr, Kind::kDouble, "--lr", "peak learning rate"),
+      FSDP_FIELD(optim, min_lr_ratio, Kind::kDouble, "--min-lr-ratio", "final learning rate as a fraction of --lr (cosine, linear)"),
+      FSDP_FIELD(optim, warmup_steps, Kind::kInt, "--warmup-steps", "linear warmup steps"),
+      FSDP_FIELD(optim, lr_schedule, Kind::kString, "--lr-schedule", "learning-rate schedule", "cosine", "linear", "constant"),
+      FSDP_FIELD(optim, weight_decay, Kind::kDouble, "--weight-decay", "AdamW weight decay (matrices and embeddings only)"),
+      FSDP_FIELD(optim, beta1, Kind::kDouble, "--beta1", "AdamW beta1"),
+      FSDP_FIELD(optim, beta2, Kind::kDouble, "--beta2", "AdamW beta2"),
+      FSDP_FIELD(optim, eps, Kind::kDouble, "--eps", "AdamW epsilon"),
+      FSDP_FIELD(optim, grad_clip, Kind::kDouble, "--grad-clip", "max gradient norm, 0 disables clipping"),
+      FSDP_FIELD(runtime, steps, Kind::kInt, "--steps", "optimizer steps"),
+      FSDP_FIELD(runtime, seed, Kind::kInt, "--seed", "random seed (weights, synthetic data, shuffling, sampling)"),
+      FSDP_FIELD(runtime, precision, Kind::kString, "--precision", "compute dtype (fp16 needs CUDA)", "fp32", "bf16", "fp16"),
+      FSDP_FIELD(runtime, out_dir, Kind::kString, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
+      FSDP_FIELD(runtime, run_name, Kind::kString, "--run-name", "names the default run folder (empty: <model>-<date>-<time>)"),
+      FSDP_FIELD(runtime, log_every, Kind::kInt, "--log-every", "steps between log lines"),
+      FSDP_FIELD(runtime, eval_every, Kind::kInt, "--eval-every", "steps between evaluations (0: only at the end)"),
+      FSDP_FIELD(runtime, eval_batches, Kind::kInt, "--eval-batches", "batches per evaluation"),
+      FSDP_FIELD(runtime, metrics, Kind::kString, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
+      FSDP_FIELD(runtime, tensorboard, Kind::kBool, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
+      FSDP_FIELD(runtime, profile_steps, Kind::kString, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
+      FSDP_FIELD(runtime, tokenizer, Kind::kString, "--tokenizer", "GPT-2 tokenizer directory (encoder.json, vocab.bpe) for samples"),
+      FSDP_FIELD(runtime, sample_tokens, Kind::kInt, "--sample-tokens", "tokens to generate at the end"),
+      FSDP_FIELD(runtime, sample_prompt, Kind::kString, "--sample-prompt", "prompt for the sample"),
+      FSDP_FIELD(runtime, export_hf, Kind::kString, "--export-hf", "write a Hugging Face directory at the end"),
+      FSDP_FIELD(runtime, keep_denormals, Kind::kBool, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
+      FSDP_FIELD(runtime, max_bad_steps, Kind::kInt, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
+      FSDP_FIELD(runtime, skip_spikes, Kind::kDouble, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
+      FSDP_FIELD(fsdp, sharding, Kind::kString, "--sharding", "sharding strategy", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
+      FSDP_FIELD(fsdp, fsdp_size, Kind::kInt, "--fsdp-size", "shard-group size for hybrid_shard"),
+      FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt, "--prefetch-depth", "units gathered ahead"),
+      FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool, "--explicit-prefetch", "each block prefetches its neighbour"),
+      FSDP_FIELD(checkpoint, dir, Kind::kString, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
+      FSDP_FIELD(checkpoint, save_every, Kind::kInt, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
+      FSDP_FIELD(checkpoint, keep, Kind::kInt, "--keep", "newest checkpoints kept"),
+      FSDP_FIELD(checkpoint, resume, Kind::kBool, "--resume", "resume, and fail if there is nothing to resume"),
   };
   return fields;
 }
@@ -158,6 +168,34 @@ std::vector<std::string> TrainConfig::keys() {
   return out;
 }
 
+std::vector<TrainConfig::KeyInfo> TrainConfig::describe() {
+  TrainConfig defaults;
+  std::vector<KeyInfo> out;
+  for (const auto& f : schema()) {
+    KeyInfo k;
+    k.dotted = f.dotted();
+    k.flag = f.flag;
+    k.help = f.help;
+    k.boolean = f.kind == Kind::kBool;
+    k.default_value = value_text(defaults, f);
+    switch (f.kind) {
+      case Kind::kInt: k.type = "INT"; break;
+      case Kind::kDouble: k.type = "FLOAT"; break;
+      case Kind::kBool: k.type = "BOOL"; break;
+      case Kind::kString: {
+        k.type = "TEXT";
+        if (!f.allowed.empty()) {
+          k.type.clear();
+          for (const auto& a : f.allowed) k.type += (k.type.empty() ? "" : "|") + a;
+        }
+        break;
+      }
+    }
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
 void TrainConfig::set(const std::string& dotted_key, const std::string& value, const std::string& source) {
   assign(*this, find_field(dotted_key, source), value, source);
 }
@@ -171,6 +209,20 @@ void TrainConfig::load_yaml(const std::string& path) {
   } catch (const YAML::Exception& e) {
     throw Error("--config '" + path + "' is not valid YAML: " + e.what());
   }
+  load_yaml_node(root, path);
+}
+
+void TrainConfig::load_yaml_text(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw Error(source + ": the configuration is not valid YAML: " + e.what());
+  }
+  load_yaml_node(root, source);
+}
+
+void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path) {
   if (root.IsNull()) return;
   FSDP_CHECK(root.IsMap(), path, ": expected sections model, data, optim, runtime, fsdp, checkpoint at the top level");
   std::set<std::string> sections;
@@ -216,7 +268,21 @@ void TrainConfig::validate() const {
   FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");
   FSDP_CHECK(checkpoint.keep >= 1, "checkpoint.keep is ", checkpoint.keep, ": expected at least 1");
   FSDP_CHECK(!checkpoint.resume || !checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir (--ckpt-dir)");
+  FSDP_CHECK(runtime.skip_spikes >= 0, "runtime.skip_spikes is ", runtime.skip_spikes,
+             ": expected 0 (off) or a z-score threshold such as 5");
+  FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",
+             runtime.run_name, "' contains '/': it names one folder under out/ (use --out-dir for a path)");
   FSDP_CHECK(runtime.sample_tokens >= 0, "runtime.sample_tokens is ", runtime.sample_tokens, ": expected 0 or more");
+}
+
+std::vector<std::string> TrainConfig::differences(const TrainConfig& other) const {
+  TrainConfig a = *this, b = other;
+  std::vector<std::string> out;
+  for (const auto& f : schema()) {
+    const std::string x = value_text(a, f), y = value_text(b, f);
+    if (x != y) out.push_back(f.dotted() + ": " + (x.empty() ? "\"\"" : x) + " -> " + (y.empty() ? "\"\"" : y));
+  }
+  return out;
 }
 
 std::string TrainConfig::to_yaml() const {

@@ -9,33 +9,62 @@
 #include <torch/torch.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/train/tensorboard.h"
 
 namespace fsdp::train {
 
-MetricsFile::MetricsFile(const std::string& path) {
-  if (path.empty()) return;
+MetricsLog::MetricsLog(const std::string& path, const std::string& tensorboard_dir, bool append) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  out_.open(path, std::ios::app);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   FSDP_CHECK(out_.good(), "cannot write the metrics file '", path, "'");
+  if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
 }
 
-void MetricsFile::write(const nlohmann::json& line) {
-  if (!out_.is_open()) return;
+MetricsLog::~MetricsLog() = default;
+
+void MetricsLog::write(const nlohmann::json& line) {
   out_ << line.dump() << "\n";
   out_.flush();
+  FSDP_CHECK(out_.good(), "cannot write the metrics file (disk full?)");
+  // Events (start, checkpoint, resume) have no curve; steps' numbers do.
+  if (!tensorboard_ || line.contains("event") || !line.contains("step")) return;
+  const std::string prefix = line.value("split", "train") + "/";
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [key, value] : line.items()) {
+    if (key == "step" || !(value.is_number() || value.is_boolean())) continue;
+    scalars.emplace_back(prefix + key, value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>());
+  }
+  tensorboard_->scalars(line.at("step").get<int64_t>(), scalars);
 }
 
-Progress::Progress(int64_t first_step, int64_t total_steps)
+Progress::Progress(int64_t first_step, int64_t total_steps, const std::string& log_path)
     : tty_(::isatty(STDOUT_FILENO) != 0),
       first_step_(first_step),
       total_steps_(total_steps),
-      start_(std::chrono::steady_clock::now()) {}
+      start_(std::chrono::steady_clock::now()) {
+  if (!log_path.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
+    log_.open(log_path, std::ios::app);
+    FSDP_CHECK(log_.good(), "cannot write the log file '", log_path, "'");
+  }
+}
+
+void Progress::log_only(const std::string& text) {
+  if (!log_.is_open()) return;
+  log_ << text << "\n";
+  log_.flush();
+}
 
 void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const int64_t done = step + 1 - first_step_;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step - 1) : 0;
+  char line[256];
+  std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %.0fs",
+                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
+                tokens_per_s, eta);
+  log_only(line);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
@@ -45,9 +74,7 @@ void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, do
                 static_cast<long long>(total_steps_), loss, tokens_per_s, eta);
     bar_drawn_ = true;
   } else {
-    std::printf("step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %.0fs\n",
-                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
-                tokens_per_s, eta);
+    std::printf("%s\n", line);
   }
   std::fflush(stdout);
 }
@@ -56,6 +83,7 @@ void Progress::message(const std::string& text) {
   if (bar_drawn_) std::printf("\n");
   bar_drawn_ = false;
   std::printf("%s\n", text.c_str());
+  log_only(text);
   std::fflush(stdout);
 }
 

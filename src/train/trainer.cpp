@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/compat.h"
@@ -16,6 +17,7 @@
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
+#include "fsdp/io/atomic_file.h"
 #include "fsdp/train/generate.h"
 
 namespace fsdp::train {
@@ -60,38 +62,80 @@ double mean_over_ranks(dist::ProcessGroup& group, double local) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
+  FSDP_CHECK(config_.runtime.precision != "fp16" || torch::cuda::is_available(),
+             "--precision fp16: fp16 compute needs CUDA, and this is a CPU run; use bf16 (same memory, fp32's range)");
   // Values below 1.2e-38 (fp32's smallest normal) become zero: AdamW's
   // second moments of rarely-hit embedding rows drift there, and x86 takes
   // microcode assists on every subnormal operand (PyTorch's peer slows ~8x).
   at::globalContext().setFlushDenormal(!config_.runtime.keep_denormals);
+  choose_run_folder();
+  check_output_paths();
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
   build_model();
-  const auto& d = config_.data;
-  FSDP_CHECK(d.seq_len <= model_->max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
-             model_->max_seq_len(), " positions");
-  const int rank = world_->rank(), w = world_->size();
-  train_data_ = std::make_unique<data::DataLoader>(d.train, d.batch_size, d.seq_len, rank, w,
-                                                   static_cast<int>(d.grad_accum), model_->vocab_size(),
-                                                   static_cast<uint64_t>(config_.runtime.seed));
-  if (!d.val.empty()) {
-    val_data_ = std::make_unique<data::DataLoader>(d.val, d.batch_size, d.seq_len, rank, w, 1, model_->vocab_size(),
-                                                   static_cast<uint64_t>(config_.runtime.seed) + 7919);
-  }
-  if (config_.runtime.sample_tokens > 0) {
-    const auto& dir = config_.runtime.tokenizer;
-    tokenizer_ = std::make_unique<data::GPT2Tokenizer>(dir + "/encoder.json", dir + "/vocab.bpe");
-  }
+  build_data();
+  load_tokenizer();
+  choose_decay_groups();
+  build_mesh();
+  apply_fsdp();
   build_optimizer();
+  build_scaler();
   resume_if_possible();
-  schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, config_.runtime.steps,
+  const auto& r = config_.runtime;
+  schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, r.steps,
                config_.optim.lr_schedule};
+  log_cadence_ = {r.log_every, /*at_first=*/true};
+  eval_cadence_ = {r.eval_every, false};
+  save_cadence_ = {config_.checkpoint.save_every, false};
+  profile_ = std::make_unique<ProfileWindow>(StepRange::parse(r.profile_steps, "--profile-steps"),
+                                             folder_.trace(world_->rank()));
   // Everything is validated; only now may files be written.
-  if (world_->rank() == 0) metrics_ = std::make_unique<MetricsFile>(config_.runtime.metrics);
-  progress_ = std::make_unique<Progress>(start_step_, config_.runtime.steps);
+  open_run_files();
   peak_flops_ = measured_cpu_peak_flops();
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::choose_run_folder() {
+  auto& r = config_.runtime;
+  if (r.out_dir.empty()) {
+    if (r.run_name.empty()) {
+      // Every rank names the run after rank 0's clock.
+      const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+      auto t = torch::full({1}, world_->rank() == 0 ? static_cast<double>(now.count()) : 0.0, torch::kDouble);
+      dist::all_reduce(world_->group(), t, dist::ReduceOp::kMax).wait();
+      const std::string model = r.out_dir.empty() && !config_.model.init_from.empty()
+                                    ? std::filesystem::path(config_.model.init_from).filename().string()
+                                    : config_.model.name;
+      r.run_name = default_run_name(model, static_cast<int64_t>(t.item<double>()));
+    }
+    r.out_dir = "out/" + r.run_name;
+  }
+  folder_.dir = r.out_dir;
+  if (r.metrics.empty()) r.metrics = folder_.metrics();
+  // Checkpoints are written when asked for (a directory, or a cadence); a
+  // folder that already holds some (a run saved here before) continues them.
+  auto& c = config_.checkpoint;
+  saving_ = !c.dir.empty() || c.save_every > 0;
+  if (c.dir.empty() && (saving_ || std::filesystem::exists(folder_.checkpoints() + "/latest"))) {
+    c.dir = folder_.checkpoints();
+    saving_ = true;
+  }
+}
+
+void Trainer::check_output_paths() const {
+  // A run must not train for hours and then find it cannot write its result.
+  const auto& r = config_.runtime;
+  check_writable_dir(folder_.dir, "--out-dir");
+  if (world_->rank() != 0) return;
+  check_writable_file(r.metrics, "--metrics");
+  if (!config_.checkpoint.dir.empty()) check_writable_dir(config_.checkpoint.dir, "--ckpt-dir");
+  if (!r.export_hf.empty()) {
+    check_writable_dir(r.export_hf, "--export-hf");
+    for (const char* f : {"config.json", "model.safetensors"}) {
+      check_writable_file(r.export_hf + "/" + f, "--export-hf");
+    }
+  }
+}
 
 void Trainer::build_model() {
   const auto& m = config_.model;
@@ -114,20 +158,72 @@ void Trainer::build_model() {
   }
 }
 
-void Trainer::build_optimizer() {
-  // Decay groups are chosen on the unsharded model: parameters keep their
-  // identity through sharding, but not their shape.
-  std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : unique_parameters(*model_)) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+void Trainer::build_data() {
+  const auto& d = config_.data;
+  FSDP_CHECK(d.seq_len <= model_->max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
+             model_->max_seq_len(), " positions");
+  data::LoaderOptions o;
+  o.batch_size = d.batch_size;
+  o.seq_len = d.seq_len;
+  o.rank = world_->rank();
+  o.world = world_->size();
+  o.grad_accum = static_cast<int>(d.grad_accum);
+  o.vocab_size = model_->vocab_size();
+  o.seed = static_cast<uint64_t>(config_.runtime.seed);
+  o.shuffle = d.shuffle;
+  train_data_ = std::make_unique<data::DataLoader>(d.train, o);
+  if (!d.val.empty()) {
+    o.grad_accum = 1;
+    o.seed += 7919;
+    o.shuffle = false;
+    o.flag = "--val-data";
+    val_data_ = std::make_unique<data::DataLoader>(d.val, o);
+  } else if (config_.runtime.eval_every > 0 && world_->rank() == 0) {
+    std::printf("warning: --eval-every %lld has no effect without --val-data\n",
+                static_cast<long long>(config_.runtime.eval_every));
+  }
+}
 
+void Trainer::load_tokenizer() {
+  const auto& r = config_.runtime;
+  if (r.sample_tokens == 0) return;
+  const auto& dir = r.tokenizer;
+  FSDP_CHECK(std::filesystem::exists(dir + "/encoder.json") && std::filesystem::exists(dir + "/vocab.bpe"),
+             "--sample-tokens needs the GPT-2 tokenizer: --tokenizer '", dir,
+             "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads them to data/gpt2)");
+  tokenizer_ = std::make_unique<data::GPT2Tokenizer>(dir + "/encoder.json", dir + "/vocab.bpe");
+  // Checked now, not after training: a prompt the model cannot embed.
+  sample_prompt_ = tokenizer_->encode(r.sample_prompt);
+  if (sample_prompt_.empty()) sample_prompt_.push_back(data::GPT2Tokenizer::kEndOfText);
+  for (const int32_t id : sample_prompt_) {
+    FSDP_CHECK(id < model_->vocab_size(), "--sample-prompt encodes to token ", id,
+               ", outside the model's vocabulary of ", model_->vocab_size(),
+               " (the GPT-2 tokenizer needs a model with at least 50257 tokens; use another prompt or model)");
+  }
+  FSDP_CHECK(data::GPT2Tokenizer::kEndOfText < model_->vocab_size() || !r.sample_prompt.empty(),
+             "--sample-tokens: the empty prompt starts with <|endoftext|> (50256), outside the model's vocabulary of ",
+             model_->vocab_size());
+}
+
+void Trainer::choose_decay_groups() {
+  // Chosen on the unsharded model: parameters keep their identity through
+  // sharding, but not their shape.
+  for (const auto& p : unique_parameters(*model_)) (p.dim() >= 2 ? decay_ : no_decay_).push_back(p);
+}
+
+void Trainer::build_mesh() {
   const auto& f = config_.fsdp;
-  const auto strategy = parse_sharding_strategy(f.sharding);
-  mesh_ = std::make_shared<dist::DeviceMesh>(make_mesh(world_, strategy, static_cast<int>(f.fsdp_size)));
+  mesh_ = std::make_shared<dist::DeviceMesh>(
+      make_mesh(world_, parse_sharding_strategy(f.sharding), static_cast<int>(f.fsdp_size)));
+}
+
+void Trainer::apply_fsdp() {
+  const auto& f = config_.fsdp;
   models::ParallelizeOptions par;
   par.activation_checkpoint = config_.model.activation_checkpoint;
   par.explicit_prefetch = f.explicit_prefetch;
   par.fsdp.mesh = mesh_;
-  par.fsdp.strategy = strategy;
+  par.fsdp.strategy = parse_sharding_strategy(f.sharding);
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
   if (init_weights_) {
     par.fsdp.param_init = [weights = init_weights_](const std::string& fqn, at::Tensor& full) { weights->fill(fqn, full); };
@@ -138,7 +234,9 @@ void Trainer::build_optimizer() {
     par.fsdp.mixed_precision.reduce_dtype = torch::kFloat;
   }
   models::parallelize(*model_, par);
+}
 
+void Trainer::build_optimizer() {
   const auto& o = config_.optim;
   auto options = [&](double wd) {
     auto opt = std::make_unique<torch::optim::AdamWOptions>(o.lr);
@@ -146,15 +244,58 @@ void Trainer::build_optimizer() {
     return opt;
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, options(o.weight_decay));
-  groups.emplace_back(no_decay, options(0.0));
+  groups.emplace_back(decay_, options(o.weight_decay));
+  groups.emplace_back(no_decay_, options(0.0));
   optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
-  if (dtype == torch::kHalf) scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
+}
+
+void Trainer::build_scaler() {
+  if (precision_dtype(config_.runtime.precision) == torch::kHalf) {
+    scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
+  }
+}
+
+void Trainer::open_run_files() {
+  const int rank = world_->rank();
+  if (rank == 0) {
+    if (!resumed_) {
+      const auto aside = set_aside_earlier_run(folder_);
+      if (!aside.empty()) std::printf("%s held an earlier run's files; moved them to %s\n", folder_.dir.c_str(), aside.c_str());
+    }
+    io::AtomicFile yaml(folder_.config());
+    const std::string text = config_.to_yaml();
+    yaml.write(text.data(), text.size());
+    yaml.commit();
+    metrics_ = std::make_unique<MetricsLog>(config_.runtime.metrics,
+                                            config_.runtime.tensorboard ? folder_.tensorboard() : "", resumed_);
+  }
+  dist::barrier(world_->group());  // the earlier run's logs are out of the way
+  progress_ = std::make_unique<Progress>(start_step_, config_.runtime.steps, folder_.log(rank));
+  if (resumed_) progress_->log_only("--- resumed at step " + std::to_string(start_step_) + " ---");
+  if (rank == 0) std::printf("run folder: %s\n", folder_.dir.c_str());
 }
 
 TrainSummary Trainer::train() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    // The rank's log keeps the reason the run ended.
+    progress_->log_only(std::string("error: ") + e.what());
+    throw;
+  }
+}
+
+TrainSummary Trainer::run() {
+  if (finished_already_) {
+    if (world_->rank() == 0) {
+      progress_->message("the checkpoint is at step " + std::to_string(start_step_) + " = runtime.steps: nothing left to train" +
+                         " (raise --steps to train further, or use a new --out-dir for a new run)");
+    }
+    return summary_;
+  }
   if (world_->rank() == 0) {
-    metrics_->write({{"event", "start"},
+    metrics_->write({{"event", resumed_ ? "resume" : "start"},
+                     {"step", start_step_},
                      {"params", params_},
                      {"world_size", world_->size()},
                      {"sharding", config_.fsdp.sharding},
@@ -168,79 +309,84 @@ TrainSummary Trainer::train() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  if (val_data_ && config_.runtime.eval_every > 0 && start_step_ == 0) {
-    // Where the model starts, for the curve.
-    const double val = evaluate();
-    summary_.val_losses.push_back(val);
-    if (world_->rank() == 0) {
-      metrics_->write({{"split", "val"}, {"step", 0}, {"loss", val}});
-      char line[64];
-      std::snprintf(line, sizeof(line), "step 0: val loss %.4f", val);
-      progress_->message(line);
-    }
-  }
+  if (val_data_ && config_.runtime.eval_every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
   for (int64_t step = start_step_; step < config_.runtime.steps; ++step) {
-    const double lr = schedule_.at(step);
-    for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-
+    profile_->step_begins(step);
     const StepStats stats = train_step(step);
-    summary_.train_losses.push_back(stats.loss);
-    if (stats.skipped) {
-      ++skipped_steps_;
-      ++bad_steps_in_a_row_;
-    } else {
-      bad_steps_in_a_row_ = 0;
-    }
-
-    const bool last = step + 1 == config_.runtime.steps;
-    if (step == 0 || (step + 1) % config_.runtime.log_every == 0 || last) log_step(step, stats);
-    const int64_t every = config_.runtime.eval_every;
-    if (val_data_ && ((every > 0 && (step + 1) % every == 0) || last)) {
-      const double val = evaluate();
-      summary_.val_losses.push_back(val);
-      if (world_->rank() == 0) {
-        metrics_->write({{"split", "val"}, {"step", step + 1}, {"loss", val}});
-        char line[128];
-        std::snprintf(line, sizeof(line), "step %lld: val loss %.4f", static_cast<long long>(step + 1), val);
-        progress_->message(line);
-      }
-    }
-    if (stats.skipped) {
-      const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(stats.loss) +
-                               ", gradient norm " + std::to_string(stats.grad_norm);
-      FSDP_CHECK(bad_steps_in_a_row_ < config_.runtime.max_bad_steps, what, ": ", bad_steps_in_a_row_,
-                 " non-finite steps in a row (--max-bad-steps ", config_.runtime.max_bad_steps,
-                 "); stopping. Each was skipped, so the weights are those of the last finite step",
-                 config_.checkpoint.dir.empty() ? "" : " (the latest checkpoint holds them or earlier ones)",
-                 ". Lower the learning rate, clip gradients (--grad-clip), or use bf16 instead of fp16");
-      if (world_->rank() == 0) progress_->message(what + ": not finite, optimizer step skipped");
-    }
-    // A skipped step left the state as the last good step did: it is not
-    // saved, so `latest` always names a step that trained.
-    const int64_t save_every = config_.checkpoint.save_every;
-    const bool stop = stop_requested(world_->group());
-    if (!config_.checkpoint.dir.empty() && !stats.skipped &&
-        (last || stop || (save_every > 0 && (step + 1) % save_every == 0))) {
-      save_checkpoint(step + 1);
-    }
-    if (stop && !last) {
+    profile_->step_ends(step);
+    after_step(step, stats);
+    if (stop_requested_ && step + 1 < config_.runtime.steps) {
       if (world_->rank() == 0) {
         progress_->message("stopped by " + std::string(g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
                            std::to_string(step + 1) +
-                           (config_.checkpoint.dir.empty() ? " (no --ckpt-dir: nothing saved)" : "; resume with the same --ckpt-dir"));
+                           (saving_ ? "; resume with the same --out-dir (or --ckpt-dir)" : " (no checkpoints: nothing saved)"));
       }
       return summary_;
     }
   }
-  if (world_->rank() == 0) progress_->finish();
-  if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
-  if (!config_.runtime.export_hf.empty()) export_hf();
+  finish_run();
   return summary_;
+}
+
+void Trainer::after_step(int64_t step, const StepStats& stats) {
+  const int64_t total = config_.runtime.steps;
+  summary_.train_losses.push_back(stats.loss);
+  const bool non_finite = stats.skipped && stats.skip_reason == "not finite";
+  if (stats.skipped) ++skipped_steps_;
+  bad_steps_in_a_row_ = non_finite ? bad_steps_in_a_row_ + 1 : 0;
+  if (!stats.skipped) spikes_.accept(stats.loss);
+
+  if (log_cadence_.due(step, total)) log_step(step, stats);
+  if (val_data_ && eval_cadence_.due(step, total)) evaluate_and_log(step + 1);
+  if (stats.skipped) {
+    const std::string what = "step " + std::to_string(step + 1) + ": loss " + std::to_string(stats.loss) +
+                             ", gradient norm " + std::to_string(stats.grad_norm);
+    FSDP_CHECK(!non_finite || bad_steps_in_a_row_ < config_.runtime.max_bad_steps, what, ": ", bad_steps_in_a_row_,
+               " non-finite steps in a row (--max-bad-steps ", config_.runtime.max_bad_steps,
+               "); stopping. Each was skipped, so the weights are those of the last finite step",
+               saving_ ? " (the latest checkpoint holds them or earlier ones)" : "",
+               ". Lower the learning rate, clip gradients (--grad-clip), or use bf16 instead of fp16");
+    if (world_->rank() == 0) progress_->message(what + ": " + stats.skip_reason + ", optimizer step skipped");
+  }
+  // A skipped step left the state as the last good step did: it is not
+  // saved, so `latest` always names a step that trained.
+  stop_requested_ = stop_requested(world_->group());
+  if (saving_ && !stats.skipped && (save_cadence_.due(step, total) || stop_requested_)) save_checkpoint(step + 1);
+}
+
+void Trainer::evaluate_and_log(int64_t steps_done) {
+  const double val = evaluate();
+  summary_.val_losses.push_back(val);
+  if (world_->rank() != 0) return;
+  metrics_->write({{"split", "val"}, {"step", steps_done}, {"loss", val}});
+  char line[128];
+  std::snprintf(line, sizeof(line), "step %lld: val loss %.4f", static_cast<long long>(steps_done), val);
+  progress_->message(line);
+}
+
+void Trainer::finish_run() {
+  if (world_->rank() == 0) progress_->finish();
+  // The trained state is on disk before anything that could still fail.
+  try {
+    if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
+    if (!config_.runtime.export_hf.empty()) export_hf();
+  } catch (const std::exception& e) {
+    if (last_saved_step_ != config_.runtime.steps) {
+      config_.checkpoint.dir = folder_.checkpoints();
+      save_checkpoint(config_.runtime.steps);
+      throw Error(std::string(e.what()) + " (the trained weights were saved to " + folder_.checkpoints() +
+                  "; `fsdp ckpt export` writes them in Hugging Face's format)");
+    }
+    throw;
+  }
 }
 
 void Trainer::resume_if_possible() {
   const auto& c = config_.checkpoint;
-  if (c.dir.empty()) return;
+  if (c.dir.empty()) {
+    FSDP_CHECK(!c.resume, "--resume: no checkpoint directory (--ckpt-dir, or checkpoints/ in --out-dir)");
+    return;
+  }
   const auto found = checkpoint::latest(c.dir);
   FSDP_CHECK(found || !c.resume, "--resume: '", c.dir, "' holds no checkpoint (no 'latest')");
   if (!found) return;
@@ -251,15 +397,43 @@ void Trainer::resume_if_possible() {
              ", beyond runtime.steps = ", config_.runtime.steps);
   start_step_ = state.step;
   tokens_seen_ = state.tokens_seen;
+  resumed_ = true;
+  finished_already_ = state.step == config_.runtime.steps;
+  last_saved_step_ = state.step;
+  // The stream continues after the tokens already trained on, whatever the
+  // batch size, accumulation or world size is now.
+  train_data_->resume_at(state.step, state.tokens_seen);
   if (scaler_ && state.loss_scale > 0) scaler_ = std::make_unique<ShardedGradScaler>(world_->group(), GradScalerOptions{state.loss_scale});
-  if (world_->rank() == 0) {
-    std::printf("resumed from %s at step %lld (saved by %s rank(s) under %s; loaded in %.2f s)\n", found->c_str(),
-                static_cast<long long>(state.step), std::to_string(state.mesh.empty() ? 0 : state.mesh[0] * state.mesh[1]).c_str(),
-                state.sharding.c_str(), seconds);
+  if (world_->rank() != 0) return;
+  std::printf("resumed from %s at step %lld (saved by %s rank(s) under %s; loaded in %.2f s)\n", found->c_str(),
+              static_cast<long long>(state.step), std::to_string(state.mesh.empty() ? 0 : state.mesh[0] * state.mesh[1]).c_str(),
+              state.sharding.c_str(), seconds);
+  if (!state.config_yaml.empty()) {
+    TrainConfig saved;
+    try {
+      saved.load_yaml_text(state.config_yaml, *found + "/metadata.json");
+    } catch (const Error&) {
+      return;  // a configuration from another version: nothing to compare
+    }
+    std::vector<std::string> changed;
+    for (const auto& d : saved.differences(config_)) {
+      // Where this run writes and how long it runs are expected to change.
+      if (d.rfind("runtime.steps:", 0) == 0 || d.rfind("runtime.out_dir:", 0) == 0 ||
+          d.rfind("runtime.run_name:", 0) == 0 || d.rfind("runtime.metrics:", 0) == 0 ||
+          d.rfind("checkpoint.", 0) == 0) {
+        continue;
+      }
+      changed.push_back(d);
+    }
+    if (!changed.empty()) {
+      std::printf("note: this run's configuration differs from the checkpoint's:\n");
+      for (const auto& d : changed) std::printf("  %s\n", d.c_str());
+    }
   }
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  last_saved_step_ = steps_done;
   if (!parameters_finite(world_->group(), *model_)) {
     if (world_->rank() == 0) {
       progress_->message("step " + std::to_string(steps_done) +
@@ -292,6 +466,9 @@ void Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 Trainer::StepStats Trainer::train_step(int64_t step) {
+  for (auto& group : optimizer_->param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(schedule_.at(step));
+  }
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const auto start = Clock::now();
@@ -318,11 +495,9 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const auto optimizer_start = Clock::now();
   if (scaler_) scaler_->unscale_(*optimizer_);
   const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
-  // Both are results of collectives, the same on every rank, so every rank
-  // takes the same decision. Under fp16 an infinite gradient is the loss
-  // scaler's business (it skips the step and lowers the scale).
   const double loss = mean_over_ranks(world_->group(), loss_sum);
-  const bool skip = !std::isfinite(loss) || (!scaler_ && !std::isfinite(grad_norm));
+  std::string skip_reason;
+  const bool skip = skip_decision(loss, grad_norm, skip_reason);
   if (skip) {
     if (scaler_) scaler_->update();
   } else if (scaler_) {
@@ -337,6 +512,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   StepStats stats{loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s,
                   forward_backward_s, optimizer_s};
   stats.skipped = skip;
+  stats.skip_reason = skip_reason;
   for (const auto& e : event_log(*model_)) {
     if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
         e.kind == FSDPEvent::Kind::kAllReduce) {
@@ -345,6 +521,25 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     }
   }
   return stats;
+}
+
+bool Trainer::skip_decision(double loss, double grad_norm, std::string& reason) {
+  // Both are results of collectives, the same on every rank, so every rank
+  // takes the same decision. Under fp16 an infinite gradient is the loss
+  // scaler's business (it skips the step and lowers the scale).
+  if (!std::isfinite(loss) || (!scaler_ && !std::isfinite(grad_norm))) {
+    reason = "not finite";
+    return true;
+  }
+  const double threshold = config_.runtime.skip_spikes;
+  const double z = spikes_.z_score(loss);
+  if (threshold > 0 && z > threshold) {
+    char text[96];
+    std::snprintf(text, sizeof(text), "loss spike (z-score %.1f > --skip-spikes %g)", z, threshold);
+    reason = text;
+    return true;
+  }
+  return false;
 }
 
 void Trainer::log_step(int64_t step, const StepStats& s) {
@@ -397,8 +592,7 @@ double Trainer::evaluate() {
 
 std::string Trainer::sample_text() {
   auto& tokenizer = *tokenizer_;
-  auto prompt = tokenizer.encode(config_.runtime.sample_prompt);
-  if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
+  const auto& prompt = sample_prompt_;
   SampleOptions options;
   options.max_new_tokens = config_.runtime.sample_tokens;
   options.seed = static_cast<uint64_t>(config_.runtime.seed);

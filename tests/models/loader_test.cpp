@@ -1,6 +1,9 @@
 // The data-order contract: any world size sees the same global batch, so a
 // run at W=2 reproduces W=1.
 
+#include <filesystem>
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "fsdp/common/error.h"
@@ -17,13 +20,28 @@ std::string token_file(const std::string& name, int64_t n, int32_t vocab) {
   return path;
 }
 
+// A loader as the trainer builds one: (source, B, T, rank, W, A, vocab, seed).
+DataLoader make(const std::string& source, int64_t B, int64_t T, int rank, int world, int A, int64_t vocab,
+                uint64_t seed, bool shuffle = false) {
+  LoaderOptions o;
+  o.batch_size = B;
+  o.seq_len = T;
+  o.rank = rank;
+  o.world = world;
+  o.grad_accum = A;
+  o.vocab_size = vocab;
+  o.seed = seed;
+  o.shuffle = shuffle;
+  return DataLoader(source, o);
+}
+
 TEST(DataOrder, TwoRanksTogetherReadWhatOneRankReads) {
   const auto path = token_file("order", 1000, 100);
   const int64_t B = 2, T = 8;
   // W=1 with batch 2B and one micro-step versus W=2 with batch B: the same rows.
   for (int A : {1, 2}) {
-    DataLoader one(path, B * 2, T, 0, 1, A, 100, 0);
-    DataLoader r0(path, B, T, 0, 2, A, 100, 0), r1(path, B, T, 1, 2, A, 100, 0);
+    auto one = make(path, B * 2, T, 0, 1, A, 100, 0);
+    auto r0 = make(path, B, T, 0, 2, A, 100, 0), r1 = make(path, B, T, 1, 2, A, 100, 0);
     for (int64_t step = 0; step < 40; ++step) {  // 40 steps wrap around the file
       for (int a = 0; a < A; ++a) {
         const auto whole = one.batch(step, a);
@@ -38,7 +56,7 @@ TEST(DataOrder, TwoRanksTogetherReadWhatOneRankReads) {
 TEST(DataOrder, OffsetsFollowTheFormulaAndTargetsAreShiftedInputs) {
   const auto path = token_file("formula", 5000, 100);
   const int64_t B = 3, T = 5;
-  DataLoader loader(path, B, T, 1, 4, 2, 100, 0);
+  auto loader = make(path, B, T, 1, 4, 2, 100, 0);
   EXPECT_EQ(loader.offset(3, 1), ((3 * 2 + 1) * 4 + 1) * B * T);
   const auto batch = loader.batch(3, 1);
   const int64_t start = loader.offset(3, 1);
@@ -51,7 +69,7 @@ TEST(DataOrder, OffsetsFollowTheFormulaAndTargetsAreShiftedInputs) {
 TEST(DataOrder, TokenIdsBeyondTheVocabularyAreRejected) {
   const auto path = token_file("vocab", 1000, 300);
   try {
-    DataLoader loader(path, 2, 8, 0, 1, 1, 256, 0);
+    auto loader = make(path, 2, 8, 0, 1, 1, 256, 0);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token id 299"), std::string::npos) << e.what();
@@ -60,19 +78,118 @@ TEST(DataOrder, TokenIdsBeyondTheVocabularyAreRejected) {
 }
 
 TEST(DataOrder, SyntheticDataKeepsTheContractToo) {
-  DataLoader one(std::string("synthetic"), 4, 8, 0, 1, 1, 100, 9);
-  DataLoader r0(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 9), r1(std::string("synthetic"), 2, 8, 1, 2, 1, 100, 9);
+  auto one = make("synthetic", 4, 8, 0, 1, 1, 100, 9);
+  auto r0 = make("synthetic", 2, 8, 0, 2, 1, 100, 9), r1 = make("synthetic", 2, 8, 1, 2, 1, 100, 9);
   for (int64_t step = 0; step < 5; ++step) {
     EXPECT_TRUE(torch::cat({r0.batch(step, 0).inputs, r1.batch(step, 0).inputs}).equal(one.batch(step, 0).inputs));
   }
 }
 
 TEST(DataOrder, SyntheticDataDiffersByRankAndRepeatsBySeed) {
-  DataLoader a(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 5), b(std::string("synthetic"), 2, 8, 1, 2, 1, 100, 5);
-  DataLoader a_again(std::string("synthetic"), 2, 8, 0, 2, 1, 100, 5);
+  auto a = make("synthetic", 2, 8, 0, 2, 1, 100, 5), b = make("synthetic", 2, 8, 1, 2, 1, 100, 5);
+  auto a_again = make("synthetic", 2, 8, 0, 2, 1, 100, 5);
   EXPECT_FALSE(a.batch(0, 0).inputs.equal(b.batch(0, 0).inputs));
   EXPECT_TRUE(a.batch(4, 0).inputs.equal(a_again.batch(4, 0).inputs));
   EXPECT_LT(a.batch(0, 0).inputs.max().item<int64_t>(), 100);
+}
+
+// Three shard files read as one stream equal the single file they were cut from.
+std::string shards_of(const std::string& name, int64_t n, int32_t vocab, std::vector<int64_t> cuts) {
+  const auto dir = "/tmp/fsdp-loader-" + std::to_string(::getpid()) + "-" + name;
+  std::filesystem::create_directories(dir);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7 + 3) % vocab);
+  cuts.insert(cuts.begin(), 0);
+  cuts.push_back(n);
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    write_token_file(dir + "/train_00" + std::to_string(k) + ".bin",
+                     {tokens.begin() + cuts[k], tokens.begin() + cuts[k + 1]});
+  }
+  return dir;
+}
+
+TEST(DataOrder, ShardsReadAsOneStreamInNameOrder) {
+  const auto whole = token_file("whole", 1000, 100);
+  const auto dir = shards_of("shards", 1000, 100, {333, 700});
+  auto one = make(whole, 4, 8, 0, 1, 1, 100, 0);
+  auto sharded = make(dir + "/train_*.bin", 4, 8, 0, 1, 1, 100, 0);
+  auto listed = make(dir + "/train_000.bin," + dir + "/train_001.bin," + dir + "/train_002.bin", 4, 8, 0, 1, 1, 100, 0);
+  EXPECT_EQ(sharded.files(), 3u);
+  for (int64_t step = 0; step < 70; ++step) {  // crosses both boundaries and wraps around
+    EXPECT_TRUE(sharded.batch(step, 0).inputs.equal(one.batch(step, 0).inputs)) << step;
+    EXPECT_TRUE(sharded.batch(step, 0).targets.equal(one.batch(step, 0).targets)) << step;
+    EXPECT_TRUE(listed.batch(step, 0).inputs.equal(one.batch(step, 0).inputs)) << step;
+  }
+}
+
+TEST(DataOrder, ShuffleVisitsEveryWindowOncePerEpochAndKeepsTheContract) {
+  const auto dir = shards_of("shuffle", 1001, 100, {400});
+  const int64_t T = 10, windows = 100;  // (1001 - 1) / 10
+  auto one = make(dir + "/train_*.bin", 4, T, 0, 1, 1, 100, 7, true);
+  auto r0 = make(dir + "/train_*.bin", 2, T, 0, 2, 1, 100, 7, true);
+  auto r1 = make(dir + "/train_*.bin", 2, T, 1, 2, 1, 100, 7, true);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::set<int64_t> starts;
+    for (int64_t i = 0; i < windows; ++i) starts.insert(one.sequence_start(epoch * windows + i));
+    EXPECT_EQ(starts.size(), static_cast<size_t>(windows)) << "a permutation of the windows";
+    EXPECT_EQ(*starts.rbegin(), (windows - 1) * T);
+  }
+  std::vector<int64_t> first_epoch, second_epoch;
+  for (int64_t i = 0; i < windows; ++i) {
+    first_epoch.push_back(one.sequence_start(i));
+    second_epoch.push_back(one.sequence_start(windows + i));
+  }
+  EXPECT_NE(first_epoch, second_epoch) << "each epoch has its own order";
+  auto unshuffled = make(dir + "/train_*.bin", 4, T, 0, 1, 1, 100, 7);
+  EXPECT_FALSE(one.batch(0, 0).inputs.equal(unshuffled.batch(0, 0).inputs));
+  for (int64_t step = 0; step < 60; ++step) {
+    const auto whole = one.batch(step, 0);
+    EXPECT_TRUE(torch::cat({r0.batch(step, 0).inputs, r1.batch(step, 0).inputs}).equal(whole.inputs)) << step;
+    // Targets are the next tokens of the same window.
+    const int64_t start = one.sequence_start(step * 4);
+    EXPECT_EQ(whole.targets[0][T - 1].item<int64_t>(), ((start + T) * 7 + 3) % 100);
+  }
+}
+
+TEST(DataOrder, ResumeContinuesFromTheTokensConsumedWhateverTheBatch) {
+  const auto path = token_file("resume", 5000, 100);
+  // 3 steps at batch 4 consumed 3 * 4 * 8 tokens; a resume at batch 1 on two
+  // ranks reads the next sequences, with none read twice or skipped.
+  auto before = make(path, 4, 8, 0, 1, 1, 100, 0);
+  auto r0 = make(path, 1, 8, 0, 2, 1, 100, 0), r1 = make(path, 1, 8, 1, 2, 1, 100, 0);
+  r0.resume_at(3, 3 * 4 * 8);
+  r1.resume_at(3, 3 * 4 * 8);
+  auto continued = make(path, 2, 8, 0, 1, 1, 100, 0);
+  for (int64_t s = 3; s < 9; ++s) {
+    const auto expected = continued.batch(s - 3 + 6, 0);  // sequences 12, 13, ... in batches of 2
+    EXPECT_TRUE(torch::cat({r0.batch(s, 0).inputs, r1.batch(s, 0).inputs}).equal(expected.inputs)) << s;
+  }
+  EXPECT_EQ(r0.offset(3, 0), before.offset(3, 0));
+}
+
+TEST(DataOrder, PermutationIsABijectionForAnySize) {
+  for (int64_t n : {1, 2, 3, 5, 17, 64, 1000}) {
+    std::set<int64_t> seen;
+    for (int64_t i = 0; i < n; ++i) seen.insert(permute_index(i, n, 42, 3));
+    EXPECT_EQ(seen.size(), static_cast<size_t>(n));
+    EXPECT_LT(*seen.rbegin(), n);
+  }
+}
+
+TEST(DataOrder, DirectoriesAndEmptyGlobsAreNamed) {
+  const auto dir = shards_of("errors", 100, 50, {});
+  try {
+    make(dir, 1, 8, 0, 1, 1, 100, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  try {
+    make(dir + "/val_*.bin", 1, 8, 0, 1, 1, 100, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matches no file"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,9 +1,17 @@
 #pragma once
-// Batches in the order every world size agrees on (the data-order contract):
-// rank r of W data-parallel ranks, at optimizer step s and micro-step a of
-// A, reads B*T+1 tokens starting at ((s*A + a)*W + r)*B*T, wrapping at the
-// end of the file; inputs are the first B*T, targets the last B*T, each
-// (B, T). A run at W=2 therefore sees exactly the global batch of W=1.
+// Batches in the order every world size agrees on (the data-order contract).
+// The token stream is the concatenation of the token files in the order
+// given (or an endless synthetic stream). Rank r of W data-parallel ranks,
+// at optimizer step s and micro-step a of A, reads row b of its batch from
+// sequence i = (start + ((s - s0)*A + a)*W*B*T + r*B*T) / T + b of the
+// stream, where (s0, start) is where the run began: step 0 and token 0, or
+// the step and tokens consumed at a resumed checkpoint, so no token is read
+// twice or skipped even when batch size, accumulation or world size changed.
+// Unshuffled, sequence i is the T+1 tokens from position i*T (wrapping at
+// the end of the stream). With shuffle, the stream is cut into windows of
+// T+1 tokens and sequence i reads window pi_e(i mod n), where pi_e is a
+// seeded permutation of the n windows for epoch e = i / n, computed without
+// state. Either way a run at W=2 sees exactly the global batch of W=1.
 
 #include <memory>
 #include <string>
@@ -19,26 +27,43 @@ struct Batch {
   torch::Tensor targets;  // (B, T) int64
 };
 
+struct LoaderOptions {
+  int64_t batch_size = 1, seq_len = 1;
+  int rank = 0, world = 1, grad_accum = 1;
+  int64_t vocab_size = 0;
+  uint64_t seed = 0;
+  bool shuffle = false;
+  std::string flag = "--data";  // names the option in errors
+};
+
 class DataLoader {
  public:
-  // `source` is a token file or "synthetic" (tokens hashed from `seed` and
-  // their position in an endless stream, read in the same order as a file).
+  // `source` names token files (see expand_token_paths) or is "synthetic"
+  // (tokens hashed from `seed` and their position in an endless stream).
   // Token ids must be below vocab_size.
-  DataLoader(const std::string& source, int64_t batch_size, int64_t seq_len, int rank, int world, int grad_accum,
-             int64_t vocab_size, uint64_t seed);
+  DataLoader(const std::string& source, const LoaderOptions& options);
 
+  // Continue from a checkpoint taken after `step` steps and `tokens`
+  // consumed tokens.
+  void resume_at(int64_t step, int64_t tokens);
   Batch batch(int64_t step, int micro_step) const;
   // Where batch(step, micro) starts in the token stream (for the contract's tests).
   int64_t offset(int64_t step, int micro_step) const;
-  bool synthetic() const { return file_ == nullptr; }
-  int64_t tokens_in_file() const { return file_ ? file_->size() : 0; }
+  bool synthetic() const { return stream_ == nullptr; }
+  int64_t tokens_in_files() const { return stream_ ? stream_->size() : 0; }
+  size_t files() const { return stream_ ? stream_->files() : 0; }
+  // The stream window sequence i reads (its first token's position).
+  int64_t sequence_start(int64_t i) const;
 
  private:
-  std::shared_ptr<TokenFile> file_;
-  int64_t B_, T_;
-  int rank_, world_, grad_accum_;
-  int64_t vocab_size_;
-  uint64_t seed_;
+  void read_sequence(int64_t i, int64_t* out) const;
+  std::shared_ptr<TokenStream> stream_;
+  LoaderOptions o_;
+  int64_t start_step_ = 0, start_tokens_ = 0;
 };
+
+// A bijection of [0, n) keyed by (seed, epoch): a Feistel network over the
+// next power of four with cycle-walking. Exposed for tests.
+int64_t permute_index(int64_t i, int64_t n, uint64_t seed, uint64_t epoch);
 
 }  // namespace fsdp::data

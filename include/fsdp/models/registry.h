@@ -14,6 +14,8 @@ namespace fsdp::models {
 
 // Every preset name, for messages and `--model` help.
 std::vector<std::string> preset_names();
+// "gpt2-tiny (vocabulary 512), ...": every preset with its vocabulary size.
+std::string preset_help();
 
 // A preset (gpt2-*, llama*, example) with dropout applied where the
 // architecture has it. Throws naming the closest preset for unknown names.

@@ -9,6 +9,10 @@
 #include <utility>
 #include <vector>
 
+namespace YAML {
+class Node;
+}
+
 namespace fsdp::train {
 
 struct TrainConfig {
@@ -21,11 +25,12 @@ struct TrainConfig {
     bool print = false;  // print the module tree at start
   } model;
   struct Data {
-    std::string train = "synthetic";  // an llm.c token file, or "synthetic"
-    std::string val;                  // a token file for evaluation (optional)
+    std::string train = "synthetic";  // llm.c token files (a file, a glob, a comma list), or "synthetic"
+    std::string val;                  // token files for evaluation (optional)
     int64_t seq_len = 64;
     int64_t batch_size = 4;  // sequences per rank per micro-step
     int64_t grad_accum = 1;
+    bool shuffle = false;  // sequence windows in a seeded, stateless permutation
   } data;
   struct Optim {
     double lr = 3e-4;
@@ -45,13 +50,18 @@ struct TrainConfig {
     int64_t log_every = 10;
     int64_t eval_every = 0;  // 0: only at the end (when data.val is set)
     int64_t eval_batches = 8;
-    std::string metrics;  // JSON-lines file written by rank 0
+    std::string out_dir;   // the run folder; empty: out/<run_name>
+    std::string run_name;  // empty: <model>-<date>-<time>, agreed by all ranks
+    std::string metrics;   // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
+    bool tensorboard = true;    // event files in <out_dir>/tensorboard
+    std::string profile_steps;  // "A:B": a Chrome trace per rank over steps A..B
     std::string tokenizer = "data/gpt2";
     int64_t sample_tokens = 0;  // generate this many tokens at the end
     std::string sample_prompt = "\n";
     std::string export_hf;  // write a Hugging Face directory at the end
     bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
     int64_t max_bad_steps = 3;    // non-finite steps in a row (skipped) before the run stops
+    double skip_spikes = 0;       // skip updates whose loss z-score exceeds this; 0: off
   } runtime;
   struct Fsdp {
     std::string sharding = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
@@ -69,14 +79,32 @@ struct TrainConfig {
   // Loads a YAML file over the current values. Throws fsdp::Error naming
   // the file, the key and the problem.
   void load_yaml(const std::string& path);
+  // The same from text (a checkpoint's saved configuration); `source` names it.
+  void load_yaml_text(const std::string& text, const std::string& source);
   // Sets "section.key" from text, as --set does; `source` names where the
   // setting came from in errors.
   void set(const std::string& dotted_key, const std::string& value, const std::string& source);
   // Cross-field checks (allowed values, positive sizes, ...).
   void validate() const;
   std::string to_yaml() const;
+  // "key: this -> other" for every key whose value differs.
+  std::vector<std::string> differences(const TrainConfig& other) const;
 
   static std::vector<std::string> keys();
+
+  // One configuration key as the command line presents it.
+  struct KeyInfo {
+    std::string dotted;         // section.key
+    std::string flag;           // --flag
+    std::string type;           // INT, FLOAT, BOOL, TEXT, or the allowed values joined by '|'
+    std::string help;
+    std::string default_value;  // as --print-config writes it
+    bool boolean = false;
+  };
+  static std::vector<KeyInfo> describe();
+
+ private:
+  void load_yaml_node(const YAML::Node& root, const std::string& source);
 };
 
 }  // namespace fsdp::train

@@ -4,32 +4,43 @@
 
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 namespace fsdp::train {
 
-class MetricsFile {
+// Rank 0's metrics: one JSON object per line, and the same numbers as
+// TensorBoard scalars (train/<key>, val/loss) when a TensorBoard directory
+// is given.
+class MetricsLog {
  public:
-  // An empty path writes nothing. Throws naming the path if it cannot be opened.
-  explicit MetricsFile(const std::string& path);
+  // `append` continues a resumed run's file; otherwise the file starts
+  // empty. Throws naming the path if it cannot be opened.
+  MetricsLog(const std::string& path, const std::string& tensorboard_dir, bool append);
+  ~MetricsLog();
   void write(const nlohmann::json& line);
 
  private:
   std::ofstream out_;
+  std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 
 class Progress {
  public:
-  Progress(int64_t first_step, int64_t total_steps);
+  // Every line shown is also appended to `log_path` (this rank's log) when set.
+  Progress(int64_t first_step, int64_t total_steps, const std::string& log_path = "");
   // One update per logged step; draws a bar on a terminal, prints a line otherwise.
   void log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm);
   void message(const std::string& text);
   void finish();
+  // Written to the log file only (errors, the resume marker).
+  void log_only(const std::string& text);
 
  private:
   bool tty_;
+  std::ofstream log_;
   int64_t first_step_, total_steps_;
   std::chrono::steady_clock::time_point start_;
   bool bar_drawn_ = false;
