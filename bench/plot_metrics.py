@@ -15,7 +15,18 @@ import svg_plot  # noqa: E402
 def main():
     if len(sys.argv) != 3:
         raise SystemExit("usage: plot_metrics.py METRICS.jsonl OUT_DIR")
-    lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    try:
+        lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    except OSError as e:
+        raise SystemExit(f"plot_metrics: cannot read {sys.argv[1]}: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"plot_metrics: {sys.argv[1]} is not JSON lines ({e})")
+    # A file may hold several runs (each begins with a "start" event; a
+    # "resume" continues its run): plot the last one.
+    starts = [i for i, l in enumerate(lines) if l.get("event") == "start"]
+    if len(starts) > 1:
+        print(f"plot_metrics: {sys.argv[1]} holds {len(starts)} runs; plotting the last")
+        lines = lines[starts[-1]:]
     train = [l for l in lines if "step_time_s" in l]
     val = [l for l in lines if l.get("split") == "val"]
     if not train:

@@ -24,7 +24,9 @@ MODEL = "--model gpt2-d6 --data synthetic --seq-len 256 --batch-size 4 --log-eve
 
 
 def ours(world, steps, metrics, extra=""):
-    train = f"{FSDP} train {MODEL} --steps {steps} --metrics {metrics} {extra}"
+    # The run folder sits beside the metrics file; each run replaces the last.
+    run_dir = os.path.splitext(metrics)[0] + "-run"
+    train = f"{FSDP} train {MODEL} --steps {steps} --metrics {metrics} --out-dir {run_dir} {extra}"
     if world == 1:
         return f"OMP_NUM_THREADS=2 {train}"
     return f"{FSDP} launch -n {world} -- {train}"  # the launcher gives each rank 2/world threads

@@ -10,5 +10,4 @@ scripts/fetch_data.sh
 if [[ ! -s data/sotu-tokens/train.bin ]]; then
   build/fsdp data prepare --input data/sotu --out-dir data/sotu-tokens
 fi
-mkdir -p out/gpt2-sotu
 build/fsdp launch -n 2 -- build/fsdp train --config configs/gpt2-sotu.yaml

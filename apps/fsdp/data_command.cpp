@@ -17,15 +17,23 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<data::PrepareOptions>();
   options->tokenizer_dir = "data/gpt2";
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
-  prepare->add_option("--input", options->input, "a .txt/.json file or a directory of them")->required();
-  prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin go")->required();
-  prepare->add_option("--tokenizer", options->tokenizer_dir, "directory with encoder.json and vocab.bpe (default data/gpt2)");
-  prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out (default 0.05)");
+  prepare->add_option("--input", options->input, "a .txt/.json/.jsonl file ({\"text\": ...} per line) or a directory of them")
+      ->required();
+  prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin (or their shards) go")->required();
+  prepare->add_option("--tokenizer", options->tokenizer_dir, "directory with encoder.json and vocab.bpe")
+      ->capture_default_str();
+  prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out; 0: no val split")
+      ->capture_default_str();
+  prepare->add_option("--shard-tokens", options->shard_tokens,
+                      "split into train_000000.bin, ... of at most this many tokens (0: one file per split)")
+      ->capture_default_str();
+  prepare->add_option("--threads", options->threads, "tokenizer threads (0: every core)")->capture_default_str();
   prepare->callback([options, &exit_code] {
     const auto s = data::prepare_corpus(*options);
-    std::printf("data prepare: %lld documents, %.1f MB of text -> %lld train + %lld val tokens in %s\n",
+    std::printf("data prepare: %lld documents, %.1f MB of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
                 static_cast<long long>(s.documents), static_cast<double>(s.bytes) / 1e6,
-                static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), options->out_dir.c_str());
+                static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
+                static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
     exit_code = 0;
   });
 

@@ -3,7 +3,10 @@
 
 #include <cstdio>
 
+#include <filesystem>
+
 #include "commands.h"
+#include "fsdp/common/error.h"
 #include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/generate.h"
@@ -20,15 +23,29 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--from", f->from, "Hugging Face directory (config.json + model.safetensors)")->required();
   cmd->add_option("--prompt", f->prompt, "text to continue");
   cmd->add_option("--max-new-tokens", f->sample.max_new_tokens, "tokens to generate (default 64)");
-  cmd->add_option("--temperature", f->sample.temperature, "sampling temperature, 0 for greedy (default 0.8)");
+  cmd->add_option("--temperature", f->sample.temperature, "sampling temperature, 0 for greedy (default 0.8)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
   cmd->add_option("--seed", f->sample.seed, "random seed (default 42)");
   cmd->add_option("--tokenizer", f->tokenizer, "directory with encoder.json and vocab.bpe (default data/gpt2)");
   cmd->callback([f, &exit_code] {
+    FSDP_CHECK(std::filesystem::is_directory(f->from), "--from '", f->from,
+               "': no such directory (expected a Hugging Face model directory: config.json + model.safetensors)");
+    FSDP_CHECK(std::filesystem::exists(f->tokenizer + "/encoder.json") && std::filesystem::exists(f->tokenizer + "/vocab.bpe"),
+               "--tokenizer '", f->tokenizer, "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
     data::GPT2Tokenizer tokenizer(f->tokenizer + "/encoder.json", f->tokenizer + "/vocab.bpe");
-    auto model = models::load_hf_pretrained(f->from);
+    models::CausalLM model{nullptr};
+    try {
+      model = models::load_hf_pretrained(f->from);
+    } catch (const Error& e) {
+      throw Error("--from '" + f->from + "': " + e.what());
+    }
     auto prompt = tokenizer.encode(f->prompt);
     if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
+    for (const int32_t id : prompt) {
+      FSDP_CHECK(id < model->vocab_size(), "--prompt encodes to token ", id, ", outside the vocabulary of ",
+                 model->vocab_size(), " of the model in '", f->from, "'");
+    }
     const auto ids = train::generate(model, prompt, f->sample);
     std::printf("%s%s\n", f->prompt.c_str(), tokenizer.decode(ids).c_str());
     exit_code = 0;

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/common/runtime.h"
 #include "fsdp/common/suggest.h"
 
 namespace {
@@ -48,7 +49,9 @@ constexpr int kUsageError = 2;
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdp.cpp: Fully Sharded Data Parallel training in C++"};
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", [] { return fsdp::version_report(); },
+                       "print fsdp.cpp's and LibTorch's versions, backends, BLAS and CUDA, and exit");
   int exit_code = 0;
   fsdp::cli::add_launch_command(app, exit_code);
   fsdp::cli::add_smoke_command(app, exit_code);
@@ -70,6 +73,11 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     print_error(fsdp::error_text(e));
     return 1;
+  }
+  if (app.get_subcommands().empty()) {
+    std::fprintf(stderr, "%s", app.help().c_str());
+    std::fprintf(stderr, "error: a subcommand is required\n");
+    return kUsageError;
   }
   return exit_code;
 }

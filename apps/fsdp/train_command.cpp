@@ -34,6 +34,7 @@ void add_key_flags(CLI::App* cmd, TrainFlags& flags) {
           flags.overrides.emplace_back(dotted, boolean && v.empty() ? "true" : v);
         },
         help);
+    option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse's rule: the last one wins
     if (boolean) {
       option->expected(0, 1)->type_name("[BOOL]=" + key.default_value);
     } else {

@@ -70,4 +70,29 @@ void init_runtime() {
   }
 }
 
+std::string version_report() {
+  std::string blas = loaded_blas_path();
+  const char* blas_kind = blas.empty()                                  ? "none loaded"
+                          : blas.find("openblas") != std::string::npos ? "OpenBLAS"
+                          : blas.find("blis") != std::string::npos     ? "BLIS"
+                          : blas.find("mkl") != std::string::npos      ? "MKL"
+                          : is_reference_blas(blas)                    ? "reference BLAS (slow)"
+                                                                       : "unknown";
+  std::string out = "fsdp.cpp " FSDP_VERSION "\n";
+  out += "LibTorch " TORCH_VERSION "\n";
+#ifdef FSDP_WITH_NCCL
+  out += "backends: gloo (CPU), nccl (CUDA)\n";
+#else
+  out += "backends: gloo (CPU); nccl not built (this LibTorch has no CUDA)\n";
+#endif
+  out += "BLAS: " + std::string(blas_kind) + (blas.empty() ? "" : " (" + blas + ")") + "\n";
+  out += "threads: " + std::to_string(at::get_num_threads()) + " intra-op in this process (fsdp launch gives each rank cores / ranks)\n";
+  if (torch::cuda::is_available()) {
+    out += "CUDA: " + std::to_string(torch::cuda::device_count()) + " device(s)\n";
+  } else {
+    out += "CUDA: not available in this build\n";
+  }
+  return out;
+}
+
 }  // namespace fsdp

@@ -1,12 +1,17 @@
 #include "fsdp/data/prepare.h"
 
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -19,65 +24,163 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string document_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (path.extension() != ".json") return ss.str();
+std::string text_field(const std::string& json, const std::string& where) {
   try {
-    const auto j = nlohmann::json::parse(ss.str());
-    FSDP_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), "'", path.string(),
-               "' has no string field \"text\"");
+    const auto j = nlohmann::json::parse(json);
+    FSDP_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), where, " has no string field \"text\"");
     return j["text"].get<std::string>();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
+    throw Error(where + " is not valid JSON (" + e.what() + ")");
   }
+}
+
+// Every document of one file, in order.
+std::vector<std::string> documents_of(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
+  if (path.extension() == ".jsonl") {
+    std::vector<std::string> docs;
+    std::string line;
+    int64_t n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      docs.push_back(text_field(line, "'" + path.string() + "' line " + std::to_string(n)));
+    }
+    return docs;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (path.extension() == ".json") return {text_field(ss.str(), "'" + path.string() + "'")};
+  return {ss.str()};
+}
+
+bool is_document_file(const fs::path& p) {
+  const auto ext = p.extension();
+  return ext == ".txt" || ext == ".json" || ext == ".jsonl";
+}
+
+// Writes `tokens` as one file, or as NAME_000000.bin, ... of at most
+// `shard_tokens` each. Returns the number of files.
+int write_split(const std::string& dir, const std::string& name, const std::vector<int32_t>& tokens,
+                int64_t shard_tokens) {
+  if (shard_tokens <= 0) {
+    write_token_file(dir + "/" + name + ".bin", tokens);
+    return 1;
+  }
+  int files = 0;
+  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(shard_tokens)) {
+    const size_t end = std::min(tokens.size(), start + static_cast<size_t>(shard_tokens));
+    char file[64];
+    std::snprintf(file, sizeof(file), "/%s_%06d.bin", name.c_str(), files++);
+    write_token_file(dir + file, {tokens.begin() + static_cast<std::ptrdiff_t>(start),
+                                  tokens.begin() + static_cast<std::ptrdiff_t>(end)});
+  }
+  return files;
 }
 
 }  // namespace
 
 PrepareStats prepare_corpus(const PrepareOptions& o) {
-  FSDP_CHECK(o.val_fraction > 0 && o.val_fraction < 1, "--val-fraction ", o.val_fraction, ": expected 0 < f < 1");
+  FSDP_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction ", o.val_fraction,
+             ": expected 0 <= f < 1 (0: no validation split)");
+  FSDP_CHECK(o.shard_tokens == 0 || o.shard_tokens >= 2, "--shard-tokens ", o.shard_tokens,
+             ": expected 0 (one file) or at least 2");
   FSDP_CHECK(fs::exists(o.input), "--input '", o.input, "' does not exist");
   std::vector<fs::path> files;
   if (fs::is_directory(o.input)) {
     for (const auto& e : fs::directory_iterator(o.input)) {
-      const auto ext = e.path().extension();
-      if (e.is_regular_file() && (ext == ".txt" || ext == ".json")) files.push_back(e.path());
+      if (e.is_regular_file() && is_document_file(e.path())) files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(o.input);
   }
-  FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt or .json documents");
-  GPT2Tokenizer tokenizer(o.tokenizer_dir + "/encoder.json", o.tokenizer_dir + "/vocab.bpe");
+  FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json or .jsonl documents");
+  const std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
+  FSDP_CHECK(fs::exists(encoder) && fs::exists(merges), "--tokenizer '", o.tokenizer_dir,
+             "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
 
-  const auto every = static_cast<size_t>(std::max(2.0, std::round(1.0 / o.val_fraction)));
-  std::vector<int32_t> train, val;
+  std::vector<std::string> docs;
   PrepareStats stats;
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string text = document_text(files[i]);
-    auto& dest = (files.size() > 1 && i % every == every - 1) ? val : train;
-    dest.push_back(GPT2Tokenizer::kEndOfText);
-    const auto ids = tokenizer.encode(text);
-    dest.insert(dest.end(), ids.begin(), ids.end());
-    stats.bytes += static_cast<int64_t>(text.size());
-    ++stats.documents;
+  for (const auto& f : files) {
+    for (auto& d : documents_of(f)) {
+      stats.bytes += static_cast<int64_t>(d.size());
+      docs.push_back(std::move(d));
+    }
   }
-  if (val.empty()) {
+  FSDP_CHECK(!docs.empty(), "--input '", o.input, "' holds no documents (empty .jsonl files?)");
+  stats.documents = static_cast<int64_t>(docs.size());
+
+  // Documents are independent: each thread encodes every n-th with its own
+  // tokenizer (the tokenizer's cache is not shared).
+  const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
+                                                static_cast<int>(docs.size())));
+  std::vector<std::vector<int32_t>> encoded(docs.size());
+  std::atomic<int64_t> done{0}, done_bytes{0};
+  std::vector<std::thread> pool;
+  std::exception_ptr failure;
+  std::atomic<bool> failed{false};
+  std::mutex failure_mutex;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        GPT2Tokenizer tokenizer(encoder, merges);
+        for (size_t i = static_cast<size_t>(t); i < docs.size(); i += static_cast<size_t>(threads)) {
+          encoded[i] = tokenizer.encode(docs[i]);
+          done_bytes += static_cast<int64_t>(docs[i].size());
+          ++done;
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        failure = std::current_exception();
+        failed = true;
+      }
+    });
+  }
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto report = [&] {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "%stokenized %lld/%lld documents, %.1f/%.1f MB (%.1f MB/s, %d threads)%s",
+                 tty ? "\r" : "", static_cast<long long>(done.load()), static_cast<long long>(docs.size()),
+                 static_cast<double>(done_bytes.load()) / 1e6, static_cast<double>(stats.bytes) / 1e6,
+                 static_cast<double>(done_bytes.load()) / 1e6 / std::max(secs, 1e-9), threads, tty ? "" : "\n");
+  };
+  while (o.progress && done.load() < stats.documents && !failed) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 200 : 5000));
+    if (done.load() < stats.documents) report();
+  }
+  for (auto& th : pool) th.join();
+  if (failure) std::rethrow_exception(failure);
+  if (o.progress) {
+    report();
+    if (tty) std::fprintf(stderr, "\n");
+  }
+
+  const auto every = o.val_fraction > 0 ? static_cast<size_t>(std::max(2.0, std::round(1.0 / o.val_fraction))) : 0;
+  std::vector<int32_t> train, val;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    auto& dest = (every > 0 && encoded.size() > 1 && i % every == every - 1) ? val : train;
+    dest.push_back(GPT2Tokenizer::kEndOfText);
+    dest.insert(dest.end(), encoded[i].begin(), encoded[i].end());
+  }
+  if (every > 0 && val.empty()) {
     // One document: hold out its tail instead.
     const auto cut = train.size() - static_cast<size_t>(static_cast<double>(train.size()) * o.val_fraction);
     val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
     train.resize(cut);
   }
+  FSDP_CHECK(train.size() >= 2, "--input '", o.input, "' gives ", train.size(),
+             " training tokens; at least 2 are needed");
   fs::create_directories(o.out_dir);
-  write_token_file(o.out_dir + "/train.bin", train);
-  write_token_file(o.out_dir + "/val.bin", val);
+  stats.train_files = write_split(o.out_dir, "train", train, o.shard_tokens);
+  // A split too small to hold one target is not written: it would only fail later.
+  if (val.size() >= 2) stats.val_files = write_split(o.out_dir, "val", val, o.shard_tokens);
   stats.train_tokens = static_cast<int64_t>(train.size());
-  stats.val_tokens = static_cast<int64_t>(val.size());
+  stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
   return stats;
 }
 

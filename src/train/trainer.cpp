@@ -154,7 +154,13 @@ void Trainer::build_model() {
                 m.init_from.empty() ? m.name.c_str() : m.init_from.c_str(), static_cast<long long>(params_),
                 model_->family().c_str(), static_cast<long long>(model_->n_layers()),
                 static_cast<long long>(model_->dim()), static_cast<long long>(model_->vocab_size()));
-    if (m.print) std::cout << *model_ << "\n";
+    if (m.print) {
+      std::cout << *model_ << "\n";
+      for (const auto& item : model_->named_parameters()) {
+        std::cout << "  " << item.key() << "  " << item.value().sizes() << "  " << item.value().numel() << "\n";
+      }
+      std::cout << "  total  " << params_ << " parameters\n";
+    }
   }
 }
 

@@ -197,6 +197,12 @@ TEST(Train, NonFiniteStepsAreSkippedOnEveryRankAndStopTheRunWithoutACheckpoint) 
   latest >> name;
   EXPECT_EQ(name, "step_00000001");
   EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt/step_00000002"));
+  // And that checkpoint loads: with a sane learning rate the run goes on.
+  const auto again = run_command(kCli + " launch -n 2 -- " + kCli +
+                                 " train --model gpt2-tiny --data synthetic --steps 3 --seq-len 16 --batch-size 2"
+                                 " --lr 1e-3 --log-every 1 --ckpt-dir " + dir + "/ckpt --out-dir " + dir + "/again");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "resumed from " + dir + "/ckpt/step_00000001")) << again.output;
 }
 
 }  // namespace

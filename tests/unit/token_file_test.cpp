@@ -1,6 +1,8 @@
 #include "fsdp/data/token_file.h"
 
+#include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include <gtest/gtest.h>
 
@@ -55,10 +57,49 @@ TEST(TokenFile, ReadsFilesWrittenByHand) {
   EXPECT_EQ(f.token(2), 30);
 }
 
+// The bytes llm.c's writer (dev/data/data_common.py) produces: 256 int32
+// header values [magic, version, count, 0...], then the tokens.
+std::string llmc_bytes(int32_t magic, int32_t version, const std::vector<uint32_t>& tokens, int width) {
+  std::string bytes(1024, '\0');
+  const int32_t head[3] = {magic, version, static_cast<int32_t>(tokens.size())};
+  std::memcpy(bytes.data(), head, sizeof(head));
+  for (uint32_t t : tokens) bytes.append(reinterpret_cast<const char*>(&t), static_cast<size_t>(width));  // little-endian
+  return bytes;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(TokenFile, Llama3FilesAsLlmcWritesThem) {
+  // Llama 3's vocabulary (128256) needs uint32: magic 20240801, version 7.
+  const auto path = temp_path("llama3.bin");
+  std::ofstream(path, std::ios::binary) << llmc_bytes(20240801, 7, {128000, 9906, 1917, 128255}, 4);
+  TokenFile f(path);
+  EXPECT_EQ(f.size(), 4);
+  EXPECT_EQ(f.token(0), 128000);
+  EXPECT_EQ(f.token(3), 128255);
+  // And what we write is byte for byte what llm.c writes, for both vocabularies.
+  const auto ours = temp_path("ours-llama3.bin");
+  write_token_file(ours, {128000, 9906, 1917, 128255}, 128256);
+  EXPECT_EQ(file_bytes(ours), llmc_bytes(20240801, 7, {128000, 9906, 1917, 128255}, 4));
+  const auto gpt2 = temp_path("ours-gpt2.bin");
+  write_token_file(gpt2, {50256, 15496, 995}, 50257);
+  EXPECT_EQ(file_bytes(gpt2), llmc_bytes(20240520, 1, {50256, 15496, 995}, 2));
+  // A small id in a large vocabulary still gets the wide header.
+  const auto small_ids = temp_path("small-ids.bin");
+  write_token_file(small_ids, {1, 2, 3}, 128256);
+  EXPECT_EQ(file_bytes(small_ids), llmc_bytes(20240801, 7, {1, 2, 3}, 4));
+  const auto wrong_version = temp_path("wrong-version.bin");
+  std::ofstream(wrong_version, std::ios::binary) << llmc_bytes(20240801, 1, {1, 2}, 4);
+  expect_error(wrong_version, "expected version 7");
+}
+
 TEST(TokenFile, BadInput) {
   const auto bad_magic = temp_path("magic.bin");
   write_raw(bad_magic, {12345, 1, 3}, {1, 2, 3});
-  expect_error(bad_magic, "has magic 12345, expected 20240520");
+  expect_error(bad_magic, "has magic 12345, expected 20240520 (llm.c, GPT-2 tokens) or 20240801");
   const auto truncated = temp_path("truncated.bin");
   write_raw(truncated, {20240520, 1, 100}, {1, 2, 3});
   expect_error(truncated, "truncated: its header promises 100 tokens but the body holds 3");

@@ -19,6 +19,10 @@ void keep_freed_memory();
 // The real path of the libblas.so.3 this process loaded, or "" if none.
 std::string loaded_blas_path();
 
+// What a bug report needs: fsdp.cpp and LibTorch versions, backends, the
+// BLAS in use, threads and CUDA (`fsdp --version`).
+std::string version_report();
+
 // True when `path` is Debian's reference BLAS (not OpenBLAS, BLIS or MKL).
 bool is_reference_blas(const std::string& path);
 

@@ -1,0 +1,355 @@
+// What users reach for around `fsdp train`, each end to end through the
+// CLI: run folders, TensorBoard files read by an independent decoder,
+// profiler traces, token shards and shuffling, resume across a changed
+// batch, loss-spike skipping, the torchrun-style launcher, --version and
+// --help, and the checks that run before step 1.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/data/token_file.h"
+#include "fsdp/train/config.h"
+#include "run_command.h"
+#include "train_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kCli = FSDP_CLI;
+const std::string kSource = FSDP_SOURCE_DIR;
+const std::string kTiny = " train --model gpt2-tiny --seq-len 16 --batch-size 2 --log-every 1 --lr 1e-3 --grad-clip 0";
+
+std::vector<nlohmann::json> steps_of(const std::vector<nlohmann::json>& metrics) {
+  std::vector<nlohmann::json> out;
+  for (const auto& m : metrics) {
+    if (m.contains("step_time_s")) out.push_back(m);
+  }
+  return out;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The corpus of small_corpus cut into three shard files train_00{0,1,2}.bin.
+std::string sharded_corpus(const std::string& dir) {
+  data::TokenFile whole(small_corpus(dir));
+  std::vector<int64_t> all(static_cast<size_t>(whole.size()));
+  whole.read(0, whole.size(), all.data());
+  const std::vector<size_t> cuts = {0, 300, 7000, all.size()};
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    data::write_token_file(dir + "/train_00" + std::to_string(k) + ".bin",
+                           std::vector<int32_t>(all.begin() + static_cast<std::ptrdiff_t>(cuts[k]),
+                                                all.begin() + static_cast<std::ptrdiff_t>(cuts[k + 1])));
+  }
+  return dir + "/train_*.bin";
+}
+
+TEST(RunFolder, TwoRunsIntoOneFolderDoNotMixAndAResumeContinuesItsOwn) {
+  const auto dir = make_temp_dir();
+  const auto run = [&](const std::string& folder, const std::string& extra) {
+    return run_command(kCli + kTiny + " --data synthetic --out-dir " + dir + "/" + folder + " " + extra);
+  };
+  ASSERT_EQ(run("run", "--steps 3").exit_code, 0);
+  const auto second = run("run", "--steps 2");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_TRUE(contains(second.output, "held an earlier run's files; moved them to " + dir + "/run/earlier-1"))
+      << second.output;
+  EXPECT_EQ(steps_of(read_metrics(dir + "/run/metrics.jsonl")).size(), 2u) << "only the second run's steps";
+  EXPECT_EQ(steps_of(read_metrics(dir + "/run/earlier-1/metrics.jsonl")).size(), 3u) << "the first run's, kept";
+  EXPECT_TRUE(exists(dir + "/run/config.yaml"));
+  EXPECT_TRUE(contains(read_text(dir + "/run/config.yaml"), "steps: 2"));
+  EXPECT_TRUE(contains(read_text(dir + "/run/logs/rank0.log"), "step 2/2"));
+
+  // A run that saves resumes in its own folder and continues its own files.
+  ASSERT_EQ(run("saved", "--steps 2 --save-every 2").exit_code, 0);
+  const auto resumed = run("saved", "--steps 4");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/saved/checkpoints/step_00000002")) << resumed.output;
+  const auto metrics = read_metrics(dir + "/saved/metrics.jsonl");
+  std::vector<std::string> events;
+  for (const auto& m : metrics) {
+    if (m.contains("event") && m["event"] != "checkpoint") events.push_back(m["event"]);
+  }
+  EXPECT_EQ(events, (std::vector<std::string>{"start", "resume"}));
+  EXPECT_EQ(steps_of(metrics).size(), 4u);
+  EXPECT_TRUE(contains(read_text(dir + "/saved/logs/rank0.log"), "--- resumed at step 2 ---"));
+  EXPECT_FALSE(exists(dir + "/saved/earlier-1")) << "a resume moves nothing aside";
+}
+
+TEST(RunFolder, TensorBoardRecordsDecodeIndependentlyAndCarryTheMetrics) {
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny +
+                             " --data synthetic --val-data synthetic --eval-every 2 --eval-batches 2 --steps 4 --out-dir " +
+                             dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> events;
+  for (const auto& e : fs::directory_iterator(dir + "/run/tensorboard")) events.push_back(e.path().string());
+  ASSERT_EQ(events.size(), 1u) << "rank 0 writes one file";
+  EXPECT_TRUE(contains(events[0], "events.out.tfevents."));
+  // protoc --decode_raw and python3-crc32c: no code shared with the writer.
+  const auto check = run_command("/usr/bin/python3 " + kSource + "/tests/tools/check_tfevents.py " + dir +
+                                 "/run/metrics.jsonl " + events[0]);
+  ASSERT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_TRUE(contains(check.output, "ok: 1 files, 1 file versions")) << check.output;
+  // 4 steps with 18 numbers each, and val losses at steps 0, 2, 4.
+  EXPECT_TRUE(contains(check.output, "75 scalars match")) << check.output;
+}
+
+TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny + " --data synthetic --steps 4 --profile-steps 2:3 --out-dir " +
+                             dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto path = dir + "/run/traces/rank" + std::to_string(rank) + ".json";
+    ASSERT_TRUE(exists(path)) << path;
+    const auto trace = nlohmann::json::parse(read_text(path));
+    const auto& list = trace.is_array() ? trace : trace.at("traceEvents");
+    std::map<std::string, int> ranges;
+    for (const auto& e : list) {
+      const std::string name = e.value("name", "");
+      if (name.rfind("FSDP::", 0) == 0) ++ranges[name];
+    }
+    // gpt2-tiny: 3 units; per step 5 all-gathers (3 forward, 2 backward), 3
+    // reduce-scatters; two steps profiled.
+    EXPECT_EQ(ranges["FSDP::all_gather"], 10) << path;
+    EXPECT_EQ(ranges["FSDP::reduce_scatter"], 6) << path;
+    EXPECT_EQ(ranges["FSDP::pre_forward"], 6) << path;
+    EXPECT_EQ(ranges["FSDP::post_forward"], 6) << path;
+    EXPECT_EQ(ranges["FSDP::pre_backward"], 6) << path;
+    EXPECT_EQ(ranges["FSDP::post_backward"], 6) << path;
+  }
+}
+
+TEST(Data, ThreeShardsAtOneRankEqualTwoRanksShuffledOrNot) {
+  const auto dir = make_temp_dir();
+  const auto shards = sharded_corpus(dir);
+  const std::string common = " train --model gpt2-tiny --seq-len 16 --steps 6 --lr 1e-3 --log-every 1 --grad-clip 0 --data '" +
+                             shards + "'";
+  std::map<std::string, std::vector<double>> losses;
+  for (const std::string shuffle : {"", " --shuffle"}) {
+    for (int w : {1, 2}) {
+      const auto out = dir + "/w" + std::to_string(w) + (shuffle.empty() ? "" : "s");
+      const auto r = run_command(kCli + " launch -n " + std::to_string(w) + " -- " + kCli + common + shuffle +
+                                 " --batch-size " + std::to_string(4 / w) + " --out-dir " + out);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      losses[out] = train_losses(read_metrics(out + "/metrics.jsonl"));
+      ASSERT_EQ(losses[out].size(), 6u);
+    }
+  }
+  for (const std::string s : {"", "s"}) {
+    const auto& a = losses[dir + "/w1" + s];
+    const auto& b = losses[dir + "/w2" + s];
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * a[i]) << "step " << i + 1 << " " << s;
+  }
+  EXPECT_NE(losses[dir + "/w1"], losses[dir + "/w1s"]) << "shuffling changes what is read";
+}
+
+TEST(Data, ResumeAfterAShardBoundaryIsBitExactAndAChangedBatchContinuesTheStream) {
+  const auto dir = make_temp_dir();
+  const auto shards = sharded_corpus(dir);  // the first boundary is at token 300: step 3 crosses it
+  const std::string common = kCli + " launch -n 2 -- " + kCli + kTiny + " --shuffle --data '" + shards + "'";
+  ASSERT_EQ(run_command(common + " --steps 8 --out-dir " + dir + "/whole").exit_code, 0);
+  ASSERT_EQ(run_command(common + " --steps 4 --save-every 4 --out-dir " + dir + "/split").exit_code, 0);
+  const auto resumed = run_command(common + " --steps 8 --out-dir " + dir + "/split");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto whole = train_losses(read_metrics(dir + "/whole/metrics.jsonl"));
+  const auto split = train_losses(read_metrics(dir + "/split/metrics.jsonl"));
+  ASSERT_EQ(whole.size(), 8u);
+  ASSERT_EQ(split.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(whole[i], split[i]) << "step " << i + 1;
+
+  // Resuming at batch 1 reads the sequences after those trained on: the
+  // same tokens a batch-2 run would, in halves, and says what changed.
+  ASSERT_EQ(run_command(common + " --steps 4 --save-every 4 --out-dir " + dir + "/half").exit_code, 0);
+  const auto half = run_command(kCli + " launch -n 2 -- " + kCli + kTiny + " --shuffle --data '" + shards +
+                                "' --steps 5 --batch-size 1 --out-dir " + dir + "/half");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  EXPECT_TRUE(contains(half.output, "differs from the checkpoint's")) << half.output;
+  EXPECT_TRUE(contains(half.output, "data.batch_size: 2 -> 1")) << half.output;
+  const auto metrics = steps_of(read_metrics(dir + "/half/metrics.jsonl"));
+  ASSERT_EQ(metrics.size(), 5u);
+  EXPECT_EQ(metrics[4]["tokens_seen"].get<int64_t>(), 4 * 2 * 2 * 16 + 2 * 1 * 16);
+}
+
+TEST(Train, SkipSpikesSkipsTheUpdateOfALossSpike) {
+  const auto dir = make_temp_dir();
+  // 40 steps of one repeated 16-token phrase (learned to a loss near 0.01),
+  // then noise (a loss near 11).
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40 * 64; ++i) tokens.push_back((i % 16) * 13 % 500);
+  uint32_t x = 7;
+  for (int i = 0; i < 8 * 64 + 1; ++i) {
+    x = x * 1103515245u + 12345u;
+    tokens.push_back(static_cast<int32_t>((x >> 8) % 500));
+  }
+  data::write_token_file(dir + "/spiky.bin", tokens);
+  const std::string common = kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 4 --lr 1e-2 --warmup-steps 2"
+                                    " --lr-schedule constant --log-every 1 --steps 42 --data " + dir + "/spiky.bin --max-bad-steps 1";
+  const auto plain = run_command(common + " --out-dir " + dir + "/plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto guarded = run_command(common + " --skip-spikes 4 --out-dir " + dir + "/guarded");
+  ASSERT_EQ(guarded.exit_code, 0) << guarded.output << " (spikes do not count as bad steps)";
+  EXPECT_TRUE(contains(guarded.output, "step 41: loss")) << guarded.output;
+  EXPECT_TRUE(contains(guarded.output, "loss spike (z-score")) << guarded.output;
+  const auto p = steps_of(read_metrics(dir + "/plain/metrics.jsonl"));
+  const auto g = steps_of(read_metrics(dir + "/guarded/metrics.jsonl"));
+  ASSERT_EQ(g.size(), 42u);
+  ASSERT_EQ(p.size(), 42u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_FALSE(g[i]["skipped"].get<bool>()) << "step " << i + 1;
+    EXPECT_EQ(g[i]["loss"].get<double>(), p[i]["loss"].get<double>()) << "identical until the spike";
+  }
+  EXPECT_TRUE(g[40]["skipped"].get<bool>());
+  EXPECT_GT(g[40]["loss"].get<double>(), g[39]["loss"].get<double>() + 5.0);
+  EXPECT_FALSE(p[40]["skipped"].get<bool>()) << "without --skip-spikes the update is taken";
+  EXPECT_NE(g[41]["loss"].get<double>(), p[41]["loss"].get<double>()) << "so the next step differs";
+}
+
+TEST(Train, ResumingAFinishedRunSaysThereIsNothingLeftToTrain) {
+  const auto dir = make_temp_dir();
+  const auto cmd = kCli + kTiny + " --data synthetic --steps 2 --save-every 2 --out-dir " + dir + "/run";
+  ASSERT_EQ(run_command(cmd).exit_code, 0);
+  const auto again = run_command(cmd);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "nothing left to train")) << again.output;
+  EXPECT_FALSE(contains(again.output, "step 2/2")) << again.output;
+}
+
+TEST(Cli, TorchrunSpellingsLaunch) {
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " launch --nproc_per_node=2 --standalone -- " + kCli + kTiny +
+                             " --data synthetic --steps 1 --out-dir " + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_metrics(dir + "/run/metrics.jsonl").front()["world_size"].get<int>(), 2) << r.output;
+  const auto one = run_command(kCli + " launch -- /bin/sh -c 'echo world=$WORLD_SIZE'");
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(contains(one.output, "world=1")) << "-n defaults to 1: " << one.output;
+  const auto nodes = run_command(kCli + " launch --nnodes 2 --nproc-per-node 1 -- /bin/true");
+  EXPECT_EQ(nodes.exit_code, 2) << nodes.output;
+  EXPECT_TRUE(contains(nodes.output, "--node-rank")) << nodes.output;
+}
+
+TEST(Cli, VersionNamesWhatABugReportNeeds) {
+  const auto r = run_command(kCli + " --version");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"fsdp.cpp 0.", "LibTorch 1.", "backends: gloo", "BLAS: ", "CUDA: "}) {
+    EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
+  }
+}
+
+TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {
+  const auto r = run_command(kCli + " train --help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& key : train::TrainConfig::describe()) {
+    EXPECT_TRUE(contains(r.output, key.flag + " ")) << key.flag << " (" << key.dotted << ") has no flag";
+    EXPECT_TRUE(contains(r.output, "(" + key.dotted + ")")) << key.dotted;
+  }
+  for (const char* needle : {"--lr FLOAT=0.0003", "--eval-batches INT=8", "--beta2 FLOAT=0.95",
+                             "--precision fp32|bf16|fp16=fp32", "--tensorboard [BOOL]=true", "gpt2-tiny (vocabulary 512)"}) {
+    EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
+  }
+  const auto off = run_command(kCli + " train --tensorboard=false --eps 1e-6 --min-lr-ratio 0 --print-config");
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_TRUE(contains(off.output, "tensorboard: false")) << off.output;
+  EXPECT_TRUE(contains(off.output, "eps: 1e-06")) << off.output;
+}
+
+TEST(Cli, PrintModelShowsShapesAndParameterCounts) {
+  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 1 --print-model --out-dir " + make_temp_dir());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // gpt2-tiny: vocabulary 512, width 32, 64 positions.
+  EXPECT_TRUE(contains(r.output, "transformer.wte.weight  [512, 32]  16384")) << r.output;
+  EXPECT_TRUE(contains(r.output, "transformer.h.1.mlp.c_fc.weight  [32, 128]  4096")) << r.output;
+  EXPECT_TRUE(contains(r.output, "total  43904 parameters")) << r.output;
+}
+
+TEST(GenerateErrors, FromAndTemperatureAreNamed) {
+  const auto missing = run_command(kCli + " generate --from /nonexistent/model --tokenizer " + kSource + "/data/gpt2");
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "--from '/nonexistent/model': no such directory")) << missing.output;
+  const auto cold = run_command(kCli + " generate --from /tmp --temperature -1");
+  EXPECT_EQ(cold.exit_code, 2) << cold.output;
+  EXPECT_TRUE(contains(cold.output, "--temperature")) << cold.output;
+}
+
+TEST(TrainErrors, OutputPathsAreCheckedBeforeStepOne) {
+  const auto dir = make_temp_dir();
+  std::ofstream(dir + "/a-file") << "x";
+  for (const std::string flag : {"--ckpt-dir", "--export-hf", "--out-dir"}) {
+    const auto r = run_command(kCli + kTiny + " --data synthetic --steps 2 --out-dir " + dir + "/run " + flag + " " +
+                               dir + "/a-file");
+    EXPECT_EQ(r.exit_code, 1) << flag << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, flag + " '" + dir + "/a-file' is a file")) << r.output;
+    EXPECT_FALSE(contains(r.output, "step 1/")) << flag << ": nothing trained: " << r.output;
+  }
+  EXPECT_EQ(read_text(dir + "/a-file"), "x");
+}
+
+TEST(TrainErrors, Fp16OnACpuBuildIsRefusedAtStart) {
+  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 2 --precision fp16 --out-dir " + make_temp_dir());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "fp16 compute needs CUDA")) << r.output;
+  EXPECT_TRUE(contains(r.output, "use bf16")) << r.output;
+}
+
+TEST(TrainErrors, ASamplePromptOutsideTheVocabularyIsRefusedBeforeTraining) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 2 --sample-tokens 4 --sample-prompt 'Hello world'"
+                                            " --tokenizer " + kSource + "/data/gpt2 --out-dir " + make_temp_dir());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--sample-prompt encodes to token")) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary of 512")) << r.output;
+  EXPECT_FALSE(contains(r.output, "step 1/")) << r.output;
+  const auto missing = run_command(kCli + kTiny + " --data synthetic --steps 2 --sample-tokens 4 --tokenizer /nonexistent"
+                                                  " --out-dir " + make_temp_dir());
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_TRUE(contains(missing.output, "--tokenizer '/nonexistent'")) << missing.output;
+}
+
+TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  {
+    std::ofstream jsonl(dir + "/docs.jsonl");
+    for (int i = 0; i < 40; ++i) jsonl << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
+  }
+  const auto tok = " --tokenizer " + kSource + "/data/gpt2";
+  const auto r = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/out" + tok +
+                             " --shard-tokens 100 --val-fraction 0.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "40 documents")) << r.output;
+  EXPECT_TRUE(contains(r.output, "tokenized 40/40 documents")) << "progress: " << r.output;
+  // Each document is <|endoftext|> + 5 tokens ("Document", " N", " says", " hello", ".").
+  data::TokenStream train(data::expand_token_paths(dir + "/out/train_*.bin", "test"));
+  data::TokenStream val(data::expand_token_paths(dir + "/out/val_*.bin", "test"));
+  EXPECT_EQ(train.size() + val.size(), 40 * 6);
+  EXPECT_EQ(val.size(), 4 * 6) << "every 10th document";
+  EXPECT_EQ(train.files(), static_cast<size_t>((36 * 6 + 99) / 100));
+  // One thread gives the same files.
+  ASSERT_EQ(run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/one" + tok +
+                        " --shard-tokens 100 --val-fraction 0.1 --threads 1").exit_code, 0);
+  EXPECT_EQ(read_text(dir + "/one/train_000000.bin"), read_text(dir + "/out/train_000000.bin"));
+  // --val-fraction 0: no val file at all; one short document: no empty val.bin.
+  ASSERT_EQ(run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/noval" + tok +
+                        " --val-fraction 0").exit_code, 0);
+  EXPECT_TRUE(exists(dir + "/noval/train.bin"));
+  EXPECT_FALSE(exists(dir + "/noval/val.bin"));
+  std::ofstream(dir + "/short.txt") << "Hi there";
+  const auto tiny = run_command(kCli + " data prepare --input " + dir + "/short.txt --out-dir " + dir + "/tiny" + tok);
+  ASSERT_EQ(tiny.exit_code, 0) << tiny.output;
+  EXPECT_FALSE(exists(dir + "/tiny/val.bin")) << tiny.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
