@@ -14,7 +14,7 @@
 namespace fsdp::train {
 namespace {
 
-enum class Kind { kInt, kDouble, kBool, kString };
+enum class Kind { kInt, kDouble, kBool, kString, kEnum };
 
 struct Field {
   const char* section;
@@ -31,6 +31,10 @@ struct Field {
 // help text and --print-config all come from this table.
 #define FSDP_FIELD(section, key, kind, flag, help, ...) \
   Field { #section, #key, kind, flag, help, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
+// An enum key: its slot is the enum; `allowed` lists the names in the
+// enum's order, so a value's index is its enumerator.
+#define FSDP_ENUM_FIELD(section, key, flag, help, ...) \
+  Field { #section, #key, Kind::kEnum, flag, help, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
 
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
@@ -49,7 +53,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(optim, lr, Kind::kDouble, "--lr", "peak learning rate"),
       FSDP_FIELD(optim, min_lr_ratio, Kind::kDouble, "--min-lr-ratio", "final learning rate as a fraction of --lr (cosine, linear)"),
       FSDP_FIELD(optim, warmup_steps, Kind::kInt, "--warmup-steps", "linear warmup steps"),
-      FSDP_FIELD(optim, lr_schedule, Kind::kString, "--lr-schedule", "learning-rate schedule", "cosine", "linear", "constant"),
+      FSDP_ENUM_FIELD(optim, lr_schedule, "--lr-schedule", "learning-rate schedule", "cosine", "linear", "constant"),
       FSDP_FIELD(optim, weight_decay, Kind::kDouble, "--weight-decay", "AdamW weight decay (matrices and embeddings only)"),
       FSDP_FIELD(optim, beta1, Kind::kDouble, "--beta1", "AdamW beta1"),
       FSDP_FIELD(optim, beta2, Kind::kDouble, "--beta2", "AdamW beta2"),
@@ -57,7 +61,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(optim, grad_clip, Kind::kDouble, "--grad-clip", "max gradient norm, 0 disables clipping"),
       FSDP_FIELD(runtime, steps, Kind::kInt, "--steps", "optimizer steps"),
       FSDP_FIELD(runtime, seed, Kind::kInt, "--seed", "random seed (weights, synthetic data, shuffling, sampling)"),
-      FSDP_FIELD(runtime, precision, Kind::kString, "--precision", "compute dtype (fp16 needs CUDA)", "fp32", "bf16", "fp16"),
+      FSDP_ENUM_FIELD(runtime, precision, "--precision", "compute dtype (fp16 needs CUDA)", "fp32", "bf16", "fp16"),
       FSDP_FIELD(runtime, out_dir, Kind::kString, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
       FSDP_FIELD(runtime, run_name, Kind::kString, "--run-name", "names the default run folder (empty: <model>-<date>-<time>)"),
       FSDP_FIELD(runtime, log_every, Kind::kInt, "--log-every", "steps between log lines"),
@@ -73,7 +77,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, keep_denormals, Kind::kBool, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
       FSDP_FIELD(runtime, max_bad_steps, Kind::kInt, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
       FSDP_FIELD(runtime, skip_spikes, Kind::kDouble, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
-      FSDP_FIELD(fsdp, sharding, Kind::kString, "--sharding", "sharding strategy", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
+      FSDP_ENUM_FIELD(fsdp, sharding, "--sharding", "sharding strategy", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
       FSDP_FIELD(fsdp, fsdp_size, Kind::kInt, "--fsdp-size", "shard-group size for hybrid_shard"),
       FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt, "--prefetch-depth", "units gathered ahead"),
       FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool, "--explicit-prefetch", "each block prefetches its neighbour"),
@@ -100,6 +104,7 @@ const char* kind_name(Kind k) {
     case Kind::kDouble: return "a number";
     case Kind::kBool: return "true or false";
     case Kind::kString: return "a string";
+    case Kind::kEnum: return "one of the listed values";
   }
   return "?";
 }
@@ -135,11 +140,14 @@ void assign(TrainConfig& config, const Field& f, const std::string& value, const
       break;
     }
     case Kind::kString: {
-      if (!f.allowed.empty()) {
-        const bool ok = std::find(f.allowed.begin(), f.allowed.end(), value) != f.allowed.end();
-        FSDP_CHECK(ok, where, "one of ", join_words(f.allowed), did_you_mean(value, f.allowed));
-      }
       *static_cast<std::string*>(slot) = value;
+      break;
+    }
+    case Kind::kEnum: {
+      const auto it = std::find(f.allowed.begin(), f.allowed.end(), value);
+      FSDP_CHECK(it != f.allowed.end(), where, "one of ", join_words(f.allowed), did_you_mean(value, f.allowed));
+      // Every enum here is an `enum class` over int, declared in `allowed`'s order.
+      *static_cast<int*>(slot) = static_cast<int>(it - f.allowed.begin());
       break;
     }
   }
@@ -156,11 +164,25 @@ std::string value_text(TrainConfig& config, const Field& f) {
     }
     case Kind::kBool: return *static_cast<bool*>(slot) ? "true" : "false";
     case Kind::kString: return *static_cast<std::string*>(slot);
+    case Kind::kEnum: return f.allowed.at(static_cast<size_t>(*static_cast<int*>(slot)));
   }
   return "";
 }
 
 }  // namespace
+
+namespace {
+std::string enum_name(const char* dotted, int index) {
+  for (const auto& f : schema()) {
+    if (f.dotted() == dotted) return f.allowed.at(static_cast<size_t>(index));
+  }
+  return "?";
+}
+}  // namespace
+
+std::string name_of(Precision p) { return enum_name("runtime.precision", static_cast<int>(p)); }
+std::string name_of(Sharding s) { return enum_name("fsdp.sharding", static_cast<int>(s)); }
+std::string name_of(LrScheduleKind k) { return enum_name("optim.lr_schedule", static_cast<int>(k)); }
 
 std::vector<std::string> TrainConfig::keys() {
   std::vector<std::string> out;
@@ -182,12 +204,9 @@ std::vector<TrainConfig::KeyInfo> TrainConfig::describe() {
       case Kind::kInt: k.type = "INT"; break;
       case Kind::kDouble: k.type = "FLOAT"; break;
       case Kind::kBool: k.type = "BOOL"; break;
-      case Kind::kString: {
-        k.type = "TEXT";
-        if (!f.allowed.empty()) {
-          k.type.clear();
-          for (const auto& a : f.allowed) k.type += (k.type.empty() ? "" : "|") + a;
-        }
+      case Kind::kString: k.type = "TEXT"; break;
+      case Kind::kEnum: {
+        for (const auto& a : f.allowed) k.type += (k.type.empty() ? "" : "|") + a;
         break;
       }
     }
@@ -262,7 +281,7 @@ void TrainConfig::validate() const {
   FSDP_CHECK(optim.grad_clip >= 0, "optim.grad_clip is ", optim.grad_clip, ": expected 0 (off) or a positive norm");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
-  FSDP_CHECK(fsdp.sharding != "hybrid_shard" || fsdp.fsdp_size >= 1,
+  FSDP_CHECK(fsdp.sharding != Sharding::kHybridShard || fsdp.fsdp_size >= 1,
              "fsdp.sharding is hybrid_shard but fsdp.fsdp_size is ", fsdp.fsdp_size,
              ": set the shard-group size (--fsdp-size)");
   FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");

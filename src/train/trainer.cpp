@@ -45,10 +45,23 @@ bool parameters_finite(dist::ProcessGroup& group, const torch::nn::Module& model
   return t.item<float>() == 0;
 }
 
-torch::ScalarType precision_dtype(const std::string& p) {
-  if (p == "bf16") return torch::kBFloat16;
-  if (p == "fp16") return torch::kHalf;
+torch::ScalarType precision_dtype(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return torch::kBFloat16;
+    case Precision::kFp16: return torch::kHalf;
+    case Precision::kFp32: break;
+  }
   return torch::kFloat;
+}
+
+ShardingStrategy strategy_of(Sharding s) {
+  switch (s) {
+    case Sharding::kShardGradOp: return ShardingStrategy::kShardGradOp;
+    case Sharding::kNoShard: return ShardingStrategy::kNoShard;
+    case Sharding::kHybridShard: return ShardingStrategy::kHybridShard;
+    case Sharding::kFullShard: break;
+  }
+  return ShardingStrategy::kFullShard;
 }
 
 double mean_over_ranks(dist::ProcessGroup& group, double local) {
@@ -62,7 +75,7 @@ double mean_over_ranks(dist::ProcessGroup& group, double local) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     : config_(std::move(config)), world_(std::move(world)) {
   config_.validate();
-  FSDP_CHECK(config_.runtime.precision != "fp16" || torch::cuda::is_available(),
+  FSDP_CHECK(config_.runtime.precision != Precision::kFp16 || torch::cuda::is_available(),
              "--precision fp16: fp16 compute needs CUDA, and this is a CPU run; use bf16 (same memory, fp32's range)");
   // Values below 1.2e-38 (fp32's smallest normal) become zero: AdamW's
   // second moments of rarely-hit embedding rows drift there, and x86 takes
@@ -220,7 +233,7 @@ void Trainer::choose_decay_groups() {
 void Trainer::build_mesh() {
   const auto& f = config_.fsdp;
   mesh_ = std::make_shared<dist::DeviceMesh>(
-      make_mesh(world_, parse_sharding_strategy(f.sharding), static_cast<int>(f.fsdp_size)));
+      make_mesh(world_, strategy_of(f.sharding), static_cast<int>(f.fsdp_size)));
 }
 
 void Trainer::apply_fsdp() {
@@ -229,7 +242,7 @@ void Trainer::apply_fsdp() {
   par.activation_checkpoint = config_.model.activation_checkpoint;
   par.explicit_prefetch = f.explicit_prefetch;
   par.fsdp.mesh = mesh_;
-  par.fsdp.strategy = parse_sharding_strategy(f.sharding);
+  par.fsdp.strategy = strategy_of(f.sharding);
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
   if (init_weights_) {
     par.fsdp.param_init = [weights = init_weights_](const std::string& fqn, at::Tensor& full) { weights->fill(fqn, full); };
@@ -304,8 +317,8 @@ TrainSummary Trainer::run() {
                      {"step", start_step_},
                      {"params", params_},
                      {"world_size", world_->size()},
-                     {"sharding", config_.fsdp.sharding},
-                     {"precision", config_.runtime.precision},
+                     {"sharding", name_of(config_.fsdp.sharding)},
+                     {"precision", name_of(config_.runtime.precision)},
                      {"threads_per_rank", at::get_num_threads()},
                      {"peak_flops_per_rank", peak_flops_},
                      {"peak_source", "fp32 matmul rate measured at start-up (CPU)"}});
@@ -458,7 +471,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   } catch (const Error&) {
     // A model without a Hugging Face equivalent: the checkpoint still resumes.
   }
-  state.sharding = config_.fsdp.sharding;
+  state.sharding = name_of(config_.fsdp.sharding);
   state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
   const auto path = checkpoint::save(config_.checkpoint.dir, static_cast<int>(config_.checkpoint.keep), *model_,
                                      *optimizer_, state, *world_);

@@ -34,7 +34,9 @@ TEST(Config, YamlSectionsSetFields) {
   EXPECT_EQ(c.model.name, "llama-tiny");
   EXPECT_TRUE(c.model.activation_checkpoint);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.5e-3);
-  EXPECT_EQ(c.optim.lr_schedule, "linear");
+  EXPECT_EQ(c.optim.lr_schedule, LrScheduleKind::kLinear);
+  EXPECT_EQ(name_of(c.optim.lr_schedule), "linear");
+  EXPECT_EQ(c.fsdp.sharding, Sharding::kHybridShard);
   EXPECT_EQ(c.runtime.steps, 7);
   EXPECT_TRUE(c.runtime.keep_denormals);
   EXPECT_EQ(c.fsdp.fsdp_size, 2);
@@ -63,7 +65,7 @@ TEST(Config, CrossFieldChecks) {
   c.data.seq_len = 0;
   expect_error([&] { c.validate(); }, {"data.seq_len is 0"});
   TrainConfig h;
-  h.fsdp.sharding = "hybrid_shard";
+  h.fsdp.sharding = Sharding::kHybridShard;
   expect_error([&] { h.validate(); }, {"fsdp_size"});
 }
 

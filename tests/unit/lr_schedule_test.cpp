@@ -8,7 +8,7 @@ namespace fsdp::train {
 namespace {
 
 TEST(LrSchedule, WarmupThenCosine) {
-  const LrSchedule s{1.0, 0.1, 4, 104, "cosine"};
+  const LrSchedule s{1.0, 0.1, 4, 104, LrScheduleKind::kCosine};
   EXPECT_DOUBLE_EQ(s.at(0), 0.25);
   EXPECT_DOUBLE_EQ(s.at(3), 1.0);
   EXPECT_DOUBLE_EQ(s.at(4), 1.0);                               // decay starts at its peak
@@ -18,11 +18,11 @@ TEST(LrSchedule, WarmupThenCosine) {
 }
 
 TEST(LrSchedule, LinearAndConstant) {
-  const LrSchedule linear{2.0, 0.5, 0, 10, "linear"};
+  const LrSchedule linear{2.0, 0.5, 0, 10, LrScheduleKind::kLinear};
   EXPECT_DOUBLE_EQ(linear.at(0), 2.0);
   EXPECT_DOUBLE_EQ(linear.at(5), 1.5);  // 2 - (2 - 1) * 0.5
   EXPECT_DOUBLE_EQ(linear.at(10), 1.0);
-  const LrSchedule constant{0.3, 0.1, 2, 10, "constant"};
+  const LrSchedule constant{0.3, 0.1, 2, 10, LrScheduleKind::kConstant};
   EXPECT_DOUBLE_EQ(constant.at(0), 0.15);
   EXPECT_DOUBLE_EQ(constant.at(9), 0.3);
 }

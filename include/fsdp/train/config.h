@@ -9,11 +9,22 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/train/lr_schedule.h"
+
 namespace YAML {
 class Node;
 }
 
 namespace fsdp::train {
+
+// Enumerated keys are parsed into these once, when the configuration is
+// read; nothing compares their names elsewhere.
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class Sharding { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+// The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
+std::string name_of(Precision p);
+std::string name_of(Sharding s);
+std::string name_of(LrScheduleKind k);
 
 struct TrainConfig {
   struct Model {
@@ -36,7 +47,7 @@ struct TrainConfig {
     double lr = 3e-4;
     double min_lr_ratio = 0.1;  // of lr, where cosine and linear schedules end
     int64_t warmup_steps = 10;
-    std::string lr_schedule = "cosine";  // cosine | linear | constant
+    LrScheduleKind lr_schedule = LrScheduleKind::kCosine;
     double weight_decay = 0.1;           // on matrices and embeddings, never norms and biases
     double beta1 = 0.9;
     double beta2 = 0.95;
@@ -46,7 +57,7 @@ struct TrainConfig {
   struct Runtime {
     int64_t steps = 100;
     int64_t seed = 1337;
-    std::string precision = "fp32";  // fp32 | bf16 | fp16
+    Precision precision = Precision::kFp32;
     int64_t log_every = 10;
     int64_t eval_every = 0;  // 0: only at the end (when data.val is set)
     int64_t eval_batches = 8;
@@ -64,7 +75,7 @@ struct TrainConfig {
     double skip_spikes = 0;       // skip updates whose loss z-score exceeds this; 0: off
   } runtime;
   struct Fsdp {
-    std::string sharding = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
+    Sharding sharding = Sharding::kFullShard;
     int64_t fsdp_size = 0;                // shard-group size for hybrid_shard
     int64_t prefetch_depth = 1;
     bool explicit_prefetch = false;

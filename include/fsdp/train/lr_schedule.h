@@ -7,12 +7,14 @@
 
 namespace fsdp::train {
 
+enum class LrScheduleKind { kCosine, kLinear, kConstant };
+
 struct LrSchedule {
   double lr = 3e-4;
   double min_lr_ratio = 0.1;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
-  std::string kind = "cosine";  // cosine | linear | constant
+  LrScheduleKind kind = LrScheduleKind::kCosine;
 
   // Steps count from 0: step 0 of a 10-step warmup runs at lr / 10.
   double at(int64_t step) const;
