@@ -142,25 +142,21 @@ nlohmann::json read_metadata(const std::string& checkpoint) {
   return meta;
 }
 
-std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
-                 const TrainerState& state, dist::World& world) {
-  auto& group = world.group();
-  const int rank = world.rank(), w = world.size();
-  const std::string name = step_name(state.step);
-  const std::string final_dir = dir + "/" + name;
-  const std::string tmp_dir = final_dir + ".tmp";
-  if (rank == 0) {
-    fs::create_directories(dir);
-    fs::remove_all(tmp_dir);  // an earlier save that died here
-    fs::create_directories(tmp_dir);
-  }
-  dist::barrier(group);
+namespace {
 
-  // This rank's file: its shards (one replica writes each), its moments, its RNG.
-  const auto shards = local_shards(model);
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+// Save, stage 1: this rank's file (its shards, one replica writing each; its
+// AdamW moments; its RNG) into the temporary directory. Returns the table
+// rank 0 needs: per parameter (begin, count, writes, adam step).
+at::Tensor write_rank_file(const std::string& tmp_dir, const std::vector<LocalShard>& shards,
+                           torch::optim::AdamW& optimizer, int rank, WrittenFile& written) {
   std::vector<io::SafetensorsWriter::Spec> specs;
   std::vector<at::Tensor> tensors;
-  at::Tensor table = at::zeros({static_cast<int64_t>(shards.size()), 4}, at::kLong);  // begin, count, writes, adam step
+  at::Tensor table = at::zeros({static_cast<int64_t>(shards.size()), 4}, at::kLong);
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& s = shards[i];
     const bool writes = s.sharded ? s.replica == 0 : rank == 0;
@@ -186,87 +182,112 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), specs);
   for (const auto& t : tensors) writer.write(t);
   writer.commit();
+  written = {writer.bytes_written(), writer.crc32()};
+  return table;
+}
+
+// Save, stage 2 (rank 0): metadata.json from every rank's table and file.
+nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::Tensor& all_tables,
+                              const at::Tensor& all_files, const TrainerState& state, int w) {
+  nlohmann::json params = nlohmann::json::object();
+  auto tables = all_tables.view({w, static_cast<int64_t>(shards.size()), 4});
+  for (size_t i = 0; i < shards.size(); ++i) {
+    nlohmann::json pieces = nlohmann::json::array();
+    int64_t adam_step = 0;
+    for (int r = 0; r < w; ++r) {
+      const auto row = tables[r][static_cast<int64_t>(i)];
+      adam_step = std::max(adam_step, row[3].item<int64_t>());
+      if (row[2].item<int64_t>() == 1) {
+        pieces.push_back({{"rank", r}, {"begin", row[0].item<int64_t>()}, {"count", row[1].item<int64_t>()}});
+      }
+    }
+    params[shards[i].fqn] = {{"shape", shards[i].shape},
+                             {"dtype", io::safetensors_dtype_name(shards[i].local.scalar_type())},
+                             {"adam_step", adam_step},
+                             {"shards", pieces}};
+  }
+  nlohmann::json files = nlohmann::json::array();
+  for (int r = 0; r < w; ++r) {
+    files.push_back({{"rank", r},
+                     {"name", rank_file(r)},
+                     {"bytes", all_files[2 * r].item<int64_t>()},
+                     {"crc32", static_cast<uint32_t>(all_files[2 * r + 1].item<int64_t>())}});
+  }
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"step", state.step},
+          {"world_size", w},
+          {"sharding", state.sharding},
+          {"mesh", state.mesh},
+          {"config", state.config_yaml},
+          {"hf_config", state.hf_config},
+          {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
+          {"params", params},
+          {"files", files}};
+}
+
+// Save, stage 3 (rank 0): the directory appears whole, then `latest` moves
+// to it; then only the newest `keep` are kept.
+void publish(const std::string& dir, const std::string& tmp_dir, const std::string& final_dir, const std::string& name,
+             int keep) {
+  fsync_dir(tmp_dir);
+  maybe_die_in_save();
+  fs::remove_all(final_dir);
+  fs::rename(tmp_dir, final_dir);
+  fsync_dir(dir);
+  io::write_file_atomically(dir + "/latest", name + "\n");
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i) fs::remove_all(dir + "/" + steps[i]);
+}
+
+}  // namespace
+
+std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                 const TrainerState& state, dist::World& world) {
+  auto& group = world.group();
+  const int rank = world.rank(), w = world.size();
+  const std::string name = step_name(state.step);
+  const std::string final_dir = dir + "/" + name;
+  const std::string tmp_dir = final_dir + ".tmp";
+  if (rank == 0) {
+    fs::create_directories(dir);
+    fs::remove_all(tmp_dir);  // an earlier save that died here
+    fs::create_directories(tmp_dir);
+  }
+  dist::barrier(group);
+
+  const auto shards = local_shards(model);
+  WrittenFile written;
+  const at::Tensor table = write_rank_file(tmp_dir, shards, optimizer, rank, written);
 
   // Rank 0 learns who holds what, and every file's size and checksum.
   at::Tensor all_tables = at::empty({w * table.numel()}, at::kLong);
   dist::all_gather_into_tensor(group, all_tables, table.view({-1})).wait();
-  at::Tensor file_info = at::tensor({static_cast<int64_t>(writer.bytes_written()), static_cast<int64_t>(writer.crc32())}, at::kLong);
+  at::Tensor file_info = at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.crc32)}, at::kLong);
   at::Tensor all_files = at::empty({2 * w}, at::kLong);
   dist::all_gather_into_tensor(group, all_files, file_info).wait();
 
   if (rank == 0) {
-    nlohmann::json params = nlohmann::json::object();
-    auto tables = all_tables.view({w, static_cast<int64_t>(shards.size()), 4});
-    for (size_t i = 0; i < shards.size(); ++i) {
-      nlohmann::json pieces = nlohmann::json::array();
-      int64_t adam_step = 0;
-      for (int r = 0; r < w; ++r) {
-        const auto row = tables[r][static_cast<int64_t>(i)];
-        adam_step = std::max(adam_step, row[3].item<int64_t>());
-        if (row[2].item<int64_t>() == 1) {
-          pieces.push_back({{"rank", r}, {"begin", row[0].item<int64_t>()}, {"count", row[1].item<int64_t>()}});
-        }
-      }
-      params[shards[i].fqn] = {{"shape", shards[i].shape},
-                               {"dtype", io::safetensors_dtype_name(shards[i].local.scalar_type())},
-                               {"adam_step", adam_step},
-                               {"shards", pieces}};
-    }
-    nlohmann::json files = nlohmann::json::array();
-    for (int r = 0; r < w; ++r) {
-      files.push_back({{"rank", r},
-                       {"name", rank_file(r)},
-                       {"bytes", all_files[2 * r].item<int64_t>()},
-                       {"crc32", static_cast<uint32_t>(all_files[2 * r + 1].item<int64_t>())}});
-    }
-    nlohmann::json meta = {{"format", kFormat},
-                           {"version", kVersion},
-                           {"step", state.step},
-                           {"world_size", w},
-                           {"sharding", state.sharding},
-                           {"mesh", state.mesh},
-                           {"config", state.config_yaml},
-                           {"hf_config", state.hf_config},
-                           {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
-                           {"params", params},
-                           {"files", files}};
-    io::write_file_atomically(tmp_dir + "/metadata.json", meta.dump(1) + "\n");
-    fsync_dir(tmp_dir);
-    maybe_die_in_save();
-    // Publish: the directory appears whole, then `latest` moves to it.
-    fs::remove_all(final_dir);
-    fs::rename(tmp_dir, final_dir);
-    fsync_dir(dir);
-    io::write_file_atomically(dir + "/latest", name + "\n");
-    // Keep the newest `keep` checkpoints.
-    std::vector<std::string> steps;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const auto n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i) fs::remove_all(dir + "/" + steps[i]);
+    io::write_file_atomically(tmp_dir + "/metadata.json",
+                              build_metadata(shards, all_tables, all_files, state, w).dump(1) + "\n");
+    publish(dir, tmp_dir, final_dir, name, keep);
   }
   dist::barrier(group);
   return final_dir;
 }
 
-TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
-                  dist::World& world) {
-  const nlohmann::json meta = read_metadata(checkpoint);
-  const auto shards = local_shards(model);
-  const auto& params = meta["params"];
-  // The same model: every parameter, with its shape.
-  for (const auto& s : shards) {
-    FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
-               s.fqn, "'");
-    const auto saved = params[s.fqn]["shape"].get<std::vector<int64_t>>();
-    FSDP_CHECK(saved == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
-               "' was saved with shape ", c10::IntArrayRef(saved), ", this model has ", c10::IntArrayRef(s.shape));
-  }
-  FSDP_CHECK(params.size() == shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
-             " parameters, this model ", shards.size(), ": it is from another model");
+namespace {
 
+// Load: this rank's ranges of every parameter and its AdamW moments; and,
+// when each rank maps to one saved, that rank's random state.
+at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta, const std::vector<LocalShard>& shards,
+                       torch::optim::AdamW& optimizer, const dist::World& world) {
+  const auto& params = meta["params"];
   Files files(checkpoint, meta);
   torch::NoGradGuard no_grad;
   for (const auto& s : shards) {
@@ -286,14 +307,11 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
     adam->exp_avg_sq(moment("exp_avg_sq/"));
     optimizer.state()[state_key(s.param)] = std::move(adam);
   }
-  // The random stream continues where it was, when each rank maps to one saved.
-  if (meta["world_size"].get<int>() == world.size()) {
-    const auto& mine = files.get(world.rank());
-    auto generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
-    generator.set_state(mine.view("rng/cpu").clone());
-  }
-  dist::barrier(world.group());
+  if (meta["world_size"].get<int>() != world.size()) return {};
+  return files.get(world.rank()).view("rng/cpu").clone();
+}
 
+TrainerState trainer_state(const nlohmann::json& meta) {
   TrainerState state;
   state.step = meta["step"].get<int64_t>();
   state.tokens_seen = meta["trainer"].value("tokens_seen", int64_t{0});
@@ -303,6 +321,57 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
   state.sharding = meta.value("sharding", "");
   state.mesh = meta.value("mesh", std::vector<int64_t>{});
   return state;
+}
+
+}  // namespace
+
+TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                  dist::World& world) {
+  const nlohmann::json meta = read_metadata(checkpoint);
+  const auto shards = local_shards(model);
+  const auto& params = meta["params"];
+  // The same model: every parameter, with its shape.
+  for (const auto& s : shards) {
+    FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
+               s.fqn, "'");
+    const auto saved = params[s.fqn]["shape"].get<std::vector<int64_t>>();
+    FSDP_CHECK(saved == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
+               "' was saved with shape ", c10::IntArrayRef(saved), ", this model has ", c10::IntArrayRef(s.shape));
+  }
+  FSDP_CHECK(params.size() == shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
+             " parameters, this model ", shards.size(), ": it is from another model");
+
+  // A rank that cannot read its ranges (a damaged or missing file) must not
+  // leave the others waiting in a collective that then fails with a
+  // transport error: every rank learns which ranks failed, each of those
+  // reports its own cause, and the rest name them.
+  std::string failure;
+  at::Tensor rng;
+  try {
+    rng = read_ranges(checkpoint, meta, shards, optimizer, world);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  at::Tensor failed = at::zeros({world.size()}, at::kFloat);
+  failed[world.rank()] = failure.empty() ? 0.0f : 1.0f;
+  dist::all_reduce(world.group(), failed, dist::ReduceOp::kSum).wait();
+  if (!failure.empty()) throw Error(failure);
+  std::vector<int> ranks;
+  for (int r = 0; r < world.size(); ++r) {
+    if (failed[r].item<float>() > 0) ranks.push_back(r);
+  }
+  if (!ranks.empty()) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw Error("checkpoint '" + checkpoint + "' could not be loaded by rank(s) " + list + " (their error says why)");
+  }
+  // The random stream continues where it was.
+  if (rng.defined()) {
+    auto generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
+    generator.set_state(rng);
+  }
+  dist::barrier(world.group());
+  return trainer_state(meta);
 }
 
 std::string inspect(const std::string& checkpoint) {

@@ -131,6 +131,8 @@ class DamagedCheckpoint : public ::testing::Test {
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in\n" << r.output;
     EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("Connection closed"), std::string::npos) << "a second, transport error: " << r.output;
+    EXPECT_EQ(r.output.find("gloo"), std::string::npos) << "a second, transport error: " << r.output;
     EXPECT_EQ(read_text(dir_ + "/ckpt/latest"), before);
     EXPECT_FALSE(exists(dir_ + "/ckpt/step_00000004"));
   }
@@ -140,6 +142,9 @@ class DamagedCheckpoint : public ::testing::Test {
 TEST_F(DamagedCheckpoint, TruncatedShard) {
   fs::resize_file(rank1_, fs::file_size(rank1_) - 100);
   expect_refused("rank_00001.safetensors' is");
+  // Rank 1 says what is wrong; rank 0 names rank 1, with no transport error.
+  expect_refused("[rank 0] error: checkpoint '" + dir_ + "/ckpt/step_00000002' could not be loaded by rank(s) 1");
+  expect_refused("[rank 1] error: ");
 }
 
 TEST_F(DamagedCheckpoint, BitFlippedShard) {
