@@ -9,7 +9,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import svg_plot  # noqa: E402
+import charts  # noqa: E402
 
 
 def main():
@@ -38,15 +38,15 @@ def main():
         t += (l["step"] - last_step) * l["step_time_s"]
         elapsed[l["step"]] = t
         last_step = l["step"]
-    svg_plot.lines(os.path.join(sys.argv[2], "loss_vs_step.svg"),
+    charts.lines(os.path.join(sys.argv[2], "loss_vs_step.svg"),
                    {"train": [(l["step"], l["loss"]) for l in train], "val": [(l["step"], l["loss"]) for l in val]},
                    "step", "loss", "Loss")
     at = lambda step: min(elapsed.items(), key=lambda kv: abs(kv[0] - step))[1] if step else 0.0
-    svg_plot.lines(os.path.join(sys.argv[2], "loss_vs_time.svg"),
+    charts.lines(os.path.join(sys.argv[2], "loss_vs_time.svg"),
                    {"train": [(elapsed[l["step"]], l["loss"]) for l in train],
                     "val": [(at(l["step"]), l["loss"]) for l in val]},
                    "seconds of training", "loss", "Loss against time")
-    svg_plot.lines(os.path.join(sys.argv[2], "throughput.svg"),
+    charts.lines(os.path.join(sys.argv[2], "throughput.svg"),
                    {"tokens/s": [(l["step"], l["tokens_per_s"]) for l in train]}, "step", "tokens/s", "Throughput")
     print(f"plot_metrics: wrote loss_vs_step.svg, loss_vs_time.svg, throughput.svg to {sys.argv[2]}")
 

@@ -138,13 +138,13 @@ def main():
     comm = subprocess.run(f"{FSDP} launch -n 2 -- {FSDP} bench comm -b 4096 -e 16777216 -f 16",
                           shell=True, check=True, capture_output=True, text=True).stdout
     json.dump({"peers": results, "strategies": rows}, open(os.path.join(out_dir, "results.json"), "w"), indent=1)
-    import svg_plot
-    svg_plot.bars(os.path.join(out_dir, "memory_by_strategy.svg"),
-                  [(r["config"], r["state_mb_per_rank"]) for r in rows if "+" not in r["config"] and "bf16" not in r["config"]],
-                  "MB per rank", "Parameters + gradients + AdamW state per rank")
-    svg_plot.bars(os.path.join(out_dir, "throughput_by_strategy.svg"),
-                  [(r["config"], r["tokens_per_s"]) for r in rows if "+" not in r["config"] and "bf16" not in r["config"]],
-                  "tokens/s", "Throughput by strategy")
+    import charts
+    plain = [r for r in rows if "+" not in r["config"] and "bf16" not in r["config"]]
+    charts.bars(os.path.join(out_dir, "memory_by_strategy.svg"), [(r["config"], r["state_mb_per_rank"]) for r in plain],
+                "MB per rank", "Parameters + gradients + AdamW state per rank")
+    charts.bars(os.path.join(out_dir, "throughput_by_strategy.svg"), [(r["config"], r["tokens_per_s"]) for r in plain],
+                "tokens/s", "Throughput by strategy",
+                spread=[(r["tokens_per_s_min"], r["tokens_per_s_max"]) for r in plain])
     with open(os.path.join(out_dir, "results.md"), "w") as md:
         md.write("| case | fsdp.cpp tokens/s (median, min-max) | PyTorch tokens/s (median, min-max) | ratio |\n")
         md.write("| --- | --- | --- | --- |\n")
