@@ -4,7 +4,10 @@
 #include <iostream>
 #include <sstream>
 
+#include <filesystem>
+
 #include "commands.h"
+#include "fsdp/common/error.h"
 #include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/data/prepare.h"
 
@@ -39,8 +42,11 @@ void add_data_command(CLI::App& app, int& exit_code) {
 
   auto tokenizer_dir = std::make_shared<std::string>("data/gpt2");
   auto* encode = data->add_subcommand("encode", "print the GPT-2 token ids of standard input, one line");
-  encode->add_option("--tokenizer", *tokenizer_dir, "directory with encoder.json and vocab.bpe");
+  encode->add_option("--tokenizer", *tokenizer_dir, "directory with encoder.json and vocab.bpe")->capture_default_str();
   encode->callback([tokenizer_dir, &exit_code] {
+    FSDP_CHECK(std::filesystem::exists(*tokenizer_dir + "/encoder.json") && std::filesystem::exists(*tokenizer_dir + "/vocab.bpe"),
+               "--tokenizer '", *tokenizer_dir,
+               "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
     data::GPT2Tokenizer tokenizer(*tokenizer_dir + "/encoder.json", *tokenizer_dir + "/vocab.bpe");
     std::stringstream in;
     in << std::cin.rdbuf();

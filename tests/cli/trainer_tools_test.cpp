@@ -278,6 +278,9 @@ TEST(GenerateErrors, FromAndTemperatureAreNamed) {
   const auto missing = run_command(kCli + " generate --from /nonexistent/model --tokenizer " + kSource + "/data/gpt2");
   EXPECT_EQ(missing.exit_code, 1) << missing.output;
   EXPECT_TRUE(contains(missing.output, "--from '/nonexistent/model': no such directory")) << missing.output;
+  const auto encode = run_command("echo hi | " + kCli + " data encode --tokenizer /nonexistent");
+  EXPECT_EQ(encode.exit_code, 1) << encode.output;
+  EXPECT_TRUE(contains(encode.output, "--tokenizer '/nonexistent' has no encoder.json")) << encode.output;
   const auto cold = run_command(kCli + " generate --from /tmp --temperature -1");
   EXPECT_EQ(cold.exit_code, 2) << cold.output;
   EXPECT_TRUE(contains(cold.output, "--temperature")) << cold.output;
