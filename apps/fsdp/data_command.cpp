@@ -4,10 +4,7 @@
 #include <iostream>
 #include <sstream>
 
-#include <filesystem>
-
 #include "commands.h"
-#include "fsdp/common/error.h"
 #include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/data/prepare.h"
 
@@ -44,13 +41,10 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto* encode = data->add_subcommand("encode", "print the GPT-2 token ids of standard input, one line");
   encode->add_option("--tokenizer", *tokenizer_dir, "directory with encoder.json and vocab.bpe")->capture_default_str();
   encode->callback([tokenizer_dir, &exit_code] {
-    FSDP_CHECK(std::filesystem::exists(*tokenizer_dir + "/encoder.json") && std::filesystem::exists(*tokenizer_dir + "/vocab.bpe"),
-               "--tokenizer '", *tokenizer_dir,
-               "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
-    data::GPT2Tokenizer tokenizer(*tokenizer_dir + "/encoder.json", *tokenizer_dir + "/vocab.bpe");
+    const auto tokenizer = data::load_gpt2_tokenizer(*tokenizer_dir);
     std::stringstream in;
     in << std::cin.rdbuf();
-    const auto ids = tokenizer.encode(in.str());
+    const auto ids = tokenizer->encode(in.str());
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
     std::printf("\n");
     exit_code = 0;

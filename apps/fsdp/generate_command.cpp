@@ -31,23 +31,21 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->callback([f, &exit_code] {
     FSDP_CHECK(std::filesystem::is_directory(f->from), "--from '", f->from,
                "': no such directory (expected a Hugging Face model directory: config.json + model.safetensors)");
-    FSDP_CHECK(std::filesystem::exists(f->tokenizer + "/encoder.json") && std::filesystem::exists(f->tokenizer + "/vocab.bpe"),
-               "--tokenizer '", f->tokenizer, "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
-    data::GPT2Tokenizer tokenizer(f->tokenizer + "/encoder.json", f->tokenizer + "/vocab.bpe");
+    const auto tokenizer = data::load_gpt2_tokenizer(f->tokenizer);
     models::CausalLM model{nullptr};
     try {
       model = models::load_hf_pretrained(f->from);
     } catch (const Error& e) {
       throw Error("--from '" + f->from + "': " + e.what());
     }
-    auto prompt = tokenizer.encode(f->prompt);
+    auto prompt = tokenizer->encode(f->prompt);
     if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
     for (const int32_t id : prompt) {
       FSDP_CHECK(id < model->vocab_size(), "--prompt encodes to token ", id, ", outside the vocabulary of ",
                  model->vocab_size(), " of the model in '", f->from, "'");
     }
     const auto ids = train::generate(model, prompt, f->sample);
-    std::printf("%s%s\n", f->prompt.c_str(), tokenizer.decode(ids).c_str());
+    std::printf("%s%s\n", f->prompt.c_str(), tokenizer->decode(ids).c_str());
     exit_code = 0;
   });
 }

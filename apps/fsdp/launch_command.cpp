@@ -18,7 +18,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--master-addr,--master_addr", options->master_addr, "host of rank 0 (default 127.0.0.1)");
   cmd->add_option("--master-port,--master_port", options->master_port,
                   "rendezvous port (default: a free port; fixed for multi-node)");
-  auto* standalone = cmd->add_flag("--standalone", "one node, rendezvous on a free local port (torchrun's --standalone)");
+  auto* standalone =
+      cmd->add_flag("--standalone", "one node, rendezvous on a free local port (torchrun's --standalone)");
   standalone->excludes(nnodes)->excludes(node_rank);
   cmd->add_option("--threads-per-rank", options->threads_per_rank,
                   "intra-op threads per rank (default: cores / ranks; OMP_NUM_THREADS wins if set)");
@@ -30,8 +31,9 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->callback([options, node_rank, &exit_code] {
     if (options->nnodes > 1 && node_rank->count() == 0) {
       // A usage error (exit 2): every node would otherwise claim to be node 0.
-      throw CLI::ValidationError("--nnodes " + std::to_string(options->nnodes) + " needs --node-rank (this node's index, 0.." +
-                                 std::to_string(options->nnodes - 1) + ") on every node");
+      throw CLI::ValidationError("--nnodes " + std::to_string(options->nnodes) +
+                                 " needs --node-rank (this node's index, 0.." + std::to_string(options->nnodes - 1) +
+                                 ") on every node");
     }
     exit_code = launch::run(*options);
   });

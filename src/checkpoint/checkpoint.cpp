@@ -81,9 +81,8 @@ class Files {
     FSDP_CHECK(size == info->second["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
                " bytes but was written with ", info->second["bytes"].get<int64_t>(), " (truncated or replaced)");
     const uint32_t crc = io::file_crc32(path);
-    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path,
-               "' fails its checksum (CRC-32 ", crc, ", expected ", info->second["crc32"].get<uint32_t>(),
-               "): the file is damaged");
+    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path, "' fails its checksum (CRC-32 ",
+               crc, ", expected ", info->second["crc32"].get<uint32_t>(), "): the file is damaged");
     return *open_.emplace(rank, std::make_unique<io::SafetensorsFile>(path)).first->second;
   }
 
@@ -133,7 +132,8 @@ nlohmann::json read_metadata(const std::string& checkpoint) {
   } catch (const std::exception& e) {
     throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
   }
-  FSDP_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "'", path, "' is not fsdp.cpp checkpoint metadata");
+  FSDP_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "'", path,
+             "' is not fsdp.cpp checkpoint metadata");
   FSDP_CHECK(meta.value("version", 0) == kVersion, "'", path, "' has version ", meta.value("version", 0),
              ", this build reads version ", kVersion);
   for (const char* key : {"step", "world_size", "params", "files", "trainer"}) {
@@ -242,7 +242,8 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
     if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
   }
   std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i) fs::remove_all(dir + "/" + steps[i]);
+  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i)
+    fs::remove_all(dir + "/" + steps[i]);
 }
 
 }  // namespace
@@ -268,7 +269,8 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   // Rank 0 learns who holds what, and every file's size and checksum.
   at::Tensor all_tables = at::empty({w * table.numel()}, at::kLong);
   dist::all_gather_into_tensor(group, all_tables, table.view({-1})).wait();
-  at::Tensor file_info = at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.crc32)}, at::kLong);
+  at::Tensor file_info =
+      at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.crc32)}, at::kLong);
   at::Tensor all_files = at::empty({2 * w}, at::kLong);
   dist::all_gather_into_tensor(group, all_files, file_info).wait();
 

@@ -1,5 +1,6 @@
 #include "fsdp/data/gpt2_tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -165,6 +166,13 @@ std::string GPT2Tokenizer::decode(const std::vector<int32_t>& ids) const {
     }
   }
   return text;
+}
+
+std::unique_ptr<GPT2Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
+  const std::string encoder = dir + "/encoder.json", merges = dir + "/vocab.bpe";
+  FSDP_CHECK(std::filesystem::exists(encoder) && std::filesystem::exists(merges), "--tokenizer '", dir,
+             "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
+  return std::make_unique<GPT2Tokenizer>(encoder, merges);
 }
 
 }  // namespace fsdp::data

@@ -99,9 +99,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     files.push_back(o.input);
   }
   FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json or .jsonl documents");
-  const std::string encoder = o.tokenizer_dir + "/encoder.json", merges = o.tokenizer_dir + "/vocab.bpe";
-  FSDP_CHECK(fs::exists(encoder) && fs::exists(merges), "--tokenizer '", o.tokenizer_dir,
-             "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
+  // Loaded before the corpus is read: a missing tokenizer fails at once.
+  std::unique_ptr<GPT2Tokenizer> first_tokenizer = load_gpt2_tokenizer(o.tokenizer_dir);
 
   std::vector<std::string> docs;
   PrepareStats stats;
@@ -116,8 +115,9 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
 
   // Documents are independent: each thread encodes every n-th with its own
   // tokenizer (the tokenizer's cache is not shared).
-  const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
-                                                static_cast<int>(docs.size())));
+  const int threads =
+      std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
+                                static_cast<int>(docs.size())));
   std::vector<std::vector<int32_t>> encoded(docs.size());
   std::atomic<int64_t> done{0}, done_bytes{0};
   std::vector<std::thread> pool;
@@ -127,9 +127,9 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       try {
-        GPT2Tokenizer tokenizer(encoder, merges);
+        const auto tokenizer = t == 0 ? std::move(first_tokenizer) : load_gpt2_tokenizer(o.tokenizer_dir);
         for (size_t i = static_cast<size_t>(t); i < docs.size(); i += static_cast<size_t>(threads)) {
-          encoded[i] = tokenizer.encode(docs[i]);
+          encoded[i] = tokenizer->encode(docs[i]);
           done_bytes += static_cast<int64_t>(docs[i].size());
           ++done;
         }
@@ -144,8 +144,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   auto report = [&] {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "%stokenized %lld/%lld documents, %.1f/%.1f MB (%.1f MB/s, %d threads)%s",
-                 tty ? "\r" : "", static_cast<long long>(done.load()), static_cast<long long>(docs.size()),
+    std::fprintf(stderr, "%stokenized %lld/%lld documents, %.1f/%.1f MB (%.1f MB/s, %d threads)%s", tty ? "\r" : "",
+                 static_cast<long long>(done.load()), static_cast<long long>(docs.size()),
                  static_cast<double>(done_bytes.load()) / 1e6, static_cast<double>(stats.bytes) / 1e6,
                  static_cast<double>(done_bytes.load()) / 1e6 / std::max(secs, 1e-9), threads, tty ? "" : "\n");
   };

@@ -46,8 +46,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   width_ = version_ == 1 ? 2 : 4;
   const int64_t width = width_;
   const int64_t available = (static_cast<int64_t>(map_size_) - kHeaderBytes) / width;
-  FSDP_CHECK(available >= count_, "'", path, "' is truncated: its header promises ", count_, " tokens but the body holds ",
-             available);
+  FSDP_CHECK(available >= count_, "'", path, "' is truncated: its header promises ", count_,
+             " tokens but the body holds ", available);
 }
 
 TokenFile::~TokenFile() {
@@ -150,13 +150,15 @@ std::vector<std::string> expand_token_paths(const std::string& spec, const std::
     if (item.empty()) continue;
     struct stat st {};
     if (item.find_first_of("*?[") != std::string::npos) {
-      glob_t g {};
+      glob_t g{};
       const int rc = ::glob(item.c_str(), 0, nullptr, &g);
       FSDP_CHECK(rc == 0 && g.gl_pathc > 0, flag, " '", item, "' matches no file");
       for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
       ::globfree(&g);
     } else {
-      FSDP_CHECK(::stat(item.c_str(), &st) == 0, flag, " '", item, "': no such file (expected an llm.c token file, a glob such as 'train_*.bin', or a comma-separated list)");
+      FSDP_CHECK(
+          ::stat(item.c_str(), &st) == 0, flag, " '", item,
+          "': no such file (expected an llm.c token file, a glob such as 'train_*.bin', or a comma-separated list)");
       FSDP_CHECK(!S_ISDIR(st.st_mode), flag, " '", item, "' is a directory; expected token files (try '", item,
                  "/train_*.bin' or '", item, "/train.bin')");
       out.push_back(item);

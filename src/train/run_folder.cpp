@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 std::string default_run_name(const std::string& model, int64_t unix_seconds) {
   const std::time_t t = static_cast<std::time_t>(unix_seconds);
-  std::tm tm {};
+  std::tm tm{};
   ::gmtime_r(&t, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);

@@ -70,8 +70,8 @@ void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, do
     const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(kWidth, '.');
-    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", bar.c_str(), static_cast<long long>(step + 1),
-                static_cast<long long>(total_steps_), loss, tokens_per_s, eta);
+    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", bar.c_str(),
+                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, tokens_per_s, eta);
     bar_drawn_ = true;
   } else {
     std::printf("%s\n", line);

@@ -116,7 +116,7 @@ void Trainer::choose_run_folder() {
       const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
       auto t = torch::full({1}, world_->rank() == 0 ? static_cast<double>(now.count()) : 0.0, torch::kDouble);
       dist::all_reduce(world_->group(), t, dist::ReduceOp::kMax).wait();
-      const std::string model = r.out_dir.empty() && !config_.model.init_from.empty()
+      const std::string model = !config_.model.init_from.empty()
                                     ? std::filesystem::path(config_.model.init_from).filename().string()
                                     : config_.model.name;
       r.run_name = default_run_name(model, static_cast<int64_t>(t.item<double>()));
@@ -206,11 +206,7 @@ void Trainer::build_data() {
 void Trainer::load_tokenizer() {
   const auto& r = config_.runtime;
   if (r.sample_tokens == 0) return;
-  const auto& dir = r.tokenizer;
-  FSDP_CHECK(std::filesystem::exists(dir + "/encoder.json") && std::filesystem::exists(dir + "/vocab.bpe"),
-             "--sample-tokens needs the GPT-2 tokenizer: --tokenizer '", dir,
-             "' has no encoder.json and vocab.bpe (scripts/fetch_data.sh downloads them to data/gpt2)");
-  tokenizer_ = std::make_unique<data::GPT2Tokenizer>(dir + "/encoder.json", dir + "/vocab.bpe");
+  tokenizer_ = data::load_gpt2_tokenizer(r.tokenizer);
   // Checked now, not after training: a prompt the model cannot embed.
   sample_prompt_ = tokenizer_->encode(r.sample_prompt);
   if (sample_prompt_.empty()) sample_prompt_.push_back(data::GPT2Tokenizer::kEndOfText);
@@ -219,9 +215,6 @@ void Trainer::load_tokenizer() {
                ", outside the model's vocabulary of ", model_->vocab_size(),
                " (the GPT-2 tokenizer needs a model with at least 50257 tokens; use another prompt or model)");
   }
-  FSDP_CHECK(data::GPT2Tokenizer::kEndOfText < model_->vocab_size() || !r.sample_prompt.empty(),
-             "--sample-tokens: the empty prompt starts with <|endoftext|> (50256), outside the model's vocabulary of ",
-             model_->vocab_size());
 }
 
 void Trainer::choose_decay_groups() {
@@ -452,7 +445,6 @@ void Trainer::resume_if_possible() {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
-  last_saved_step_ = steps_done;
   if (!parameters_finite(world_->group(), *model_)) {
     if (world_->rank() == 0) {
       progress_->message("step " + std::to_string(steps_done) +
@@ -475,6 +467,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
   const auto path = checkpoint::save(config_.checkpoint.dir, static_cast<int>(config_.checkpoint.keep), *model_,
                                      *optimizer_, state, *world_);
+  last_saved_step_ = steps_done;
   if (world_->rank() == 0) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[512];
@@ -528,10 +521,8 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   compat::zero_grad_to_none(*optimizer_);
   const double optimizer_s = seconds_since(optimizer_start);
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
-  StepStats stats{loss, grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before, data_s,
-                  forward_backward_s, optimizer_s};
-  stats.skipped = skip;
-  stats.skip_reason = skip_reason;
+  StepStats stats{loss,        grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before,
+                  data_s,      forward_backward_s, optimizer_s, skip, skip_reason};
   for (const auto& e : event_log(*model_)) {
     if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
         e.kind == FSDPEvent::Kind::kAllReduce) {

@@ -88,9 +88,9 @@ TEST(RunFolder, TwoRunsIntoOneFolderDoNotMixAndAResumeContinuesItsOwn) {
 
 TEST(RunFolder, TensorBoardRecordsDecodeIndependentlyAndCarryTheMetrics) {
   const auto dir = make_temp_dir();
-  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny +
-                             " --data synthetic --val-data synthetic --eval-every 2 --eval-batches 2 --steps 4 --out-dir " +
-                             dir + "/run");
+  const auto r = run_command(
+      kCli + " launch -n 2 -- " + kCli + kTiny +
+      " --data synthetic --val-data synthetic --eval-every 2 --eval-batches 2 --steps 4 --out-dir " + dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::string> events;
   for (const auto& e : fs::directory_iterator(dir + "/run/tensorboard")) events.push_back(e.path().string());
@@ -107,8 +107,8 @@ TEST(RunFolder, TensorBoardRecordsDecodeIndependentlyAndCarryTheMetrics) {
 
 TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
   const auto dir = make_temp_dir();
-  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny + " --data synthetic --steps 4 --profile-steps 2:3 --out-dir " +
-                             dir + "/run");
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny +
+                             " --data synthetic --steps 4 --profile-steps 2:3 --out-dir " + dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < 2; ++rank) {
     const auto path = dir + "/run/traces/rank" + std::to_string(rank) + ".json";
@@ -134,8 +134,8 @@ TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
 TEST(Data, ThreeShardsAtOneRankEqualTwoRanksShuffledOrNot) {
   const auto dir = make_temp_dir();
   const auto shards = sharded_corpus(dir);
-  const std::string common = " train --model gpt2-tiny --seq-len 16 --steps 6 --lr 1e-3 --log-every 1 --grad-clip 0 --data '" +
-                             shards + "'";
+  const std::string common =
+      " train --model gpt2-tiny --seq-len 16 --steps 6 --lr 1e-3 --log-every 1 --grad-clip 0 --data '" + shards + "'";
   std::map<std::string, std::vector<double>> losses;
   for (const std::string shuffle : {"", " --shuffle"}) {
     for (int w : {1, 2}) {
@@ -194,8 +194,10 @@ TEST(Train, SkipSpikesSkipsTheUpdateOfALossSpike) {
     tokens.push_back(static_cast<int32_t>((x >> 8) % 500));
   }
   data::write_token_file(dir + "/spiky.bin", tokens);
-  const std::string common = kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 4 --lr 1e-2 --warmup-steps 2"
-                                    " --lr-schedule constant --log-every 1 --steps 42 --data " + dir + "/spiky.bin --max-bad-steps 1";
+  const std::string common = kCli +
+                             " train --model gpt2-tiny --seq-len 16 --batch-size 4 --lr 1e-2 --warmup-steps 2"
+                             " --lr-schedule constant --log-every 1 --steps 42 --data " +
+                             dir + "/spiky.bin --max-bad-steps 1";
   const auto plain = run_command(common + " --out-dir " + dir + "/plain");
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto guarded = run_command(common + " --skip-spikes 4 --out-dir " + dir + "/guarded");
@@ -255,8 +257,9 @@ TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {
     EXPECT_TRUE(contains(r.output, key.flag + " ")) << key.flag << " (" << key.dotted << ") has no flag";
     EXPECT_TRUE(contains(r.output, "(" + key.dotted + ")")) << key.dotted;
   }
-  for (const char* needle : {"--lr FLOAT=0.0003", "--eval-batches INT=8", "--beta2 FLOAT=0.95",
-                             "--precision fp32|bf16|fp16=fp32", "--tensorboard [BOOL]=true", "gpt2-tiny (vocabulary 512)"}) {
+  for (const char* needle :
+       {"--lr FLOAT=0.0003", "--eval-batches INT=8", "--beta2 FLOAT=0.95", "--precision fp32|bf16|fp16=fp32",
+        "--tensorboard [BOOL]=true", "gpt2-tiny (vocabulary 512)"}) {
     EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
   }
   const auto off = run_command(kCli + " train --tensorboard=false --eps 1e-6 --min-lr-ratio 0 --print-config");
@@ -300,7 +303,8 @@ TEST(TrainErrors, OutputPathsAreCheckedBeforeStepOne) {
 }
 
 TEST(TrainErrors, Fp16OnACpuBuildIsRefusedAtStart) {
-  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 2 --precision fp16 --out-dir " + make_temp_dir());
+  const auto r =
+      run_command(kCli + kTiny + " --data synthetic --steps 2 --precision fp16 --out-dir " + make_temp_dir());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "fp16 compute needs CUDA")) << r.output;
   EXPECT_TRUE(contains(r.output, "use bf16")) << r.output;
@@ -308,14 +312,18 @@ TEST(TrainErrors, Fp16OnACpuBuildIsRefusedAtStart) {
 
 TEST(TrainErrors, ASamplePromptOutsideTheVocabularyIsRefusedBeforeTraining) {
   if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
-  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 2 --sample-tokens 4 --sample-prompt 'Hello world'"
-                                            " --tokenizer " + kSource + "/data/gpt2 --out-dir " + make_temp_dir());
+  const auto r = run_command(kCli + kTiny +
+                             " --data synthetic --steps 2 --sample-tokens 4 --sample-prompt 'Hello world'"
+                             " --tokenizer " +
+                             kSource + "/data/gpt2 --out-dir " + make_temp_dir());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--sample-prompt encodes to token")) << r.output;
   EXPECT_TRUE(contains(r.output, "vocabulary of 512")) << r.output;
   EXPECT_FALSE(contains(r.output, "step 1/")) << r.output;
-  const auto missing = run_command(kCli + kTiny + " --data synthetic --steps 2 --sample-tokens 4 --tokenizer /nonexistent"
-                                                  " --out-dir " + make_temp_dir());
+  const auto missing = run_command(kCli + kTiny +
+                                   " --data synthetic --steps 2 --sample-tokens 4 --tokenizer /nonexistent"
+                                   " --out-dir " +
+                                   make_temp_dir());
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_TRUE(contains(missing.output, "--tokenizer '/nonexistent'")) << missing.output;
 }
@@ -325,7 +333,8 @@ TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
   const auto dir = make_temp_dir();
   {
     std::ofstream jsonl(dir + "/docs.jsonl");
-    for (int i = 0; i < 40; ++i) jsonl << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
+    for (int i = 0; i < 40; ++i)
+      jsonl << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
   }
   const auto tok = " --tokenizer " + kSource + "/data/gpt2";
   const auto r = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/out" + tok +
@@ -341,11 +350,15 @@ TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
   EXPECT_EQ(train.files(), static_cast<size_t>((36 * 6 + 99) / 100));
   // One thread gives the same files.
   ASSERT_EQ(run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/one" + tok +
-                        " --shard-tokens 100 --val-fraction 0.1 --threads 1").exit_code, 0);
+                        " --shard-tokens 100 --val-fraction 0.1 --threads 1")
+                .exit_code,
+            0);
   EXPECT_EQ(read_text(dir + "/one/train_000000.bin"), read_text(dir + "/out/train_000000.bin"));
   // --val-fraction 0: no val file at all; one short document: no empty val.bin.
   ASSERT_EQ(run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/noval" + tok +
-                        " --val-fraction 0").exit_code, 0);
+                        " --val-fraction 0")
+                .exit_code,
+            0);
   EXPECT_TRUE(exists(dir + "/noval/train.bin"));
   EXPECT_FALSE(exists(dir + "/noval/val.bin"));
   std::ofstream(dir + "/short.txt") << "Hi there";

@@ -40,4 +40,8 @@ class GPT2Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+// DIR/encoder.json and DIR/vocab.bpe, as every command's --tokenizer names
+// them; throws naming `--tokenizer 'DIR'` and where to get them when absent.
+std::unique_ptr<GPT2Tokenizer> load_gpt2_tokenizer(const std::string& dir);
+
 }  // namespace fsdp::data

@@ -48,7 +48,7 @@ struct TrainConfig {
     double min_lr_ratio = 0.1;  // of lr, where cosine and linear schedules end
     int64_t warmup_steps = 10;
     LrScheduleKind lr_schedule = LrScheduleKind::kCosine;
-    double weight_decay = 0.1;           // on matrices and embeddings, never norms and biases
+    double weight_decay = 0.1;  // on matrices and embeddings, never norms and biases
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
@@ -61,22 +61,22 @@ struct TrainConfig {
     int64_t log_every = 10;
     int64_t eval_every = 0;  // 0: only at the end (when data.val is set)
     int64_t eval_batches = 8;
-    std::string out_dir;   // the run folder; empty: out/<run_name>
-    std::string run_name;  // empty: <model>-<date>-<time>, agreed by all ranks
-    std::string metrics;   // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
+    std::string out_dir;        // the run folder; empty: out/<run_name>
+    std::string run_name;       // empty: <model>-<date>-<time>, agreed by all ranks
+    std::string metrics;        // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
     bool tensorboard = true;    // event files in <out_dir>/tensorboard
     std::string profile_steps;  // "A:B": a Chrome trace per rank over steps A..B
     std::string tokenizer = "data/gpt2";
     int64_t sample_tokens = 0;  // generate this many tokens at the end
     std::string sample_prompt = "\n";
-    std::string export_hf;  // write a Hugging Face directory at the end
+    std::string export_hf;        // write a Hugging Face directory at the end
     bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
     int64_t max_bad_steps = 3;    // non-finite steps in a row (skipped) before the run stops
     double skip_spikes = 0;       // skip updates whose loss z-score exceeds this; 0: off
   } runtime;
   struct Fsdp {
     Sharding sharding = Sharding::kFullShard;
-    int64_t fsdp_size = 0;                // shard-group size for hybrid_shard
+    int64_t fsdp_size = 0;  // shard-group size for hybrid_shard
     int64_t prefetch_depth = 1;
     bool explicit_prefetch = false;
   } fsdp;
@@ -105,9 +105,9 @@ struct TrainConfig {
 
   // One configuration key as the command line presents it.
   struct KeyInfo {
-    std::string dotted;         // section.key
-    std::string flag;           // --flag
-    std::string type;           // INT, FLOAT, BOOL, TEXT, or the allowed values joined by '|'
+    std::string dotted;  // section.key
+    std::string flag;    // --flag
+    std::string type;    // INT, FLOAT, BOOL, TEXT, or the allowed values joined by '|'
     std::string help;
     std::string default_value;  // as --print-config writes it
     bool boolean = false;

@@ -24,7 +24,7 @@ struct StepRange {
 class ProfileWindow {
  public:
   ProfileWindow(StepRange range, std::string trace_path);
-  ~ProfileWindow();  // a run stopped inside the window still writes its trace
+  ~ProfileWindow();                // a run stopped inside the window still writes its trace
   void step_begins(int64_t step);  // 0-based, as the trainer counts
   void step_ends(int64_t step);
   const std::string& path() const { return path_; }

@@ -90,7 +90,7 @@ class Trainer {
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
   RunFolder folder_;
-  bool saving_ = false;   // checkpoints are written (--ckpt-dir or --save-every)
+  bool saving_ = false;  // checkpoints are written (--ckpt-dir or --save-every)
   bool resumed_ = false;
   bool finished_already_ = false;  // resumed from a checkpoint at the last step
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
@@ -115,7 +115,7 @@ class Trainer {
   int64_t tokens_seen_ = 0;
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;
-  int64_t skipped_steps_ = 0;     // steps skipped in this run (non-finite or spikes)
+  int64_t skipped_steps_ = 0;  // steps skipped in this run (non-finite or spikes)
   int64_t bad_steps_in_a_row_ = 0;
   TrainSummary summary_;
 };
