@@ -302,6 +302,25 @@ TEST(TrainErrors, OutputPathsAreCheckedBeforeStepOne) {
   EXPECT_EQ(read_text(dir + "/a-file"), "x");
 }
 
+TEST(TrainErrors, AFailingExportAtTheEndSavesTheTrainedWeightsFirst) {
+  // The example transformer has no Hugging Face equivalent: its export fails
+  // only after training, and the run must not lose the trained state.
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " train --model example --data synthetic --seq-len 16 --batch-size 2 --steps 2"
+                                    " --log-every 1 --export-hf " + dir + "/hf --out-dir " + dir + "/run");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no Hugging Face equivalent")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the trained weights were saved to " + dir + "/run/checkpoints")) << r.output;
+  EXPECT_EQ(read_text(dir + "/run/checkpoints/latest"), "step_00000002\n");
+  EXPECT_TRUE(contains(read_text(dir + "/run/logs/rank0.log"), "error: ")) << "the rank's log keeps the reason";
+}
+
+TEST(TrainErrors, EvalEveryWithoutValidationDataWarns) {
+  const auto r = run_command(kCli + kTiny + " --data synthetic --steps 1 --eval-every 1 --out-dir " + make_temp_dir());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "warning: --eval-every 1 has no effect without --val-data")) << r.output;
+}
+
 TEST(TrainErrors, Fp16OnACpuBuildIsRefusedAtStart) {
   const auto r =
       run_command(kCli + kTiny + " --data synthetic --steps 2 --precision fp16 --out-dir " + make_temp_dir());
