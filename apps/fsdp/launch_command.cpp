@@ -1,5 +1,9 @@
 #include "commands.h"
 
+#include <chrono>
+#include <cstdlib>
+
+#include "fsdp/launch/job_store.h"
 #include "fsdp/launch/launcher.h"
 
 namespace fsdp::cli {
@@ -25,6 +29,13 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "intra-op threads per rank (default: cores / ranks; OMP_NUM_THREADS wins if set)");
   cmd->add_option("--stop-grace", options->stop_grace_s,
                   "seconds between SIGTERM and SIGKILL when stopping ranks (default 30)");
+  cmd->add_option("--max-restarts,--max_restarts", options->max_restarts,
+                  "restart every rank this many times after one fails; they resume from their checkpoints (default 0)");
+  options->open_job_store = [](const std::string& addr, int port, bool serve, int) {
+    const char* t = std::getenv("FSDP_TIMEOUT");
+    const double seconds = t != nullptr && std::atof(t) > 0 ? std::atof(t) : 300.0;
+    return launch::open_tcp_job_store(addr, port, serve, std::chrono::milliseconds(static_cast<long>(seconds * 1000)));
+  };
   cmd->add_flag("--no-prefix{false}", options->prefix_output, "do not prefix output lines with the rank");
   cmd->add_option("command", options->command, "the program and its arguments (after --)")->required();
   cmd->positionals_at_end();

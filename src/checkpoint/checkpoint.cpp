@@ -54,14 +54,17 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// Fault injection for the crash-safety test: FSDP_FAULT_KILL_IN_SAVE=N kills
+// Fault injection for the crash-safety tests: FSDP_FAULT_KILL_IN_SAVE=N kills
 // rank 0 with SIGKILL during its N-th save, after every shard and the
-// metadata are written but before the checkpoint is published.
+// metadata are written but before the checkpoint is published; under
+// `fsdp launch --max-restarts`, in the first attempt only.
 void maybe_die_in_save() {
   static int saves = 0;
   ++saves;
   const char* n = std::getenv("FSDP_FAULT_KILL_IN_SAVE");
-  if (n != nullptr && std::atoi(n) == saves) ::kill(::getpid(), SIGKILL);
+  const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");
+  const bool first_attempt = attempt == nullptr || std::atoi(attempt) == 0;
+  if (n != nullptr && std::atoi(n) == saves && first_attempt) ::kill(::getpid(), SIGKILL);
 }
 
 // The saved files of one checkpoint, opened (and checksummed) on first use.

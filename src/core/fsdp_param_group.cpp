@@ -10,6 +10,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/comm_context.h"
+#include "fsdp/dist/flight_recorder.h"
 #include "fsdp/core/memory.h"
 
 namespace fsdp {
@@ -220,6 +221,7 @@ void FSDPParamGroup::unshard() {
     return;
   }
   all_gather_event_ = comm_->record(FSDPEvent::Kind::kAllGather, *name_, static_cast<int64_t>(input.nbytes()));
+  dist::CollectiveLabel label(*name_);
   all_gather_work_ = dist::all_gather_into_tensor(*shard_group_, unsharded_flat_, input);
 }
 
@@ -397,6 +399,7 @@ void FSDPParamGroup::issue_reduce_scatter() {
   reduce_output_.reset(memory::empty_flat(shard_numel_, at::TensorOptions().device(device_).dtype(reduce_dtype_)));
   reduce_event_ = comm_->record(FSDPEvent::Kind::kReduceScatter, *name_,
                                 static_cast<int64_t>(reduce_input_.get().nbytes()));
+  dist::CollectiveLabel label(*name_);
   reduce_work_ = dist::reduce_scatter_tensor(*shard_group_, reduce_output_.get(), reduce_input_.get(),
                                              dist::ReduceOp::kAvg);
 }
@@ -419,6 +422,7 @@ void FSDPParamGroup::issue_replica_all_reduce() {
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllReduce);
   const at::Tensor& buffer = grads_in_place_ ? grad_flat_ : reduce_output_.get();
   reduce_event_ = comm_->record(FSDPEvent::Kind::kAllReduce, *name_, static_cast<int64_t>(buffer.nbytes()));
+  dist::CollectiveLabel label(*name_);
   reduce_work_ = dist::all_reduce(*replicate_group_, buffer, dist::ReduceOp::kAvg);
 }
 

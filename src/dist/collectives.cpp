@@ -12,6 +12,8 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/dist/desync.h"
+#include "fsdp/dist/flight_recorder.h"
 
 namespace fsdp::dist {
 namespace {
@@ -54,17 +56,33 @@ c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueF
   }
 }
 
+// Records the collective in the flight recorder and, under
+// FSDP_DEBUG=detail, checks that every rank is issuing the same one.
+int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
+  const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.rank(), group.size(), t.numel(),
+                                                       static_cast<int64_t>(t.nbytes()),
+                                                       c10::toString(t.scalar_type()));
+  if (detail_checks_enabled()) check_same_collective_everywhere(seq);
+  return seq;
+}
+
 }  // namespace
 
 Work::Work(std::string op, ProcessGroup* group, std::vector<c10::intrusive_ptr<c10d::Work>> pending,
-           std::function<void()> finish)
-    : op_(std::move(op)), group_(group), pending_(std::move(pending)), finish_(std::move(finish)), done_(false) {}
+           std::function<void()> finish, int64_t seq)
+    : op_(std::move(op)),
+      group_(group),
+      pending_(std::move(pending)),
+      finish_(std::move(finish)),
+      seq_(seq),
+      done_(false) {}
 
 Work::Work(Work&& other) noexcept
     : op_(std::move(other.op_)),
       group_(other.group_),
       pending_(std::move(other.pending_)),
       finish_(std::move(other.finish_)),
+      seq_(other.seq_),
       done_(other.done_) {
   other.pending_.clear();
   other.finish_ = nullptr;
@@ -84,6 +102,7 @@ Work& Work::operator=(Work&& other) noexcept {
     group_ = other.group_;
     pending_ = std::move(other.pending_);
     finish_ = std::move(other.finish_);
+    seq_ = other.seq_;
     done_ = other.done_;
     other.pending_.clear();
     other.finish_ = nullptr;
@@ -124,11 +143,16 @@ void Work::wait() {
       w->wait(group_->timeout());
     } catch (const std::exception& e) {
       const long secs = static_cast<long>(group_->timeout().count() / 1000);
-      throw Error(op_ + " on " + group_->describe() + " failed: " + error_text(e) +
+      auto& recorder = FlightRecorder::instance();
+      recorder.complete(seq_, false);
+      recorder.write_text_dump();
+      std::fprintf(stderr, "fsdp: the last collectives of this rank (flight recorder):\n%s", recorder.dump(8).c_str());
+      throw Error(op_ + " #" + std::to_string(seq_) + " on " + group_->describe() + " failed: " + error_text(e) +
                   " (a peer died, hung, or issued a different collective; timeout " + std::to_string(secs) +
-                  " s, set by FSDP_TIMEOUT)");
+                  " s, set by FSDP_TIMEOUT; peers: " + group_->describe_peers() + ")");
     }
   }
+  FlightRecorder::instance().complete(seq_, true);
   pending_.clear();
   if (finish_) finish_();
   finish_ = nullptr;
@@ -146,12 +170,13 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
   FSDP_CHECK(output.numel() == input.numel() * w && output.scalar_type() == input.scalar_type(), kOp,
              ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
              ") elements, got ", output.numel(), " ", output.scalar_type());
+  const int64_t seq = record(kOp, group, input);
   at::Tensor out_bytes = as_bytes(output);
   at::Tensor in_bytes = as_bytes(input);
   if (group.native_all_gather) {
     try {
       auto work = group.impl()._allgather_base(out_bytes, in_bytes);
-      return Work(kOp, &group, {work}, nullptr);
+      return Work(kOp, &group, {work}, nullptr, seq);
     } catch (const std::exception&) {
       group.native_all_gather = false;  // this backend lacks it; use the list form from now on
     }
@@ -162,7 +187,7 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
   std::vector<std::vector<at::Tensor>> outputs{outs};
   std::vector<at::Tensor> inputs{in_bytes};
   auto work = issue(kOp, group, [&] { return group.impl().allgather(outputs, inputs); });
-  return Work(kOp, &group, {work}, nullptr);
+  return Work(kOp, &group, {work}, nullptr, seq);
 }
 
 Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input,
@@ -179,6 +204,7 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
   FSDP_CHECK(at::isFloatingType(input.scalar_type()) || op == ReduceOp::kSum, kOp,
              ": averaging needs a floating-point tensor, got ", input.scalar_type());
   const bool divide = divide_after(op, group.backend());
+  const int64_t seq = record(kOp, group, input);
 
   const bool native_dtype_ok = group.backend() == Backend::kNccl || !is_half(input);
   if (group.native_reduce_scatter && native_dtype_ok) {
@@ -188,9 +214,12 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
       at::Tensor out = output;
       at::Tensor in = input;
       auto work = group.impl()._reduce_scatter_base(out, in, opts);
-      return Work(kOp, &group, {work}, [output, divide, w] {
-        if (divide) output.div_(w);
-      });
+      return Work(
+          kOp, &group, {work},
+          [output, divide, w] {
+            if (divide) output.div_(w);
+          },
+          seq);
     } catch (const std::exception&) {
       group.native_reduce_scatter = false;
     }
@@ -216,7 +245,7 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
     at::Tensor out = output.view({n});
     at::sum_out(out, chunks, at::IntArrayRef{0});  // straight into the output: no shard-sized temporary
     if (divide) out.div_(w);
-  });
+  }, seq);
 }
 
 Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
@@ -225,6 +254,7 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   FSDP_CHECK(at::isFloatingType(tensor.scalar_type()) || op != ReduceOp::kAvg, kOp,
              ": averaging needs a floating-point tensor, got ", tensor.scalar_type());
   const bool divide = divide_after(op, group.backend());
+  const int64_t seq = record(kOp, group, tensor);
   const bool widen = is_half(tensor) && group.backend() == Backend::kGloo;
   at::Tensor buffer = widen ? tensor.to(at::kFloat) : tensor;
   auto counted = std::make_shared<memory::Reservation>(memory::BufferKind::kComm,
@@ -238,26 +268,28 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   return Work(kOp, &group, {work}, [tensor, buffer, counted, divide, w, widen] {
     if (divide) buffer.div_(w);
     if (widen) tensor.copy_(buffer);
-  });
+  }, seq);
 }
 
 Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
   constexpr const char* kOp = "broadcast";
   check_flat(tensor, kOp, "tensor");
   FSDP_CHECK(root >= 0 && root < group.size(), kOp, ": root ", root, " is not a rank of ", group.describe());
+  const int64_t seq = record(kOp, group, tensor);
   std::vector<at::Tensor> tensors{as_bytes(tensor)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = group.timeout();
   auto work = issue(kOp, group, [&] { return group.impl().broadcast(tensors, opts); });
-  return Work(kOp, &group, {work}, nullptr);
+  return Work(kOp, &group, {work}, nullptr, seq);
 }
 
 void barrier(ProcessGroup& group) {
+  const int64_t seq = record("barrier", group, at::Tensor(at::empty({0})));
   c10d::BarrierOptions opts;
   opts.timeout = group.timeout();
   auto work = issue("barrier", group, [&] { return group.impl().barrier(opts); });
-  Work("barrier", &group, {work}, nullptr).wait();
+  Work("barrier", &group, {work}, nullptr, seq).wait();
 }
 
 }  // namespace fsdp::dist

@@ -1,6 +1,13 @@
 #include "fsdp/dist/process_group.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -15,6 +22,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/dist/desync.h"
 #include "fsdp/launch/launcher.h"
 
 namespace fsdp::dist {
@@ -55,20 +63,63 @@ void wait_for_all_ranks(c10d::Store& store, const LaunchEnv& env, std::chrono::m
   }
 }
 
+// The address this host uses to reach MASTER_ADDR: how peers name it in
+// errors ("rank 1 at 10.0.0.2"). No packet is sent: connecting a UDP socket
+// only picks the route.
+std::string local_address_toward(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  std::string address;
+  if (::getaddrinfo(master_addr.c_str(), "9", &hints, &found) == 0 && found != nullptr) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET_ADDRSTRLEN] = {};
+      if (::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) address = text;
+    }
+    if (fd >= 0) ::close(fd);
+    ::freeaddrinfo(found);
+  }
+  if (address.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    address = host;
+  }
+  return address;
+}
+
+// Under `fsdp launch --max-restarts`, the launcher serves the store (on
+// MASTER_PORT) for the whole job and every rank is its client; each attempt
+// works under its own prefix, so keys of a failed attempt never leak into
+// the next.
+std::optional<std::string> agent_store_prefix() {
+  const char* agent = std::getenv("FSDP_AGENT_STORE");
+  if (agent == nullptr || std::string(agent) != "1") return std::nullopt;
+  const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");
+  return "attempt" + std::string(attempt != nullptr ? attempt : "0");
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseconds timeout) {
+  const auto agent_prefix = agent_store_prefix();
   if (env.master_port == 0) {
     FSDP_ASSERT(env.world_size == 1);
     env.master_port = launch::find_free_port();
   }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0;
+  opts.isServer = env.rank == 0 && !agent_prefix;
   opts.numWorkers = static_cast<std::size_t>(env.world_size);
   opts.waitWorkers = false;  // wait_for_all_ranks does it, with a better message
   opts.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    if (agent_prefix) store = c10::make_intrusive<c10d::PrefixStore>(*agent_prefix, store);
+    return store;
   } catch (const std::exception& e) {
     const std::string msg = error_text(e);
     const std::string secs = std::to_string(timeout.count() / 1000) + " s";
@@ -149,6 +200,22 @@ std::string ProcessGroup::describe() const {
          std::to_string(size()) + ")";
 }
 
+std::string ProcessGroup::describe_peers() const {
+  std::string text;
+  int listed = 0;
+  for (size_t i = 0; i < global_ranks_.size(); ++i) {
+    if (static_cast<int>(i) == rank_) continue;
+    if (++listed > 8) {
+      text += ", ...";
+      break;
+    }
+    if (!text.empty()) text += ", ";
+    text += "rank " + std::to_string(global_ranks_[i]);
+    if (i < hosts.size() && !hosts[i].empty()) text += " at " + hosts[i];
+  }
+  return text.empty() ? "none" : text;
+}
+
 World::World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store)
     : env_(std::move(env)),
       options_(options),
@@ -160,6 +227,8 @@ std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& opti
   if (backend == Backend::kNccl) FSDP_CHECK(nccl_available(), "backend 'nccl' needs a visible CUDA GPU");
   auto store = rendezvous(env, options.timeout);
   try {
+    const std::string address = local_address_toward(env.master_addr);
+    store->set("fsdp/host/" + std::to_string(env.rank), std::vector<uint8_t>(address.begin(), address.end()));
     wait_for_all_ranks(*store, env, options.timeout);
   } catch (const Error&) {
     throw;
@@ -168,10 +237,22 @@ std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& opti
                 " failed: " + error_text(e) + "; rank 0 may have exited");
   }
   std::shared_ptr<World> world(new World(env, options, std::move(store)));
+  world->learn_hosts();
   std::vector<int> all(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;
   world->group_ = world->new_group("world", all);
+  // A group of its own, so the checks never shift the sequence of the
+  // collectives they check (see [Note: desync checks]).
+  if (detail_checks_enabled()) set_desync_check_group(world->new_group("desync-check", all));
   return world;
+}
+
+void World::learn_hosts() {
+  hosts_.resize(static_cast<size_t>(env_.world_size));
+  for (int r = 0; r < env_.world_size; ++r) {
+    const auto bytes = store_->get("fsdp/host/" + std::to_string(r));  // set before the rank arrived
+    hosts_[static_cast<size_t>(r)] = std::string(bytes.begin(), bytes.end());
+  }
 }
 
 std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vector<int> global_ranks) {
@@ -200,8 +281,9 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
     throw Error("connecting " + name + " (" + std::to_string(size) + " ranks, " + to_string(backend_) +
                 ") failed: " + error_text(e) + "; a peer died or never arrived");
   }
-  return std::make_shared<ProcessGroup>(name, backend_, std::move(global_ranks), rank, options_.timeout,
-                                        std::move(impl));
+  auto group = std::make_shared<ProcessGroup>(name, backend_, global_ranks, rank, options_.timeout, std::move(impl));
+  for (int r : global_ranks) group->hosts.push_back(hosts_[static_cast<size_t>(r)]);
+  return group;
 }
 
 }  // namespace fsdp::dist

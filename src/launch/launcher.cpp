@@ -16,12 +16,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "fsdp/common/error.h"
+#include "fsdp/dist/flight_recorder.h"
 
 namespace fsdp::launch {
 namespace {
@@ -69,18 +71,126 @@ struct Rank {
   OutputPipe out, err;
 };
 
+// [Note: restarts]
+// With --max-restarts N, node 0's launcher serves the job's store on
+// --master-port and the ranks of every node rendezvous in it (each attempt
+// under its own prefix) instead of rank 0 serving one. A launcher whose rank
+// fails writes the cause under restart/<attempt>/ and stops its ranks; the
+// others see it within half a second and stop theirs; each then counts
+// itself in restart/<attempt>/stopped and, when all nodes have, starts
+// attempt+1. The ranks resume from their latest checkpoint by themselves
+// (`fsdp train` does when its run folder holds one; FSDP_RUN_STARTED keeps
+// the default folder name the same across attempts).
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& options) : options_(options) {}
 
   int run() {
     install_signal_handlers();
-    start_ranks();
-    loop();
-    return exit_code();
+    started_at_s_ = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    port_ = options_.master_port > 0 ? options_.master_port : find_free_port();
+    open_recorder_dir();
+    if (options_.max_restarts > 0) {
+      FSDP_CHECK(options_.open_job_store, "fsdp launch: --max-restarts needs a job store (not in this build)");
+      store_ = options_.open_job_store(options_.master_addr, port_, options_.node_rank == 0, options_.nnodes);
+    }
+    for (attempt_ = 0;; ++attempt_) {
+      start_ranks();
+      loop();
+      if (!failure_) break;
+      report_flight_records();
+      if (forwarded_signal_ != 0 || attempt_ >= options_.max_restarts) break;
+      agree_all_stopped();
+      write_all(STDERR_FILENO, "fsdp launch: restart " + std::to_string(attempt_ + 1) + " of " +
+                                   std::to_string(options_.max_restarts) + " after: " + *failure_ + "\n");
+      reset_for_next_attempt();
+    }
+    const int code = exit_code();
+    if (!failure_ && own_recorder_dir_) std::filesystem::remove_all(recorder_dir_);
+    return code;
   }
 
  private:
+  // The ranks' flight records go to a folder the launcher reads after a
+  // failure (see [Note: flight recorder file]); kept when something failed.
+  void open_recorder_dir() {
+    if (const char* dir = std::getenv("FSDP_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
+      recorder_dir_ = dir;
+      return;
+    }
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/fsdp-launch-XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) {
+      recorder_dir_ = pattern;
+      own_recorder_dir_ = true;
+    }
+  }
+
+  void report_flight_records() {
+    if (recorder_dir_.empty()) return;
+    std::vector<dist::RankRecord> records;
+    for (const auto& rank : ranks_) {
+      if (auto r = dist::read_rank_record(recorder_dir_, rank.global_rank)) records.push_back(std::move(*r));
+    }
+    if (records.empty()) return;
+    std::string text = "fsdp launch: where each rank was (flight records in " + recorder_dir_ + "):\n";
+    for (const auto& line : dist::summarize_ranks(records, dist::system_now_ns())) text += "  " + line + "\n";
+    write_all(STDERR_FILENO, text);
+  }
+
+  std::string restart_key(const std::string& what) const {
+    return "restart/" + std::to_string(attempt_) + "/" + what;
+  }
+
+  // Tells the other nodes' launchers that this attempt failed here.
+  void publish_failure() {
+    if (!store_) return;
+    try {
+      store_->set(restart_key("cause"), "node " + std::to_string(options_.node_rank) + ": " + *failure_);
+      store_->add(restart_key("failed"), 1);
+    } catch (const std::exception& e) {
+      write_all(STDERR_FILENO, std::string("fsdp launch: cannot reach the job store: ") + e.what() + "\n");
+    }
+  }
+
+  // Whether another node reported a failure of this attempt.
+  void poll_remote_failure() {
+    if (!store_ || stopping_ || Clock::now() < next_store_poll_) return;
+    next_store_poll_ = Clock::now() + std::chrono::milliseconds(500);
+    try {
+      if (store_->add(restart_key("failed"), 0) == 0) return;
+      failure_ = store_->get_if_set(restart_key("cause")).value_or("another node failed");
+    } catch (const std::exception& e) {
+      failure_ = std::string("lost the job store at ") + options_.master_addr + ":" + std::to_string(port_) +
+                 " (node 0's launcher): " + e.what();
+    }
+    write_all(STDERR_FILENO, "fsdp launch: " + *failure_ + "; stopping this node's ranks\n");
+    begin_stop(SIGTERM);
+  }
+
+  // Every node has stopped its ranks before any starts the next attempt.
+  void agree_all_stopped() {
+    if (!store_) return;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long>(options_.stop_grace_s * 1000)) +
+                          std::chrono::seconds(60);
+    store_->add(restart_key("stopped"), 1);
+    while (store_->add(restart_key("stopped"), 0) < options_.nnodes) {
+      FSDP_CHECK(Clock::now() < deadline, "fsdp launch: not every node stopped its ranks after attempt ", attempt_,
+                 " failed; giving up on restarts");
+      ::usleep(100 * 1000);
+    }
+  }
+
+  void reset_for_next_attempt() {
+    ranks_.clear();
+    failure_.reset();
+    stopping_ = false;
+    killed_ = false;
+    stop_deadline_.reset();
+  }
+
   void install_signal_handlers() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -123,6 +233,12 @@ class Supervisor {
     set("LOCAL_WORLD_SIZE", std::to_string(options_.nproc_per_node));
     set("MASTER_ADDR", options_.master_addr);
     set("MASTER_PORT", std::to_string(port_));
+    set("FSDP_RUN_STARTED", std::to_string(started_at_s_));
+    set("FSDP_RESTART_ATTEMPT", std::to_string(attempt_));
+    set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_));
+    set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
+    if (store_) set("FSDP_AGENT_STORE", "1");
+    if (!recorder_dir_.empty()) set("FSDP_FLIGHT_RECORDER_DIR", recorder_dir_);
     // Programs that prefix their own error lines with the rank need not.
     if (options_.prefix_output) set("FSDP_LAUNCH_PREFIXES_LINES", "1");
     // Respect a user's explicit thread count; otherwise divide the cores,
@@ -140,7 +256,6 @@ class Supervisor {
   }
 
   void start_ranks() {
-    port_ = options_.master_port > 0 ? options_.master_port : find_free_port();
     for (int local = 0; local < options_.nproc_per_node; ++local) {
       Rank rank;
       rank.global_rank = options_.node_rank * options_.nproc_per_node + local;
@@ -197,6 +312,7 @@ class Supervisor {
     while (true) {
       pump_output(100);
       reap();
+      poll_remote_failure();
       if (g_received_signal != 0 && !forwarded_signal_) forward_signal(g_received_signal);
       // A second Ctrl-C means "now": no more grace.
       if (g_signal_count > 1 && !killed_) {
@@ -305,6 +421,7 @@ class Supervisor {
                                      (survivors > 0 ? "; stopping the other " + std::to_string(survivors) +
                                                           " rank(s)\n"
                                                     : "\n"));
+        publish_failure();
         begin_stop(SIGTERM);
       }
     }
@@ -330,7 +447,9 @@ class Supervisor {
 
   int exit_code() const {
     if (failure_) {
-      write_all(STDERR_FILENO, "fsdp launch: failed: " + *failure_ + "\n");
+      const std::string after =
+          attempt_ > 0 ? " (after " + std::to_string(attempt_) + " restart" + (attempt_ > 1 ? "s" : "") + ")" : "";
+      write_all(STDERR_FILENO, "fsdp launch: failed: " + *failure_ + after + "\n");
       return 1;
     }
     if (forwarded_signal_ != 0) return 128 + forwarded_signal_;
@@ -339,6 +458,12 @@ class Supervisor {
 
   const LaunchOptions& options_;
   int port_ = 0;
+  int attempt_ = 0;
+  int64_t started_at_s_ = 0;
+  std::string recorder_dir_;
+  bool own_recorder_dir_ = false;
+  std::unique_ptr<JobStore> store_;
+  Clock::time_point next_store_poll_{};
   std::vector<Rank> ranks_;
   std::optional<std::string> failure_;
   bool stopping_ = false;
@@ -437,6 +562,7 @@ void validate(const LaunchOptions& o) {
              ": expected 1..65535 (or 0 for a free port)");
   FSDP_CHECK(o.nnodes == 1 || o.master_port > 0,
              "fsdp launch: --nnodes ", o.nnodes, " needs --master-port: every node must use the same port");
+  FSDP_CHECK(o.max_restarts >= 0, "fsdp launch: --max-restarts ", o.max_restarts, ": expected 0 or more");
   FSDP_CHECK(o.stop_grace_s >= 0, "fsdp launch: --stop-grace ", o.stop_grace_s, ": expected seconds >= 0");
 }
 

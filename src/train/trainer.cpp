@@ -14,6 +14,7 @@
 #include "fsdp/core/memory.h"
 #include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/dist/collectives.h"
+#include "fsdp/dist/desync.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
@@ -27,11 +28,11 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-// Every rank stops at the same step, whichever saw the signal.
-bool stop_requested(dist::ProcessGroup& group) {
-  auto t = torch::full({1}, g_stop_signal != 0 ? 1.0f : 0.0f);
-  dist::all_reduce(group, t, dist::ReduceOp::kMax).wait();
-  return t.item<float>() > 0;
+// Every rank stops at the same step, whichever saw the signal. The same
+// all-reduce checks that the ranks issued the same collectives this step
+// (see [Note: desync checks]).
+bool stop_requested(dist::ProcessGroup& group, int64_t step) {
+  return dist::any_rank_and_check_sync(group, g_stop_signal != 0, "at the end of step " + std::to_string(step + 1));
 }
 
 // Whether every rank's parameters are finite (a finite step can still
@@ -112,9 +113,15 @@ void Trainer::choose_run_folder() {
   auto& r = config_.runtime;
   if (r.out_dir.empty()) {
     if (r.run_name.empty()) {
-      // Every rank names the run after rank 0's clock.
-      const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
-      auto t = torch::full({1}, world_->rank() == 0 ? static_cast<double>(now.count()) : 0.0, torch::kDouble);
+      // Every rank names the run after rank 0's clock, or after when its
+      // launcher started: a job restarted by `fsdp launch --max-restarts`
+      // finds its own folder again, and resumes from it.
+      double started = static_cast<double>(
+          std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+      if (const char* launched = std::getenv("FSDP_RUN_STARTED"); launched != nullptr && std::atoll(launched) > 0) {
+        started = static_cast<double>(std::atoll(launched));
+      }
+      auto t = torch::full({1}, world_->rank() == 0 ? started : 0.0, torch::kDouble);
       dist::all_reduce(world_->group(), t, dist::ReduceOp::kMax).wait();
       const std::string model = !config_.model.init_from.empty()
                                     ? std::filesystem::path(config_.model.init_from).filename().string()
@@ -362,7 +369,7 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   }
   // A skipped step left the state as the last good step did: it is not
   // saved, so `latest` always names a step that trained.
-  stop_requested_ = stop_requested(world_->group());
+  stop_requested_ = stop_requested(world_->group(), step);
   if (saving_ && !stats.skipped && (save_cadence_.due(step, total) || stop_requested_)) save_checkpoint(step + 1);
 }
 

@@ -28,7 +28,7 @@ class Work {
  public:
   Work() = default;
   Work(std::string op, ProcessGroup* group, std::vector<c10::intrusive_ptr<c10d::Work>> pending,
-       std::function<void()> finish);
+       std::function<void()> finish, int64_t seq = 0);
   // A moved-from handle is done: only the new owner waits.
   Work(Work&& other) noexcept;
   Work& operator=(Work&&) noexcept;
@@ -44,6 +44,7 @@ class Work {
   ProcessGroup* group_ = nullptr;
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_;
   std::function<void()> finish_;
+  int64_t seq_ = 0;  // in the flight recorder
   bool done_ = true;
 };
 

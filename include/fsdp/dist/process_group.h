@@ -54,6 +54,11 @@ class ProcessGroup {
 
   // "group 'shard' (rank 1 of 2)": how errors name a group.
   std::string describe() const;
+  // "rank 0 at 10.0.0.1, rank 2 at 10.0.0.3": the other members, for errors.
+  std::string describe_peers() const;
+
+  // Each member's address (as it reaches MASTER_ADDR), in group rank order.
+  std::vector<std::string> hosts;
 
   // Whether to try c10d's flat all-gather / reduce-scatter; cleared the first
   // time the backend refuses, after which the portable fallback runs.
@@ -90,12 +95,14 @@ class World {
 
  private:
   World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store);
+  void learn_hosts();
 
   LaunchEnv env_;
   DistOptions options_;
   Backend backend_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::shared_ptr<ProcessGroup> group_;
+  std::vector<std::string> hosts_;  // by global rank
   std::map<std::string, int> groups_named_;  // makes store prefixes unique per creation
 };
 

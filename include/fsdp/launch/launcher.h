@@ -2,10 +2,26 @@
 // `fsdp launch`: runs a command once per rank on this machine, like
 // `torchrun --standalone --no-python`. Light header: no LibTorch.
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace fsdp::launch {
+
+// A key-value store every node's launcher reaches, served by node 0's
+// launcher on --master-port: how the launchers agree to restart together,
+// and the store the ranks rendezvous in (see [Note: restarts]).
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+  // Adds `delta` to the counter `key` (0 to read it) and returns its value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual std::optional<std::string> get_if_set(const std::string& key) = 0;
+};
 
 struct LaunchOptions {
   int nproc_per_node = 1;
@@ -18,7 +34,13 @@ struct LaunchOptions {
   // its step and save a checkpoint.
   double stop_grace_s = 30.0;
   bool prefix_output = true;       // "[rank N] " before every line
+  // Restarts of the whole group after a rank fails (torchrun's
+  // --max-restarts); the ranks are expected to resume from their checkpoints.
+  int max_restarts = 0;
   std::vector<std::string> command;
+  // Connects to (node 0: serves) the job's store at master_addr:port. Needed
+  // for max_restarts > 0; `fsdp launch` passes LibTorch's TCPStore.
+  std::function<std::unique_ptr<JobStore>(const std::string& addr, int port, bool serve, int nodes)> open_job_store;
 };
 
 // Throws fsdp::Error for inconsistent options (before starting anything).

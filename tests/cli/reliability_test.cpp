@@ -1,0 +1,194 @@
+// The job survives and explains failures, each injected on purpose: ranks
+// killed at random moments (one inside a save) and restarted by the
+// launcher; ranks that issue different collectives; a rank that hangs.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "fsdp/io/safetensors.h"
+#include "fsdp/launch/launcher.h"
+#include "run_command.h"
+#include "train_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kCli = FSDP_CLI;
+const std::string kWorker = FSDP_FAULT_WORKER;
+
+// Every tensor of every rank file of two checkpoints, compared bit for bit.
+void expect_same_weights(const std::string& a, const std::string& b) {
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    io::SafetensorsFile fa(a + "/" + name), fb(b + "/" + name);
+    ASSERT_EQ(fa.entries().size(), fb.entries().size()) << name;
+    for (const auto& entry : fa.entries()) {
+      EXPECT_TRUE(at::equal(fa.view(entry.name), fb.view(entry.name))) << name << ": " << entry.name;
+    }
+  }
+  EXPECT_GT(files, 0) << "no rank files in " << a;
+}
+
+TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeights) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string train = kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 2 --lr 1e-3 --log-every 50 "
+                                   "--steps 400 --save-every 20 --data " + corpus;
+  const auto straight = run_command(kCli + " launch -n 2 -- " + train + " --out-dir " + dir + "/straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  // Kill 1: rank 0 dies inside its k-th save (after its shard and the
+  // metadata are written, before `latest` moves). Kills 2 and 3: a random
+  // rank, at a random moment of the restarted attempts.
+  const int save_to_die_in = std::uniform_int_distribution<int>(1, 3)(rng);
+  BackgroundCommand job("env FSDP_FAULT_KILL_IN_SAVE=" + std::to_string(save_to_die_in) + " FSDP_TIMEOUT=20 " + kCli +
+                            " launch -n 2 --max-restarts 3 --stop-grace 5 -- " + train + " --out-dir " + dir +
+                            "/restarted",
+                        dir + "/restarted.log");
+  std::vector<int> old_ranks;
+  for (int kill = 0; kill < 2; ++kill) {
+    const auto ranks = job.wait_for_new_children(old_ranks, std::chrono::seconds(60));
+    ASSERT_EQ(ranks.size(), 2u) << job.output();
+    const int after_ms = std::uniform_int_distribution<int>(200, 2500)(rng);
+    std::this_thread::sleep_for(std::chrono::milliseconds(after_ms));
+    const int victim = ranks[std::uniform_int_distribution<size_t>(0, 1)(rng)];
+    ::kill(victim, SIGKILL);
+    old_ranks = ranks;
+  }
+  const int status = job.wait(std::chrono::seconds(240));
+  const std::string out = job.output();
+  ASSERT_EQ(status, 0) << out;
+  for (int k = 1; k <= 3; ++k) {
+    EXPECT_TRUE(contains(out, "fsdp launch: restart " + std::to_string(k) + " of 3 after: rank")) << out;
+  }
+  EXPECT_TRUE(contains(out, "was killed by SIGKILL")) << out;
+  EXPECT_FALSE(contains(out, "restart 4")) << out;
+  expect_same_weights(dir + "/straight/checkpoints/step_00000400", dir + "/restarted/checkpoints/step_00000400");
+}
+
+TEST(Restarts, EveryNodesLauncherRestartsTogether) {
+  const auto dir = make_temp_dir();
+  const int port = launch::find_free_port();
+  // Two launchers on this host as nodes 0 and 1; node 1's rank dies in the
+  // first attempt, and node 0 restarts too, from the cause node 1 published.
+  const std::string worker = "sh -c 'if [ \"$FSDP_RESTART_ATTEMPT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi; exec " +
+                             kWorker + " ok'";
+  const auto node = [&](int n) {
+    return "env FSDP_TIMEOUT=20 " + kCli + " launch -n 1 --nnodes 2 --node-rank " + std::to_string(n) +
+           " --master-port " + std::to_string(port) + " --max-restarts 1 --stop-grace 2 -- " + worker;
+  };
+  BackgroundCommand node0(node(0), dir + "/node0.log");
+  const auto node1 = run_command(node(1));
+  const int status0 = node0.wait(std::chrono::seconds(120));
+  const std::string out0 = node0.output();
+  EXPECT_EQ(node1.exit_code, 0) << node1.output;
+  EXPECT_EQ(status0, 0) << out0;
+  EXPECT_TRUE(contains(node1.output, "restart 1 of 1 after: rank 1 (pid")) << node1.output;
+  EXPECT_TRUE(contains(out0, "node 1: rank 1 (pid")) << out0;
+  EXPECT_TRUE(contains(out0, "restart 1 of 1 after: node 1: rank 1")) << out0;
+  EXPECT_TRUE(contains(out0, "all_reduce completed")) << out0;
+}
+
+TEST(Restarts, ExhaustedRestartsFailNamingTheLastCause) {
+  const auto r = run_command(kCli + " launch -n 2 --max-restarts 2 --stop-grace 2 -- " + kWorker + " die");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "restart 2 of 2 after: rank 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "fsdp launch: failed: rank 1 (pid")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with code 7 (after 2 restarts)")) << r.output;
+}
+
+// Desyncs: the error names the collective, its number and the ranks on each side.
+void expect_desync(const CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "collectives out of step between ranks")) << r.output;
+  for (const auto& n : needles) EXPECT_TRUE(contains(r.output, n)) << "expected '" << n << "' in\n" << r.output;
+  EXPECT_FALSE(contains(r.output, "frame #")) << r.output;
+  EXPECT_LT(r.seconds, 30) << "a desync must be reported, not waited out";
+}
+
+TEST(Desync, CollectivesOnDifferentGroupsAreCaughtByTheAlwaysOnCheck) {
+  // Both collectives complete (each group pairs up), so only the step's
+  // fingerprint can tell: rank 0 issued 'a' then 'b', rank 1 'b' then 'a'.
+  const auto r = run_command("env FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker + " desync-groups");
+  expect_desync(r, {"found at the end of the test step", "at collective #", "rank 0: all_reduce #",
+                    "on group 'a'", "rank 1: all_reduce #", "on group 'b'"});
+}
+
+TEST(Desync, TheAlwaysOnCheckCanBeTurnedOff) {
+  const auto r = run_command("env FSDP_DEBUG=off FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker +
+                             " desync-groups");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Desync, DetailCatchesADifferentSizeBeforeIssuingIt) {
+  const auto r = run_command("env FSDP_DEBUG=detail FSDP_TIMEOUT=20 " + kCli + " launch -n 3 -- " + kWorker +
+                             " desync-size");
+  expect_desync(r, {"FSDP_DEBUG=detail, before issuing", "ranks 0,2: all_reduce #", "(1024 Float",
+                    "rank 1: all_reduce #", "(1000 Float"});
+}
+
+TEST(Desync, DetailCatchesADifferentOrder) {
+  const auto r = run_command("env FSDP_DEBUG=detail FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker +
+                             " desync-order");
+  expect_desync(r, {"rank 0: all_reduce #", "rank 1: broadcast #"});
+}
+
+TEST(Desync, DetailCatchesASkippedCollective) {
+  // Rank 1 skips an all_reduce: its next collective, a barrier, meets rank 0's all_reduce.
+  const auto r = run_command("env FSDP_DEBUG=detail FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker +
+                             " desync-skip");
+  expect_desync(r, {"rank 0: all_reduce #2", "rank 1: barrier #2"});
+}
+
+TEST(Hang, ATimeoutEndsWithTheLaunchersSummaryOfWhereEachRankWaits) {
+  // Rank 1 waits in a collective of a group rank 0 never uses: both hang
+  // until the timeout.
+  const auto r = run_command("env FSDP_TIMEOUT=3 " + kCli + " launch -n 2 -- " + kWorker + " stall");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.seconds, 40);
+  EXPECT_TRUE(contains(r.output, "fsdp launch: where each rank was (flight records in ")) << r.output;
+  // A rank that timed out "failed in" it; one stopped by the launcher first "waits in" it.
+  for (const auto& [rank, group] : {std::pair<int, std::string>{0, "world"}, {1, "side"}}) {
+    const std::string what = " all_reduce #2 on group '" + group + "' (256 Float, 1.0 KiB";
+    const std::string who = "  rank " + std::to_string(rank);
+    EXPECT_TRUE(contains(r.output, who + " failed in" + what) || contains(r.output, who + " waits in" + what))
+        << r.output;
+  }
+  // The rank(s) that timed out printed their recent collectives and left
+  // them in a file (the other may have been stopped by the launcher first).
+  EXPECT_TRUE(contains(r.output, "fsdp: the last collectives of this rank (flight recorder):")) << r.output;
+  EXPECT_TRUE(contains(r.output, "]   all_reduce #1 on group 'world' (256 Float, 1.0 KiB): done in")) << r.output;
+  const auto where = r.output.find("flight records in ") + 18;
+  const std::string folder = r.output.substr(where, r.output.find(')', where) - where);
+  std::string dumps;
+  for (int rank : {0, 1}) {
+    std::ifstream dump(folder + "/rank" + std::to_string(rank) + ".txt");
+    std::stringstream text;
+    text << dump.rdbuf();
+    dumps += text.str();
+  }
+  EXPECT_TRUE(contains(dumps, "all_reduce #2 on group '")) << dumps;
+  EXPECT_TRUE(contains(dumps, "(256 Float, 1.0 KiB): FAILED")) << dumps;
+  fs::remove_all(folder);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
