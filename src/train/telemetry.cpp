@@ -106,8 +106,11 @@ double measured_cpu_peak_flops() {
   static const double peak = [] {
     torch::NoGradGuard no_grad;
     const int64_t n = 512;
-    auto a = torch::randn({n, n});
-    auto b = torch::randn({n, n});
+    // A generator of its own: the global one belongs to the training run,
+    // and a resumed run must draw exactly what an uninterrupted one does.
+    at::Generator gen = at::detail::createCPUGenerator(0);
+    auto a = at::randn({n, n}, gen);
+    auto b = at::randn({n, n}, gen);
     auto c = a.matmul(b);  // warm up
     int iters = 0;
     const auto start = std::chrono::steady_clock::now();

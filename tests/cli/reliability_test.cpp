@@ -63,7 +63,8 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
                             " launch -n 2 --max-restarts 3 --stop-grace 5 -- " + train + " --out-dir " + dir +
                             "/restarted",
                         dir + "/restarted.log");
-  std::vector<int> old_ranks;
+  // The first attempt's ranks: they die by the injected fault.
+  std::vector<int> old_ranks = job.wait_for_new_children({}, std::chrono::seconds(60));
   for (int kill = 0; kill < 2; ++kill) {
     const auto ranks = job.wait_for_new_children(old_ranks, std::chrono::seconds(60));
     ASSERT_EQ(ranks.size(), 2u) << job.output();
