@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/error_text.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
@@ -150,6 +152,7 @@ namespace {
 struct WrittenFile {
   uint64_t bytes = 0;
   uint32_t crc32 = 0;
+  std::string error;  // why the file could not be written; empty when it was
 };
 
 // Save, stage 1: this rank's file (its shards, one replica writing each; its
@@ -182,10 +185,15 @@ at::Tensor write_rank_file(const std::string& tmp_dir, const std::vector<LocalSh
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   specs.push_back({"rng/cpu", rng.scalar_type(), rng.sizes().vec()});
   tensors.push_back(rng);
-  io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), specs);
-  for (const auto& t : tensors) writer.write(t);
-  writer.commit();
-  written = {writer.bytes_written(), writer.crc32()};
+  try {
+    io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), specs);
+    for (const auto& t : tensors) writer.write(t);
+    writer.commit();
+    written.bytes = writer.bytes_written();
+    written.crc32 = writer.crc32();
+  } catch (const std::exception& e) {
+    written.error = error_text(e);  // the ranks agree on it before going on
+  }
   return table;
 }
 
@@ -251,6 +259,36 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
 
 }  // namespace
 
+namespace {
+
+// Every rank learns whether any failed at a stage of the save, and why (the
+// message of the lowest failing rank, which every rank reports alike). On a
+// failure rank 0 removes `partial`, so nothing half-written stays behind.
+void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error, const std::string& partial) {
+  const int w = group.size();
+  at::Tensor failed = at::zeros({w}, at::kInt);
+  failed[group.rank()] = local_error.empty() ? 0 : 1;
+  dist::all_reduce(group, failed).wait();
+  int first = -1;
+  for (int r = 0; r < w && first < 0; ++r) first = failed[r].item<int>() != 0 ? r : -1;
+  if (first < 0) return;
+  // The failing rank's message, sent to all as bytes.
+  at::Tensor length = at::full({1}, static_cast<int64_t>(local_error.size()), at::kLong);
+  dist::broadcast(group, length, first).wait();
+  at::Tensor text = at::zeros({length.item<int64_t>()}, at::kByte);
+  if (group.rank() == first) std::memcpy(text.data_ptr(), local_error.data(), local_error.size());
+  if (text.numel() > 0) dist::broadcast(group, text, first).wait();
+  std::error_code ignored;
+  if (group.rank() == 0) fs::remove_all(partial, ignored);
+  const std::string why(reinterpret_cast<const char*>(text.data_ptr()), static_cast<size_t>(text.numel()));
+  throw SaveError("saving checkpoint '" + partial + "' failed on rank " + std::to_string(first) + ": " + why +
+                  "; its partial files were removed and `latest` still names the previous checkpoint");
+}
+
+std::string what_of(const std::exception& e) { return error_text(e); }
+
+}  // namespace
+
 std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                  const TrainerState& state, dist::World& world) {
   auto& group = world.group();
@@ -258,16 +296,22 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   const std::string name = step_name(state.step);
   const std::string final_dir = dir + "/" + name;
   const std::string tmp_dir = final_dir + ".tmp";
+  std::string error;
   if (rank == 0) {
-    fs::create_directories(dir);
-    fs::remove_all(tmp_dir);  // an earlier save that died here
-    fs::create_directories(tmp_dir);
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(tmp_dir);  // an earlier save that died here
+      fs::create_directories(tmp_dir);
+    } catch (const std::exception& e) {
+      error = what_of(e);
+    }
   }
-  dist::barrier(group);
+  agree_on_failure(group, error, tmp_dir);
 
   const auto shards = local_shards(model);
   WrittenFile written;
   const at::Tensor table = write_rank_file(tmp_dir, shards, optimizer, rank, written);
+  agree_on_failure(group, written.error, tmp_dir);
 
   // Rank 0 learns who holds what, and every file's size and checksum.
   at::Tensor all_tables = at::empty({w * table.numel()}, at::kLong);
@@ -278,11 +322,21 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   dist::all_gather_into_tensor(group, all_files, file_info).wait();
 
   if (rank == 0) {
-    io::write_file_atomically(tmp_dir + "/metadata.json",
-                              build_metadata(shards, all_tables, all_files, state, w).dump(1) + "\n");
-    publish(dir, tmp_dir, final_dir, name, keep);
+    try {
+      io::write_file_atomically(tmp_dir + "/metadata.json",
+                                build_metadata(shards, all_tables, all_files, state, w).dump(1) + "\n");
+      publish(dir, tmp_dir, final_dir, name, keep);
+    } catch (const std::exception& e) {
+      error = what_of(e);
+      // Published but `latest` not moved: the directory goes too.
+      std::error_code ignored;
+      std::ifstream pointer(dir + "/latest");
+      std::string named;
+      std::getline(pointer, named);
+      if (named != name) fs::remove_all(final_dir, ignored);
+    }
   }
-  dist::barrier(group);
+  agree_on_failure(group, error, tmp_dir);
   return final_dir;
 }
 

@@ -134,7 +134,11 @@ class Supervisor {
     for (const auto& rank : ranks_) {
       if (auto r = dist::read_rank_record(recorder_dir_, rank.global_rank)) records.push_back(std::move(*r));
     }
-    if (records.empty()) return;
+    // Only a rank stuck or failed in a collective needs explaining.
+    const bool collective_trouble = std::any_of(records.begin(), records.end(), [](const dist::RankRecord& r) {
+      return std::any_of(r.entries.begin(), r.entries.end(), [](const dist::FlightEntry& e) { return e.completed_ns <= 0; });
+    });
+    if (!collective_trouble) return;
     std::string text = "fsdp launch: where each rank was (flight records in " + recorder_dir_ + "):\n";
     for (const auto& line : dist::summarize_ranks(records, dist::system_now_ns())) text += "  " + line + "\n";
     write_all(STDERR_FILENO, text);

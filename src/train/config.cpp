@@ -85,6 +85,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(checkpoint, save_every, Kind::kInt, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
       FSDP_FIELD(checkpoint, keep, Kind::kInt, "--keep", "newest checkpoints kept"),
       FSDP_FIELD(checkpoint, resume, Kind::kBool, "--resume", "resume, and fail if there is nothing to resume"),
+      FSDP_ENUM_FIELD(checkpoint, on_save_error, "--on-save-error", "when a save fails (a full disk): stop the run, or warn and train on", "stop", "continue"),
   };
   return fields;
 }
@@ -183,6 +184,7 @@ std::string enum_name(const char* dotted, int index) {
 std::string name_of(Precision p) { return enum_name("runtime.precision", static_cast<int>(p)); }
 std::string name_of(Sharding s) { return enum_name("fsdp.sharding", static_cast<int>(s)); }
 std::string name_of(LrScheduleKind k) { return enum_name("optim.lr_schedule", static_cast<int>(k)); }
+std::string name_of(OnSaveError e) { return enum_name("checkpoint.on_save_error", static_cast<int>(e)); }
 
 std::vector<std::string> TrainConfig::keys() {
   std::vector<std::string> out;

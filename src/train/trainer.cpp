@@ -385,6 +385,10 @@ void Trainer::evaluate_and_log(int64_t steps_done) {
 
 void Trainer::finish_run() {
   if (world_->rank() == 0) progress_->finish();
+  if (world_->rank() == 0 && failed_saves_ > 0) {
+    progress_->message("warning: " + std::to_string(failed_saves_) +
+                       " checkpoint save(s) failed in this run (--on-save-error continue); see the warnings above");
+  }
   // The trained state is on disk before anything that could still fail.
   try {
     if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
@@ -472,8 +476,23 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   }
   state.sharding = name_of(config_.fsdp.sharding);
   state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
-  const auto path = checkpoint::save(config_.checkpoint.dir, static_cast<int>(config_.checkpoint.keep), *model_,
-                                     *optimizer_, state, *world_);
+  std::string path;
+  try {
+    path = checkpoint::save(config_.checkpoint.dir, static_cast<int>(config_.checkpoint.keep), *model_, *optimizer_,
+                            state, *world_);
+  } catch (const checkpoint::SaveError& e) {
+    // Every rank has the same error, so every rank takes the same branch.
+    if (config_.checkpoint.on_save_error == OnSaveError::kStop) {
+      throw Error(std::string(e.what()) + ". Stopping (--on-save-error stop); free space and run again to resume, " +
+                  "or pass --on-save-error continue to train on without this checkpoint");
+    }
+    ++failed_saves_;
+    if (world_->rank() == 0) {
+      progress_->message("warning: " + std::string(e.what()) + "; training on (--on-save-error continue)");
+      metrics_->write({{"event", "checkpoint_failed"}, {"step", steps_done}, {"error", e.what()}});
+    }
+    return;
+  }
   last_saved_step_ = steps_done;
   if (world_->rank() == 0) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -189,6 +190,62 @@ TEST(Hang, ATimeoutEndsWithTheLaunchersSummaryOfWhereEachRankWaits) {
   EXPECT_TRUE(contains(dumps, "all_reduce #2 on group '")) << dumps;
   EXPECT_TRUE(contains(dumps, "(256 Float, 1.0 KiB): FAILED")) << dumps;
   fs::remove_all(folder);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+// Runs `script` in a mount namespace of its own with a 800 KiB tmpfs at
+// $DISK (gone when the script ends); nullopt where one cannot be made.
+std::optional<CommandResult> with_small_disk(const std::string& script) {
+  const auto probe = run_command("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /mnt' 2>&1");
+  if (probe.exit_code != 0) return std::nullopt;
+  const auto dir = make_temp_dir();
+  return run_command("unshare -m sh -c 'DISK=" + dir + "; mount -t tmpfs -o size=800k tmpfs $DISK && " + script + "'");
+}
+
+// A save into a filesystem that fills up (the first checkpoint fits, the
+// second does not).
+std::string full_disk_run(const std::string& on_error, const std::string& out) {
+  return "env FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kCli +
+         " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 8 --save-every 2 "
+         "--log-every 4 --ckpt-dir $DISK/ckpt --on-save-error " + on_error + " --out-dir " + out +
+         "; echo EXIT=$?; ls $DISK/ckpt; echo LATEST=$(cat $DISK/ckpt/latest)";
+}
+
+TEST(FullDisk, ASaveThatFillsTheDiskStopsCleanlyAndLeavesTheLastCheckpoint) {
+  const auto dir = make_temp_dir();
+  const auto r = with_small_disk(full_disk_run("stop", dir + "/run"));
+  if (!r) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs CAP_SYS_ADMIN)";
+  EXPECT_TRUE(contains(r->output, "EXIT=1")) << r->output;
+  EXPECT_TRUE(contains(r->output, "saving checkpoint '")) << r->output;
+  EXPECT_TRUE(contains(r->output, "step_00000004.tmp' failed on rank ")) << r->output;
+  EXPECT_TRUE(contains(r->output, "No space left on device")) << r->output;
+  EXPECT_TRUE(contains(r->output, "Stopping (--on-save-error stop)")) << r->output;
+  EXPECT_TRUE(contains(r->output, "LATEST=step_00000002")) << r->output;
+  const std::string listing = r->output.substr(r->output.find("EXIT="));
+  EXPECT_FALSE(contains(listing, "step_00000004")) << "partial files left:\n" << listing;
+  EXPECT_FALSE(contains(r->output, "where each rank was")) << "a clean error needs no flight records\n" << r->output;
+}
+
+TEST(FullDisk, OnSaveErrorContinueTrainsOnAndWarns) {
+  const auto dir = make_temp_dir();
+  const auto r = with_small_disk(full_disk_run("continue", dir + "/run"));
+  if (!r) GTEST_SKIP() << "cannot mount a tmpfs in a mount namespace here (needs CAP_SYS_ADMIN)";
+  EXPECT_TRUE(contains(r->output, "EXIT=0")) << r->output;
+  EXPECT_TRUE(contains(r->output, "warning: saving checkpoint '")) << r->output;
+  EXPECT_TRUE(contains(r->output, "training on (--on-save-error continue)")) << r->output;
+  EXPECT_TRUE(contains(r->output, "step 8/8")) << r->output;
+  EXPECT_TRUE(contains(r->output, "checkpoint save(s) failed in this run")) << r->output;
+  EXPECT_TRUE(contains(r->output, "LATEST=step_00000002")) << r->output;
+  const std::string listing = r->output.substr(r->output.find("EXIT="));
+  EXPECT_FALSE(contains(listing, ".tmp")) << listing;
+  int failures = 0;
+  for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) failures += m.value("event", "") == "checkpoint_failed";
+  EXPECT_GE(failures, 2) << "steps 4, 6 and the final save each fail";
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "fsdp/common/error.h"
 #include "fsdp/dist/process_group.h"
 
 namespace fsdp::checkpoint {
@@ -32,7 +33,16 @@ struct TrainerState {
   std::vector<int64_t> mesh; // (replicate, shard) at save time
 };
 
-// Collective over `world`. Returns the checkpoint's directory.
+// A save that could not be completed (a full disk, an unwritable
+// directory): `latest` still names the previous checkpoint and the partial
+// files are gone. Thrown on every rank, with the same message.
+class SaveError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Collective over `world`. Returns the checkpoint's directory. Throws
+// SaveError when any rank fails to write its part.
 std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                  const TrainerState& state, dist::World& world);
 

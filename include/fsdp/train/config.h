@@ -21,10 +21,12 @@ namespace fsdp::train {
 // read; nothing compares their names elsewhere.
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Sharding { kFullShard, kShardGradOp, kNoShard, kHybridShard };
+enum class OnSaveError { kStop, kContinue };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
 std::string name_of(Precision p);
 std::string name_of(Sharding s);
 std::string name_of(LrScheduleKind k);
+std::string name_of(OnSaveError e);
 
 struct TrainConfig {
   struct Model {
@@ -85,6 +87,9 @@ struct TrainConfig {
     int64_t save_every = 0;  // steps between saves (0: only at the end and on SIGTERM/SIGINT)
     int64_t keep = 3;        // newest checkpoints kept
     bool resume = false;     // insist on resuming (an error if DIR holds no checkpoint)
+    // A save that fails (a full disk): stop the run, or warn and train on
+    // (`latest` stays on the last complete checkpoint either way).
+    OnSaveError on_save_error = OnSaveError::kStop;
   } checkpoint;
 
   // Loads a YAML file over the current values. Throws fsdp::Error naming

@@ -115,6 +115,7 @@ class Trainer {
   int64_t tokens_seen_ = 0;
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;
+  int64_t failed_saves_ = 0;     // saves that failed under --on-save-error continue
   int64_t skipped_steps_ = 0;  // steps skipped in this run (non-finite or spikes)
   int64_t bad_steps_in_a_row_ = 0;
   TrainSummary summary_;
