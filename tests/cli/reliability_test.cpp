@@ -250,3 +250,102 @@ TEST(FullDisk, OnSaveErrorContinueTrainsOnAndWarns) {
 
 }  // namespace
 }  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+// Two "hosts": network namespaces joined by a veth pair, 10.213.0.1 (A) and
+// 10.213.0.2 (B). Removed, with the pair, when destroyed.
+class TwoHosts {
+ public:
+  TwoHosts() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    a_ = "fsdpA" + id;
+    b_ = "fsdpB" + id;
+    va_ = "fva" + id;
+    vb_ = "fvb" + id;
+    const std::string setup = "ip netns add " + a_ + " && ip netns add " + b_ + " && ip link add " + va_ +
+                              " type veth peer name " + vb_ + " && ip link set " + va_ + " netns " + a_ +
+                              " && ip link set " + vb_ + " netns " + b_ + " && ip -n " + a_ +
+                              " addr add 10.213.0.1/24 dev " + va_ + " && ip -n " + b_ +
+                              " addr add 10.213.0.2/24 dev " + vb_ + " && ip -n " + a_ + " link set " + va_ +
+                              " up && ip -n " + b_ + " link set " + vb_ + " up && ip -n " + a_ +
+                              " link set lo up && ip -n " + b_ + " link set lo up";
+    const auto r = run_command(setup);
+    ok_ = r.exit_code == 0;
+    why_ = r.output;
+  }
+  ~TwoHosts() { run_command("ip netns del " + a_ + "; ip netns del " + b_); }
+
+  bool ok() const { return ok_; }
+  const std::string& why() const { return why_; }
+  // `command` as node n (0 on A, 1 on B) of `fsdp launch --nnodes 2`.
+  std::string node(int n, int port, const std::string& command) const {
+    return "ip netns exec " + (n == 0 ? a_ : b_) + " env GLOO_SOCKET_IFNAME=" + (n == 0 ? va_ : vb_) +
+           " FSDP_TIMEOUT=5 " + kCli + " launch -n 1 --nnodes 2 --node-rank " + std::to_string(n) +
+           " --master-addr 10.213.0.1 --master-port " + std::to_string(port) + " --stop-grace 2 -- " + command;
+  }
+  void link(bool up) const { run_command("ip -n " + a_ + " link set " + va_ + (up ? " up" : " down")); }
+
+ private:
+  std::string a_, b_, va_, vb_, why_;
+  bool ok_ = false;
+};
+
+TEST(TwoHosts, TrainAcrossTwoNamespacesThenSurviveALinkCut) {
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2): " << hosts.why();
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string train = kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 2 --lr 1e-3 --log-every 1 "
+                                   "--data " + corpus;
+
+  // Losses across the two hosts equal those of two ranks on one host.
+  const auto one = run_command(kCli + " launch -n 2 -- " + train + " --steps 6 --out-dir " + dir + "/one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  {
+    BackgroundCommand node1(hosts.node(1, 29611, train + " --steps 6 --out-dir " + dir + "/two"), dir + "/n1.log");
+    const auto node0 = run_command(hosts.node(0, 29611, train + " --steps 6 --out-dir " + dir + "/two"));
+    ASSERT_EQ(node0.exit_code, 0) << node0.output;
+    ASSERT_EQ(node1.wait(std::chrono::seconds(60)), 0) << node1.output();
+  }
+  const auto one_host = train_losses(read_metrics(dir + "/one/metrics.jsonl"));
+  const auto two_hosts = train_losses(read_metrics(dir + "/two/metrics.jsonl"));
+  ASSERT_EQ(one_host.size(), 6u);
+  ASSERT_EQ(two_hosts.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(one_host[i], two_hosts[i]) << "step " << i + 1;
+
+  // The link goes down mid-run: both sides fail within the timeout (5 s),
+  // naming the peer; once it is back, the same commands resume from `latest`.
+  const std::string run = train + " --steps 100000 --save-every 5 --out-dir " + dir + "/cut";
+  BackgroundCommand node0(hosts.node(0, 29612, run), dir + "/cut0.log");
+  BackgroundCommand node1(hosts.node(1, 29612, run), dir + "/cut1.log");
+  for (int i = 0; i < 600 && !exists(dir + "/cut/checkpoints/latest"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(exists(dir + "/cut/checkpoints/latest")) << node0.output();
+  hosts.link(false);
+  const auto cut_at = std::chrono::steady_clock::now();
+  const int status0 = node0.wait(std::chrono::seconds(60));
+  const int status1 = node1.wait(std::chrono::seconds(60));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  EXPECT_NE(status0, 0);
+  EXPECT_NE(status1, 0);
+  EXPECT_LT(seconds, 5 + 10) << "the timeout is 5 s";
+  EXPECT_TRUE(contains(node0.output(), "peers: rank 1 at 10.213.0.2")) << node0.output();
+  EXPECT_TRUE(contains(node1.output(), "peers: rank 0 at 10.213.0.1")) << node1.output();
+  std::ifstream pointer(dir + "/cut/checkpoints/latest");
+  std::string latest;
+  pointer >> latest;
+  const int saved = std::stoi(latest.substr(5));
+  hosts.link(true);
+  const std::string resume = train + " --steps " + std::to_string(saved + 2) + " --out-dir " + dir + "/cut";
+  BackgroundCommand again1(hosts.node(1, 29613, resume), dir + "/again1.log");
+  const auto again0 = run_command(hosts.node(0, 29613, resume));
+  EXPECT_EQ(again0.exit_code, 0) << again0.output;
+  EXPECT_EQ(again1.wait(std::chrono::seconds(60)), 0) << again1.output();
+  EXPECT_TRUE(contains(again0.output, "resumed from " + dir + "/cut/checkpoints/" + latest)) << again0.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
