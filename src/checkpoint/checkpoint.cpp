@@ -25,8 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kFormat = "fsdp.cpp-checkpoint";
-constexpr int kVersion = 1;
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -127,26 +125,6 @@ std::optional<std::string> latest(const std::string& dir) {
   return path;
 }
 
-nlohmann::json read_metadata(const std::string& checkpoint) {
-  const std::string path = checkpoint + "/metadata.json";
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "checkpoint '", checkpoint, "' has no metadata.json (not a checkpoint, or an unfinished save)");
-  nlohmann::json meta;
-  try {
-    in >> meta;
-  } catch (const std::exception& e) {
-    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
-  }
-  FSDP_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "'", path,
-             "' is not fsdp.cpp checkpoint metadata");
-  FSDP_CHECK(meta.value("version", 0) == kVersion, "'", path, "' has version ", meta.value("version", 0),
-             ", this build reads version ", kVersion);
-  for (const char* key : {"step", "world_size", "params", "files", "trainer"}) {
-    FSDP_CHECK(meta.contains(key), "'", path, "' lacks '", key, "'");
-  }
-  return meta;
-}
-
 namespace {
 
 struct WrittenFile {
@@ -224,8 +202,8 @@ nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::T
                      {"bytes", all_files[2 * r].item<int64_t>()},
                      {"crc32", static_cast<uint32_t>(all_files[2 * r + 1].item<int64_t>())}});
   }
-  return {{"format", kFormat},
-          {"version", kVersion},
+  return {{"format", kMetadataFormat},
+          {"version", kMetadataVersion},
           {"step", state.step},
           {"world_size", w},
           {"sharding", state.sharding},
@@ -368,18 +346,6 @@ at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta
   }
   if (meta["world_size"].get<int>() != world.size()) return {};
   return files.get(world.rank()).view("rng/cpu").clone();
-}
-
-TrainerState trainer_state(const nlohmann::json& meta) {
-  TrainerState state;
-  state.step = meta["step"].get<int64_t>();
-  state.tokens_seen = meta["trainer"].value("tokens_seen", int64_t{0});
-  state.loss_scale = meta["trainer"].value("loss_scale", 0.0);
-  state.config_yaml = meta.value("config", "");
-  state.hf_config = meta.value("hf_config", "");
-  state.sharding = meta.value("sharding", "");
-  state.mesh = meta.value("mesh", std::vector<int64_t>{});
-  return state;
 }
 
 }  // namespace

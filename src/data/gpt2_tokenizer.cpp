@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include <unicode/utf8.h>
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
 
@@ -127,6 +128,17 @@ std::vector<std::string> GPT2Tokenizer::bpe(const std::string& word) const {
 }
 
 std::vector<int32_t> GPT2Tokenizer::encode(const std::string& text) const {
+  FSDP_CHECK(text.size() <= static_cast<size_t>(INT32_MAX), "the text is over 2 GiB; split it into documents");
+  // ICU would replace an invalid sequence with U+FFFD and train on text the
+  // file does not hold; say where it is instead.
+  for (int32_t i = 0, n = static_cast<int32_t>(text.size()); i < n;) {
+    const int32_t at = i;
+    UChar32 c;
+    U8_NEXT(reinterpret_cast<const uint8_t*>(text.data()), i, n, c);
+    FSDP_CHECK(c >= 0, "the text is not valid UTF-8 at byte ", at, " (byte 0x", std::hex,
+               static_cast<int>(static_cast<unsigned char>(text[static_cast<size_t>(at)])), std::dec,
+               "); convert it to UTF-8 first (iconv -f ENCODING -t UTF-8)");
+  }
   std::vector<int32_t> ids;
   const icu::UnicodeString input = icu::UnicodeString::fromUTF8(text);
   UErrorCode status = U_ZERO_ERROR;

@@ -103,11 +103,13 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   std::unique_ptr<GPT2Tokenizer> first_tokenizer = load_gpt2_tokenizer(o.tokenizer_dir);
 
   std::vector<std::string> docs;
+  std::vector<size_t> file_of_doc;  // to name the file of a document that fails
   PrepareStats stats;
-  for (const auto& f : files) {
-    for (auto& d : documents_of(f)) {
+  for (size_t k = 0; k < files.size(); ++k) {
+    for (auto& d : documents_of(files[k])) {
       stats.bytes += static_cast<int64_t>(d.size());
       docs.push_back(std::move(d));
+      file_of_doc.push_back(k);
     }
   }
   FSDP_CHECK(!docs.empty(), "--input '", o.input, "' holds no documents (empty .jsonl files?)");
@@ -129,7 +131,11 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       try {
         const auto tokenizer = t == 0 ? std::move(first_tokenizer) : load_gpt2_tokenizer(o.tokenizer_dir);
         for (size_t i = static_cast<size_t>(t); i < docs.size(); i += static_cast<size_t>(threads)) {
-          encoded[i] = tokenizer->encode(docs[i]);
+          try {
+            encoded[i] = tokenizer->encode(docs[i]);
+          } catch (const Error& e) {
+            throw Error("'" + files[file_of_doc[i]].string() + "': " + e.what());
+          }
           done_bytes += static_cast<int64_t>(docs[i].size());
           ++done;
         }

@@ -18,20 +18,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "fsdp/checkpoint/metadata.h"
 #include "fsdp/common/error.h"
 #include "fsdp/dist/process_group.h"
 
 namespace fsdp::checkpoint {
 
-struct TrainerState {
-  int64_t step = 0;          // optimizer steps completed
-  int64_t tokens_seen = 0;
-  double loss_scale = 0;     // fp16 grad scaler (0: none)
-  std::string config_yaml;   // the effective configuration
-  std::string hf_config;     // the architecture, as Hugging Face config.json
-  std::string sharding;      // strategy name at save time
-  std::vector<int64_t> mesh; // (replicate, shard) at save time
-};
 
 // A save that could not be completed (a full disk, an unwritable
 // directory): `latest` still names the previous checkpoint and the partial
@@ -56,9 +48,6 @@ std::optional<std::string> latest(const std::string& dir);
 // missing or damaged file, or metadata from another model.
 TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                   dist::World& world);
-
-// The metadata, validated; throws naming the file.
-nlohmann::json read_metadata(const std::string& checkpoint);
 
 // `fsdp ckpt inspect`: a summary, and whether every file's checksum holds.
 std::string inspect(const std::string& checkpoint);

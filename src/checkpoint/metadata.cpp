@@ -1,0 +1,139 @@
+#include "fsdp/checkpoint/metadata.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::checkpoint {
+namespace {
+
+using json = nlohmann::json;
+
+// Field checks; each names the file and the field's path in it.
+class Checker {
+ public:
+  explicit Checker(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& expected) const {
+    throw Error("'" + path_ + "': " + field + " " + expected + " (a damaged or foreign checkpoint)");
+  }
+
+  const json& member(const json& object, const std::string& key, const std::string& field) const {
+    if (!object.contains(key)) fail(field + key, "is missing");
+    return object[key];
+  }
+
+  int64_t integer(const json& v, const std::string& field, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer()) fail(field, "must be an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail(field, "is out of range");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) {
+      fail(field, "is " + std::to_string(x) + ", expected " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    return x;
+  }
+
+  void string_if_present(const json& object, const std::string& key, const std::string& field) const {
+    if (object.contains(key) && !object[key].is_string()) fail(field + key, "must be a string");
+  }
+
+ private:
+  std::string path_;
+};
+
+constexpr int64_t kMaxElements = int64_t{1} << 50;  // far beyond any model, far below overflow
+
+}  // namespace
+
+json parse_metadata(const std::string& text, const std::string& path) {
+  json meta;
+  try {
+    meta = json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+  FSDP_CHECK(meta.is_object() && meta.contains("format") && meta["format"] == kMetadataFormat, "'", path,
+             "' is not fsdp.cpp checkpoint metadata");
+  const Checker c(path);
+  const int64_t version = c.integer(c.member(meta, "version", ""), "version", 0, INT32_MAX);
+  FSDP_CHECK(version == kMetadataVersion, "'", path, "' has version ", version, ", this build reads version ",
+             kMetadataVersion);
+  c.integer(c.member(meta, "step", ""), "step", 0, INT64_MAX);
+  const int64_t world = c.integer(c.member(meta, "world_size", ""), "world_size", 1, 1 << 20);
+  for (const char* key : {"sharding", "config", "hf_config"}) c.string_if_present(meta, key, "");
+  if (meta.contains("mesh")) {
+    if (!meta["mesh"].is_array()) c.fail("mesh", "must be an array");
+    for (const auto& d : meta["mesh"]) c.integer(d, "mesh[]", 0, 1 << 20);
+  }
+
+  const json& trainer = c.member(meta, "trainer", "");
+  if (!trainer.is_object()) c.fail("trainer", "must be an object");
+  if (trainer.contains("tokens_seen")) c.integer(trainer["tokens_seen"], "trainer.tokens_seen", 0, INT64_MAX);
+  if (trainer.contains("loss_scale") && !trainer["loss_scale"].is_number()) c.fail("trainer.loss_scale", "must be a number");
+
+  const json& params = c.member(meta, "params", "");
+  if (!params.is_object()) c.fail("params", "must be an object");
+  for (const auto& [name, p] : params.items()) {
+    const std::string field = "params['" + name + "'].";
+    if (!p.is_object()) c.fail(field.substr(0, field.size() - 1), "must be an object");
+    const json& shape = c.member(p, "shape", field);
+    if (!shape.is_array()) c.fail(field + "shape", "must be an array");
+    int64_t numel = 1;
+    for (const auto& d : shape) {
+      numel *= std::max<int64_t>(1, c.integer(d, field + "shape[]", 0, kMaxElements));
+      if (numel > kMaxElements) c.fail(field + "shape", "holds more elements than any model");
+    }
+    for (const auto& d : shape) numel = d.get<int64_t>() == 0 ? 0 : numel;
+    c.string_if_present(p, "dtype", field);
+    c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, INT64_MAX);
+    const json& shards = c.member(p, "shards", field);
+    if (!shards.is_array()) c.fail(field + "shards", "must be an array");
+    for (const auto& s : shards) {
+      if (!s.is_object()) c.fail(field + "shards[]", "must be an object");
+      c.integer(c.member(s, "rank", field + "shards[]."), field + "shards[].rank", 0, world - 1);
+      const int64_t begin = c.integer(c.member(s, "begin", field + "shards[]."), field + "shards[].begin", 0, numel);
+      c.integer(c.member(s, "count", field + "shards[]."), field + "shards[].count", 0, numel - begin);
+    }
+  }
+
+  const json& files = c.member(meta, "files", "");
+  if (!files.is_array()) c.fail("files", "must be an array");
+  for (const auto& f : files) {
+    if (!f.is_object()) c.fail("files[]", "must be an object");
+    c.integer(c.member(f, "rank", "files[]."), "files[].rank", 0, world - 1);
+    const json& name = c.member(f, "name", "files[].");
+    if (!name.is_string()) c.fail("files[].name", "must be a string");
+    const auto n = name.get<std::string>();
+    // A plain name inside the checkpoint: metadata must not point reads elsewhere.
+    if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\0') != std::string::npos) {
+      c.fail("files[].name", "'" + n + "' must be a file name inside the checkpoint");
+    }
+    c.integer(c.member(f, "bytes", "files[]."), "files[].bytes", 0, INT64_MAX);
+    c.integer(c.member(f, "crc32", "files[]."), "files[].crc32", 0, UINT32_MAX);
+  }
+  return meta;
+}
+
+json read_metadata(const std::string& checkpoint) {
+  const std::string path = checkpoint + "/metadata.json";
+  std::ifstream in(path);
+  FSDP_CHECK(in.good(), "checkpoint '", checkpoint, "' has no metadata.json (not a checkpoint, or an unfinished save)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_metadata(text.str(), path);
+}
+
+TrainerState trainer_state(const json& meta) {
+  TrainerState state;
+  state.step = meta["step"].get<int64_t>();
+  state.tokens_seen = meta["trainer"].value("tokens_seen", int64_t{0});
+  state.loss_scale = meta["trainer"].value("loss_scale", 0.0);
+  state.config_yaml = meta.value("config", "");
+  state.hf_config = meta.value("hf_config", "");
+  state.sharding = meta.value("sharding", "");
+  state.mesh = meta.value("mesh", std::vector<int64_t>{});
+  return state;
+}
+
+}  // namespace fsdp::checkpoint
