@@ -4,6 +4,8 @@
 
 #include "fsdp/data/gpt2_tokenizer.h"
 
+#include "fsdp/common/error.h"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -93,6 +95,20 @@ TEST(GPT2Tokenizer, KnownIds) {
   EXPECT_EQ(tokenizer.encode("Hello world!"), (std::vector<int32_t>{15496, 995, 0}));
   EXPECT_EQ(tokenizer.vocab_size(), 50257);
   EXPECT_EQ(tokenizer.decode({50256}), "<|endoftext|>");
+}
+
+TEST(GPT2Tokenizer, InvalidUtf8IsRefusedNamingTheByte) {
+  if (!std::ifstream(kDir + "/encoder.json").good()) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  GPT2Tokenizer tokenizer(kDir + "/encoder.json", kDir + "/vocab.bpe");
+  // "Caf" then a lone lead byte of a two-byte sequence (found by the fuzzer:
+  // it used to become U+FFFD silently).
+  try {
+    tokenizer.encode(std::string("Caf\xc3Q"));
+    FAIL() << "accepted invalid UTF-8";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid UTF-8 at byte 3 (byte 0xc3)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode("Caf\xc3\xa9")), "Caf\xc3\xa9");
 }
 
 TEST(GPT2Tokenizer, MissingFilesAreNamed) {
