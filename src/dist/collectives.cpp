@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueF
 // Records the collective in the flight recorder and, under
 // FSDP_DEBUG=detail, checks that every rank is issuing the same one.
 int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
-  const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.rank(), group.size(), t.numel(),
+  const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.role(), group.rank(), group.size(), t.numel(),
                                                        static_cast<int64_t>(t.nbytes()),
                                                        c10::toString(t.scalar_type()));
   if (detail_checks_enabled()) check_same_collective_everywhere(seq);

@@ -50,7 +50,7 @@ FlightEntry entry_at(const at::Tensor& row, int64_t index) {
   FlightEntry e;
   std::memcpy(&e, row.data_ptr<uint8_t>() + index * static_cast<int64_t>(sizeof(FlightEntry)), sizeof(FlightEntry));
   e.op[sizeof(e.op) - 1] = e.group[sizeof(e.group) - 1] = e.dtype[sizeof(e.dtype) - 1] = '\0';
-  e.unit[sizeof(e.unit) - 1] = '\0';
+  e.role[sizeof(e.role) - 1] = e.unit[sizeof(e.unit) - 1] = '\0';
   return e;
 }
 

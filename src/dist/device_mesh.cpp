@@ -20,12 +20,12 @@ DeviceMesh DeviceMesh::make_2d(const std::shared_ptr<World>& world, int replicat
                           ? std::shared_ptr<ProcessGroup>(world, &world->group())
                           : world->new_group("mesh" + shape + "/shard" +
                                                  std::to_string(mesh.layout_.replicate_index(rank)),
-                                             shard_ranks);
+                                             shard_ranks, "mesh" + shape + "/shard");
   mesh.replicate_group_ =
       replicate == world->size()
           ? std::shared_ptr<ProcessGroup>(world, &world->group())
           : world->new_group("mesh" + shape + "/replicate" + std::to_string(mesh.layout_.shard_index(rank)),
-                             replicate_ranks);
+                             replicate_ranks, "mesh" + shape + "/replicate");
   return mesh;
 }
 

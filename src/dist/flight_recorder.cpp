@@ -82,7 +82,7 @@ std::string FlightEntry::describe() const {
 
 bool FlightEntry::same_call(const FlightEntry& o) const {
   return seq == o.seq && numel == o.numel && bytes == o.bytes && group_size == o.group_size &&
-         std::strcmp(op, o.op) == 0 && std::strcmp(group, o.group) == 0 && std::strcmp(dtype, o.dtype) == 0;
+         std::strcmp(op, o.op) == 0 && std::strcmp(role, o.role) == 0 && std::strcmp(dtype, o.dtype) == 0;
 }
 
 struct FlightRecorder::Impl {
@@ -129,8 +129,8 @@ FlightRecorder& FlightRecorder::instance() {
   return *recorder;
 }
 
-int64_t FlightRecorder::issue(const char* op, const std::string& group, int group_rank, int group_size, int64_t numel,
-                              int64_t bytes, const char* dtype) {
+int64_t FlightRecorder::issue(const char* op, const std::string& group, const std::string& role, int group_rank,
+                              int group_size, int64_t numel, int64_t bytes, const char* dtype) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   FileHeader& h = *impl_->header;
   const int64_t seq = h.count + 1;
@@ -143,13 +143,14 @@ int64_t FlightRecorder::issue(const char* op, const std::string& group, int grou
   e.group_size = group_size;
   copy_name(e.op, sizeof(e.op), op);
   copy_name(e.group, sizeof(e.group), group.c_str());
+  copy_name(e.role, sizeof(e.role), role.c_str());
   copy_name(e.dtype, sizeof(e.dtype), dtype);
   if (t_unit != nullptr) copy_name(e.unit, sizeof(e.unit), t_unit->c_str());
   e.issued_ns = system_now_ns();
   h.count = seq;
   uint64_t fp = impl_->fingerprint;
   fp = fnv1a(fp, e.op, std::strlen(e.op));
-  fp = fnv1a(fp, e.group, std::strlen(e.group));
+  fp = fnv1a(fp, e.role, std::strlen(e.role));
   fp = fnv1a(fp, e.dtype, std::strlen(e.dtype));
   fp = fnv1a(fp, &numel, sizeof(numel));
   impl_->fingerprint = fp;
@@ -222,7 +223,7 @@ std::optional<RankRecord> read_rank_record(const std::string& dir, int rank) {
   }
   for (auto& e : ring) {  // a record torn by a crash must still print safely
     e.op[sizeof(e.op) - 1] = e.group[sizeof(e.group) - 1] = e.dtype[sizeof(e.dtype) - 1] = '\0';
-    e.unit[sizeof(e.unit) - 1] = '\0';
+    e.role[sizeof(e.role) - 1] = e.unit[sizeof(e.unit) - 1] = '\0';
   }
   return RankRecord{rank, ordered(h, ring.data())};
 }

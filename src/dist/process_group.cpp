@@ -255,7 +255,8 @@ void World::learn_hosts() {
   }
 }
 
-std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vector<int> global_ranks) {
+std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vector<int> global_ranks,
+                                               const std::string& role) {
   FSDP_ASSERT(std::is_sorted(global_ranks.begin(), global_ranks.end()));
   const auto me = std::find(global_ranks.begin(), global_ranks.end(), env_.rank);
   FSDP_ASSERT(me != global_ranks.end());
@@ -283,6 +284,7 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
   }
   auto group = std::make_shared<ProcessGroup>(name, backend_, global_ranks, rank, options_.timeout, std::move(impl));
   for (int r : global_ranks) group->hosts.push_back(hosts_[static_cast<size_t>(r)]);
+  group->set_role(role);
   return group;
 }
 

@@ -74,7 +74,7 @@ TEST(DistErrors, RankZeroNeverArrives) {
 
 TEST(DistErrors, HungPeerTimesOutNamingTheCollective) {
   const auto r = run_command("env FSDP_TIMEOUT=3 " + kCli + " launch -n 2 -- " + kWorker + " hang");
-  expect_clean_failure(r, "all_reduce on group 'world'");
+  expect_clean_failure(r, "all_reduce #1 on group 'world'");
   EXPECT_LT(r.seconds, 40);
 }
 

@@ -25,7 +25,7 @@ TEST(FlightRecorder, TheFileKeepsTheLastKAndTheSummarySaysWhereTheRankWaits) {
   for (int i = 1; i <= 6; ++i) {
     std::optional<CollectiveLabel> label;
     if (i == 5) label.emplace(unit);
-    seq = recorder.issue(i == 5 ? "all_gather_into_tensor" : "all_reduce", "shard", 0, 2, 1024 * i, 4096 * i,
+    seq = recorder.issue(i == 5 ? "all_gather_into_tensor" : "all_reduce", "shard", "shard", 0, 2, 1024 * i, 4096 * i,
                          "Float");
     EXPECT_EQ(seq, i);
     if (i != 5) recorder.complete(seq, true);

@@ -29,6 +29,7 @@ struct FlightEntry {
   int32_t group_rank = 0;
   char op[24] = {};
   char group[24] = {};
+  char role[24] = {};        // the group's part in the job, the same on every rank (see ProcessGroup::role)
   char dtype[16] = {};
   char unit[64] = {};        // the FSDP unit that issued it, or empty
 
@@ -36,7 +37,8 @@ struct FlightEntry {
   bool in_flight() const { return completed_ns == 0; }
   // "all_gather_into_tensor #12 on group 'shard' (4.0 KiB, unit 'h.1')"
   std::string describe() const;
-  // Whether two ranks issued the same collective: everything but times.
+  // Whether two ranks issued the same collective: everything but times,
+  // groups compared by role.
   bool same_call(const FlightEntry& other) const;
 };
 
@@ -48,11 +50,11 @@ class FlightRecorder {
   static FlightRecorder& instance();
 
   // Records an issued collective and returns its sequence number.
-  int64_t issue(const char* op, const std::string& group, int group_rank, int group_size, int64_t numel,
-                int64_t bytes, const char* dtype);
+  int64_t issue(const char* op, const std::string& group, const std::string& role, int group_rank, int group_size,
+                int64_t numel, int64_t bytes, const char* dtype);
   void complete(int64_t seq, bool ok);
 
-  // A hash of every collective issued so far (op, group, size, dtype, in
+  // A hash of every collective issued so far (op, group role, size, dtype, in
   // order), below 2^52 so a double carries it exactly. Equal on all ranks
   // exactly when they issued the same collectives (up to hash collisions).
   uint64_t fingerprint() const;

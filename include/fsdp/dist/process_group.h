@@ -45,6 +45,11 @@ class ProcessGroup {
                std::chrono::milliseconds timeout, c10::intrusive_ptr<compat::C10dBackend> impl);
 
   const std::string& name() const { return name_; }
+  // The group's part in the job, the same on every rank: "mesh2x2/shard"
+  // for each rank's own shard group 'mesh2x2/shard0', 'mesh2x2/shard1', ...
+  // Desync checks compare roles, not names.
+  const std::string& role() const { return role_.empty() ? name_ : role_; }
+  void set_role(std::string role) { role_ = std::move(role); }
   Backend backend() const { return backend_; }
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(global_ranks_.size()); }
@@ -67,6 +72,7 @@ class ProcessGroup {
 
  private:
   std::string name_;
+  std::string role_;
   Backend backend_;
   std::vector<int> global_ranks_;
   int rank_;
@@ -91,7 +97,10 @@ class World {
 
   // A group of `global_ranks` (sorted, distinct). Only members call this;
   // `name` must be unique in the job and the same on all members.
-  std::shared_ptr<ProcessGroup> new_group(const std::string& name, std::vector<int> global_ranks);
+  // `role` is the same on every rank for groups that play the same part
+  // (each rank's own shard group, say); empty: the name.
+  std::shared_ptr<ProcessGroup> new_group(const std::string& name, std::vector<int> global_ranks,
+                                          const std::string& role = "");
 
  private:
   World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store);
