@@ -15,6 +15,7 @@
 #include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/desync.h"
+#include "fsdp/dist/flight_recorder.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
@@ -298,8 +299,11 @@ TrainSummary Trainer::train() {
   try {
     return run();
   } catch (const std::exception& e) {
-    // The rank's log keeps the reason the run ended.
+    // The rank's log keeps the reason the run ended, and the collectives
+    // it had issued last (the flight recorder).
     progress_->log_only(std::string("error: ") + e.what());
+    progress_->log_only("last collectives of this rank (flight recorder):\n" +
+                        dist::FlightRecorder::instance().dump(16));
     throw;
   }
 }

@@ -334,6 +334,15 @@ TEST(TwoHosts, TrainAcrossTwoNamespacesThenSurviveALinkCut) {
   EXPECT_LT(seconds, 5 + 10) << "the timeout is 5 s";
   EXPECT_TRUE(contains(node0.output(), "peers: rank 1 at 10.213.0.2")) << node0.output();
   EXPECT_TRUE(contains(node1.output(), "peers: rank 0 at 10.213.0.1")) << node1.output();
+  // Each rank's log keeps the error and its last collectives.
+  for (int rank : {0, 1}) {
+    std::ifstream log(dir + "/cut/logs/rank" + std::to_string(rank) + ".log");
+    std::stringstream text;
+    text << log.rdbuf();
+    EXPECT_TRUE(contains(text.str(), "error: ")) << text.str();
+    EXPECT_TRUE(contains(text.str(), "last collectives of this rank (flight recorder):")) << text.str();
+    EXPECT_TRUE(contains(text.str(), "FAILED, issued")) << text.str();
+  }
   std::ifstream pointer(dir + "/cut/checkpoints/latest");
   std::string latest;
   pointer >> latest;
