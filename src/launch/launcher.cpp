@@ -107,6 +107,7 @@ class Supervisor {
                                    std::to_string(options_.max_restarts) + " after: " + *failure_ + "\n");
       reset_for_next_attempt();
     }
+    if (!failure_ && forwarded_signal_ == 0) wait_for_other_nodes_to_finish();
     const int code = exit_code();
     if (!failure_ && own_recorder_dir_) std::filesystem::remove_all(recorder_dir_);
     return code;
@@ -184,6 +185,23 @@ class Supervisor {
       FSDP_CHECK(Clock::now() < deadline, "fsdp launch: not every node stopped its ranks after attempt ", attempt_,
                  " failed; giving up on restarts");
       ::usleep(100 * 1000);
+    }
+  }
+
+  // Node 0 serves the store: it stays until every node's ranks are done, so
+  // a node still finishing never finds the store gone and takes it for a failure.
+  void wait_for_other_nodes_to_finish() {
+    if (!store_) return;
+    try {
+      store_->add(restart_key("finished"), 1);
+      if (options_.node_rank != 0) return;
+      const auto deadline = Clock::now() + std::chrono::seconds(300);
+      while (store_->add(restart_key("finished"), 0) < options_.nnodes && Clock::now() < deadline &&
+             store_->add(restart_key("failed"), 0) == 0) {
+        ::usleep(100 * 1000);
+      }
+    } catch (const std::exception&) {
+      // Our ranks succeeded; the store is only coordination.
     }
   }
 

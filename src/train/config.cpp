@@ -243,20 +243,30 @@ void TrainConfig::load_yaml_text(const std::string& text, const std::string& sou
   load_yaml_node(root, source);
 }
 
+namespace {
+// A mapping's key as text: a key that is itself a mapping or a list
+// (`{ }: 1`) is refused, not left to throw inside yaml-cpp.
+std::string key_text(const YAML::Node& key, const std::string& path) {
+  FSDP_CHECK(key.IsScalar(), path, ": line ", key.Mark().line + 1, ": a key must be a plain name, not a ",
+             key.IsMap() ? "mapping" : key.IsSequence() ? "list" : "null");
+  return key.Scalar();
+}
+}  // namespace
+
 void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path) {
   if (root.IsNull()) return;
   FSDP_CHECK(root.IsMap(), path, ": expected sections model, data, optim, runtime, fsdp, checkpoint at the top level");
   std::set<std::string> sections;
   for (const auto& f : schema()) sections.insert(f.section);
   for (const auto& section : root) {
-    const auto name = section.first.as<std::string>();
+    const auto name = key_text(section.first, path);
     FSDP_CHECK(sections.count(name) != 0, path, ": unknown section '", name, "'",
                did_you_mean(name, {sections.begin(), sections.end()}),
                " (sections: ", join_words({sections.begin(), sections.end()}), ")");
     FSDP_CHECK(section.second.IsMap() || section.second.IsNull(), path, ": section '", name,
                "' must be a mapping of keys to values");
     for (const auto& item : section.second) {
-      const std::string dotted = name + "." + item.first.as<std::string>();
+      const std::string dotted = name + "." + key_text(item.first, path);
       const Field& f = find_field(dotted, path);
       FSDP_CHECK(item.second.IsScalar(), path, ": ", dotted, " must be a single value, ", kind_name(f.kind));
       assign(*this, f, item.second.Scalar(), path);

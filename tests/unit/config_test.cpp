@@ -58,6 +58,10 @@ TEST(Config, WrongTypesAndValuesSayWhatWasExpected) {
   expect_error([&] { c.set("model.chunk_loss", "maybe", "--set"); }, {"true or false"});
   expect_error([&] { c.set("runtime.precision", "bf61", "--set"); }, {"one of fp32, bf16, fp16", "did you mean 'bf16'"});
   expect_error([&] { c.load_yaml(write_yaml("data:\n  seq_len: [1, 2]\n")); }, {"data.seq_len must be a single value"});
+  // Found by the config fuzz target: a mapping as a key used to escape as a
+  // yaml-cpp exception and terminate the program.
+  expect_error([&] { c.load_yaml_text("{ }:\n", "fuzz.yaml"); }, {"fuzz.yaml: line 1: a key must be a plain name, not a mapping"});
+  expect_error([&] { c.load_yaml_text("data:\n  [a]: 1\n", "f.yaml"); }, {"f.yaml: line 2: a key must be a plain name, not a list"});
 }
 
 TEST(Config, CrossFieldChecks) {
