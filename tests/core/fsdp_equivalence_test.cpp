@@ -123,7 +123,10 @@ TEST(GradClipping, GlobalNormMatchesOneProcessOnEveryRank) {
   // Every rank got exactly the same norms.
   auto& group = test_world().group();
   at::Tensor mine = torch::tensor(log.grad_norms, torch::kDouble);
-  at::Tensor all = torch::empty({group.size() * mine.numel()}, torch::kDouble);
+  // A named shape: under ASan+UBSan (gcc 12, -O2) the braced temporary of
+  // `empty({w * n})` reached LibTorch as garbage.
+  const std::vector<int64_t> shape{group.size() * mine.numel()};
+  at::Tensor all = torch::empty(shape, torch::kDouble);
   dist::all_gather_into_tensor(group, all, mine).wait();
   for (int r = 0; r < group.size(); ++r) EXPECT_TRUE(all.narrow(0, r * mine.numel(), mine.numel()).equal(mine)) << r;
   // Clipping multiplies every gradient by clip / (norm + 1e-6), so the
