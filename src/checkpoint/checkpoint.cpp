@@ -239,17 +239,26 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
 
 namespace {
 
+// Every rank learns which ranks failed at this point (none: empty), so a
+// failure on one never leaves the others waiting in a later collective.
+std::vector<int> ranks_that_failed(dist::ProcessGroup& group, bool failed_here) {
+  at::Tensor failed = at::zeros({group.size()}, at::kInt);
+  failed[group.rank()] = failed_here ? 1 : 0;
+  dist::all_reduce(group, failed).wait();
+  std::vector<int> ranks;
+  for (int r = 0; r < group.size(); ++r) {
+    if (failed[r].item<int>() != 0) ranks.push_back(r);
+  }
+  return ranks;
+}
+
 // Every rank learns whether any failed at a stage of the save, and why (the
 // message of the lowest failing rank, which every rank reports alike). On a
 // failure rank 0 removes `partial`, so nothing half-written stays behind.
 void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error, const std::string& partial) {
-  const int w = group.size();
-  at::Tensor failed = at::zeros({w}, at::kInt);
-  failed[group.rank()] = local_error.empty() ? 0 : 1;
-  dist::all_reduce(group, failed).wait();
-  int first = -1;
-  for (int r = 0; r < w && first < 0; ++r) first = failed[r].item<int>() != 0 ? r : -1;
-  if (first < 0) return;
+  const auto failed = ranks_that_failed(group, !local_error.empty());
+  if (failed.empty()) return;
+  const int first = failed.front();
   // The failing rank's message, sent to all as bytes.
   at::Tensor length = at::full({1}, static_cast<int64_t>(local_error.size()), at::kLong);
   dist::broadcast(group, length, first).wait();
@@ -262,8 +271,6 @@ void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error,
   throw SaveError("saving checkpoint '" + partial + "' failed on rank " + std::to_string(first) + ": " + why +
                   "; its partial files were removed and `latest` still names the previous checkpoint");
 }
-
-std::string what_of(const std::exception& e) { return error_text(e); }
 
 }  // namespace
 
@@ -281,7 +288,7 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
       fs::remove_all(tmp_dir);  // an earlier save that died here
       fs::create_directories(tmp_dir);
     } catch (const std::exception& e) {
-      error = what_of(e);
+      error = error_text(e);
     }
   }
   agree_on_failure(group, error, tmp_dir);
@@ -305,7 +312,7 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
                                 build_metadata(shards, all_tables, all_files, state, w).dump(1) + "\n");
       publish(dir, tmp_dir, final_dir, name, keep);
     } catch (const std::exception& e) {
-      error = what_of(e);
+      error = error_text(e);
       // Published but `latest` not moved: the directory goes too.
       std::error_code ignored;
       std::ifstream pointer(dir + "/latest");
@@ -377,14 +384,8 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  at::Tensor failed = at::zeros({world.size()}, at::kFloat);
-  failed[world.rank()] = failure.empty() ? 0.0f : 1.0f;
-  dist::all_reduce(world.group(), failed, dist::ReduceOp::kSum).wait();
+  const auto ranks = ranks_that_failed(world.group(), !failure.empty());
   if (!failure.empty()) throw Error(failure);
-  std::vector<int> ranks;
-  for (int r = 0; r < world.size(); ++r) {
-    if (failed[r].item<float>() > 0) ranks.push_back(r);
-  }
   if (!ranks.empty()) {
     std::string list;
     for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);

@@ -285,7 +285,7 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
 }
 
 void barrier(ProcessGroup& group) {
-  const int64_t seq = record("barrier", group, at::Tensor(at::empty({0})));
+  const int64_t seq = record("barrier", group, at::empty({0}));
   c10d::BarrierOptions opts;
   opts.timeout = group.timeout();
   auto work = issue("barrier", group, [&] { return group.impl().barrier(opts); });

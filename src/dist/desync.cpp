@@ -147,10 +147,7 @@ void check_same_collective_everywhere(int64_t seq) {
   std::lock_guard<std::mutex> lock(mutex);
   const auto& group = check_group();
   if (!group || group->size() == 1) return;
-  FlightEntry e;
-  for (const auto& entry : FlightRecorder::instance().entries()) {
-    if (entry.seq == seq) e = entry;
-  }
+  const FlightEntry e = FlightRecorder::instance().find(seq).value_or(FlightEntry{});
   const at::Tensor rows =
       gather_bytes(*group, entry_bytes(e), "FSDP_DEBUG=detail check of collective #" + std::to_string(seq));
   std::vector<std::optional<FlightEntry>> calls;

@@ -179,6 +179,13 @@ std::vector<FlightEntry> FlightRecorder::entries() const {
   return ordered(*impl_->header, impl_->ring);
 }
 
+std::optional<FlightEntry> FlightRecorder::find(int64_t seq) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  const FileHeader& h = *impl_->header;
+  if (seq <= 0 || seq <= h.count - h.capacity || seq > h.count) return std::nullopt;
+  return impl_->ring[(seq - 1) % h.capacity];
+}
+
 std::string FlightRecorder::dump(size_t n) const {
   const auto all = entries();
   const int64_t now = system_now_ns();

@@ -8,10 +8,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -180,13 +178,7 @@ TEST(Hang, ATimeoutEndsWithTheLaunchersSummaryOfWhereEachRankWaits) {
   EXPECT_TRUE(contains(r.output, "]   all_reduce #1 on group 'world' (256 Float, 1.0 KiB): done in")) << r.output;
   const auto where = r.output.find("flight records in ") + 18;
   const std::string folder = r.output.substr(where, r.output.find(')', where) - where);
-  std::string dumps;
-  for (int rank : {0, 1}) {
-    std::ifstream dump(folder + "/rank" + std::to_string(rank) + ".txt");
-    std::stringstream text;
-    text << dump.rdbuf();
-    dumps += text.str();
-  }
+  const std::string dumps = read_file(folder + "/rank0.txt") + read_file(folder + "/rank1.txt");
   EXPECT_TRUE(contains(dumps, "all_reduce #2 on group '")) << dumps;
   EXPECT_TRUE(contains(dumps, "(256 Float, 1.0 KiB): FAILED")) << dumps;
   fs::remove_all(folder);
@@ -336,16 +328,12 @@ TEST(TwoHosts, TrainAcrossTwoNamespacesThenSurviveALinkCut) {
   EXPECT_TRUE(contains(node1.output(), "peers: rank 0 at 10.213.0.1")) << node1.output();
   // Each rank's log keeps the error and its last collectives.
   for (int rank : {0, 1}) {
-    std::ifstream log(dir + "/cut/logs/rank" + std::to_string(rank) + ".log");
-    std::stringstream text;
-    text << log.rdbuf();
-    EXPECT_TRUE(contains(text.str(), "error: ")) << text.str();
-    EXPECT_TRUE(contains(text.str(), "last collectives of this rank (flight recorder):")) << text.str();
-    EXPECT_TRUE(contains(text.str(), "FAILED, issued")) << text.str();
+    const std::string log = read_file(dir + "/cut/logs/rank" + std::to_string(rank) + ".log");
+    EXPECT_TRUE(contains(log, "error: ")) << log;
+    EXPECT_TRUE(contains(log, "last collectives of this rank (flight recorder):")) << log;
+    EXPECT_TRUE(contains(log, "FAILED, issued")) << log;
   }
-  std::ifstream pointer(dir + "/cut/checkpoints/latest");
-  std::string latest;
-  pointer >> latest;
+  const std::string latest = read_file(dir + "/cut/checkpoints/latest").substr(0, 13);  // "step_NNNNNNNN"
   const int saved = std::stoi(latest.substr(5));
   hosts.link(true);
   const std::string resume = train + " --steps " + std::to_string(saved + 2) + " --out-dir " + dir + "/cut";

@@ -94,8 +94,10 @@ int BackgroundCommand::wait(std::chrono::seconds timeout) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::string BackgroundCommand::output() const {
-  std::ifstream in(log_path_);
+std::string BackgroundCommand::output() const { return read_file(log_path_); }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();

@@ -47,6 +47,9 @@ class BackgroundCommand {
   bool reaped_ = false;
 };
 
+// The whole file ("" when it cannot be read).
+std::string read_file(const std::string& path);
+
 // A fresh temporary directory, removed by the caller if it cares.
 std::string make_temp_dir();
 

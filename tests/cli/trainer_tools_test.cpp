@@ -33,13 +33,6 @@ std::vector<nlohmann::json> steps_of(const std::vector<nlohmann::json>& metrics)
   return out;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The corpus of small_corpus cut into three shard files train_00{0,1,2}.bin.
 std::string sharded_corpus(const std::string& dir) {
   data::TokenFile whole(small_corpus(dir));
@@ -67,8 +60,8 @@ TEST(RunFolder, TwoRunsIntoOneFolderDoNotMixAndAResumeContinuesItsOwn) {
   EXPECT_EQ(steps_of(read_metrics(dir + "/run/metrics.jsonl")).size(), 2u) << "only the second run's steps";
   EXPECT_EQ(steps_of(read_metrics(dir + "/run/earlier-1/metrics.jsonl")).size(), 3u) << "the first run's, kept";
   EXPECT_TRUE(exists(dir + "/run/config.yaml"));
-  EXPECT_TRUE(contains(read_text(dir + "/run/config.yaml"), "steps: 2"));
-  EXPECT_TRUE(contains(read_text(dir + "/run/logs/rank0.log"), "step 2/2"));
+  EXPECT_TRUE(contains(read_file(dir + "/run/config.yaml"), "steps: 2"));
+  EXPECT_TRUE(contains(read_file(dir + "/run/logs/rank0.log"), "step 2/2"));
 
   // A run that saves resumes in its own folder and continues its own files.
   ASSERT_EQ(run("saved", "--steps 2 --save-every 2").exit_code, 0);
@@ -82,7 +75,7 @@ TEST(RunFolder, TwoRunsIntoOneFolderDoNotMixAndAResumeContinuesItsOwn) {
   }
   EXPECT_EQ(events, (std::vector<std::string>{"start", "resume"}));
   EXPECT_EQ(steps_of(metrics).size(), 4u);
-  EXPECT_TRUE(contains(read_text(dir + "/saved/logs/rank0.log"), "--- resumed at step 2 ---"));
+  EXPECT_TRUE(contains(read_file(dir + "/saved/logs/rank0.log"), "--- resumed at step 2 ---"));
   EXPECT_FALSE(exists(dir + "/saved/earlier-1")) << "a resume moves nothing aside";
 }
 
@@ -113,7 +106,7 @@ TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
   for (int rank = 0; rank < 2; ++rank) {
     const auto path = dir + "/run/traces/rank" + std::to_string(rank) + ".json";
     ASSERT_TRUE(exists(path)) << path;
-    const auto trace = nlohmann::json::parse(read_text(path));
+    const auto trace = nlohmann::json::parse(read_file(path));
     const auto& list = trace.is_array() ? trace : trace.at("traceEvents");
     std::map<std::string, int> ranges;
     for (const auto& e : list) {
@@ -299,7 +292,7 @@ TEST(TrainErrors, OutputPathsAreCheckedBeforeStepOne) {
     EXPECT_TRUE(contains(r.output, flag + " '" + dir + "/a-file' is a file")) << r.output;
     EXPECT_FALSE(contains(r.output, "step 1/")) << flag << ": nothing trained: " << r.output;
   }
-  EXPECT_EQ(read_text(dir + "/a-file"), "x");
+  EXPECT_EQ(read_file(dir + "/a-file"), "x");
 }
 
 TEST(TrainErrors, AFailingExportAtTheEndSavesTheTrainedWeightsFirst) {
@@ -311,8 +304,8 @@ TEST(TrainErrors, AFailingExportAtTheEndSavesTheTrainedWeightsFirst) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "no Hugging Face equivalent")) << r.output;
   EXPECT_TRUE(contains(r.output, "the trained weights were saved to " + dir + "/run/checkpoints")) << r.output;
-  EXPECT_EQ(read_text(dir + "/run/checkpoints/latest"), "step_00000002\n");
-  EXPECT_TRUE(contains(read_text(dir + "/run/logs/rank0.log"), "error: ")) << "the rank's log keeps the reason";
+  EXPECT_EQ(read_file(dir + "/run/checkpoints/latest"), "step_00000002\n");
+  EXPECT_TRUE(contains(read_file(dir + "/run/logs/rank0.log"), "error: ")) << "the rank's log keeps the reason";
 }
 
 TEST(TrainErrors, EvalEveryWithoutValidationDataWarns) {
@@ -372,7 +365,7 @@ TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
                         " --shard-tokens 100 --val-fraction 0.1 --threads 1")
                 .exit_code,
             0);
-  EXPECT_EQ(read_text(dir + "/one/train_000000.bin"), read_text(dir + "/out/train_000000.bin"));
+  EXPECT_EQ(read_file(dir + "/one/train_000000.bin"), read_file(dir + "/out/train_000000.bin"));
   // --val-fraction 0: no val file at all; one short document: no empty val.bin.
   ASSERT_EQ(run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/noval" + tok +
                         " --val-fraction 0")

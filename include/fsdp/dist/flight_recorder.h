@@ -62,6 +62,8 @@ class FlightRecorder {
 
   // The recorded entries, oldest first (at most the capacity).
   std::vector<FlightEntry> entries() const;
+  // Entry `seq`, if still in the ring.
+  std::optional<FlightEntry> find(int64_t seq) const;
   // The last `n` entries as lines, for an error report.
   std::string dump(size_t n) const;
   // Writes dump() of every entry to rank<N>.txt in the recorder folder, if any.
