@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/hf/config_reader.h"
 
 namespace fsdp::cli {
 namespace {
@@ -37,9 +38,18 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   auto* exp = ckpt->add_subcommand("export", "write a Hugging Face directory (config.json + model.safetensors)");
   exp->add_option("checkpoint", *from, "a checkpoint, or a directory of them (its latest)")->required();
   exp->add_option("out", *out, "output directory")->required();
-  exp->callback([from, out, &exit_code] {
+  auto dtype = std::make_shared<std::string>();
+  auto shard_size = std::make_shared<std::string>("5GB");
+  exp->add_option("--export-dtype,--dtype", *dtype,
+                  "float32, bfloat16 or float16 (default: the torch_dtype of the recorded config.json)");
+  exp->add_option("--export-shard-size,--max-shard-size", *shard_size,
+                  "largest weight file before sharding with an index (5GB, 500MB, 2GiB; default 5GB)");
+  exp->callback([from, out, dtype, shard_size, &exit_code] {
+    models::HfExportOptions options;
+    if (!dtype->empty()) options.dtype = models::hf::parse_export_dtype(*dtype, "--export-dtype");
+    options.max_shard_bytes = models::hf::parse_size(*shard_size, "--export-shard-size");
     const auto ckpt_path = resolve(*from);
-    checkpoint::export_hf(ckpt_path, *out);
+    checkpoint::export_hf(ckpt_path, *out, options);
     std::printf("exported %s to %s\n", ckpt_path.c_str(), out->c_str());
     exit_code = 0;
   });

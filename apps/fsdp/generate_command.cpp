@@ -8,7 +8,7 @@
 #include "commands.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/gpt2_tokenizer.h"
-#include "fsdp/models/registry.h"
+#include "fsdp/models/hf/weights.h"
 #include "fsdp/train/generate.h"
 
 namespace fsdp::cli {

@@ -10,7 +10,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
-#include "fsdp/models/example_transformer.h"
+#include "fsdp/models/example/model.h"
 
 namespace fsdp::bench {
 namespace {

@@ -19,6 +19,8 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/io/safetensors.h"
+#include "fsdp/models/hf/weights.h"
+#include "fsdp/models/registry.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -432,28 +434,31 @@ std::string inspect(const std::string& checkpoint) {
   return out.str();
 }
 
-void export_hf(const std::string& checkpoint, const std::string& out_dir) {
+void export_hf(const std::string& checkpoint, const std::string& out_dir, const models::HfExportOptions& options) {
   const nlohmann::json meta = read_metadata(checkpoint);
   FSDP_CHECK(!meta.value("hf_config", "").empty(), "checkpoint '", checkpoint,
              "' records no Hugging Face architecture to export to");
-  fs::create_directories(out_dir);
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(meta["hf_config"].get<std::string>());
+  } catch (const std::exception& e) {
+    throw Error("checkpoint '" + checkpoint + "': its recorded config.json is not valid JSON (" + e.what() + ")");
+  }
+  const auto& family = models::family_for_hf_config(config, "checkpoint '" + checkpoint + "'");
   Files files(checkpoint, meta);
-  std::vector<io::SafetensorsWriter::Spec> specs;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
   std::vector<std::string> names;
   for (const auto& [name, p] : meta["params"].items()) {
     names.push_back(name);
-    specs.push_back({name, at::kFloat, p["shape"].get<std::vector<int64_t>>()});
+    tensors.emplace_back(family.hf_keys(name).front(), p["shape"].get<std::vector<int64_t>>());
   }
-  io::SafetensorsWriter writer(out_dir + "/model.safetensors", specs, {{"format", "pt"}});
-  for (size_t i = 0; i < names.size(); ++i) {
-    // One full parameter at a time, assembled from its pieces.
-    at::Tensor full = at::empty(specs[i].shape, at::kFloat);
+  // One full parameter at a time, assembled from its pieces.
+  models::write_hf_dir(out_dir, config, tensors, [&](size_t i) {
+    at::Tensor full = at::empty(tensors[i].second, at::kFloat);
     gather_range(files, meta["params"][names[i]]["shards"], "model/" + names[i], 0, full.view({-1}),
                  "parameter '" + names[i] + "'");
-    writer.write(full);
-  }
-  writer.commit();
-  io::write_file_atomically(out_dir + "/config.json", meta["hf_config"].get<std::string>() + "\n");
+    return full;
+  }, options);
 }
 
 }  // namespace fsdp::checkpoint

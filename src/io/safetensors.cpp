@@ -39,6 +39,8 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& where) {
 
 }  // namespace
 
+at::ScalarType safetensors_dtype(const std::string& name) { return parse_dtype(name, "safetensors"); }
+
 const char* safetensors_dtype_name(at::ScalarType dtype) {
   for (const auto& d : kDtypes) {
     if (d.dtype == dtype) return d.name;

@@ -13,4 +13,6 @@ int64_t count_parameters(const torch::nn::Module& model) {
   return n;
 }
 
+int64_t CausalLMImpl::active_parameter_count() const { return count_parameters(*this); }
+
 }  // namespace fsdp::models

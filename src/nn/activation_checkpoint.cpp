@@ -7,8 +7,8 @@ namespace fsdp::nn {
 namespace {
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
-                               const CheckpointedFn* fn) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                                                const CheckpointedMultiFn* fn) {
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
     ctx->save_for_backward({input});
@@ -18,41 +18,53 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    const auto* fn = reinterpret_cast<const CheckpointedFn*>(ctx->saved_data["fn"].toInt());
+    const auto* fn = reinterpret_cast<const CheckpointedMultiFn*>(ctx->saved_data["fn"].toInt());
     torch::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     // Replay with the forward's random state, then put the current one back.
     auto generator = at::detail::getDefaultCPUGenerator();
     const auto current = generator.get_state();
     generator.set_state(ctx->saved_data["rng"].toTensor());
-    torch::Tensor output;
+    std::vector<torch::Tensor> outputs;
     {
       torch::AutoGradMode enable(true);
-      output = (*fn)(input);
+      outputs = (*fn)(input);
     }
     generator.set_state(current);
-    torch::autograd::backward({output}, {grad_outputs[0]});
+    std::vector<torch::Tensor> with_grad, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (grad_outputs[i].defined() && outputs[i].requires_grad()) {
+        with_grad.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
     return {input.grad(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor checkpoint(const CheckpointedFn& fn, const torch::Tensor& input) {
+std::vector<torch::Tensor> checkpoint(const CheckpointedMultiFn& fn, const torch::Tensor& input) {
   if (!torch::GradMode::is_enabled()) return fn(input);
   // The function object must outlive backward: keep a copy in a shared
   // holder captured by the graph through the saved data.
-  auto holder = std::make_shared<CheckpointedFn>(fn);
-  torch::Tensor out = CheckpointFunction::apply(input, holder.get());
-  // Tie the holder's lifetime to the output's autograd node.
-  if (out.grad_fn()) {
+  auto holder = std::make_shared<CheckpointedMultiFn>(fn);
+  auto outputs = CheckpointFunction::apply(input, holder.get());
+  // Tie the holder's lifetime to the outputs' autograd node.
+  if (!outputs.empty() && outputs[0].grad_fn()) {
     struct Keep : torch::autograd::FunctionPreHook {
-      explicit Keep(std::shared_ptr<CheckpointedFn> f) : fn(std::move(f)) {}
+      explicit Keep(std::shared_ptr<CheckpointedMultiFn> f) : fn(std::move(f)) {}
       torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override { return grads; }
-      std::shared_ptr<CheckpointedFn> fn;
+      std::shared_ptr<CheckpointedMultiFn> fn;
     };
-    out.grad_fn()->add_pre_hook(std::make_unique<Keep>(holder));
+    outputs[0].grad_fn()->add_pre_hook(std::make_unique<Keep>(holder));
   }
-  return out;
+  return outputs;
+}
+
+torch::Tensor checkpoint(const CheckpointedFn& fn, const torch::Tensor& input) {
+  return checkpoint(CheckpointedMultiFn([fn](const torch::Tensor& x) { return std::vector<torch::Tensor>{fn(x)}; }),
+                    input)[0];
 }
 
 }  // namespace fsdp::nn

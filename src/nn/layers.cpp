@@ -41,4 +41,24 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
   return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
 }
 
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", new_parameter({dim}, [](torch::Tensor& t) { t.fill_(1); }));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
+  gate_proj = register_module("gate_proj", Linear(dim, hidden, /*bias=*/false, std));
+  up_proj = register_module("up_proj", Linear(dim, hidden, /*bias=*/false, std));
+  down_proj = register_module("down_proj", Linear(hidden, dim, /*bias=*/false, std));
+}
+
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
 }  // namespace fsdp::nn

@@ -9,6 +9,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/models/hf/config_reader.h"
+#include "fsdp/models/hf/shard_index.h"
 #include "fsdp/common/suggest.h"
 
 namespace fsdp::train {
@@ -74,6 +76,8 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, sample_tokens, Kind::kInt, "--sample-tokens", "tokens to generate at the end"),
       FSDP_FIELD(runtime, sample_prompt, Kind::kString, "--sample-prompt", "prompt for the sample"),
       FSDP_FIELD(runtime, export_hf, Kind::kString, "--export-hf", "write a Hugging Face directory at the end"),
+      FSDP_FIELD(runtime, export_dtype, Kind::kString, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
+      FSDP_FIELD(runtime, export_shard_size, Kind::kString, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
       FSDP_FIELD(runtime, keep_denormals, Kind::kBool, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
       FSDP_FIELD(runtime, max_bad_steps, Kind::kInt, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
       FSDP_FIELD(runtime, skip_spikes, Kind::kDouble, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
@@ -304,6 +308,8 @@ void TrainConfig::validate() const {
   FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",
              runtime.run_name, "' contains '/': it names one folder under out/ (use --out-dir for a path)");
   FSDP_CHECK(runtime.sample_tokens >= 0, "runtime.sample_tokens is ", runtime.sample_tokens, ": expected 0 or more");
+  if (!runtime.export_dtype.empty()) models::hf::parse_export_dtype(runtime.export_dtype, "runtime.export_dtype");
+  models::hf::parse_size(runtime.export_shard_size, "runtime.export_shard_size");
 }
 
 std::vector<std::string> TrainConfig::differences(const TrainConfig& other) const {

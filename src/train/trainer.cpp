@@ -16,6 +16,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
+#include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
@@ -170,6 +171,7 @@ void Trainer::build_model() {
     init_weights_->validate(*model_);
   }
   params_ = models::count_parameters(*model_);
+  active_params_ = model_->active_parameter_count();
   if (world_->rank() == 0) {
     std::printf("model %s: %lld parameters (%s), %lld layers, width %lld, vocabulary %lld\n",
                 m.init_from.empty() ? m.name.c_str() : m.init_from.c_str(), static_cast<long long>(params_),
@@ -474,7 +476,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.loss_scale = scaler_ ? scaler_->get_scale() : 0.0;
   state.config_yaml = config_.to_yaml();
   try {
-    state.hf_config = model_->hf_config_json();
+    state.hf_config = models::hf_config(*model_).dump(2);
   } catch (const Error&) {
     // A model without a Hugging Face equivalent: the checkpoint still resumes.
   }
@@ -517,7 +519,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const double comm_before = dist::exposed_comm_seconds();
   clear_event_log(*model_);
   const int64_t A = config_.data.grad_accum;
-  double loss_sum = 0, data_s = 0, forward_backward_s = 0;
+  double loss_sum = 0, aux_sum = 0, data_s = 0, forward_backward_s = 0;
   for (int a = 0; a < A; ++a) {
     // Reduce gradients once per optimizer step, on the last micro-step.
     set_requires_gradient_sync(*model_, a == A - 1);
@@ -526,12 +528,19 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     data_s += seconds_since(t);
     t = Clock::now();
     torch::Tensor hidden = fsdp::call(model_, batch.inputs);
-    torch::Tensor loss = config_.model.chunk_loss
-                             ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
-                             : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
+    torch::Tensor lm_loss = config_.model.chunk_loss
+                                ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
+                                : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
+    // The MoE load-balancing loss trains the routers; "loss" reports the
+    // language-model loss alone, comparable across models and with val loss.
+    torch::Tensor loss = lm_loss;
+    if (const torch::Tensor aux = model_->auxiliary_loss(); aux.defined()) {
+      loss = loss + aux;
+      aux_sum += aux.item<double>() / static_cast<double>(A);
+    }
     loss = loss / static_cast<double>(A);
     (scaler_ ? scaler_->scale(loss) : loss).backward();
-    loss_sum += loss.item<double>();
+    loss_sum += lm_loss.item<double>() / static_cast<double>(A);
     forward_backward_s += seconds_since(t);
   }
   const auto optimizer_start = Clock::now();
@@ -553,6 +562,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   tokens_seen_ += world_->size() * A * config_.data.batch_size * config_.data.seq_len;
   StepStats stats{loss,        grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before,
                   data_s,      forward_backward_s, optimizer_s, skip, skip_reason};
+  if (model_->auxiliary_loss().defined()) stats.aux_loss = mean_over_ranks(world_->group(), aux_sum);
   for (const auto& e : event_log(*model_)) {
     if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
         e.kind == FSDPEvent::Kind::kAllReduce) {
@@ -586,11 +596,11 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
   const double tokens_per_step = static_cast<double>(world_->size() * config_.data.grad_accum *
                                                      config_.data.batch_size * config_.data.seq_len);
   const double tokens_per_s = tokens_per_step / s.seconds;
-  const double flops_per_token = training_flops_per_token(params_, model_->n_layers(), config_.data.seq_len, model_->dim());
+  const double flops_per_token = training_flops_per_token(active_params_, model_->n_layers(), config_.data.seq_len, model_->dim());
   const double mfu = flops_per_token * tokens_per_s / world_->size() / peak_flops_;
   const auto mem = memory_stats(*model_, optimizer_.get());
   if (world_->rank() != 0) return;
-  metrics_->write({{"step", step + 1},
+  nlohmann::json line = {{"step", step + 1},
                    {"loss", s.loss},
                    {"lr", schedule_.at(step)},
                    {"grad_norm", s.grad_norm},
@@ -609,7 +619,9 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                    {"sharded_state_mb", static_cast<double>(mem.sharded_param_bytes + mem.grad_bytes +
                                                             mem.optimizer_state_bytes) / (1 << 20)},
                    {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
-                   {"tokens_seen", tokens_seen_}});
+                   {"tokens_seen", tokens_seen_}};
+  if (s.aux_loss) line["aux_loss"] = *s.aux_loss;
+  metrics_->write(line);
   progress_->log(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm);
 }
 
@@ -645,7 +657,11 @@ std::string Trainer::sample_text() {
 void Trainer::export_hf() {
   const auto params = full_parameters(*model_);
   if (world_->rank() == 0) {
-    models::save_hf_pretrained(*model_, params, config_.runtime.export_hf);
+    models::HfExportOptions options;
+    const auto& r = config_.runtime;
+    if (!r.export_dtype.empty()) options.dtype = models::hf::parse_export_dtype(r.export_dtype, "--export-dtype");
+    options.max_shard_bytes = models::hf::parse_size(r.export_shard_size, "--export-shard-size");
+    models::save_hf_pretrained(*model_, params, r.export_hf, options);
     std::printf("exported Hugging Face weights to %s\n", config_.runtime.export_hf.c_str());
   }
   dist::barrier(world_->group());

@@ -15,8 +15,9 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/models/llama.h"
+#include "fsdp/models/llama/model.h"
 #include "fsdp/models/parallelize.h"
+#include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::testing {

@@ -9,7 +9,8 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/models/gpt2.h"
+#include "fsdp/models/gpt2/model.h"
+#include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::models {

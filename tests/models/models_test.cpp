@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/common/error.h"
-#include "fsdp/models/gpt2.h"
-#include "fsdp/models/llama.h"
+#include "fsdp/models/gpt2/model.h"
+#include "fsdp/models/llama/model.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::models {

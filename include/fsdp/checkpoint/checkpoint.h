@@ -21,6 +21,7 @@
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/common/error.h"
 #include "fsdp/dist/process_group.h"
+#include "fsdp/models/hf/weights.h"
 
 namespace fsdp::checkpoint {
 
@@ -52,8 +53,9 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
 // `fsdp ckpt inspect`: a summary, and whether every file's checksum holds.
 std::string inspect(const std::string& checkpoint);
 
-// `fsdp ckpt export`: Hugging Face config.json + model.safetensors, one full
-// parameter at a time.
-void export_hf(const std::string& checkpoint, const std::string& out_dir);
+// `fsdp ckpt export`: Hugging Face config.json + model.safetensors (or
+// shards with an index), one full parameter at a time, named and
+// configured by the family the checkpoint's recorded config.json names.
+void export_hf(const std::string& checkpoint, const std::string& out_dir, const models::HfExportOptions& options = {});
 
 }  // namespace fsdp::checkpoint

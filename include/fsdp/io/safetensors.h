@@ -96,5 +96,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata = {});
 
 const char* safetensors_dtype_name(at::ScalarType dtype);
+// "BF16" -> kBFloat16; throws for a name the format does not have.
+at::ScalarType safetensors_dtype(const std::string& name);
 
 }  // namespace fsdp::io

@@ -24,13 +24,23 @@ struct CausalLMImpl : torch::nn::Module {
   // Recompute each block in backward instead of keeping its activations.
   virtual void set_activation_checkpointing(bool enabled) = 0;
 
+  // The registry's family name (family.h), which holds the Hugging Face adapter.
   virtual std::string family() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_seq_len() const = 0;
   virtual int64_t dim() const = 0;
   virtual int64_t n_layers() const = 0;
-  // Hugging Face config.json for this architecture.
-  virtual std::string hf_config_json() const = 0;
+  // Parameters one token's forward uses (Mixture-of-Experts models use
+  // only their routed experts): the N of 6N FLOPs per token.
+  virtual int64_t active_parameter_count() const;
+  // A loss the model adds to the language-model loss, from its last forward
+  // with gradients (the MoE load-balancing loss, already scaled by its
+  // coefficient); undefined when it has none.
+  virtual torch::Tensor auxiliary_loss() { return {}; }
+
+  // The dtype its Hugging Face weights came in (safetensors spelling: F32,
+  // BF16, F16): what export writes unless told otherwise.
+  std::string hf_dtype = "F32";
 };
 
 using CausalLM = std::shared_ptr<CausalLMImpl>;

@@ -50,4 +50,23 @@ struct LayerNormImpl : torch::nn::Module {
 };
 TORCH_MODULE(LayerNorm);
 
+// x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in
+// fp32 whatever the input dtype (as Hugging Face does).
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  // (dim)
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases: Llama's and
+// Qwen3's MLP, and each Mixture-of-Experts expert.
+struct SwiGLUImpl : torch::nn::Module {
+  SwiGLUImpl(int64_t dim, int64_t hidden, double std = 0.02);
+  torch::Tensor forward(const torch::Tensor& x);
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
 }  // namespace fsdp::nn

@@ -72,6 +72,8 @@ struct TrainConfig {
     int64_t sample_tokens = 0;  // generate this many tokens at the end
     std::string sample_prompt = "\n";
     std::string export_hf;        // write a Hugging Face directory at the end
+    std::string export_dtype;     // float32, bfloat16, float16; empty: config.json's torch_dtype
+    std::string export_shard_size = "5GB";  // shard exported weights above this (save_pretrained's default)
     bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
     int64_t max_bad_steps = 3;    // non-finite steps in a row (skipped) before the run stops
     double skip_spikes = 0;       // skip updates whose loss z-score exceeds this; 0: off

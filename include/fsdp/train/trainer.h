@@ -13,6 +13,7 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/loss_spikes.h"
@@ -58,6 +59,7 @@ class Trainer {
     std::string skip_reason;  // "not finite" or "loss spike (z = ...)"
     int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (its event log)
     int64_t comm_bytes = 0;   // what this rank sent through them
+    std::optional<double> aux_loss;  // the MoE load-balancing loss (scaled), mean over ranks
   };
 
   // Set-up, in order.
@@ -98,6 +100,7 @@ class Trainer {
   models::CausalLM model_;
   std::shared_ptr<models::HfWeights> init_weights_;  // --init-from: read into shards by fully_shard
   int64_t params_ = 0;
+  int64_t active_params_ = 0;  // per token: the N of 6N FLOPs (MoE: routed experts only)
   std::vector<torch::Tensor> decay_, no_decay_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<ShardedGradScaler> scaler_;

@@ -1,7 +1,9 @@
-#include "fsdp/models/example_transformer.h"
+#include "fsdp/models/example/model.h"
 
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/common/error.h"
 #include "fsdp/models/attention.h"
+#include "fsdp/models/family.h"
 
 namespace fsdp::models {
 
@@ -54,5 +56,53 @@ torch::Tensor ExampleTransformerImpl::hidden(torch::Tensor tokens) {
 }
 
 torch::Tensor ExampleTransformerImpl::forward(torch::Tensor tokens) { return output(hidden(tokens)); }
+
+namespace {
+// The example transformer behind the CausalLM interface: its output head is
+// untied (output.weight), and its final norm is applied in forward.
+struct ExampleLMImpl : CausalLMImpl {
+  explicit ExampleLMImpl(const ExampleTransformerConfig& c) : config(c) {
+    model = register_module("model", ExampleTransformer(c));
+  }
+  torch::Tensor forward(torch::Tensor tokens) override { return model->hidden(tokens); }
+  torch::Tensor output_weight() override { return model->output->weight; }
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> out;
+    for (auto& b : model->blocks) out.push_back(b.ptr());
+    return out;
+  }
+  void set_activation_checkpointing(bool enabled) override {
+    FSDP_CHECK(!enabled, "the example transformer does not support activation checkpointing");
+  }
+  std::string family() const override { return "example"; }
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t max_seq_len() const override { return config.max_seq_len; }
+  int64_t dim() const override { return config.dim; }
+  int64_t n_layers() const override { return config.n_layers; }
+  ExampleTransformerConfig config;
+  ExampleTransformer model{nullptr};
+};
+}  // namespace
+
+FamilySpec example_family() {
+  FamilySpec f;
+  f.name = "example";
+  f.presets = {"example"};
+  f.build_preset = [](const std::string&, double dropout) -> CausalLM {
+    ExampleTransformerConfig c;
+    c.dropout = dropout;
+    return std::make_shared<ExampleLMImpl>(c);
+  };
+  f.preset_vocab_size = [](const std::string&) { return ExampleTransformerConfig{}.vocab_size; };
+  f.preset_parameter_count = [](const std::string&) {
+    const ExampleTransformerConfig c;
+    const int64_t C = c.dim, block = 2 * 2 * C + 4 * C * C + (C * 4 * C + 4 * C) + (4 * C * C + C);
+    return 2 * c.vocab_size * C + c.max_seq_len * C + c.n_layers * block + 2 * C;
+  };
+  f.to_hf = [](const CausalLMImpl&) -> nlohmann::json {
+    throw Error("the example transformer has no Hugging Face equivalent to export to");
+  };
+  return f;
+}
 
 }  // namespace fsdp::models

@@ -7,25 +7,11 @@
 #include <string>
 
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/models/gpt2/config.h"
 #include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
 
-struct GPT2Config {
-  int64_t vocab_size = 50257;
-  int64_t n_positions = 1024;
-  int64_t n_embd = 768;
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  double layer_norm_epsilon = 1e-5;
-  double embd_pdrop = 0.0;
-  double attn_pdrop = 0.0;
-  double resid_pdrop = 0.0;
-};
-
-// gpt2-tiny (tests), gpt2-mini (4 x 128, the demo), gpt2-d6 (6 x 384), gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl.
-GPT2Config gpt2_preset(const std::string& name);
-bool is_gpt2_preset(const std::string& name);
 
 // y = x @ weight + bias, weight (in, out): GPT-2's Conv1D.
 struct Conv1DImpl : torch::nn::Module {
@@ -85,7 +71,6 @@ struct GPT2LMHeadModelImpl : CausalLMImpl {
   int64_t max_seq_len() const override { return config.n_positions; }
   int64_t dim() const override { return config.n_embd; }
   int64_t n_layers() const override { return config.n_layer; }
-  std::string hf_config_json() const override;
 
   GPT2Config config;
   GPT2Model transformer{nullptr};

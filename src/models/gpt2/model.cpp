@@ -1,40 +1,14 @@
-#include "fsdp/models/gpt2.h"
-
-#include <map>
+#include "fsdp/models/gpt2/model.h"
 
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
+#include "fsdp/models/family.h"
 #include "fsdp/nn/activation_checkpoint.h"
 
 namespace fsdp::models {
-
-namespace {
-const std::map<std::string, GPT2Config>& presets() {
-  // (vocab, positions, embd, layers, heads)
-  static const std::map<std::string, GPT2Config> p = {
-      {"gpt2-tiny", {512, 64, 32, 2, 2}},
-      {"gpt2-mini", {50257, 256, 128, 4, 4}},
-      {"gpt2-d6", {50257, 1024, 384, 6, 6}},
-      {"gpt2", {50257, 1024, 768, 12, 12}},
-      {"gpt2-medium", {50257, 1024, 1024, 24, 16}},
-      {"gpt2-large", {50257, 1024, 1280, 36, 20}},
-      {"gpt2-xl", {50257, 1024, 1600, 48, 25}},
-  };
-  return p;
-}
-}  // namespace
-
-bool is_gpt2_preset(const std::string& name) { return presets().count(name) != 0; }
-
-GPT2Config gpt2_preset(const std::string& name) {
-  const auto it = presets().find(name);
-  FSDP_CHECK(it != presets().end(), "unknown GPT-2 preset '", name,
-             "': expected gpt2-tiny, gpt2-mini, gpt2-d6, gpt2, gpt2-medium, gpt2-large or gpt2-xl");
-  return it->second;
-}
 
 Conv1DImpl::Conv1DImpl(int64_t in, int64_t out) {
   // Hugging Face initialises Conv1D weights from N(0, 0.02), biases at 0.
@@ -128,28 +102,38 @@ void GPT2LMHeadModelImpl::set_activation_checkpointing(bool enabled) {
   for (auto& b : transformer->blocks) b->checkpoint_activations = enabled;
 }
 
-std::string GPT2LMHeadModelImpl::hf_config_json() const {
-  nlohmann::json j = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", config.vocab_size},
-      {"n_positions", config.n_positions},
-      {"n_ctx", config.n_positions},
-      {"n_embd", config.n_embd},
-      {"n_layer", config.n_layer},
-      {"n_head", config.n_head},
-      {"n_inner", nullptr},
-      {"activation_function", "gelu_new"},
-      {"layer_norm_epsilon", config.layer_norm_epsilon},
-      {"embd_pdrop", config.embd_pdrop},
-      {"attn_pdrop", config.attn_pdrop},
-      {"resid_pdrop", config.resid_pdrop},
-      {"tie_word_embeddings", true},
-      {"bos_token_id", 50256},
-      {"eos_token_id", 50256},
-      {"torch_dtype", "float32"},
+FamilySpec gpt2_family() {
+  FamilySpec f;
+  f.name = "gpt2";
+  f.presets = gpt2_preset_names();
+  f.build_preset = [](const std::string& name, double dropout) -> CausalLM {
+    auto c = gpt2_preset(name);
+    c.embd_pdrop = c.attn_pdrop = c.resid_pdrop = dropout;
+    return std::make_shared<GPT2LMHeadModelImpl>(c);
   };
-  return j.dump(2);
+  f.preset_vocab_size = [](const std::string& name) { return gpt2_preset(name).vocab_size; };
+  f.preset_parameter_count = [](const std::string& name) { return gpt2_parameter_count(gpt2_preset(name)); };
+  f.from_hf = [](const nlohmann::json& j, const std::string& where) -> CausalLM {
+    return std::make_shared<GPT2LMHeadModelImpl>(gpt2_config_from_hf(j, where));
+  };
+  f.to_hf = [](const CausalLMImpl& m) {
+    return gpt2_config_to_hf(dynamic_cast<const GPT2LMHeadModelImpl&>(m).config);
+  };
+  // The original gpt2 weights were saved from GPT2Model: no "transformer."
+  // prefix, and the causal-mask buffers (attn.bias, attn.masked_bias).
+  f.hf_keys = [](const std::string& fqn) {
+    std::vector<std::string> keys = {fqn};
+    const std::string prefix = "transformer.";
+    if (fqn.rfind(prefix, 0) == 0) keys.push_back(fqn.substr(prefix.size()));
+    return keys;
+  };
+  f.ignored_hf_tensor = [](const std::string& key) {
+    const auto ends_with = [&](const std::string& s) {
+      return key.size() >= s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0;
+    };
+    return ends_with("attn.bias") || ends_with("attn.masked_bias") || key == "lm_head.weight";
+  };
+  return f;
 }
 
 }  // namespace fsdp::models

@@ -1,0 +1,43 @@
+#pragma once
+// One model family as the registry sees it: its presets, how to build it,
+// and its Hugging Face adapter (config.json both ways, parameter names,
+// tensors a checkpoint may hold that are not parameters). Each family's
+// folder defines one (gpt2/model.cpp: gpt2_family()); the registry is the
+// table of them.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/models/causal_lm.h"
+
+namespace fsdp::models {
+
+struct FamilySpec {
+  std::string name;  // also config.json's model_type, where there is one
+  std::vector<std::string> presets;
+  std::function<CausalLM(const std::string& preset, double dropout)> build_preset;
+  std::function<int64_t(const std::string& preset)> preset_vocab_size;
+  std::function<int64_t(const std::string& preset)> preset_parameter_count;
+  // Null for a family with no Hugging Face equivalent.
+  std::function<CausalLM(const nlohmann::json& config, const std::string& where)> from_hf;
+  std::function<nlohmann::json(const CausalLMImpl& model)> to_hf;
+  // The checkpoint keys a parameter may have, preferred first (the first
+  // is what export writes).
+  std::function<std::vector<std::string>(const std::string& fqn)> hf_keys = [](const std::string& fqn) {
+    return std::vector<std::string>{fqn};
+  };
+  // Tensors a Hugging Face file may hold that are not parameters here
+  // (buffers such as rotary tables, a tied head saved twice).
+  std::function<bool(const std::string& key)> ignored_hf_tensor = [](const std::string&) { return false; };
+};
+
+FamilySpec gpt2_family();
+FamilySpec llama_family();
+FamilySpec qwen3_family();
+FamilySpec qwen3_moe_family();
+FamilySpec example_family();
+
+}  // namespace fsdp::models

@@ -1,0 +1,78 @@
+#pragma once
+// Reading a Hugging Face config.json for one model family so that nothing
+// in it is ignored by accident: every key is either read (it sets the
+// architecture), accepted only at the value this code implements
+// (`attention_bias: false`), or declared irrelevant to the architecture
+// (token ids, `use_cache`). finish() refuses any other key by name: a key
+// we do not know may change the model, and a silently different model is
+// worse than an error.
+
+#include <initializer_list>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::models::hf {
+
+class ConfigReader {
+ public:
+  // `where`: the file, for messages; `family`: the model_type being read.
+  ConfigReader(const nlohmann::json& config, std::string where, std::string family);
+
+  bool has(const char* key) const;  // present and not null
+  // A required key of type T; throws naming it when missing or mistyped.
+  template <typename T>
+  T get(const char* key) {
+    FSDP_CHECK(has(key), where_, ": config.json has no '", key, "' (", family_, " needs it)");
+    return convert<T>(key);
+  }
+  template <typename T>
+  T get_or(const char* key, T fallback) {
+    if (!has(key)) {
+      used_.insert(key);
+      return fallback;
+    }
+    return convert<T>(key);
+  }
+  // The raw value (marks the key read); null when absent.
+  const nlohmann::json& raw(const char* key);
+  // A key this code implements only at `implemented` (absent or null is
+  // fine too); any other value is refused, naming `meaning`.
+  void accept_only(const char* key, const nlohmann::json& implemented, const char* meaning);
+  // Keys that do not change the architecture.
+  void ignore(std::initializer_list<const char*> keys);
+  // Throws naming the first key neither read, accepted nor ignored.
+  void finish() const;
+
+  const std::string& where() const { return where_; }
+
+ private:
+  template <typename T>
+  T convert(const char* key) {
+    used_.insert(key);
+    try {
+      return config_.at(key).get<T>();
+    } catch (const std::exception&) {
+      throw Error(where_ + ": config.json field '" + key + "' has the wrong type (" + config_.at(key).dump() + ")");
+    }
+  }
+
+  const nlohmann::json& config_;
+  std::string where_, family_;
+  std::set<std::string> used_;
+};
+
+// The dtype config.json's "torch_dtype" names ("float32", "bfloat16",
+// "float16"), as the safetensors/LibTorch spelling: F32, BF16, F16.
+// Absent means float32. Throws naming an unknown value.
+std::string dtype_from_torch_dtype(const nlohmann::json& config, const std::string& where);
+// "F32" -> "float32".
+std::string torch_dtype_name(const std::string& dtype);
+// Accepts float32 / fp32 / bfloat16 / bf16 / float16 / fp16 (flags); returns
+// F32, BF16 or F16. Throws naming `flag` and the expected values.
+std::string parse_export_dtype(const std::string& value, const std::string& flag);
+
+}  // namespace fsdp::models::hf

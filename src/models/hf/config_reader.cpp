@@ -1,0 +1,70 @@
+#include "fsdp/models/hf/config_reader.h"
+
+#include <utility>
+
+namespace fsdp::models::hf {
+
+ConfigReader::ConfigReader(const nlohmann::json& config, std::string where, std::string family)
+    : config_(config), where_(std::move(where)), family_(std::move(family)) {
+  FSDP_CHECK(config_.is_object(), where_, ": config.json is not a JSON object");
+  // Never architecture: provenance, token ids, generation and cache flags.
+  ignore({"_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "bos_token_id",
+          "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "tokenizer_class", "output_attentions",
+          "output_hidden_states", "return_dict", "dtype"});
+}
+
+bool ConfigReader::has(const char* key) const { return config_.contains(key) && !config_.at(key).is_null(); }
+
+const nlohmann::json& ConfigReader::raw(const char* key) {
+  used_.insert(key);
+  static const nlohmann::json null;
+  return has(key) ? config_.at(key) : null;
+}
+
+void ConfigReader::accept_only(const char* key, const nlohmann::json& implemented, const char* meaning) {
+  used_.insert(key);
+  if (!has(key)) return;
+  FSDP_CHECK(config_.at(key) == implemented, where_, ": config.json sets '", key, "' to ", config_.at(key).dump(),
+             " (", meaning, "), which is not implemented for ", family_, " (expected ", implemented.dump(), ")");
+}
+
+void ConfigReader::ignore(std::initializer_list<const char*> keys) {
+  for (const char* k : keys) used_.insert(k);
+}
+
+void ConfigReader::finish() const {
+  for (const auto& [key, value] : config_.items()) {
+    // null is "not set" in Hugging Face's configs.
+    FSDP_CHECK(used_.count(key) != 0 || value.is_null(), where_, ": config.json key '", key, "' (", value.dump(),
+               ") is not known to the ", family_,
+               " reader; it may change the architecture, so the model is refused rather than built without it");
+  }
+}
+
+std::string dtype_from_torch_dtype(const nlohmann::json& config, const std::string& where) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!config.contains(key) || config.at(key).is_null()) continue;
+    FSDP_CHECK(config.at(key).is_string(), where, ": config.json '", key, "' is not a string");
+    const auto name = config.at(key).get<std::string>();
+    if (name == "float32") return "F32";
+    if (name == "bfloat16") return "BF16";
+    if (name == "float16") return "F16";
+    throw Error(where + ": config.json '" + key + "' is '" + name + "' (expected float32, bfloat16 or float16)");
+  }
+  return "F32";
+}
+
+std::string torch_dtype_name(const std::string& dtype) {
+  if (dtype == "BF16") return "bfloat16";
+  if (dtype == "F16") return "float16";
+  return "float32";
+}
+
+std::string parse_export_dtype(const std::string& value, const std::string& flag) {
+  if (value == "float32" || value == "fp32") return "F32";
+  if (value == "bfloat16" || value == "bf16") return "BF16";
+  if (value == "float16" || value == "fp16") return "F16";
+  throw Error(flag + " '" + value + "' is not a dtype (expected float32, bfloat16 or float16)");
+}
+
+}  // namespace fsdp::models::hf

@@ -1,0 +1,176 @@
+#include "fsdp/models/llama/config.h"
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/suggest.h"
+#include "fsdp/models/hf/config_reader.h"
+
+namespace fsdp::models {
+
+namespace {
+LlamaConfig llama32(int64_t hidden, int64_t layers, int64_t heads) {
+  LlamaConfig c{128256, hidden, 8192, layers, heads, 8, 131072};
+  c.tie_word_embeddings = true;
+  c.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+  return c;
+}
+
+const std::map<std::string, LlamaConfig>& presets() {
+  static const std::map<std::string, LlamaConfig> p = [] {
+    std::map<std::string, LlamaConfig> m = {
+        // (vocab, hidden, intermediate, layers, heads, kv heads, positions)
+        {"llama-tiny", {512, 64, 176, 2, 4, 2, 128}},
+        {"llama3-1b", {128256, 2048, 8192, 16, 32, 8, 8192}},
+        {"llama3-3b", {128256, 3072, 8192, 28, 24, 8, 8192}},
+        {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 8192}},
+    };
+    m["llama3.2-1b"] = llama32(2048, 16, 32);
+    m["llama3.2-3b"] = llama32(3072, 28, 24);
+    LlamaConfig l31{128256, 4096, 14336, 32, 32, 8, 131072};
+    l31.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192};
+    m["llama3.1-8b"] = l31;
+    return m;
+  }();
+  return p;
+}
+
+int64_t swiglu(int64_t hidden, int64_t inner) { return 3 * hidden * inner; }
+}  // namespace
+
+bool MoEConfig::is_sparse(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+const std::vector<std::string>& llama_preset_names() {
+  static const std::vector<std::string> names = {"llama-tiny",  "llama3-1b",   "llama3-3b",  "llama3-8b",
+                                                 "llama3.2-1b", "llama3.2-3b", "llama3.1-8b"};
+  return names;
+}
+
+bool is_llama_preset(const std::string& name) { return presets().count(name) != 0; }
+
+LlamaConfig llama_preset(const std::string& name) {
+  const auto it = presets().find(name);
+  FSDP_CHECK(it != presets().end(), "unknown Llama preset '", name, "': expected ", join_words(llama_preset_names()));
+  return it->second;
+}
+
+namespace {
+int64_t parameter_count(const LlamaConfig& c, bool active) {
+  const int64_t C = c.hidden_size, hs = c.head_size();
+  const int64_t attn = 2 * C * c.num_attention_heads * hs + 2 * C * c.num_key_value_heads * hs + (c.qk_norm ? 2 * hs : 0);
+  int64_t total = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    int64_t mlp = swiglu(C, c.intermediate_size);
+    if (c.moe.is_sparse(i)) {
+      const int64_t experts = active ? c.moe.num_experts_per_tok : c.moe.num_experts;
+      mlp = c.moe.num_experts * C + experts * swiglu(C, c.moe.moe_intermediate_size);
+    }
+    total += attn + mlp + 2 * C;
+  }
+  const int64_t embeddings = (c.tie_word_embeddings ? 1 : 2) * c.vocab_size * C;
+  return total + embeddings + C;
+}
+}  // namespace
+
+int64_t llama_parameter_count(const LlamaConfig& c) { return parameter_count(c, false); }
+int64_t llama_active_parameter_count(const LlamaConfig& c) { return parameter_count(c, true); }
+
+void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
+  c.vocab_size = r.get<int64_t>("vocab_size");
+  c.hidden_size = r.get<int64_t>("hidden_size");
+  c.intermediate_size = r.get<int64_t>("intermediate_size");
+  c.num_hidden_layers = r.get<int64_t>("num_hidden_layers");
+  c.num_attention_heads = r.get<int64_t>("num_attention_heads");
+  c.num_key_value_heads = r.get_or<int64_t>("num_key_value_heads", c.num_attention_heads);
+  c.max_position_embeddings = r.get<int64_t>("max_position_embeddings");
+  c.rms_norm_eps = r.get_or<double>("rms_norm_eps", 1e-6);
+  c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
+  c.attention_dropout = r.get_or<double>("attention_dropout", 0.0);
+  c.head_dim = r.get_or<int64_t>("head_dim", 0);
+  c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
+  FSDP_CHECK(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+             r.where(), ": num_attention_heads ", c.num_attention_heads, " is not a multiple of num_key_value_heads ",
+             c.num_key_value_heads);
+  FSDP_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0, r.where(), ": hidden_size ", c.hidden_size,
+             " is not a multiple of num_attention_heads ", c.num_attention_heads, " and there is no head_dim");
+  const auto& scaling = r.raw("rope_scaling");
+  if (!scaling.is_null()) {
+    FSDP_CHECK(scaling.is_object(), r.where(), ": config.json 'rope_scaling' is not an object");
+    const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+    FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json rope_scaling type '", type,
+               "' is not implemented (expected llama3)");
+    if (type == "llama3") {
+      try {
+        c.rope_scaling = {"llama3", scaling.at("factor").get<double>(), scaling.at("low_freq_factor").get<double>(),
+                          scaling.at("high_freq_factor").get<double>(),
+                          scaling.at("original_max_position_embeddings").get<int64_t>()};
+      } catch (const std::exception&) {
+        throw Error(r.where() + ": config.json rope_scaling " + scaling.dump() +
+                    " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
+      }
+      FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
+                 r.where(), ": config.json rope_scaling ", scaling.dump(),
+                 " needs factor > 0 and high_freq_factor > low_freq_factor");
+    }
+  }
+  r.accept_only("hidden_act", "silu", "the MLP's activation");
+  r.accept_only("attention_bias", false, "biases on q/k/v/o projections");
+  r.accept_only("mlp_bias", false, "biases on the MLP projections");
+  // pretraining_tp > 1 splits the projections' matmuls into slices: the
+  // same function, computed in pieces.
+  r.ignore({"pretraining_tp"});
+}
+
+nlohmann::json decoder_keys_to_hf(const LlamaConfig& c) {
+  nlohmann::json j = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"head_dim", c.head_size()},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", nullptr},
+      {"attention_dropout", c.attention_dropout},
+      {"attention_bias", false},
+      {"hidden_act", "silu"},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"torch_dtype", "float32"},
+  };
+  if (c.rope_scaling.rope_type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  }
+  return j;
+}
+
+LlamaConfig llama_config_from_hf(const nlohmann::json& j, const std::string& where) {
+  hf::ConfigReader r(j, where, "llama");
+  LlamaConfig c;
+  read_decoder_keys(r, c);
+  r.finish();
+  return c;
+}
+
+nlohmann::json llama_config_to_hf(const LlamaConfig& c) {
+  auto j = decoder_keys_to_hf(c);
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["mlp_bias"] = false;
+  return j;
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,188 @@
+#include "fsdp/models/llama/model.h"
+
+#include <cmath>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/models/attention.h"
+#include "fsdp/models/family.h"
+#include "fsdp/models/llama/config.h"
+#include "fsdp/nn/activation_checkpoint.h"
+
+namespace fsdp::models {
+
+namespace {
+nn::Linear linear(int64_t in, int64_t out) {
+  return nn::Linear(in, out, /*bias=*/false, /*std=*/0.02);  // Hugging Face's initializer_range
+}
+}  // namespace
+
+torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, torch::kFloat) / static_cast<double>(head_dim));
+  if (s.rope_type != "llama3") return inv_freq;
+  // Wavelengths longer than the original context / low_freq_factor are
+  // slowed by `factor`; shorter than context / high_freq_factor kept; those
+  // between blend the two linearly in context / wavelength.
+  const double context = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = context / s.low_freq_factor, high_wavelen = context / s.high_freq_factor;
+  const auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  const auto smooth = (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const auto blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  const auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return torch::where(medium, blended, scaled);
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, int64_t head_dim, double theta,
+                                                      const RopeScaling& scaling) {
+  const auto inv_freq = rope_inv_freq(head_dim, theta, scaling);
+  auto freqs = torch::outer(torch::arange(T, torch::kFloat), inv_freq);  // (T, hs/2)
+  auto emb = torch::cat({freqs, freqs}, -1);                               // (T, hs)
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : n_heads(c.num_attention_heads), n_kv_heads(c.num_key_value_heads), head_dim(c.head_size()) {
+  FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0 &&
+                 (c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0),
+             "Llama: hidden_size ", c.hidden_size, ", num_attention_heads ", c.num_attention_heads,
+             " and num_key_value_heads ", c.num_key_value_heads, " do not divide evenly");
+  q_proj = register_module("q_proj", linear(c.hidden_size, n_heads * head_dim));
+  k_proj = register_module("k_proj", linear(c.hidden_size, n_kv_heads * head_dim));
+  v_proj = register_module("v_proj", linear(c.hidden_size, n_kv_heads * head_dim));
+  o_proj = register_module("o_proj", linear(n_heads * head_dim, c.hidden_size));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", nn::RMSNorm(head_dim, c.rms_norm_eps));
+  }
+  dropout = register_module("dropout", torch::nn::Dropout(c.attention_dropout));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const auto heads = [&](const torch::Tensor& t, int64_t n, nn::RMSNorm& norm) {
+    auto h = t.view({B, T, n, head_dim});
+    if (norm) h = norm(h);  // Qwen3: each head normalised before the rotation
+    return h.transpose(1, 2);
+  };
+  auto q = apply_rotary(heads(q_proj(x), n_heads, q_norm), cos, sin);     // (B, nh, T, hs)
+  auto k = apply_rotary(heads(k_proj(x), n_kv_heads, k_norm), cos, sin);  // (B, nkv, T, hs)
+  nn::RMSNorm no_norm{nullptr};
+  auto v = heads(v_proj(x), n_kv_heads, no_norm);
+  // Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
+  const int64_t rep = n_heads / n_kv_heads;
+  if (rep > 1) {
+    k = k.repeat_interleave(rep, 1);
+    v = v.repeat_interleave(rep, 1);
+  }
+  auto y = causal_attention(q, k, v, &dropout);
+  return o_proj(y.transpose(1, 2).contiguous().view({B, T, n_heads * head_dim}));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t index) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  if (c.moe.is_sparse(index)) {
+    sparse_mlp = register_module("mlp", SparseMoeBlock(c.hidden_size, c.moe));
+  } else {
+    mlp = register_module("mlp", nn::SwiGLU(c.hidden_size, c.intermediate_size));
+  }
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+std::vector<torch::Tensor> LlamaDecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
+                                                                const torch::Tensor& sin) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
+  if (!sparse_mlp) return {h + mlp(post_attention_layernorm(h))};
+  auto [y, stats] = sparse_mlp(post_attention_layernorm(h));
+  return {h + y, stats};
+}
+
+std::tuple<torch::Tensor, torch::Tensor> LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
+                                                                        const torch::Tensor& cos,
+                                                                        const torch::Tensor& sin) {
+  auto out = checkpoint_activations
+                 ? nn::checkpoint(nn::CheckpointedMultiFn([this, cos, sin](const torch::Tensor& t) {
+                                    return forward_block(t, cos, sin);
+                                  }),
+                                  x)
+                 : forward_block(x, cos, sin);
+  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
+  embed_tokens = register_module("embed_tokens", nn::Embedding(c.vocab_size, c.hidden_size, 0.02));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    blocks.emplace_back(c, i);
+    layers->push_back(blocks.back());
+  }
+  norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) {
+  model = register_module("model", LlamaModel(c));
+  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size));
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
+  const int64_t T = tokens.size(1);
+  FSDP_CHECK(T <= config.max_position_embeddings, "sequence length ", T, " exceeds the model's ",
+             config.max_position_embeddings, " positions (max_position_embeddings)");
+  auto [cos, sin] = rotary_tables(T, config.head_size(), config.rope_theta, config.rope_scaling);
+  auto x = model->embed_tokens(tokens);
+  std::vector<torch::Tensor> router_stats;
+  for (auto& block : model->blocks) {
+    auto [y, stats] = fsdp::call(block, x, cos, sin);
+    x = y;
+    if (stats.defined()) router_stats.push_back(stats);
+  }
+  aux_loss_ = torch::Tensor();
+  if (!router_stats.empty() && torch::GradMode::is_enabled() && config.moe.router_aux_loss_coef > 0) {
+    aux_loss_ = config.moe.router_aux_loss_coef * load_balancing_loss(router_stats, tokens.numel());
+  }
+  return model->norm(x);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::blocks() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : model->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+void LlamaForCausalLMImpl::set_activation_checkpointing(bool enabled) {
+  for (auto& b : model->blocks) b->checkpoint_activations = enabled;
+}
+
+FamilySpec llama_family() {
+  FamilySpec f;
+  f.name = "llama";
+  f.presets = llama_preset_names();
+  f.build_preset = [](const std::string& name, double dropout) -> CausalLM {
+    auto c = llama_preset(name);
+    c.attention_dropout = dropout;
+    return std::make_shared<LlamaForCausalLMImpl>(c);
+  };
+  f.preset_vocab_size = [](const std::string& name) { return llama_preset(name).vocab_size; };
+  f.preset_parameter_count = [](const std::string& name) { return llama_parameter_count(llama_preset(name)); };
+  f.from_hf = [](const nlohmann::json& j, const std::string& where) -> CausalLM {
+    return std::make_shared<LlamaForCausalLMImpl>(llama_config_from_hf(j, where));
+  };
+  f.to_hf = [](const CausalLMImpl& m) {
+    return llama_config_to_hf(dynamic_cast<const LlamaForCausalLMImpl&>(m).config);
+  };
+  // Older exports kept the rotary table; tied checkpoints may hold the
+  // head too (it is the embedding).
+  f.ignored_hf_tensor = [](const std::string& key) {
+    return key.find("rotary_emb.inv_freq") != std::string::npos || key == "lm_head.weight";
+  };
+  return f;
+}
+
+}  // namespace fsdp::models

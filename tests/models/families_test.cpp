@@ -1,0 +1,374 @@
+// Every family through the registry: Hugging Face names and shapes,
+// parameter counts by formula for every preset (and against published
+// figures), import -> export -> import exact in fp32 and in bf16, sharded
+// weights with an index, and config.json keys that are refused.
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/error.h"
+#include "fsdp/io/safetensors.h"
+#include "fsdp/models/hf/shard_index.h"
+#include "fsdp/models/hf/weights.h"
+#include "fsdp/models/llama/model.h"
+#include "fsdp/models/qwen3/config.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/nn/layers.h"
+
+namespace fsdp::models {
+namespace {
+
+namespace fs = std::filesystem;
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("fsdp-families-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+Named params_of(torch::nn::Module& m) {
+  Named out;
+  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value().detach());
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
+void write_json(const std::string& path, const nlohmann::json& j) { std::ofstream(path) << j.dump(2); }
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The tiny preset of each family with a Hugging Face equivalent.
+const std::vector<std::string> kTiny = {"gpt2-tiny", "llama-tiny", "qwen3-tiny", "qwen3-moe-tiny"};
+
+class Family : public ::testing::TestWithParam<std::string> {};
+
+TEST(Registry, EveryPresetsParameterCountByFormulaEqualsTheBuiltModel) {
+  // Built deferred: the 30B model's parameters have shapes but no memory.
+  for (const auto& f : families()) {
+    for (const auto& preset : f.presets) {
+      nn::DeferredInit deferred;
+      auto model = f.build_preset(preset, 0.0);
+      EXPECT_EQ(count_parameters(*model), f.preset_parameter_count(preset)) << preset;
+    }
+  }
+}
+
+TEST(Registry, PublishedParameterCounts) {
+  const auto count = [](const std::string& preset) {
+    nn::DeferredInit deferred;
+    return count_parameters(*build_preset(preset));
+  };
+  EXPECT_EQ(count("gpt2"), 124439808);
+  EXPECT_EQ(count("llama3-8b"), 8030261248LL);     // Meta's Llama 3 8B
+  EXPECT_EQ(count("llama3.2-1b"), 1235814400LL);   // Llama 3.2 1B, tied
+  EXPECT_EQ(count("llama3.2-3b"), 3212749824LL);   // Llama 3.2 3B, tied
+  // Qwen3 by hand. 0.6B: embedding 151936 * 1024 (tied) + 28 layers of
+  // q 1024*2048, k and v 1024*1024, o 2048*1024, MLP 3*1024*3072, norms
+  // 2*1024 + 2*128, + final norm 1024.
+  const auto q06 = qwen3_preset("qwen3-0.6b");
+  EXPECT_EQ(llama_parameter_count(q06), 151936LL * 1024 + 28 * (2 * 2097152 + 2 * 1048576 + 9437184 + 2304) + 1024);
+  // 30B-A3B: untied embeddings 2 * 151936 * 2048; 48 layers of q 2048*4096,
+  // k and v 2048*512, o 4096*2048, norms 2*2048 + 2*128, router 128*2048 and
+  // 128 experts of 3*2048*768 (8 per token active); + final norm.
+  const auto q30 = qwen3_preset("qwen3-30b-a3b");
+  const int64_t attention = 2 * 8388608 + 2 * 1048576 + 4096 + 256 + 262144, expert = 3 * 2048 * 768;
+  EXPECT_EQ(llama_parameter_count(q30), 2 * 151936LL * 2048 + 48 * (attention + 128 * expert) + 2048);
+  EXPECT_EQ(llama_active_parameter_count(q30), 2 * 151936LL * 2048 + 48 * (attention + 8 * expert) + 2048);
+  // The model cards: Qwen3-0.6B "0.6B (0.44B non-embedding)"; Qwen3-30B-A3B
+  // "30.5B in total and 3.3B activated (29.9B non-embedding)".
+  EXPECT_NEAR(llama_parameter_count(q06) / 1e9, 0.6, 0.05);
+  EXPECT_NEAR((llama_parameter_count(q06) - q06.vocab_size * q06.hidden_size) / 1e9, 0.44, 0.005);
+  EXPECT_NEAR(llama_parameter_count(q30) / 1e9, 30.5, 0.05);
+  EXPECT_NEAR(llama_active_parameter_count(q30) / 1e9, 3.3, 0.06);
+  EXPECT_NEAR((llama_parameter_count(q30) - 2 * q30.vocab_size * q30.hidden_size) / 1e9, 29.9, 0.05);
+  EXPECT_EQ(count("qwen3-30b-a3b"), llama_parameter_count(q30));
+}
+
+TEST(Registry, ActiveParametersOfTheTinyMoECountTheRoutedExpertsOnly) {
+  auto model = build_preset("qwen3-moe-tiny");
+  const auto c = qwen3_preset("qwen3-moe-tiny");
+  // Layers 0 and 2 are sparse (layer 1 is in mlp_only_layers): each token
+  // uses 2 of 8 experts of 3 * 64 * 32 parameters.
+  const int64_t expert = 3 * 64 * 32;
+  EXPECT_EQ(model->active_parameter_count(), count_parameters(*model) - 2 * (8 - 2) * expert);
+  EXPECT_EQ(c.moe.is_sparse(0), true);
+  EXPECT_EQ(c.moe.is_sparse(1), false);
+}
+
+TEST(Qwen3, HuggingFaceNamesAndShapes) {
+  auto model = build_preset("qwen3-tiny");
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : params_of(*model)) shapes[name] = t.sizes().vec();
+  // hidden 64, 4 query heads and 2 key/value heads of 32: q_proj is 128 wide.
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.q_proj.weight"), (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.k_proj.weight"), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.o_proj.weight"), (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(shapes.at("model.layers.0.self_attn.q_norm.weight"), (std::vector<int64_t>{32}));
+  EXPECT_EQ(shapes.at("model.layers.1.self_attn.k_norm.weight"), (std::vector<int64_t>{32}));
+  EXPECT_EQ(shapes.count("lm_head.weight"), 0u) << "tied: the head is the embedding";
+  EXPECT_TRUE(model->output_weight().is_same(dynamic_cast<LlamaForCausalLMImpl&>(*model).model->embed_tokens->weight));
+  EXPECT_EQ(shapes.size(), 1u + 2 * 11 + 1) << "embed, norm and 11 tensors per layer";
+}
+
+TEST(Qwen3Moe, HuggingFaceNamesAndShapes) {
+  auto model = build_preset("qwen3-moe-tiny");
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : params_of(*model)) shapes[name] = t.sizes().vec();
+  EXPECT_EQ(shapes.at("model.layers.0.mlp.gate.weight"), (std::vector<int64_t>{8, 64}));
+  EXPECT_EQ(shapes.at("model.layers.0.mlp.experts.7.gate_proj.weight"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(shapes.at("model.layers.2.mlp.experts.0.down_proj.weight"), (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(shapes.at("model.layers.1.mlp.up_proj.weight"), (std::vector<int64_t>{128, 64})) << "a dense layer";
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.gate.weight"), 0u);
+  EXPECT_EQ(shapes.at("lm_head.weight"), (std::vector<int64_t>{512, 64}));
+}
+
+TEST_P(Family, ImportExportImportIsBitExactInFp32) {
+  torch::manual_seed(3);
+  auto model = build_preset(GetParam());
+  const auto dir = temp_dir(GetParam() + "-fp32");
+  save_hf_pretrained(*model, params_of(*model), dir);
+  auto first = load_hf_pretrained(dir);
+  const auto dir2 = temp_dir(GetParam() + "-fp32-again");
+  save_hf_pretrained(*first, params_of(*first), dir2);
+  auto second = load_hf_pretrained(dir2);
+  const auto a = params_of(*model), b = params_of(*second);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(a[i].second.equal(b[i].second)) << a[i].first;
+  }
+  EXPECT_EQ(read_json(dir + "/config.json"), read_json(dir2 + "/config.json"));
+  EXPECT_EQ(read_json(dir + "/config.json")["model_type"], family_of(*model).name);
+  auto tokens = torch::randint(0, model->vocab_size(), {2, 8}, torch::kLong);
+  EXPECT_TRUE(model->forward(tokens).equal(second->forward(tokens)));
+}
+
+TEST_P(Family, Bf16WeightsRoundTripExactlyAndKeepTheirDtype) {
+  torch::manual_seed(4);
+  auto model = build_preset(GetParam());
+  const auto dir = temp_dir(GetParam() + "-bf16");
+  HfExportOptions bf16;
+  bf16.dtype = "BF16";
+  save_hf_pretrained(*model, params_of(*model), dir, bf16);
+  EXPECT_EQ(read_json(dir + "/config.json")["torch_dtype"], "bfloat16");
+  // Imported into the fp32 master: each value is the bf16 value, exactly.
+  auto loaded = load_hf_pretrained(dir);
+  EXPECT_EQ(loaded->hf_dtype, "BF16");
+  io::SafetensorsFile file(dir + "/model.safetensors");
+  for (const auto& [name, value] : params_of(*loaded)) {
+    ASSERT_EQ(value.scalar_type(), torch::kFloat);
+    const auto keys = family_of(*loaded).hf_keys(name);
+    EXPECT_EQ(file.find(keys.front())->dtype, torch::kBFloat16) << name;
+    EXPECT_TRUE(value.equal(file.view(keys.front()).to(torch::kFloat))) << name;
+  }
+  // Exported again with the default dtype (the config's, bf16): the same bytes.
+  const auto dir2 = temp_dir(GetParam() + "-bf16-again");
+  save_hf_pretrained(*loaded, params_of(*loaded), dir2);
+  io::SafetensorsFile again(dir2 + "/model.safetensors");
+  ASSERT_EQ(file.entries().size(), again.entries().size());
+  for (const auto& e : file.entries()) EXPECT_TRUE(file.view(e.name).equal(again.view(e.name))) << e.name;
+  // fp16 too, on request.
+  HfExportOptions fp16;
+  fp16.dtype = "F16";
+  save_hf_pretrained(*loaded, params_of(*loaded), dir2, fp16);
+  EXPECT_EQ(read_json(dir2 + "/config.json")["torch_dtype"], "float16");
+  EXPECT_EQ(io::SafetensorsFile(dir2 + "/model.safetensors").entries()[0].dtype, torch::kHalf);
+}
+
+TEST_P(Family, ShardedWeightsWithAnIndexAreWrittenAndRead) {
+  torch::manual_seed(5);
+  auto model = build_preset(GetParam());
+  const auto params = params_of(*model);
+  const auto dir = temp_dir(GetParam() + "-sharded");
+  save_hf_pretrained(*model, params, dir);  // one file first: the sharded export must replace it
+  HfExportOptions o;
+  o.max_shard_bytes = 100'000;
+  save_hf_pretrained(*model, params, dir, o);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors")) << "the earlier single file was left behind";
+  const auto index = read_json(dir + "/" + hf::kIndexFile);
+  std::set<std::string> files;
+  int64_t total = 0;
+  for (const auto& [tensor, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  ASSERT_GE(files.size(), 2u);
+  for (const auto& f : files) {
+    io::SafetensorsFile shard(dir + "/" + f);
+    int64_t bytes = 0;
+    for (const auto& e : shard.entries()) {
+      bytes += static_cast<int64_t>(e.end - e.begin);
+      EXPECT_EQ(index["weight_map"][e.name], f) << e.name;
+    }
+    // save_pretrained's rule: only a single tensor larger than the limit
+    // makes a file exceed it.
+    EXPECT_TRUE(bytes <= o.max_shard_bytes || shard.entries().size() == 1) << f << " holds " << bytes;
+    total += bytes;
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_EQ(index["weight_map"].size(), params.size());
+
+  // Read back: each file is mapped when a tensor in it is first needed.
+  HfWeights weights(dir);
+  auto built = build_from_hf_dir(dir, false);
+  weights.validate(*built);
+  const auto last = params.back();
+  torch::Tensor value = torch::empty_like(last.second);
+  HfWeights lazy(dir);
+  lazy.fill(last.first, value);
+  EXPECT_TRUE(value.equal(last.second));
+  EXPECT_EQ(lazy.mapped_files(), std::vector<std::string>{index["weight_map"][last.first].get<std::string>()});
+  auto loaded = load_hf_pretrained(dir);
+  const auto b = params_of(*loaded);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].second.equal(b[i].second)) << params[i].first;
+
+  // Back to one file: the shards and the index go.
+  save_hf_pretrained(*model, params, dir);
+  EXPECT_FALSE(fs::exists(dir + "/" + hf::kIndexFile));
+  for (const auto& f : files) EXPECT_FALSE(fs::exists(dir + "/" + f)) << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Family, ::testing::ValuesIn(kTiny), [](const auto& info) {
+  std::string name = info.param;
+  for (auto& ch : name) ch = ch == '-' ? '_' : ch;
+  return name;
+});
+
+TEST(HfIndex, ABrokenIndexIsNamed) {
+  torch::manual_seed(6);
+  auto model = build_preset("llama-tiny");
+  const auto dir = temp_dir("broken-index");
+  HfExportOptions o;
+  o.max_shard_bytes = 100'000;
+  save_hf_pretrained(*model, params_of(*model), dir, o);
+  auto index = read_json(dir + "/" + hf::kIndexFile);
+  index["weight_map"]["model.norm.weight"] = "../../etc/passwd";
+  write_json(dir + "/" + hf::kIndexFile, index);
+  EXPECT_NE(error_of([&] { HfWeights w(dir); }).find("not a file name inside the model directory"), std::string::npos);
+  index["weight_map"]["model.norm.weight"] = "model-00009-of-00009.safetensors";
+  write_json(dir + "/" + hf::kIndexFile, index);
+  EXPECT_NE(error_of([&] { HfWeights w(dir); }).find("names 'model-00009-of-00009.safetensors', which is not in"),
+            std::string::npos);
+}
+
+TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName) {
+  torch::manual_seed(7);
+  auto model = build_preset("llama-tiny");
+  const auto dir = temp_dir("refused");
+  save_hf_pretrained(*model, params_of(*model), dir);
+  const auto good = read_json(dir + "/config.json");
+  const auto refused = [&](const std::string& key, const nlohmann::json& value) {
+    auto c = good;
+    c[key] = value;
+    write_json(dir + "/config.json", c);
+    return error_of([&] { build_from_hf_dir(dir, false); });
+  };
+  EXPECT_NE(refused("attention_bias", true).find("sets 'attention_bias' to true"), std::string::npos);
+  EXPECT_NE(refused("hidden_act", "gelu").find("'hidden_act'"), std::string::npos);
+  EXPECT_NE(refused("mlp_bias", true).find("'mlp_bias'"), std::string::npos);
+  EXPECT_NE(refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}).find("rope_scaling type 'yarn'"),
+            std::string::npos);
+  EXPECT_NE(refused("partial_rotary_factor", 0.5).find("key 'partial_rotary_factor' (0.5) is not known"),
+            std::string::npos);
+  // Keys that do not change the architecture are accepted.
+  auto c = good;
+  c["use_cache"] = false;
+  c["bos_token_id"] = 128000;
+  c["pretraining_tp"] = 1;
+  write_json(dir + "/config.json", c);
+  EXPECT_NO_THROW(build_from_hf_dir(dir, false));
+  // Qwen3's sliding window.
+  auto q = read_json(dir + "/config.json");
+  q["model_type"] = "qwen3";
+  q["use_sliding_window"] = true;
+  write_json(dir + "/config.json", q);
+  EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); }).find("'use_sliding_window'"), std::string::npos);
+  q["model_type"] = "mistral";
+  write_json(dir + "/config.json", q);
+  EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); })
+                .find("model_type 'mistral' is not supported (expected gpt2, llama, qwen3, qwen3_moe)"),
+            std::string::npos);
+}
+
+TEST(Llama31, RopeScalingMatchesTheFormulaComputedHere) {
+  // Llama 3.1's published rope_scaling: factor 8, low 1, high 4, original
+  // context 8192, theta 500000, head size 128. Each frequency computed in
+  // double from the definition.
+  const RopeScaling s{"llama3", 8.0, 1.0, 4.0, 8192};
+  const int64_t hs = 128;
+  const double theta = 500000.0;
+  const auto got = rope_inv_freq(hs, theta, s);
+  int low = 0, high = 0, blended = 0;
+  for (int64_t i = 0; i < hs / 2; ++i) {
+    const double f = std::pow(theta, -2.0 * static_cast<double>(i) / hs);
+    const double wavelength = 2 * M_PI / f;
+    double expected;
+    if (wavelength < 8192.0 / 4.0) {
+      expected = f, ++high;
+    } else if (wavelength > 8192.0 / 1.0) {
+      expected = f / 8.0, ++low;
+    } else {
+      const double t = (8192.0 / wavelength - 1.0) / (4.0 - 1.0);
+      expected = (1 - t) * f / 8.0 + t * f, ++blended;
+    }
+    EXPECT_NEAR(got[i].item<double>(), expected, 1e-6 * expected) << i;
+  }
+  EXPECT_GT(low, 0);
+  EXPECT_GT(high, 0);
+  EXPECT_GT(blended, 0);
+  // Without scaling: the plain frequencies.
+  EXPECT_NEAR(rope_inv_freq(hs, theta)[hs / 2 - 1].item<double>(), std::pow(theta, -2.0 * 63 / hs), 1e-12);
+}
+
+TEST(Llama31, RopeScalingRoundTripsThroughConfigJson) {
+  torch::manual_seed(8);
+  auto c = llama_preset("llama-tiny");
+  c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 32};
+  c.tie_word_embeddings = true;
+  auto model = std::make_shared<LlamaForCausalLMImpl>(c);
+  const auto dir = temp_dir("rope");
+  save_hf_pretrained(*model, params_of(*model), dir);
+  const auto j = read_json(dir + "/config.json");
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  auto loaded = load_hf_pretrained(dir);
+  auto& l = dynamic_cast<LlamaForCausalLMImpl&>(*loaded);
+  EXPECT_EQ(l.config.rope_scaling.factor, 8.0);
+  EXPECT_EQ(l.config.rope_scaling.original_max_position_embeddings, 32);
+  EXPECT_FALSE(l.lm_head) << "tied";
+  auto tokens = torch::randint(0, 512, {2, 64}, torch::kLong);
+  EXPECT_TRUE(model->forward(tokens).equal(loaded->forward(tokens)));
+  // The scaling changes the model: positions far apart rotate differently.
+  auto unscaled = c;
+  unscaled.rope_scaling = {};
+  LlamaForCausalLMImpl plain(unscaled);
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : params_of(plain)) plain.named_parameters()[name].copy_(loaded->named_parameters()[name]);
+  EXPECT_FALSE(torch::allclose(plain.forward(tokens), loaded->forward(tokens), 1e-4, 1e-4));
+}
+
+TEST(TiedLlama, ACheckpointThatAlsoHoldsTheHeadLoads) {
+  // Some tied checkpoints save lm_head.weight too (equal to the embedding).
+  torch::manual_seed(9);
+  auto c = llama_preset("llama-tiny");
+  c.tie_word_embeddings = true;
+  LlamaForCausalLMImpl model(c);
+  const auto dir = temp_dir("tied-head");
+  auto params = params_of(model);
+  save_hf_pretrained(model, params, dir);
+  params.emplace_back("lm_head.weight", model.model->embed_tokens->weight.detach());
+  io::write_safetensors(dir + "/model.safetensors", params);
+  auto loaded = load_hf_pretrained(dir);
+  EXPECT_TRUE(loaded->output_weight().equal(model.model->embed_tokens->weight));
+}
+
+}  // namespace
+}  // namespace fsdp::models
