@@ -1,0 +1,136 @@
+// The Qwen3-MoE and tied-Llama families under FSDP (each block, experts
+// included, one unit) against the same training in one process without
+// FSDP: each rank's micro-batch forward and backward in turn, gradients
+// averaged, the same AdamW steps.
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "../dist/dist_test_world.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/dist/collectives.h"
+#include "fsdp/io/safetensors.h"
+#include "fsdp/models/hf/weights.h"
+#include "fsdp/models/llama/model.h"
+#include "fsdp/models/parallelize.h"
+#include "fsdp/models/qwen3/config.h"
+#include "fsdp/nn/lm_loss.h"
+#include "fsdp_test_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+constexpr int64_t kRows = 2, kSeq = 16;
+
+// Tokens (world * kRows, kSeq + 1) of step `step`, the same on every rank.
+torch::Tensor step_batch(int step, int world) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + step));
+  return torch::randint(0, 512, {world * kRows, kSeq + 1}, gen, torch::kLong);
+}
+
+// The language-model loss plus the model's auxiliary (load-balancing) loss.
+torch::Tensor training_loss(models::CausalLMImpl& model, const torch::Tensor& hidden, const torch::Tensor& rows) {
+  auto loss = nn::lm_loss(hidden, model.output_weight(), rows.narrow(1, 1, kSeq));
+  if (const auto aux = model.auxiliary_loss(); aux.defined()) loss = loss + aux;
+  return loss;
+}
+
+NamedTensors named(models::CausalLMImpl& model) {
+  NamedTensors out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+NamedTensors train_reference(const models::LlamaConfig& config, int steps, int world) {
+  torch::manual_seed(kInitSeed);
+  models::LlamaForCausalLMImpl model(config);
+  torch::optim::AdamW optim(model.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0));
+  for (int s = 0; s < steps; ++s) {
+    const auto batch = step_batch(s, world);
+    optim.zero_grad();
+    for (int r = 0; r < world; ++r) {
+      const auto rows = batch.narrow(0, r * kRows, kRows);
+      training_loss(model, model.forward(rows.narrow(1, 0, kSeq)), rows).backward();
+    }
+    // The mean of the ranks' gradients as FSDP takes it on Gloo: summed,
+    // then divided (dividing each first rounds differently when W is not a
+    // power of two, and AdamW's first steps magnify that on gradients that
+    // nearly cancel).
+    torch::NoGradGuard no_grad;
+    for (auto& p : model.parameters()) {
+      if (p.grad().defined()) p.grad().div_(world);
+    }
+    optim.step();
+  }
+  return named(model);
+}
+
+NamedTensors train_sharded(const models::LlamaConfig& config, int steps, std::shared_ptr<models::CausalLMImpl>* out,
+                           bool activation_checkpoint = false) {
+  auto& world = test_world();
+  torch::manual_seed(kInitSeed);
+  auto model = std::make_shared<models::LlamaForCausalLMImpl>(config);
+  models::ParallelizeOptions options;
+  options.fsdp.mesh = mesh_for(ShardingStrategy::kFullShard);
+  options.activation_checkpoint = activation_checkpoint;
+  models::parallelize(*model, options);
+  torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0));
+  for (int s = 0; s < steps; ++s) {
+    const auto rows = step_batch(s, world.size()).narrow(0, world.rank() * kRows, kRows);
+    optim.zero_grad();
+    training_loss(*model, fsdp::call(model, rows.narrow(1, 0, kSeq)), rows).backward();
+    optim.step();
+  }
+  if (out != nullptr) *out = model;
+  return full_parameters(*model);
+}
+
+TEST(Qwen3MoeFsdp, FullShardEqualsOneProcessOverFiveSteps) {
+  const auto config = models::qwen3_preset("qwen3-moe-tiny");
+  const int world = test_world().size();
+  const auto sharded = train_sharded(config, 5, nullptr);
+  const auto reference = train_reference(config, 5, world);
+  std::string worst;
+  EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
+  // Activation checkpointing recomputes each block, router statistics
+  // included (a block with two outputs).
+  const auto checkpointed = train_sharded(config, 5, nullptr, /*activation_checkpoint=*/true);
+  EXPECT_LT(max_relative_difference(checkpointed, reference, &worst), 1e-5) << worst;
+  // The routers and experts moved: the comparison is of trained weights.
+  torch::manual_seed(kInitSeed);
+  const auto initial = named(*std::make_shared<models::LlamaForCausalLMImpl>(config));
+  EXPECT_GT(max_relative_difference(reference, initial, &worst), 1e-3);
+}
+
+TEST(TiedLlamaFsdp, TrainsLikeOneProcessAndExportsItsHeadAsTheEmbedding) {
+  auto config = models::llama_preset("llama-tiny");
+  config.tie_word_embeddings = true;
+  auto& world = test_world();
+  std::shared_ptr<models::CausalLMImpl> model;
+  const auto sharded = train_sharded(config, 3, &model);
+  const auto reference = train_reference(config, 3, world.size());
+  std::string worst;
+  EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
+  EXPECT_EQ(std::count_if(sharded.begin(), sharded.end(), [](const auto& p) { return p.first == "lm_head.weight"; }), 0);
+
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/fsdp-tied-export-" +
+                          std::to_string(world.size()) + "-" + std::getenv("MASTER_PORT");
+  if (world.rank() == 0) {
+    models::save_hf_pretrained(*model, sharded, dir);
+    // As Hugging Face saves tied models: the embedding only; loading makes
+    // the head that same tensor.
+    io::SafetensorsFile file(dir + "/model.safetensors");
+    EXPECT_EQ(file.find("lm_head.weight"), nullptr);
+    auto loaded = models::load_hf_pretrained(dir);
+    const auto& trained_embedding = reference.front();
+    ASSERT_EQ(trained_embedding.first, "model.embed_tokens.weight");
+    EXPECT_TRUE(loaded->output_weight().equal(file.view("model.embed_tokens.weight")));
+    EXPECT_TRUE(torch::allclose(loaded->output_weight(), trained_embedding.second, 1e-5, 1e-6));
+    std::filesystem::remove_all(dir);
+  }
+  dist::barrier(world.group());
+}
+
+}  // namespace
+}  // namespace fsdp::testing
