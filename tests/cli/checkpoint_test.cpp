@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
@@ -113,6 +115,60 @@ TEST(Checkpoint, ExportEqualsTheTrainersOwnExportAndImports) {
   EXPECT_EQ(report.exit_code, 0) << report.output;
   EXPECT_NE(report.output.find("step 3, saved by 2 rank(s), sharding full_shard"), std::string::npos) << report.output;
   EXPECT_NE(report.output.find("all files intact"), std::string::npos) << report.output;
+}
+
+TEST(Checkpoint, Qwen3MoeTrainsAndExportsShardedBf16ThatStartsARun) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string base = kCli + " launch -n 2 -- " + kCli + " train --model qwen3-moe-tiny --seq-len 16 --batch-size 2" +
+                           " --log-every 1 --grad-clip 0 --lr 2e-3 --data " + corpus;
+  const auto trained = run_command(base + " --steps 3 --metrics " + dir + "/m.jsonl --ckpt-dir " + dir +
+                                   "/ckpt --export-hf " + dir + "/hf --export-dtype bfloat16 --export-shard-size 100KB");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // The load-balancing loss is reported beside the language-model loss.
+  int steps = 0;
+  for (const auto& line : read_metrics(dir + "/m.jsonl")) {
+    if (!line.contains("step") || !line.contains("loss")) continue;
+    ++steps;
+    ASSERT_TRUE(line.contains("aux_loss")) << line.dump();
+    // Perfectly balanced routing gives coefficient * k = 0.01 * 2 (E
+    // experts, each with k/E of the slots and 1/E of the probability); a
+    // fresh router is close to that, and no routing exceeds coefficient * E.
+    EXPECT_NEAR(line["aux_loss"].get<double>(), 0.02, 0.002) << line.dump();
+    EXPECT_LE(line["aux_loss"].get<double>(), 0.01 * 8) << line.dump();
+  }
+  EXPECT_EQ(steps, 3);
+  // Sharded bf16 export: an index over several files.
+  const auto index = nlohmann::json::parse(std::ifstream(dir + "/hf/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GE(files.size(), 2u);
+  const auto config = nlohmann::json::parse(std::ifstream(dir + "/hf/config.json"));
+  EXPECT_EQ(config["model_type"], "qwen3_moe");
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  // The checkpoint exported in fp32 is the master those bf16 values round.
+  const auto fp32 = run_command(kCli + " ckpt export " + dir + "/ckpt " + dir + "/fp32 --export-dtype float32");
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  io::SafetensorsFile master(dir + "/fp32/model.safetensors");
+  size_t compared = 0;
+  for (const auto& f : files) {
+    io::SafetensorsFile shard(dir + "/hf/" + f);
+    for (const auto& e : shard.entries()) {
+      EXPECT_EQ(e.dtype, at::kBFloat16) << e.name;
+      EXPECT_TRUE(shard.view(e.name).equal(master.view(e.name).to(at::kBFloat16))) << e.name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, master.entries().size());
+  // The sharded bf16 directory starts a run, and its export keeps bf16.
+  const auto resumed = run_command(kCli + " launch -n 2 -- " + kCli + " train --seq-len 16 --batch-size 2 --steps 1" +
+                                   " --data " + corpus + " --init-from " + dir + "/hf --export-hf " + dir + "/again");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir + "/again/config.json"))["torch_dtype"], "bfloat16");
+  const auto bad = run_command(base + " --steps 1 --export-hf " + dir + "/x --export-dtype int8");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("'int8' is not a dtype (expected float32, bfloat16 or float16)"), std::string::npos)
+      << bad.output;
 }
 
 class DamagedCheckpoint : public ::testing::Test {
