@@ -11,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
+#include "fsdp/models/wrap_policy.h"
 #include "fsdp/common/suggest.h"
 
 namespace fsdp::train {
@@ -85,6 +86,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, fsdp_size, Kind::kInt, "--fsdp-size", "shard-group size for hybrid_shard"),
       FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt, "--prefetch-depth", "units gathered ahead"),
       FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool, "--explicit-prefetch", "each block prefetches its neighbour"),
+      FSDP_FIELD(fsdp, wrap_policy, Kind::kString, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
       FSDP_FIELD(checkpoint, dir, Kind::kString, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
       FSDP_FIELD(checkpoint, save_every, Kind::kInt, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
       FSDP_FIELD(checkpoint, keep, Kind::kInt, "--keep", "newest checkpoints kept"),
@@ -310,6 +312,10 @@ void TrainConfig::validate() const {
   FSDP_CHECK(runtime.sample_tokens >= 0, "runtime.sample_tokens is ", runtime.sample_tokens, ": expected 0 or more");
   if (!runtime.export_dtype.empty()) models::hf::parse_export_dtype(runtime.export_dtype, "runtime.export_dtype");
   models::hf::parse_size(runtime.export_shard_size, "runtime.export_shard_size");
+  const auto wrap = models::parse_wrap_policy(fsdp.wrap_policy, "fsdp.wrap_policy");
+  FSDP_CHECK(wrap.kind == models::WrapPolicy::Kind::kBlock || (!model.activation_checkpoint && !fsdp.explicit_prefetch),
+             "fsdp.wrap_policy ", fsdp.wrap_policy,
+             " cannot be combined with activation checkpointing or explicit prefetch (both work on whole blocks; use block)");
 }
 
 std::vector<std::string> TrainConfig::differences(const TrainConfig& other) const {

@@ -255,7 +255,14 @@ void Trainer::apply_fsdp() {
     par.fsdp.mixed_precision.param_dtype = dtype;
     par.fsdp.mixed_precision.reduce_dtype = torch::kFloat;
   }
-  models::parallelize(*model_, par);
+  par.wrap = models::parse_wrap_policy(f.wrap_policy, "--wrap-policy");
+  const auto units = models::parallelize(*model_, par);
+  if (config_.model.print && world_->rank() == 0) {
+    std::printf("FSDP units (--wrap-policy %s): %zu\n", f.wrap_policy.c_str(), units.size());
+    for (const auto& [name, count] : units) {
+      std::printf("  %s  %lld parameters\n", name.empty() ? "(root)" : name.c_str(), static_cast<long long>(count));
+    }
+  }
 }
 
 void Trainer::build_optimizer() {

@@ -102,6 +102,24 @@ void expect_clean_failure(const std::string& args, const std::vector<std::string
   EXPECT_FALSE(exists(metrics)) << "nothing may be written on bad input";
 }
 
+TEST(Train, PrintModelListsTheUnitsTheWrapPolicyChose) {
+  // gpt2-tiny (width 32): an attention holds 32*96+96 + 32*32+32 = 4224
+  // parameters, an MLP 32*128+128 + 128*32+32 = 8352; size:5000 makes only
+  // the MLPs units. The root keeps embeddings (512*32 + 64*32), the final
+  // norm (64) and both attentions and block norms (2 * (4224 + 128)).
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " train --model gpt2-tiny --steps 1 --data synthetic --print-model" +
+                             " --wrap-policy size:5000 --out-dir " + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string expected = "FSDP units (--wrap-policy size:5000): 3\n  transformer.h.0.mlp  8352 parameters\n"
+                               "  transformer.h.1.mlp  8352 parameters\n  (root)  " +
+                               std::to_string(512 * 32 + 64 * 32 + 64 + 2 * (4224 + 128)) + " parameters\n";
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  const auto bad = run_command(kCli + " train --model gpt2-tiny --steps 1 --data synthetic --wrap-policy size:0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("'size:0' is not a wrap policy"), std::string::npos) << bad.output;
+}
+
 TEST(TrainErrors, BadConfigFiles) {
   const auto dir = make_temp_dir();
   std::ofstream(dir + "/unknown.yaml") << "optim:\n  learning_rate: 0.1\n";

@@ -67,14 +67,17 @@ NamedTensors train_reference(const models::LlamaConfig& config, int steps, int w
 }
 
 NamedTensors train_sharded(const models::LlamaConfig& config, int steps, std::shared_ptr<models::CausalLMImpl>* out,
-                           bool activation_checkpoint = false) {
+                           bool activation_checkpoint = false, models::WrapPolicy wrap = {},
+                           std::vector<std::pair<std::string, int64_t>>* units = nullptr) {
   auto& world = test_world();
   torch::manual_seed(kInitSeed);
   auto model = std::make_shared<models::LlamaForCausalLMImpl>(config);
   models::ParallelizeOptions options;
   options.fsdp.mesh = mesh_for(ShardingStrategy::kFullShard);
   options.activation_checkpoint = activation_checkpoint;
-  models::parallelize(*model, options);
+  options.wrap = wrap;
+  const auto made = models::parallelize(*model, options);
+  if (units != nullptr) *units = made;
   torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0));
   for (int s = 0; s < steps; ++s) {
     const auto rows = step_batch(s, world.size()).narrow(0, world.rank() * kRows, kRows);
@@ -130,6 +133,49 @@ TEST(TiedLlamaFsdp, TrainsLikeOneProcessAndExportsItsHeadAsTheEmbedding) {
     std::filesystem::remove_all(dir);
   }
   dist::barrier(world.group());
+}
+
+TEST(WrapPolicyFsdp, SizeMakesEachModuleWithEnoughOwnParametersAUnitAndTrainsTheSame) {
+  // llama-tiny: attention 2*64*64 + 2*64*32 = 12288 parameters, MLP
+  // 3*64*176 = 33792, a block's own (its norms) 128. size:10000 makes the
+  // attentions and MLPs units; the blocks keep nothing of their own.
+  const auto config = models::llama_preset("llama-tiny");
+  std::vector<std::pair<std::string, int64_t>> units;
+  std::shared_ptr<models::CausalLMImpl> model;
+  const auto sharded =
+      train_sharded(config, 3, &model, false, models::parse_wrap_policy("size:10000", "test"), &units);
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"model.layers.0.self_attn", 12288}, {"model.layers.0.mlp", 33792},
+      {"model.layers.1.self_attn", 12288}, {"model.layers.1.mlp", 33792},
+      {"", 2 * 512 * 64 + 64 + 2 * 128}};
+  EXPECT_EQ(units, expected);
+  auto& llama = dynamic_cast<models::LlamaForCausalLMImpl&>(*model);
+  EXPECT_TRUE(is_fully_sharded(*llama.model->blocks[0]->self_attn));
+  EXPECT_FALSE(is_fully_sharded(*llama.model->blocks[0]));
+  std::string worst;
+  EXPECT_LT(max_relative_difference(sharded, train_reference(config, 3, test_world().size()), &worst), 1e-5) << worst;
+  // A limit above every module: the root holds everything.
+  train_sharded(config, 1, nullptr, false, models::parse_wrap_policy("size:1e6", "test"), &units);
+  ASSERT_EQ(units.size(), 1u);
+  EXPECT_EQ(units[0].second, models::llama_parameter_count(config));
+}
+
+TEST(WrapPolicyFsdp, SizeOnQwen3MoeWrapsWholeSparseBlocksNeverSingleExperts) {
+  // An expert (3*64*32 = 6144) would pass size:5000 alone, but experts run
+  // only where tokens are routed: the sparse block (gate 512 + 8 experts)
+  // is the unit.
+  const auto config = models::qwen3_preset("qwen3-moe-tiny");
+  std::vector<std::pair<std::string, int64_t>> units;
+  const auto sharded =
+      train_sharded(config, 3, nullptr, false, models::parse_wrap_policy("size:5000", "test"), &units);
+  bool sparse_unit = false;
+  for (const auto& [name, count] : units) {
+    EXPECT_EQ(name.find("experts"), std::string::npos) << name;
+    if (name == "model.layers.0.mlp") sparse_unit = count == 512 + 8 * 6144;
+  }
+  EXPECT_TRUE(sparse_unit);
+  std::string worst;
+  EXPECT_LT(max_relative_difference(sharded, train_reference(config, 3, test_world().size()), &worst), 1e-5) << worst;
 }
 
 }  // namespace

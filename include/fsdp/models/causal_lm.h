@@ -21,6 +21,10 @@ struct CausalLMImpl : torch::nn::Module {
   virtual torch::Tensor output_weight() = 0;
   // The repeated blocks, in order: the units FSDP shards one by one.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> blocks() = 0;
+  // The modules a size-based wrap policy may make units, children before
+  // their parents: each is called through fsdp::call on every rank in
+  // every forward. Default: the blocks.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> wrap_candidates() { return blocks(); }
   // Recompute each block in backward instead of keeping its activations.
   virtual void set_activation_checkpointing(bool enabled) = 0;
 

@@ -83,6 +83,7 @@ struct TrainConfig {
     int64_t fsdp_size = 0;  // shard-group size for hybrid_shard
     int64_t prefetch_depth = 1;
     bool explicit_prefetch = false;
+    std::string wrap_policy = "block";  // block, or size:N (models/wrap_policy.h)
   } fsdp;
   struct Checkpoint {
     std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one

@@ -57,8 +57,9 @@ GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
 }
 
 torch::Tensor GPT2BlockImpl::forward_block(const torch::Tensor& x) {
-  auto h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+  // Through fsdp::call: a size-based wrap policy may make them units.
+  auto h = x + fsdp::call(attn, ln_1(x));
+  return h + fsdp::call(mlp, ln_2(h));
 }
 
 torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
@@ -95,6 +96,14 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
 std::vector<std::shared_ptr<torch::nn::Module>> GPT2LMHeadModelImpl::blocks() {
   std::vector<std::shared_ptr<torch::nn::Module>> out;
   for (auto& b : transformer->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPT2LMHeadModelImpl::wrap_candidates() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : transformer->blocks) {
+    out.insert(out.end(), {b->attn.ptr(), b->mlp.ptr(), b.ptr()});
+  }
   return out;
 }
 

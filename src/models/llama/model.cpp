@@ -98,9 +98,10 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t index
 
 std::vector<torch::Tensor> LlamaDecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
                                                                 const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
-  if (!sparse_mlp) return {h + mlp(post_attention_layernorm(h))};
-  auto [y, stats] = sparse_mlp(post_attention_layernorm(h));
+  // Through fsdp::call: a size-based wrap policy may make them units.
+  auto h = x + fsdp::call(self_attn, input_layernorm(x), cos, sin);
+  if (!sparse_mlp) return {h + fsdp::call(mlp, post_attention_layernorm(h))};
+  auto [y, stats] = fsdp::call(sparse_mlp, post_attention_layernorm(h));
   return {h + y, stats};
 }
 
@@ -153,6 +154,22 @@ torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
 std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::blocks() {
   std::vector<std::shared_ptr<torch::nn::Module>> out;
   for (auto& b : model->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::wrap_candidates() {
+  // Not the experts: which of them run depends on each rank's tokens, and
+  // a unit must be called on every rank (its gathers are collectives).
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : model->blocks) {
+    out.push_back(b->self_attn.ptr());
+    if (b->sparse_mlp) {
+      out.push_back(b->sparse_mlp.ptr());
+    } else {
+      out.push_back(b->mlp.ptr());
+    }
+    out.push_back(b.ptr());
+  }
   return out;
 }
 

@@ -24,7 +24,7 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(int64_t hidden, const MoEConfig& c)
 // tokens. An expert with no slots does no work and, in that step, gets no
 // gradient (FSDP reduces zeros for it). Work is proportional to N * k, not
 // N * E as with computing every expert on every token under a mask.
-std::pair<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch::Tensor& x) {
+std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
   const auto tokens = x.reshape({-1, C});  // (N, C)
   const auto probs = torch::softmax(gate(tokens).to(torch::kFloat), -1);  // (N, E), fp32 as Hugging Face

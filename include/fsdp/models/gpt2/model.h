@@ -65,6 +65,7 @@ struct GPT2LMHeadModelImpl : CausalLMImpl {
   torch::Tensor forward(torch::Tensor tokens) override;
   torch::Tensor output_weight() override { return transformer->wte->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override;
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_candidates() override;
   void set_activation_checkpointing(bool enabled) override;
   std::string family() const override { return "gpt2"; }
   int64_t vocab_size() const override { return config.vocab_size; }

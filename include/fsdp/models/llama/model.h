@@ -58,6 +58,7 @@ struct LlamaForCausalLMImpl : CausalLMImpl {
   torch::Tensor forward(torch::Tensor tokens) override;
   torch::Tensor output_weight() override { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() override;
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_candidates() override;
   void set_activation_checkpointing(bool enabled) override;
   std::string family() const override { return config.family; }
   int64_t vocab_size() const override { return config.vocab_size; }

@@ -21,7 +21,7 @@ struct SparseMoeBlockImpl : torch::nn::Module {
   // over tokens of each expert's routing probability (differentiable: the
   // load-balancing loss's gradient reaches the router through it), row 1
   // how many of the N * k routing slots each expert got.
-  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x);
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x);
 
   int64_t num_experts, top_k;
   bool norm_topk_prob;
