@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config token_file tokenizer safetensors)
+[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config hf_config token_file tokenizer safetensors)
 cxx=clang++-16
 if ! command -v "$cxx" >/dev/null || [[ ! -f /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
   echo "fuzz: skipped: clang-16 and libfuzzer-16-dev are not installed (scripts/setup.sh installs them)"
@@ -29,7 +29,8 @@ torch=(-isystem /usr/include/torch/csrc/api/include)
 # The sources each target needs, compiled with coverage instrumentation.
 declare -A sources=(
   [checkpoint_metadata]="src/checkpoint/metadata.cpp"
-  [config]="src/train/config.cpp src/common/suggest.cpp"
+  [config]="src/train/config.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
+  [hf_config]="src/models/hf/config_reader.cpp src/models/gpt2/config.cpp src/models/llama/config.cpp src/models/qwen3/config.cpp src/common/suggest.cpp"
   [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp"
   [tokenizer]="src/data/gpt2_tokenizer.cpp"
   [safetensors]="src/io/safetensors.cpp src/io/atomic_file.cpp src/common/error_text.cpp"
@@ -37,6 +38,7 @@ declare -A sources=(
 declare -A libs=(
   [checkpoint_metadata]=""
   [config]="-lyaml-cpp"
+  [hf_config]=""
   [token_file]=""
   [tokenizer]="-licuuc -licui18n"
   [safetensors]="-ltorch -ltorch_cpu -lc10 -lz"

@@ -49,11 +49,11 @@ int64_t gpt2_parameter_count(const GPT2Config& c) {
 GPT2Config gpt2_config_from_hf(const nlohmann::json& j, const std::string& where) {
   hf::ConfigReader r(j, where, "gpt2");
   GPT2Config c;
-  c.vocab_size = r.get<int64_t>("vocab_size");
-  c.n_positions = r.get<int64_t>("n_positions");
-  c.n_embd = r.get<int64_t>("n_embd");
-  c.n_layer = r.get<int64_t>("n_layer");
-  c.n_head = r.get<int64_t>("n_head");
+  c.vocab_size = r.get_size("vocab_size");
+  c.n_positions = r.get_size("n_positions");
+  c.n_embd = r.get_size("n_embd");
+  c.n_layer = r.get_size("n_layer");
+  c.n_head = r.get_size("n_head");
   c.layer_norm_epsilon = r.get_or<double>("layer_norm_epsilon", 1e-5);
   c.embd_pdrop = r.get_or<double>("embd_pdrop", 0.1);
   c.attn_pdrop = r.get_or<double>("attn_pdrop", 0.1);

@@ -15,6 +15,18 @@ ConfigReader::ConfigReader(const nlohmann::json& config, std::string where, std:
 
 bool ConfigReader::has(const char* key) const { return config_.contains(key) && !config_.at(key).is_null(); }
 
+void ConfigReader::require_integer(const char* key, const nlohmann::json& value) const {
+  FSDP_CHECK(value.is_number_integer(), where_, ": config.json field '", key, "' must be a whole number (got ",
+             value.dump(), ")");
+}
+
+int64_t ConfigReader::get_size(const char* key) {
+  const auto n = get<int64_t>(key);
+  FSDP_CHECK(n >= 1 && n <= (int64_t{1} << 40), where_, ": config.json field '", key, "' is ", n,
+             " (expected a size from 1 to 2^40)");
+  return n;
+}
+
 const nlohmann::json& ConfigReader::raw(const char* key) {
   used_.insert(key);
   static const nlohmann::json null;

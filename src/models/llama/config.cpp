@@ -83,17 +83,17 @@ int64_t llama_parameter_count(const LlamaConfig& c) { return parameter_count(c, 
 int64_t llama_active_parameter_count(const LlamaConfig& c) { return parameter_count(c, true); }
 
 void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
-  c.vocab_size = r.get<int64_t>("vocab_size");
-  c.hidden_size = r.get<int64_t>("hidden_size");
-  c.intermediate_size = r.get<int64_t>("intermediate_size");
-  c.num_hidden_layers = r.get<int64_t>("num_hidden_layers");
-  c.num_attention_heads = r.get<int64_t>("num_attention_heads");
-  c.num_key_value_heads = r.get_or<int64_t>("num_key_value_heads", c.num_attention_heads);
-  c.max_position_embeddings = r.get<int64_t>("max_position_embeddings");
+  c.vocab_size = r.get_size("vocab_size");
+  c.hidden_size = r.get_size("hidden_size");
+  c.intermediate_size = r.get_size("intermediate_size");
+  c.num_hidden_layers = r.get_size("num_hidden_layers");
+  c.num_attention_heads = r.get_size("num_attention_heads");
+  c.num_key_value_heads = r.has("num_key_value_heads") ? r.get_size("num_key_value_heads") : c.num_attention_heads;
+  c.max_position_embeddings = r.get_size("max_position_embeddings");
   c.rms_norm_eps = r.get_or<double>("rms_norm_eps", 1e-6);
   c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
   c.attention_dropout = r.get_or<double>("attention_dropout", 0.0);
-  c.head_dim = r.get_or<int64_t>("head_dim", 0);
+  c.head_dim = r.has("head_dim") ? r.get_size("head_dim") : r.get_or<int64_t>("head_dim", 0);
   c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
   FSDP_CHECK(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
              r.where(), ": num_attention_heads ", c.num_attention_heads, " is not a multiple of num_key_value_heads ",
@@ -110,14 +110,17 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
       try {
         c.rope_scaling = {"llama3", scaling.at("factor").get<double>(), scaling.at("low_freq_factor").get<double>(),
                           scaling.at("high_freq_factor").get<double>(),
-                          scaling.at("original_max_position_embeddings").get<int64_t>()};
+                          scaling.at("original_max_position_embeddings").get<double>() >= 1
+                              ? static_cast<int64_t>(std::min(scaling.at("original_max_position_embeddings").get<double>(), 1e12))
+                              : 0};
       } catch (const std::exception&) {
         throw Error(r.where() + ": config.json rope_scaling " + scaling.dump() +
                     " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
       }
-      FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor,
+      FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor &&
+                     c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.original_max_position_embeddings >= 1,
                  r.where(), ": config.json rope_scaling ", scaling.dump(),
-                 " needs factor > 0 and high_freq_factor > low_freq_factor");
+                 " needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings >= 1");
     }
   }
   r.accept_only("hidden_act", "silu", "the MLP's activation");

@@ -45,7 +45,7 @@ const std::map<std::string, LlamaConfig>& presets() {
 void read_qwen3_keys(hf::ConfigReader& r, LlamaConfig& c) {
   read_decoder_keys(r, c);
   c.qk_norm = true;
-  c.head_dim = r.get_or<int64_t>("head_dim", c.hidden_size / c.num_attention_heads);
+  c.head_dim = r.has("head_dim") ? r.get_size("head_dim") : c.hidden_size / c.num_attention_heads;
   r.accept_only("use_sliding_window", false, "sliding-window attention");
   // Read only with use_sliding_window.
   r.ignore({"sliding_window", "max_window_layers"});
@@ -89,9 +89,9 @@ LlamaConfig qwen3_moe_config_from_hf(const nlohmann::json& j, const std::string&
   read_qwen3_keys(r, c);
   c.family = "qwen3_moe";
   auto& m = c.moe;
-  m.num_experts = r.get<int64_t>("num_experts");
-  m.num_experts_per_tok = r.get<int64_t>("num_experts_per_tok");
-  m.moe_intermediate_size = r.get<int64_t>("moe_intermediate_size");
+  m.num_experts = r.get_size("num_experts");
+  m.num_experts_per_tok = r.get_size("num_experts_per_tok");
+  m.moe_intermediate_size = r.get_size("moe_intermediate_size");
   m.norm_topk_prob = r.get_or<bool>("norm_topk_prob", false);
   m.decoder_sparse_step = r.get_or<int64_t>("decoder_sparse_step", 1);
   m.mlp_only_layers = r.get_or<std::vector<int64_t>>("mlp_only_layers", {});

@@ -10,6 +10,8 @@
 #include <initializer_list>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -37,6 +39,8 @@ class ConfigReader {
     }
     return convert<T>(key);
   }
+  // A required dimension: a whole number in 1..2^40.
+  int64_t get_size(const char* key);
   // The raw value (marks the key read); null when absent.
   const nlohmann::json& raw(const char* key);
   // A key this code implements only at `implemented` (absent or null is
@@ -53,12 +57,21 @@ class ConfigReader {
   template <typename T>
   T convert(const char* key) {
     used_.insert(key);
+    // nlohmann converts 1e300 to int64_t without a check (undefined
+    // behaviour): integers must be written as integers.
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) require_integer(key, config_.at(key));
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      FSDP_CHECK(config_.at(key).is_array(), where_, ": config.json field '", key, "' is not a list");
+      for (const auto& v : config_.at(key)) require_integer(key, v);
+    }
     try {
       return config_.at(key).get<T>();
     } catch (const std::exception&) {
       throw Error(where_ + ": config.json field '" + key + "' has the wrong type (" + config_.at(key).dump() + ")");
     }
   }
+
+  void require_integer(const char* key, const nlohmann::json& value) const;
 
   const nlohmann::json& config_;
   std::string where_, family_;
