@@ -10,23 +10,31 @@ namespace fsdp::models {
 
 namespace {
 
-// The modules that become units before the root, children first.
-std::vector<std::shared_ptr<torch::nn::Module>> choose_units(CausalLMImpl& model, const WrapPolicy& policy) {
-  if (policy.kind == WrapPolicy::Kind::kBlock) return model.blocks();
-  // size:N: a candidate's own parameters are those no chosen unit below it holds.
-  std::vector<std::shared_ptr<torch::nn::Module>> chosen;
-  std::set<const void*> held;
-  for (const auto& candidate : model.wrap_candidates()) {
-    int64_t own = 0;
-    std::vector<const void*> mine;
-    for (const auto& p : candidate->parameters()) {
-      if (held.count(p.unsafeGetTensorImpl()) != 0) continue;
-      own += p.numel();
-      mine.push_back(p.unsafeGetTensorImpl());
-    }
-    if (own < policy.min_params) continue;
-    chosen.push_back(candidate);
-    held.insert(mine.begin(), mine.end());
+struct Unit {
+  std::shared_ptr<torch::nn::Module> module;
+  int64_t own_params = 0;  // those no unit below it holds
+};
+
+// Parameters of `m` not in `held`, and their element count.
+std::pair<std::vector<const void*>, int64_t> own_parameters(torch::nn::Module& m, const std::set<const void*>& held) {
+  std::pair<std::vector<const void*>, int64_t> out;
+  for (const auto& p : m.parameters()) {
+    if (held.count(p.unsafeGetTensorImpl()) != 0) continue;
+    out.first.push_back(p.unsafeGetTensorImpl());
+    out.second += p.numel();
+  }
+  return out;
+}
+
+// The units below the root, children first; `held` gets their parameters.
+std::vector<Unit> choose_units(CausalLMImpl& model, const WrapPolicy& policy, std::set<const void*>& held) {
+  const bool by_block = policy.kind == WrapPolicy::Kind::kBlock;
+  std::vector<Unit> chosen;
+  for (const auto& candidate : by_block ? model.blocks() : model.wrap_candidates()) {
+    auto [ids, own] = own_parameters(*candidate, held);
+    if (!by_block && own < policy.min_params) continue;
+    chosen.push_back({candidate, own});
+    held.insert(ids.begin(), ids.end());
   }
   return chosen;
 }
@@ -40,32 +48,26 @@ std::vector<std::pair<std::string, int64_t>> parallelize(CausalLMImpl& model, co
   FSDP_CHECK(by_block || !options.explicit_prefetch,
              "--explicit-prefetch needs --wrap-policy block (each block prefetches its neighbour)");
   model.set_activation_checkpointing(options.activation_checkpoint);
-  const auto units = choose_units(model, options.wrap);
+  // Chosen and counted before sharding: afterwards a parameter is this rank's shard.
+  std::set<const void*> held;
+  const auto units = choose_units(model, options.wrap, held);
+  const int64_t root_params = own_parameters(model, held).second;
   // fully_shard names a unit's parameters from the unit; param_init wants
   // names from the model ("transformer.h.3.attn.c_attn.weight").
   std::map<const torch::nn::Module*, std::string> prefix;
   for (const auto& item : model.named_modules()) prefix[item.value().get()] = item.key();
   std::vector<std::pair<std::string, int64_t>> made;
-  std::set<const void*> held;
-  const auto count_new = [&](torch::nn::Module& m) {
-    int64_t n = 0;
-    for (const auto& p : m.parameters()) {
-      if (held.insert(p.unsafeGetTensorImpl()).second) n += p.numel();
-    }
-    return n;
-  };
   for (const auto& unit : units) {
     FullyShardOptions unit_options = options.fsdp;
     if (options.fsdp.param_init) {
-      unit_options.param_init = [init = options.fsdp.param_init, p = prefix.at(unit.get())](
+      unit_options.param_init = [init = options.fsdp.param_init, p = prefix.at(unit.module.get())](
                                     const std::string& name, at::Tensor& full) { init(p + "." + name, full); };
     }
-    // Counted before sharding: afterwards a parameter is this rank's shard.
-    made.emplace_back(prefix.at(unit.get()), count_new(*unit));
-    fully_shard(*unit, unit_options);
+    fully_shard(*unit.module, unit_options);
+    made.emplace_back(prefix.at(unit.module.get()), unit.own_params);
   }
-  made.emplace_back("", count_new(model));
   fully_shard(model, options.fsdp);
+  made.emplace_back("", root_params);
   if (options.explicit_prefetch) {
     // The example trainer's --explicit-prefetch: block i gathers block i+1
     // in forward and block i-1 in backward.

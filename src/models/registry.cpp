@@ -1,7 +1,6 @@
 #include "fsdp/models/registry.h"
 
-#include <sys/stat.h>
-
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -13,13 +12,6 @@
 #include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
-
-namespace {
-bool is_dir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-}  // namespace
 
 const std::vector<FamilySpec>& families() {
   // One line per family; each is defined in its folder under models/.
@@ -82,7 +74,7 @@ CausalLM build_from_hf_config(const nlohmann::json& j, const std::string& where)
 }
 
 nlohmann::json read_hf_config(const std::string& dir) {
-  FSDP_CHECK(is_dir(dir), "'", dir, "' is not a directory (expected a Hugging Face model directory)");
+  FSDP_CHECK(std::filesystem::is_directory(dir), "'", dir, "' is not a directory (expected a Hugging Face model directory)");
   const std::string path = dir + "/config.json";
   std::ifstream in(path);
   FSDP_CHECK(in.good(), "cannot read '", path, "'");

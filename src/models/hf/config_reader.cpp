@@ -27,6 +27,11 @@ int64_t ConfigReader::get_size(const char* key) {
   return n;
 }
 
+int64_t ConfigReader::get_size_or(const char* key, int64_t fallback) {
+  used_.insert(key);
+  return has(key) ? get_size(key) : fallback;
+}
+
 const nlohmann::json& ConfigReader::raw(const char* key) {
   used_.insert(key);
   static const nlohmann::json null;

@@ -88,12 +88,12 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
   c.intermediate_size = r.get_size("intermediate_size");
   c.num_hidden_layers = r.get_size("num_hidden_layers");
   c.num_attention_heads = r.get_size("num_attention_heads");
-  c.num_key_value_heads = r.has("num_key_value_heads") ? r.get_size("num_key_value_heads") : c.num_attention_heads;
+  c.num_key_value_heads = r.get_size_or("num_key_value_heads", c.num_attention_heads);
   c.max_position_embeddings = r.get_size("max_position_embeddings");
   c.rms_norm_eps = r.get_or<double>("rms_norm_eps", 1e-6);
   c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
   c.attention_dropout = r.get_or<double>("attention_dropout", 0.0);
-  c.head_dim = r.has("head_dim") ? r.get_size("head_dim") : r.get_or<int64_t>("head_dim", 0);
+  c.head_dim = r.get_size_or("head_dim", 0);  // 0: hidden_size / num_attention_heads
   c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
   FSDP_CHECK(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
              r.where(), ": num_attention_heads ", c.num_attention_heads, " is not a multiple of num_key_value_heads ",

@@ -66,15 +66,14 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
-  const auto heads = [&](const torch::Tensor& t, int64_t n, nn::RMSNorm& norm) {
+  const auto heads = [&](const torch::Tensor& t, int64_t n, nn::RMSNorm* norm) {
     auto h = t.view({B, T, n, head_dim});
-    if (norm) h = norm(h);  // Qwen3: each head normalised before the rotation
+    if (norm != nullptr && *norm) h = (*norm)(h);  // Qwen3: each head normalised before the rotation
     return h.transpose(1, 2);
   };
-  auto q = apply_rotary(heads(q_proj(x), n_heads, q_norm), cos, sin);     // (B, nh, T, hs)
-  auto k = apply_rotary(heads(k_proj(x), n_kv_heads, k_norm), cos, sin);  // (B, nkv, T, hs)
-  nn::RMSNorm no_norm{nullptr};
-  auto v = heads(v_proj(x), n_kv_heads, no_norm);
+  auto q = apply_rotary(heads(q_proj(x), n_heads, &q_norm), cos, sin);     // (B, nh, T, hs)
+  auto k = apply_rotary(heads(k_proj(x), n_kv_heads, &k_norm), cos, sin);  // (B, nkv, T, hs)
+  auto v = heads(v_proj(x), n_kv_heads, nullptr);
   // Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
   const int64_t rep = n_heads / n_kv_heads;
   if (rep > 1) {

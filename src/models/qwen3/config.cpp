@@ -45,7 +45,6 @@ const std::map<std::string, LlamaConfig>& presets() {
 void read_qwen3_keys(hf::ConfigReader& r, LlamaConfig& c) {
   read_decoder_keys(r, c);
   c.qk_norm = true;
-  c.head_dim = r.has("head_dim") ? r.get_size("head_dim") : c.hidden_size / c.num_attention_heads;
   r.accept_only("use_sliding_window", false, "sliding-window attention");
   // Read only with use_sliding_window.
   r.ignore({"sliding_window", "max_window_layers"});

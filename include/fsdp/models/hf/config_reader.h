@@ -41,6 +41,8 @@ class ConfigReader {
   }
   // A required dimension: a whole number in 1..2^40.
   int64_t get_size(const char* key);
+  // An optional one: `fallback` when absent or null.
+  int64_t get_size_or(const char* key, int64_t fallback);
   // The raw value (marks the key read); null when absent.
   const nlohmann::json& raw(const char* key);
   // A key this code implements only at `implemented` (absent or null is
