@@ -5,14 +5,14 @@
 # coverage collect in build-fuzz/corpus/; a crash leaves its input in
 # build-fuzz/artifacts/ and fails the script.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
-# Targets: checkpoint_metadata config token_file tokenizer safetensors.
+# Targets: checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors.
 # Exits 77 (a skip, to CTest) when clang-16 or libFuzzer is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config hf_config token_file tokenizer safetensors)
+[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors)
 cxx=clang++-16
 if ! command -v "$cxx" >/dev/null || [[ ! -f /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
   echo "fuzz: skipped: clang-16 and libfuzzer-16-dev are not installed (scripts/setup.sh installs them)"
@@ -32,7 +32,8 @@ declare -A sources=(
   [config]="src/train/config.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
   [hf_config]="src/models/hf/config_reader.cpp src/models/gpt2/config.cpp src/models/llama/config.cpp src/models/qwen3/config.cpp src/common/suggest.cpp"
   [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp"
-  [tokenizer]="src/data/gpt2_tokenizer.cpp"
+  [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp"
+  [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp"
   [safetensors]="src/io/safetensors.cpp src/io/atomic_file.cpp src/common/error_text.cpp"
 )
 declare -A libs=(
@@ -41,12 +42,13 @@ declare -A libs=(
   [hf_config]=""
   [token_file]=""
   [tokenizer]="-licuuc -licui18n"
+  [tokenizer_json]="-licuuc -licui18n"
   [safetensors]="-ltorch -ltorch_cpu -lc10 -lz"
 )
 
 object() {  # source -> object, rebuilt when the source or a header changed
   local src=$1 obj="$out/obj/$(echo "$1" | tr / _).o"
-  if [[ ! -f $obj || $src -nt $obj || -n $(find include tests/fuzz -newer "$obj" -name '*.h' -print -quit) ]]; then
+  if [[ ! -f $obj || $src -nt $obj || -n $(find include src tests/fuzz -newer "$obj" -name '*.h' -print -quit) ]]; then
     local extra=()
     [[ $src == *safetensors* || $src == *error_text* ]] && extra=("${torch[@]}")
     "$cxx" "${common[@]}" "${extra[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"

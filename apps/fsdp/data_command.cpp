@@ -5,10 +5,16 @@
 #include <sstream>
 
 #include "commands.h"
-#include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/data/prepare.h"
+#include "fsdp/data/tokenizer.h"
 
 namespace fsdp::cli {
+namespace {
+
+constexpr const char* kTokenizerHelp =
+    "directory with a Hugging Face tokenizer.json (a model directory), or GPT-2's encoder.json and vocab.bpe";
+
+}  // namespace
 
 void add_data_command(CLI::App& app, int& exit_code) {
   auto* data = app.add_subcommand("data", "prepare token files");
@@ -20,8 +26,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
   prepare->add_option("--input", options->input, "a .txt/.json/.jsonl file ({\"text\": ...} per line) or a directory of them")
       ->required();
   prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin (or their shards) go")->required();
-  prepare->add_option("--tokenizer", options->tokenizer_dir, "directory with encoder.json and vocab.bpe")
-      ->capture_default_str();
+  prepare->add_option("--tokenizer", options->tokenizer_dir, kTokenizerHelp)->capture_default_str();
   prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out; 0: no val split")
       ->capture_default_str();
   prepare->add_option("--shard-tokens", options->shard_tokens,
@@ -34,14 +39,15 @@ void add_data_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(s.documents), static_cast<double>(s.bytes) / 1e6,
                 static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
+    std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
     exit_code = 0;
   });
 
   auto tokenizer_dir = std::make_shared<std::string>("data/gpt2");
-  auto* encode = data->add_subcommand("encode", "print the GPT-2 token ids of standard input, one line");
-  encode->add_option("--tokenizer", *tokenizer_dir, "directory with encoder.json and vocab.bpe")->capture_default_str();
+  auto* encode = data->add_subcommand("encode", "print the token ids of standard input, one line");
+  encode->add_option("--tokenizer", *tokenizer_dir, kTokenizerHelp)->capture_default_str();
   encode->callback([tokenizer_dir, &exit_code] {
-    const auto tokenizer = data::load_gpt2_tokenizer(*tokenizer_dir);
+    const auto tokenizer = data::Tokenizer::from_dir(*tokenizer_dir);
     std::stringstream in;
     in << std::cin.rdbuf();
     const auto ids = tokenizer->encode(in.str());

@@ -7,7 +7,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error.h"
-#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/train/generate.h"
 
@@ -15,7 +15,7 @@ namespace fsdp::cli {
 
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
-    std::string from, prompt = "\n", tokenizer = "data/gpt2";
+    std::string from, prompt = "\n", tokenizer;
     train::SampleOptions sample;
   };
   auto f = std::make_shared<Flags>();
@@ -27,11 +27,16 @@ void add_generate_command(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
   cmd->add_option("--seed", f->sample.seed, "random seed (default 42)");
-  cmd->add_option("--tokenizer", f->tokenizer, "directory with encoder.json and vocab.bpe (default data/gpt2)");
+  cmd->add_option("--tokenizer", f->tokenizer,
+                  "directory with tokenizer.json, or encoder.json and vocab.bpe (default: the --from directory's "
+                  "tokenizer when it has one, else data/gpt2)");
   cmd->callback([f, &exit_code] {
     FSDP_CHECK(std::filesystem::is_directory(f->from), "--from '", f->from,
                "': no such directory (expected a Hugging Face model directory: config.json + model.safetensors)");
-    const auto tokenizer = data::load_gpt2_tokenizer(f->tokenizer);
+    const std::string tokenizer_dir =
+        !f->tokenizer.empty() ? f->tokenizer : data::has_tokenizer(f->from) ? f->from : "data/gpt2";
+    const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);
+    std::fprintf(stderr, "generate: tokenizer %s\n", tokenizer->source().c_str());
     models::CausalLM model{nullptr};
     try {
       model = models::load_hf_pretrained(f->from);
@@ -39,10 +44,11 @@ void add_generate_command(CLI::App& app, int& exit_code) {
       throw Error("--from '" + f->from + "': " + e.what());
     }
     auto prompt = tokenizer->encode(f->prompt);
-    if (prompt.empty()) prompt.push_back(data::GPT2Tokenizer::kEndOfText);
+    if (prompt.empty()) prompt.push_back(tokenizer->document_separator());
     for (const int32_t id : prompt) {
       FSDP_CHECK(id < model->vocab_size(), "--prompt encodes to token ", id, ", outside the vocabulary of ",
-                 model->vocab_size(), " of the model in '", f->from, "'");
+                 model->vocab_size(), " of the model in '", f->from, "' (tokenizer: ", tokenizer->source(),
+                 "; is it the model's?)");
     }
     const auto ids = train::generate(model, prompt, f->sample);
     std::printf("%s%s\n", f->prompt.c_str(), tokenizer->decode(ids).c_str());

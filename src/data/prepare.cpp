@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
-#include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/data/token_file.h"
+#include "fsdp/data/tokenizer.h"
 
 namespace fsdp::data {
 namespace {
@@ -65,9 +65,9 @@ bool is_document_file(const fs::path& p) {
 // Writes `tokens` as one file, or as NAME_000000.bin, ... of at most
 // `shard_tokens` each. Returns the number of files.
 int write_split(const std::string& dir, const std::string& name, const std::vector<int32_t>& tokens,
-                int64_t shard_tokens) {
+                int64_t shard_tokens, int64_t vocab_size) {
   if (shard_tokens <= 0) {
-    write_token_file(dir + "/" + name + ".bin", tokens);
+    write_token_file(dir + "/" + name + ".bin", tokens, vocab_size);
     return 1;
   }
   int files = 0;
@@ -76,7 +76,8 @@ int write_split(const std::string& dir, const std::string& name, const std::vect
     char file[64];
     std::snprintf(file, sizeof(file), "/%s_%06d.bin", name.c_str(), files++);
     write_token_file(dir + file, {tokens.begin() + static_cast<std::ptrdiff_t>(start),
-                                  tokens.begin() + static_cast<std::ptrdiff_t>(end)});
+                                  tokens.begin() + static_cast<std::ptrdiff_t>(end)},
+                     vocab_size);
   }
   return files;
 }
@@ -100,7 +101,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   }
   FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json or .jsonl documents");
   // Loaded before the corpus is read: a missing tokenizer fails at once.
-  std::unique_ptr<GPT2Tokenizer> first_tokenizer = load_gpt2_tokenizer(o.tokenizer_dir);
+  const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_dir(o.tokenizer_dir);
+  const int32_t separator = tokenizer->document_separator();
 
   std::vector<std::string> docs;
   std::vector<size_t> file_of_doc;  // to name the file of a document that fails
@@ -116,7 +118,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   stats.documents = static_cast<int64_t>(docs.size());
 
   // Documents are independent: each thread encodes every n-th with its own
-  // tokenizer (the tokenizer's cache is not shared).
+  // clone of the tokenizer (the tables are shared, the cache is not).
   const int threads =
       std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
                                 static_cast<int>(docs.size())));
@@ -129,10 +131,10 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       try {
-        const auto tokenizer = t == 0 ? std::move(first_tokenizer) : load_gpt2_tokenizer(o.tokenizer_dir);
+        const auto own = tokenizer->clone();
         for (size_t i = static_cast<size_t>(t); i < docs.size(); i += static_cast<size_t>(threads)) {
           try {
-            encoded[i] = tokenizer->encode(docs[i]);
+            encoded[i] = own->encode(docs[i]);
           } catch (const Error& e) {
             throw Error("'" + files[file_of_doc[i]].string() + "': " + e.what());
           }
@@ -155,9 +157,16 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
                  static_cast<double>(done_bytes.load()) / 1e6, static_cast<double>(stats.bytes) / 1e6,
                  static_cast<double>(done_bytes.load()) / 1e6 / std::max(secs, 1e-9), threads, tty ? "" : "\n");
   };
+  // Polled often, reported every 200 ms on a terminal and every 5 s in a
+  // log: a small corpus must not wait out a whole report interval.
+  const auto interval = std::chrono::milliseconds(tty ? 200 : 5000);
+  auto last_report = start;
   while (o.progress && done.load() < stats.documents && !failed) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 200 : 5000));
-    if (done.load() < stats.documents) report();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (done.load() < stats.documents && std::chrono::steady_clock::now() - last_report >= interval) {
+      report();
+      last_report = std::chrono::steady_clock::now();
+    }
   }
   for (auto& th : pool) th.join();
   if (failure) std::rethrow_exception(failure);
@@ -170,7 +179,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   std::vector<int32_t> train, val;
   for (size_t i = 0; i < encoded.size(); ++i) {
     auto& dest = (every > 0 && encoded.size() > 1 && i % every == every - 1) ? val : train;
-    dest.push_back(GPT2Tokenizer::kEndOfText);
+    dest.push_back(separator);
     dest.insert(dest.end(), encoded[i].begin(), encoded[i].end());
   }
   if (every > 0 && val.empty()) {
@@ -182,11 +191,15 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   FSDP_CHECK(train.size() >= 2, "--input '", o.input, "' gives ", train.size(),
              " training tokens; at least 2 are needed");
   fs::create_directories(o.out_dir);
-  stats.train_files = write_split(o.out_dir, "train", train, o.shard_tokens);
+  stats.train_files = write_split(o.out_dir, "train", train, o.shard_tokens, tokenizer->vocab_size());
   // A split too small to hold one target is not written: it would only fail later.
-  if (val.size() >= 2) stats.val_files = write_split(o.out_dir, "val", val, o.shard_tokens);
+  if (val.size() >= 2) {
+    stats.val_files = write_split(o.out_dir, "val", val, o.shard_tokens, tokenizer->vocab_size());
+  }
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
+  stats.separator = separator;
+  stats.tokenizer = tokenizer->source();
   return stats;
 }
 

@@ -73,7 +73,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, metrics, Kind::kString, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
       FSDP_FIELD(runtime, tensorboard, Kind::kBool, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
       FSDP_FIELD(runtime, profile_steps, Kind::kString, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
-      FSDP_FIELD(runtime, tokenizer, Kind::kString, "--tokenizer", "GPT-2 tokenizer directory (encoder.json, vocab.bpe) for samples"),
+      FSDP_FIELD(runtime, tokenizer, Kind::kString, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
       FSDP_FIELD(runtime, sample_tokens, Kind::kInt, "--sample-tokens", "tokens to generate at the end"),
       FSDP_FIELD(runtime, sample_prompt, Kind::kString, "--sample-prompt", "prompt for the sample"),
       FSDP_FIELD(runtime, export_hf, Kind::kString, "--export-hf", "write a Hugging Face directory at the end"),

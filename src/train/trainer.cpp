@@ -12,7 +12,6 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/memory.h"
-#include "fsdp/data/gpt2_tokenizer.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
@@ -213,17 +212,24 @@ void Trainer::build_data() {
   }
 }
 
+std::string Trainer::tokenizer_dir() const {
+  const auto& init_from = config_.model.init_from;
+  if (!config_.runtime.tokenizer.empty()) return config_.runtime.tokenizer;
+  return !init_from.empty() && data::has_tokenizer(init_from) ? init_from : "data/gpt2";
+}
+
 void Trainer::load_tokenizer() {
   const auto& r = config_.runtime;
   if (r.sample_tokens == 0) return;
-  tokenizer_ = data::load_gpt2_tokenizer(r.tokenizer);
+  tokenizer_ = data::Tokenizer::from_dir(tokenizer_dir());
+  if (world_->rank() == 0) std::printf("samples use the tokenizer %s\n", tokenizer_->source().c_str());
   // Checked now, not after training: a prompt the model cannot embed.
   sample_prompt_ = tokenizer_->encode(r.sample_prompt);
-  if (sample_prompt_.empty()) sample_prompt_.push_back(data::GPT2Tokenizer::kEndOfText);
+  if (sample_prompt_.empty()) sample_prompt_.push_back(tokenizer_->document_separator());
   for (const int32_t id : sample_prompt_) {
     FSDP_CHECK(id < model_->vocab_size(), "--sample-prompt encodes to token ", id,
-               ", outside the model's vocabulary of ", model_->vocab_size(),
-               " (the GPT-2 tokenizer needs a model with at least 50257 tokens; use another prompt or model)");
+               ", outside the model's vocabulary of ", model_->vocab_size(), " (tokenizer: ", tokenizer_->source(),
+               "; use the model's tokenizer (--tokenizer DIR), another prompt, or another model)");
   }
 }
 
@@ -669,6 +675,15 @@ void Trainer::export_hf() {
     if (!r.export_dtype.empty()) options.dtype = models::hf::parse_export_dtype(r.export_dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(r.export_shard_size, "--export-shard-size");
     models::save_hf_pretrained(*model_, params, r.export_hf, options);
+    // With its tokenizer the directory is complete: `fsdp generate --from`
+    // and Hugging Face's AutoTokenizer find it there.
+    namespace fs = std::filesystem;
+    const fs::path tokenizer = tokenizer_dir();
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+      if (fs::is_regular_file(tokenizer / file) && !fs::equivalent(tokenizer, r.export_hf)) {
+        fs::copy_file(tokenizer / file, fs::path(r.export_hf) / file, fs::copy_options::overwrite_existing);
+      }
+    }
     std::printf("exported Hugging Face weights to %s\n", config_.runtime.export_hf.c_str());
   }
   dist::barrier(world_->group());

@@ -1,41 +1,50 @@
-// GPT-2's tokenizer on arbitrary bytes: encode refuses invalid UTF-8 with
-// fsdp::Error or round-trips the text exactly; decode takes any ids.
+// The byte-level BPE tokenizers on arbitrary bytes: GPT-2's files and, when
+// fetched, Llama 3's tokenizer.json (added tokens, ignore_merges, its split
+// pattern). encode refuses invalid UTF-8 with fsdp::Error or round-trips
+// the text exactly; decode takes any ids.
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/common/error.h"
-#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/data/tokenizer.h"
 
 namespace {
-const fsdp::data::GPT2Tokenizer& tokenizer() {
-  static std::unique_ptr<fsdp::data::GPT2Tokenizer> t = [] {
+const std::vector<std::unique_ptr<fsdp::data::Tokenizer>>& tokenizers() {
+  static const auto all = [] {
+    std::vector<std::unique_ptr<fsdp::data::Tokenizer>> t;
     const char* dir = std::getenv("FSDP_FUZZ_TOKENIZER");
-    return fsdp::data::load_gpt2_tokenizer(dir != nullptr ? dir : FSDP_SOURCE_DIR "/data/gpt2");
+    t.push_back(fsdp::data::Tokenizer::from_dir(dir != nullptr ? dir : FSDP_SOURCE_DIR "/data/gpt2"));
+    if (dir == nullptr && std::filesystem::exists(FSDP_SOURCE_DIR "/data/llama3/tokenizer.json")) {
+      t.push_back(fsdp::data::Tokenizer::from_dir(FSDP_SOURCE_DIR "/data/llama3"));
+    }
+    return t;
   }();
-  return *t;
+  return all;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto& t = tokenizer();
   const std::string text(reinterpret_cast<const char*>(data), size);
-  try {
-    const auto ids = t.encode(text);
-    if (t.decode(ids) != text) std::abort();  // byte-level BPE loses nothing
-  } catch (const fsdp::Error&) {
-  }
   std::vector<int32_t> ids;
   for (size_t i = 0; i + 4 <= size; i += 4) {
     int32_t id;
     __builtin_memcpy(&id, data + i, 4);
     ids.push_back(id);
   }
-  try {
-    (void)t.decode(ids);
-  } catch (const fsdp::Error&) {
+  for (const auto& t : tokenizers()) {
+    try {
+      if (t->decode(t->encode(text)) != text) std::abort();  // byte-level BPE loses nothing
+    } catch (const fsdp::Error&) {
+    }
+    try {
+      (void)t->decode(ids);
+    } catch (const fsdp::Error&) {
+    }
   }
   return 0;
 }

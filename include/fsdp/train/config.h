@@ -68,7 +68,7 @@ struct TrainConfig {
     std::string metrics;        // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
     bool tensorboard = true;    // event files in <out_dir>/tensorboard
     std::string profile_steps;  // "A:B": a Chrome trace per rank over steps A..B
-    std::string tokenizer = "data/gpt2";
+    std::string tokenizer;  // empty: init_from's tokenizer when it has one, else data/gpt2
     int64_t sample_tokens = 0;  // generate this many tokens at the end
     std::string sample_prompt = "\n";
     std::string export_hf;        // write a Hugging Face directory at the end

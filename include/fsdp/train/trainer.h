@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "fsdp/core/grad_scaler.h"
-#include "fsdp/data/gpt2_tokenizer.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
@@ -67,6 +67,7 @@ class Trainer {
   void check_output_paths() const;
   void build_model();
   void build_data();
+  std::string tokenizer_dir() const;  // --tokenizer, else --init-from's, else data/gpt2
   void load_tokenizer();
   void choose_decay_groups();
   void build_mesh();
@@ -106,7 +107,7 @@ class Trainer {
   std::unique_ptr<ShardedGradScaler> scaler_;
   std::unique_ptr<data::DataLoader> train_data_;
   std::unique_ptr<data::DataLoader> val_data_;
-  std::unique_ptr<data::GPT2Tokenizer> tokenizer_;  // for samples
+  std::unique_ptr<data::Tokenizer> tokenizer_;  // for samples
   std::vector<int32_t> sample_prompt_;
   LrSchedule schedule_;
   Cadence log_cadence_, eval_cadence_, save_cadence_;

@@ -1,0 +1,69 @@
+#pragma once
+// Byte-level BPE, the tokenizer of GPT-2, Llama 3 and Qwen: read from a
+// Hugging Face tokenizer.json (vocabulary, merges, the pre-tokenizer's split
+// patterns, added tokens, NFC) or from GPT-2's original encoder.json and
+// vocab.bpe. Pre-tokenisation patterns run on ICU with \s read as Unicode
+// White_Space, as the reference engines (Oniguruma, Python's `regex`) read
+// it. Light header.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fsdp::data {
+
+struct TokenizerTables;  // vocabulary, merges, patterns: shared, read-only
+
+class Tokenizer {
+ public:
+  // DIR/tokenizer.json (with DIR/tokenizer_config.json when present), else
+  // DIR/encoder.json and DIR/vocab.bpe. Throws fsdp::Error naming the file
+  // that is missing or malformed and any component it cannot honour.
+  static std::unique_ptr<Tokenizer> from_dir(const std::string& dir);
+  static std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path,
+                                                        const std::string& config_path = "");
+  // The same from the files' text; `where` names them in messages.
+  static std::unique_ptr<Tokenizer> from_tokenizer_json_text(const std::string& tokenizer_json,
+                                                             const std::string& tokenizer_config_json,
+                                                             const std::string& where);
+  // OpenAI's files: "<|endoftext|>" in the text is ordinary text there, as
+  // in OpenAI's encoder; a tokenizer.json's added tokens are recognised.
+  static std::unique_ptr<Tokenizer> from_gpt2_files(const std::string& encoder_json_path,
+                                                    const std::string& vocab_bpe_path);
+
+  explicit Tokenizer(std::shared_ptr<const TokenizerTables> tables);
+  ~Tokenizer();
+
+  // Valid UTF-8 text to ids, without the post-processor's template tokens
+  // (Hugging Face's add_special_tokens=False): callers place separators.
+  std::vector<int32_t> encode(const std::string& text) const;
+  // Ids to bytes (a sample may end inside a multi-byte character); added
+  // tokens decode to their text, ids with no token (a model's padding
+  // rows) to nothing.
+  std::string decode(const std::vector<int32_t>& ids) const;
+  // One more than the largest id, added tokens included.
+  int32_t vocab_size() const;
+  // The token `fsdp data prepare` puts before every document and an empty
+  // prompt starts from: "<|endoftext|>" when the vocabulary has it (GPT-2,
+  // Qwen), else tokenizer_config.json's bos_token (Llama 3:
+  // <|begin_of_text|>), else its eos_token. Throws when there is none.
+  int32_t document_separator() const;
+  // What was read, for messages: "tokenizer.json in 'DIR'".
+  const std::string& source() const;
+
+  // Shares this tokenizer's tables with a fresh cache, for another thread.
+  std::unique_ptr<Tokenizer> clone() const;
+
+ private:
+  std::vector<int32_t> encode_piece(const std::string& piece) const;
+
+  std::shared_ptr<const TokenizerTables> tables_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+// Whether DIR holds a tokenizer from_dir reads.
+bool has_tokenizer(const std::string& dir);
+
+}  // namespace fsdp::data

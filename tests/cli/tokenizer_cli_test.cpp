@@ -1,0 +1,123 @@
+// Hugging Face tokenizers through the CLI: `fsdp data prepare` and `fsdp
+// data encode` with a tokenizer.json give the reference encoder's ids
+// (@huggingface/tokenizers, run by Node.js) in llm.c's wide token files,
+// each document after the tokenizer's separator; `fsdp generate` and
+// `fsdp train` take the model directory's tokenizer, and --export-hf
+// carries it into the exported directory.
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../unit/reference_encoder.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/models/hf/weights.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/generate.h"
+#include "run_command.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kCli = FSDP_CLI;
+const std::string kData = std::string(FSDP_SOURCE_DIR) + "/data";
+
+const std::vector<std::string> kDocuments = {
+    "The first document: café, 日本語, 12345 and emoji 👋.",
+    "  Second one,\n\nwith  whitespace runs\tand I'M SHOUTING contractions.",
+    "<|im_start|>third<|im_end|> with special tokens <|endoftext|>",
+};
+
+std::vector<int64_t> tokens_of(const std::string& path) {
+  data::TokenFile file(path);
+  std::vector<int64_t> out(static_cast<size_t>(file.size()));
+  file.read(0, file.size(), out.data());
+  return out;
+}
+
+TEST(TokenizerCli, PrepareWithATokenizerJsonWritesTheReferenceIdsAfterEachSeparator) {
+  for (const auto& [name, separator] : std::vector<std::pair<std::string, int64_t>>{{"llama3", 128000},
+                                                                                    {"qwen3", 151643}}) {
+    const auto dir = kData + "/" + name;
+    if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
+    const auto out = make_temp_dir();
+    {
+      std::ofstream jsonl(out + "/docs.jsonl");
+      for (const auto& d : kDocuments) jsonl << nlohmann::json({{"text", d}}).dump() << "\n";
+    }
+    const auto r = run_command(kCli + " data prepare --input " + out + "/docs.jsonl --out-dir " + out +
+                               " --val-fraction 0 --tokenizer " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "documents start with token " + std::to_string(separator))) << r.output;
+    std::vector<int64_t> expected;
+    for (const auto& ids : reference_ids("hf", dir, kDocuments)) {
+      expected.push_back(separator);
+      expected.insert(expected.end(), ids.begin(), ids.end());
+    }
+    EXPECT_EQ(tokens_of(out + "/train.bin"), expected) << name;
+    // llm.c's Llama 3 layout: 256 int32 of header, then uint32 tokens.
+    EXPECT_EQ(fs::file_size(out + "/train.bin"), 1024 + 4 * expected.size()) << name;
+
+    std::ofstream(out + "/one.txt") << kDocuments[0];
+    const auto encoded = run_command(kCli + " data encode --tokenizer " + dir + " < " + out + "/one.txt");
+    ASSERT_EQ(encoded.exit_code, 0) << encoded.output;
+    const auto reference = reference_ids("hf", dir, {kDocuments[0]});
+    ASSERT_EQ(reference.size(), 1u);
+    std::string line;
+    for (const auto id : reference[0]) line += (line.empty() ? "" : ",") + std::to_string(id);
+    EXPECT_TRUE(contains(encoded.output, line + "\n")) << encoded.output << " vs " << line;
+  }
+}
+
+TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarriesIt) {
+  const auto qwen = kData + "/qwen3";
+  if (const auto why = reference_missing("hf", qwen); !why.empty()) GTEST_SKIP() << why;
+  // A one-layer Qwen3 with the real vocabulary (151,936 rows).
+  auto config = models::hf_config(*models::build_preset("qwen3-tiny"));
+  config["vocab_size"] = 151936;
+  config["num_hidden_layers"] = 1;
+  const auto model = models::build_from_hf_config(config, "test");
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
+  const auto dir = make_temp_dir();
+  models::save_hf_pretrained(*model, params, dir + "/model");
+  fs::copy_file(qwen + "/tokenizer.json", dir + "/model/tokenizer.json");
+  fs::copy_file(qwen + "/tokenizer_config.json", dir + "/model/tokenizer_config.json");
+
+  // The prompt's ids come from the reference encoder; the continuation
+  // from the model in this process, greedily.
+  const std::string prompt = "<|im_start|>user\nBonjour, café";
+  const auto reference = reference_ids("hf", qwen, {prompt});
+  ASSERT_EQ(reference.size(), 1u);
+  const auto& prompt_ids = reference[0];
+  train::SampleOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 6;
+  const auto continuation = train::generate(models::load_hf_pretrained(dir + "/model"), prompt_ids, greedy);
+  const auto generated = run_command(kCli + " generate --from " + dir + "/model --prompt '" + prompt +
+                                     "' --temperature 0 --max-new-tokens 6");
+  ASSERT_EQ(generated.exit_code, 0) << generated.output;
+  EXPECT_TRUE(contains(generated.output, "generate: tokenizer '" + dir + "/model/tokenizer.json'")) << generated.output;
+  EXPECT_TRUE(contains(generated.output, prompt + data::Tokenizer::from_dir(qwen)->decode(continuation) + "\n"))
+      << generated.output;
+
+  // Training from the directory samples with its tokenizer and exports it.
+  std::vector<int32_t> corpus;
+  for (int i = 0; i < 400; ++i) corpus.push_back(i * 7919 % 151643);
+  data::write_token_file(dir + "/train.bin", corpus, 151936);
+  const auto trained = run_command(kCli + " train --init-from " + dir + "/model --data " + dir +
+                                   "/train.bin --seq-len 16 --batch-size 2 --steps 1 --sample-tokens 2 --out-dir " +
+                                   dir + "/run --export-hf " + dir + "/export");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_TRUE(contains(trained.output, "samples use the tokenizer '" + dir + "/model/tokenizer.json'"))
+      << trained.output;
+  EXPECT_EQ(read_file(dir + "/export/tokenizer.json"), read_file(qwen + "/tokenizer.json"));
+  EXPECT_EQ(read_file(dir + "/export/tokenizer_config.json"), read_file(qwen + "/tokenizer_config.json"));
+}
+
+}  // namespace
+}  // namespace fsdp::testing

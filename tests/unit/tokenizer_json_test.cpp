@@ -1,0 +1,256 @@
+// Hugging Face tokenizer.json files (Llama 3, Qwen3, GPT-2) read by the
+// byte-level BPE tokenizer, against independent encoders run by Node.js:
+// @huggingface/tokenizers on the same tokenizer.json and, for Llama 3,
+// llama3-tokenizer-js with its own copy of the vocabulary. Small
+// tokenizer.json files written here pin the semantics (ignore_merges,
+// merge spellings, the separator rule) by hand and the refusals by name.
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/error.h"
+#include "fsdp/data/tokenizer.h"
+#include "reference_encoder.h"
+
+namespace fsdp::data {
+namespace {
+
+using nlohmann::json;
+using testing::reference_ids;
+using testing::reference_missing;
+
+const std::string kData = std::string(FSDP_SOURCE_DIR) + "/data";
+
+// Each kind of text the pre-tokenizers treat differently.
+const std::vector<std::string> kVariedTexts = {
+    "Hello world!",
+    "The quick brown fox jumps over the lazy dog.",
+    // contractions, in both cases (Llama 3 and Qwen match them case-insensitively)
+    "I'm sure they'll see we've done it; you'd say it's 'quoted'. I'M SURE THEY'LL, DON'T, We'Ve",
+    // accents, precomposed and combining (Qwen normalises to NFC)
+    "café naïve façade Ünïcödé — cafe\xcc\x81 nai\xcc\x88ve",
+    // CJK, Cyrillic, Greek, Arabic, Hindi
+    "日本語のテキストです。中文文本，한국어 텍스트. русский текст, Ελληνικά, العربية, हिन्दी",
+    // emoji, including joiners and skin tones
+    "emoji 👋🌍🎉 👩‍👩‍👧‍👦 👍🏽 ❤️ and symbols ©®™ → ≠ ∞",
+    // digit runs (Llama 3 cuts them in threes, Qwen in ones)
+    "1 12 123 1234 12345 123456789012 3.14159 1,000,000 2nd 0x1F 007",
+    // whitespace runs, tabs, newlines, CR LF
+    "a  b   c    d\t\te\n\nf\r\n\r\ng     \n   h   ",
+    "    leading and trailing    ",
+    "code:\n    if (x) {\n\treturn y;\n    }\n",
+    // punctuation runs
+    "punctuation!!! ??? ... --- ___ *** $$$ %%% @@@ ### (()) [[]] {{}}",
+    "mixedCASE identifiers_with_underscores camelCaseWords URL https://example.com/a?b=c&d=e",
+    "a",
+    "",
+};
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One address of the demo corpus: a long real document.
+std::string long_document() {
+  const auto path = kData + "/sotu/1861_abraham_lincoln_r.json";
+  return std::filesystem::exists(path) ? json::parse(read(path))["text"].get<std::string>() : "";
+}
+
+void expect_reference(const Tokenizer& tokenizer, const std::string& mode, const std::string& dir,
+                      const std::vector<std::string>& texts) {
+  const auto expected = reference_ids(mode, dir, texts);
+  ASSERT_EQ(expected.size(), texts.size()) << "the reference printed too few lines";
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(tokenizer.encode(texts[i]), expected[i]) << mode << " on '" << texts[i].substr(0, 200) << "'";
+  }
+}
+
+TEST(TokenizerJson, Llama3MatchesBothReferenceEncoders) {
+  const auto dir = kData + "/llama3";
+  for (const auto* mode : {"hf", "llama3-js"}) {
+    if (const auto why = reference_missing(mode, dir); !why.empty()) GTEST_SKIP() << why;
+  }
+  const auto tokenizer = Tokenizer::from_dir(dir);
+  auto texts = kVariedTexts;
+  texts.push_back("<|begin_of_text|>special tokens<|end_of_text|> in text <|eot_id|><|start_header_id|>user");
+  texts.push_back(std::string(3000, 'a'));  // one long piece: merging must not be quadratic
+  texts.push_back(long_document());
+  expect_reference(*tokenizer, "hf", dir, texts);
+  expect_reference(*tokenizer, "llama3-js", dir, texts);
+  for (const auto& t : texts) EXPECT_EQ(tokenizer->decode(tokenizer->encode(t)), t) << "round trip";
+  // The published example (llama3-tokenizer-js's README) and the special ids.
+  EXPECT_EQ(tokenizer->encode("Hello world!"), (std::vector<int32_t>{9906, 1917, 0}));
+  EXPECT_EQ(tokenizer->vocab_size(), 128256);
+  EXPECT_EQ(tokenizer->document_separator(), 128000) << "tokenizer_config.json's bos_token, <|begin_of_text|>";
+  EXPECT_EQ(tokenizer->decode({128000, 9906}), "<|begin_of_text|>Hello");
+}
+
+TEST(TokenizerJson, Qwen3MatchesTheReferenceEncoder) {
+  const auto dir = kData + "/qwen3";
+  if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
+  const auto tokenizer = Tokenizer::from_dir(dir);
+  auto texts = kVariedTexts;
+  texts.push_back("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n</think>ok<|endoftext|>");
+  texts.push_back(long_document());
+  expect_reference(*tokenizer, "hf", dir, texts);
+  // NFC: the combining accent becomes the precomposed character.
+  EXPECT_EQ(tokenizer->encode("cafe\xcc\x81"), tokenizer->encode("caf\xc3\xa9"));
+  EXPECT_EQ(tokenizer->vocab_size(), 151669);
+  EXPECT_EQ(tokenizer->document_separator(), 151643) << "<|endoftext|>";
+}
+
+TEST(TokenizerJson, Gpt2TokenizerJsonMatchesOpenAIsEncoder) {
+  // The same tokenizer as data/gpt2's original files, written as a
+  // tokenizer.json (ByteLevel with use_regex): ids equal to OpenAI's
+  // encoder wherever the text has no <|endoftext|>, which tokenizer.json
+  // makes an added token.
+  const auto dir = kData + "/gpt2-hf";
+  if (const auto why = reference_missing("gpt2-js", kData + "/gpt2"); !why.empty()) GTEST_SKIP() << why;
+  if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
+  const auto tokenizer = Tokenizer::from_dir(dir);
+  auto texts = kVariedTexts;
+  texts.push_back(long_document());
+  expect_reference(*tokenizer, "gpt2-js", kData + "/gpt2", texts);
+  expect_reference(*tokenizer, "hf", dir, {"before<|endoftext|>after", " <|endoftext|><|endoftext|>"});
+  EXPECT_EQ(tokenizer->encode("a<|endoftext|>b"), (std::vector<int32_t>{64, 50256, 65}));
+}
+
+// A byte-level tokenizer.json small enough to reason about by hand: the
+// 256 byte tokens (ids 0..255 in alphabet order), then the merges' tokens.
+json tiny_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges) {
+  json vocab = json::object();
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    const int cp = printable ? b : next++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 = std::string(1, static_cast<char>(cp));
+    } else {
+      utf8 = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    vocab[utf8] = b;
+  }
+  json merge_list = json::array();
+  for (const auto& [a, b] : merges) {
+    if (!vocab.contains(a + b)) vocab[a + b] = static_cast<int>(vocab.size());
+    merge_list.push_back(a + " " + b);
+  }
+  return {{"version", "1.0"},
+          {"added_tokens", json::array({{{"id", 1000}, {"content", "<eos>"}, {"special", true}}})},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}, {"ignore_merges", false}}}};
+}
+
+std::unique_ptr<Tokenizer> from_json(const json& j, const std::string& config = "") {
+  return Tokenizer::from_tokenizer_json_text(j.dump(), config, "'test/tokenizer.json'");
+}
+
+TEST(TokenizerJson, MergesByRankAndIgnoreMergesTakesWholeWords) {
+  // Merges: a b (256), ab c (257); "bc" is in the vocabulary (258) but no
+  // merge makes it. 'a' = 97, 'b' = 98, 'c' = 99.
+  auto j = tiny_tokenizer({{"a", "b"}, {"ab", "c"}});
+  j["model"]["vocab"]["bc"] = 258;
+  EXPECT_EQ(from_json(j)->encode("abc"), (std::vector<int32_t>{257}));
+  EXPECT_EQ(from_json(j)->encode("bc"), (std::vector<int32_t>{98, 99})) << "no merge makes bc";
+  EXPECT_EQ(from_json(j)->encode("aab"), (std::vector<int32_t>{97, 256}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(from_json(j)->encode("bc"), (std::vector<int32_t>{258})) << "the whole word is a token";
+  EXPECT_EQ(from_json(j)->encode("bcb"), (std::vector<int32_t>{98, 99, 98}));
+  // Merges as pairs give the same tokenizer.
+  auto pairs = tiny_tokenizer({{"a", "b"}, {"ab", "c"}});
+  pairs["model"]["merges"] = json::array({json::array({"a", "b"}), json::array({"ab", "c"})});
+  EXPECT_EQ(from_json(pairs)->encode("xabcab"), (std::vector<int32_t>{120, 257, 256}));
+  // Lower rank first, whatever the position: with c d ranked before a b,
+  // "abcd" merges c d first.
+  const auto ranked = from_json(tiny_tokenizer({{"c", "d"}, {"b", "c"}, {"a", "b"}}));
+  EXPECT_EQ(ranked->encode("abcd"), (std::vector<int32_t>{258, 256})) << "ab + cd, never a + bc + d";
+  // ByteLevel's add_prefix_space puts a space before the text.
+  auto prefixed = tiny_tokenizer({});
+  prefixed["pre_tokenizer"]["add_prefix_space"] = true;
+  EXPECT_EQ(from_json(prefixed)->encode("x"), (std::vector<int32_t>{32, 120}));
+  EXPECT_EQ(from_json(prefixed)->encode(" x"), (std::vector<int32_t>{32, 120})) << "one space, not two";
+}
+
+TEST(TokenizerJson, SeparatorIsEndOfTextElseBosElseEos) {
+  auto j = tiny_tokenizer({});
+  EXPECT_THROW(from_json(j)->document_separator(), Error) << "no <|endoftext|>, no config";
+  EXPECT_EQ(from_json(j, R"({"eos_token": "<eos>"})")->document_separator(), 1000);
+  EXPECT_EQ(from_json(j, R"({"bos_token": {"content": "a"}, "eos_token": "<eos>"})")->document_separator(), 97);
+  j["added_tokens"].push_back({{"id", 1001}, {"content", "<|endoftext|>"}});
+  EXPECT_EQ(from_json(j, R"({"bos_token": "a"})")->document_separator(), 1001);
+  try {
+    from_json(tiny_tokenizer({}), R"({"bos_token": "<s>"})");
+    FAIL() << "a bos_token the tokenizer lacks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'<s>'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenizerJson, WhatItCannotHonourIsRefusedByName) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& expected) {
+    auto j = tiny_tokenizer({{"a", "b"}});
+    edit(j);
+    try {
+      from_json(j);
+      ADD_FAILURE() << "accepted; expected a refusal naming " << expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("test/tokenizer.json"), std::string::npos) << e.what();
+    }
+  };
+  refused([](json& j) { j["model"]["type"] = "WordPiece"; }, "model 'WordPiece'");
+  refused([](json& j) { j["model"]["byte_fallback"] = true; }, "\"byte_fallback\"");
+  refused([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "\"continuing_subword_prefix\"");
+  refused([](json& j) { j["model"]["dropout"] = 0.1; }, "\"dropout\"");
+  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer 'Metaspace'");
+  refused([](json& j) { j["pre_tokenizer"] = nullptr; }, "no pre_tokenizer");
+  refused(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Sequence"},
+                              {"pretokenizers", json::array({{{"type", "Split"},
+                                                              {"pattern", {{"Regex", "\\s+"}}},
+                                                              {"behavior", "Removed"}}})}};
+      },
+      "\"behavior\": \"Removed\"");
+  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}}; },
+          "no ByteLevel step");
+  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}; },
+          "'(unclosed' does not compile");
+  refused([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer 'Lowercase'");
+  refused([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder");
+  refused([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "'<eos>' sets \"lstrip\"");
+  refused([](json& j) { j["model"]["merges"].push_back("a zz"); }, "merge 1 ('a' 'zz') needs 'zz'");
+  refused([](json& j) { j["model"]["merges"].push_back(42); }, "merge 42 is neither");
+  refused([](json& j) { j["model"]["vocab"].erase("a"); }, "no token for byte 0x61");
+  refused([](json& j) { j["model"]["vocab"]["zz"] = -3; }, "token 'zz' has id -3");
+  refused([](json& j) { j["model"]["vocab"] = json::array(); }, "no \"vocab\" object");
+  try {
+    Tokenizer::from_tokenizer_json_text("{not json", "", "'bad/tokenizer.json'");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bad/tokenizer.json' is not valid JSON"), std::string::npos) << e.what();
+  }
+  try {
+    Tokenizer::from_dir("/nonexistent");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tokenizer '/nonexistent' holds neither a tokenizer.json"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::data
