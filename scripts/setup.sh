@@ -17,7 +17,7 @@ packages=(
   python3-crc32c          # tests: an independent CRC-32C to check TensorBoard records
   python3-matplotlib      # bench/: charts
   libgtest-dev libgmock-dev
-  clang-16 libfuzzer-16-dev iproute2  # tests: fuzz targets (scripts/fuzz.sh); two-host namespaces
+  clang-16 libfuzzer-16-dev libclang-rt-16-dev iproute2  # tests: fuzz targets (scripts/fuzz.sh: libFuzzer, ASan, UBSan runtimes); two-host namespaces
 )
 
 sudo=()

@@ -171,7 +171,8 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   // Hugging Face does; the text between them is encoded.
   size_t start = 0;
   for (size_t i = 0; i < text.size() && !t.added.empty(); ++i) {
-    for (const auto& a : t.added) {
+    for (const size_t k : t.added_by_first_byte[static_cast<unsigned char>(text[i])]) {
+      const auto& a = t.added[k];
       if (text.compare(i, a.content.size(), a.content) != 0) continue;
       encode_text(start, i);
       ids.push_back(a.id);

@@ -62,7 +62,8 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
     t.byte_token[b] = it->second;
   }
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
+    const std::string& left = merges[rank].first;
+    const std::string& right = merges[rank].second;
     const auto find = [&](const std::string& token) {
       const auto it = t.vocab.find(token);
       FSDP_CHECK(it != t.vocab.end(), t.source, ": merge ", rank, " ('", left, "' '", right, "') needs '", token,
@@ -99,6 +100,9 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
   }
   std::stable_sort(t.added.begin(), t.added.end(),
                    [](const auto& x, const auto& y) { return x.content.size() > y.content.size(); });
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    t.added_by_first_byte[static_cast<unsigned char>(t.added[i].content[0])].push_back(i);
+  }
 
   const auto id_of = [&](const std::string& token) -> int32_t {
     for (const auto& a : t.added) {

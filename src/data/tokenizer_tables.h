@@ -35,6 +35,7 @@ struct TokenizerTables {
   std::array<int32_t, 256> byte_token{};                             // id of each byte's own token
   std::vector<std::string> bytes_of;                                 // id -> the bytes it decodes to
   std::vector<AddedToken> added;                                     // matched in raw text, longest first
+  std::array<std::vector<size_t>, 256> added_by_first_byte;          // indices into `added`, longest first
   std::vector<Step> steps;
   bool nfc = false;            // NFC-normalise text between added tokens
   bool ignore_merges = false;  // a piece spelled as one vocabulary token is that token (Llama 3)
