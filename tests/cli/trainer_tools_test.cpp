@@ -276,7 +276,7 @@ TEST(GenerateErrors, FromAndTemperatureAreNamed) {
   EXPECT_TRUE(contains(missing.output, "--from '/nonexistent/model': no such directory")) << missing.output;
   const auto encode = run_command("echo hi | " + kCli + " data encode --tokenizer /nonexistent");
   EXPECT_EQ(encode.exit_code, 1) << encode.output;
-  EXPECT_TRUE(contains(encode.output, "--tokenizer '/nonexistent' has no encoder.json")) << encode.output;
+  EXPECT_TRUE(contains(encode.output, "--tokenizer '/nonexistent' holds neither a tokenizer.json")) << encode.output;
   const auto cold = run_command(kCli + " generate --from /tmp --temperature -1");
   EXPECT_EQ(cold.exit_code, 2) << cold.output;
   EXPECT_TRUE(contains(cold.output, "--temperature")) << cold.output;
