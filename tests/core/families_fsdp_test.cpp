@@ -42,23 +42,45 @@ NamedTensors named(models::CausalLMImpl& model) {
   return out;
 }
 
-NamedTensors train_reference(const models::LlamaConfig& config, int steps, int world) {
+NamedTensors train_reference(const models::LlamaConfig& config, int steps, int world,
+                             torch::ScalarType compute_dtype = torch::kFloat) {
   torch::manual_seed(kInitSeed);
   models::LlamaForCausalLMImpl model(config);
   torch::optim::AdamW optim(model.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0));
+  // Mixed precision the classic way: the optimizer's fp32 master copied
+  // into a low-precision twin for forward and backward, whose gradients are
+  // widened to fp32.
+  const bool mixed = compute_dtype != torch::kFloat;
+  torch::manual_seed(kInitSeed);
+  models::LlamaForCausalLMImpl twin(config);
+  if (mixed) twin.to(compute_dtype);
+  auto& compute = mixed ? twin : model;
+  const auto master = model.parameters(), low = compute.parameters();
   for (int s = 0; s < steps; ++s) {
     const auto batch = step_batch(s, world);
     optim.zero_grad();
+    if (mixed) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < master.size(); ++i) low[i].copy_(master[i]);
+    }
     for (int r = 0; r < world; ++r) {
       const auto rows = batch.narrow(0, r * kRows, kRows);
-      training_loss(model, model.forward(rows.narrow(1, 0, kSeq)), rows).backward();
+      training_loss(compute, compute.forward(rows.narrow(1, 0, kSeq)), rows).backward();
+      if (!mixed) continue;
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < master.size(); ++i) {
+        if (!low[i].grad().defined()) continue;
+        if (!master[i].grad().defined()) master[i].mutable_grad() = torch::zeros_like(master[i]);
+        master[i].mutable_grad().add_(low[i].grad().to(torch::kFloat));
+        low[i].mutable_grad() = torch::Tensor();
+      }
     }
     // The mean of the ranks' gradients as FSDP takes it on Gloo: summed,
     // then divided (dividing each first rounds differently when W is not a
     // power of two, and AdamW's first steps magnify that on gradients that
     // nearly cancel).
     torch::NoGradGuard no_grad;
-    for (auto& p : model.parameters()) {
+    for (auto& p : master) {
       if (p.grad().defined()) p.grad().div_(world);
     }
     optim.step();
@@ -69,13 +91,18 @@ NamedTensors train_reference(const models::LlamaConfig& config, int steps, int w
 NamedTensors train_sharded(const models::LlamaConfig& config, int steps, std::shared_ptr<models::CausalLMImpl>* out,
                            bool activation_checkpoint = false, models::WrapPolicy wrap = {},
                            std::vector<std::pair<std::string, int64_t>>* units = nullptr,
-                           ShardingStrategy strategy = ShardingStrategy::kFullShard) {
+                           ShardingStrategy strategy = ShardingStrategy::kFullShard,
+                           torch::ScalarType compute_dtype = torch::kFloat) {
   auto& world = test_world();
   torch::manual_seed(kInitSeed);
   auto model = std::make_shared<models::LlamaForCausalLMImpl>(config);
   models::ParallelizeOptions options;
   options.fsdp.mesh = mesh_for(strategy);
   options.fsdp.strategy = strategy;
+  if (compute_dtype != torch::kFloat) {
+    options.fsdp.mixed_precision.param_dtype = compute_dtype;
+    options.fsdp.mixed_precision.reduce_dtype = torch::kFloat;
+  }
   options.activation_checkpoint = activation_checkpoint;
   options.wrap = wrap;
   const auto made = models::parallelize(*model, options);
@@ -120,6 +147,19 @@ TEST(Qwen3MoeFsdp, ShardGradOpAndHybridShardEqualOneProcess) {
     std::string worst;
     EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << to_string(strategy) << ": " << worst;
   }
+}
+
+TEST(Qwen3MoeFsdp, Bf16ComputeEqualsOneProcessReplayingEachRankInBf16) {
+  // bf16 parameters and activations, fp32 reduction and master weights;
+  // the router's softmax and top-k stay fp32 inside the block.
+  const auto config = models::qwen3_preset("qwen3-moe-tiny");
+  const auto sharded = train_sharded(config, 3, nullptr, false, {}, nullptr, ShardingStrategy::kFullShard,
+                                     torch::kBFloat16);
+  const auto reference = train_reference(config, 3, test_world().size(), torch::kBFloat16);
+  std::string worst;
+  EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
+  // Not the fp32 run: bf16 compute changed the trained weights.
+  EXPECT_GT(max_relative_difference(reference, train_reference(config, 3, test_world().size()), &worst), 1e-4);
 }
 
 TEST(TiedLlamaFsdp, TrainsLikeOneProcessAndExportsItsHeadAsTheEmbedding) {
