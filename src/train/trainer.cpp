@@ -1,6 +1,7 @@
 #include "fsdp/train/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <csignal>
@@ -540,23 +541,31 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     const data::Batch batch = train_data_->batch(step, a);
     data_s += seconds_since(t);
     t = Clock::now();
-    torch::Tensor hidden = fsdp::call(model_, batch.inputs);
-    torch::Tensor lm_loss = config_.model.chunk_loss
-                                ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
-                                : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
-    // The MoE load-balancing loss trains the routers; "loss" reports the
-    // language-model loss alone, comparable across models and with val loss.
-    torch::Tensor loss = lm_loss;
-    if (const torch::Tensor aux = model_->auxiliary_loss(); aux.defined()) {
-      loss = loss + aux;
-      aux_sum += aux.item<double>() / static_cast<double>(A);
+    // Named ranges split a profiled step (--profile-steps) by phase.
+    torch::Tensor lm_loss, loss;
+    {
+      RECORD_USER_SCOPE("train::forward");
+      torch::Tensor hidden = fsdp::call(model_, batch.inputs);
+      lm_loss = config_.model.chunk_loss ? nn::chunked_lm_loss(hidden, model_->output_weight(), batch.targets)
+                                         : nn::lm_loss(hidden, model_->output_weight(), batch.targets);
+      // The MoE load-balancing loss trains the routers; "loss" reports the
+      // language-model loss alone, comparable across models and with val loss.
+      loss = lm_loss;
+      if (const torch::Tensor aux = model_->auxiliary_loss(); aux.defined()) {
+        loss = loss + aux;
+        aux_sum += aux.item<double>() / static_cast<double>(A);
+      }
+      loss = loss / static_cast<double>(A);
     }
-    loss = loss / static_cast<double>(A);
-    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    {
+      RECORD_USER_SCOPE("train::backward");
+      (scaler_ ? scaler_->scale(loss) : loss).backward();
+    }
     loss_sum += lm_loss.item<double>() / static_cast<double>(A);
     forward_backward_s += seconds_since(t);
   }
   const auto optimizer_start = Clock::now();
+  RECORD_USER_SCOPE("train::optimizer");
   if (scaler_) scaler_->unscale_(*optimizer_);
   const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
   const double loss = mean_over_ranks(world_->group(), loss_sum);

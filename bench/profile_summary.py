@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Per-operator self time of a profiled step, by kind of work and phase.
+
+Reads the Chrome trace `fsdp train --profile-steps A:B` writes
+(traces/rank<N>.json, LibTorch's profiler) and prints two Markdown tables:
+self time by category (matmuls, element-wise, softmax and loss, layer norm,
+allocation and copies, framework overhead) split by the trainer's phases
+(the train::forward / train::backward / train::optimizer ranges), and the
+operators with the most self time. Self time is an event's duration less
+its children's on the same thread, so nothing is counted twice.
+
+    python3 bench/profile_summary.py out/RUN/traces/rank0.json [--steps N] [--top K]
+"""
+
+import argparse
+import collections
+import json
+
+PHASES = ("train::forward", "train::backward", "train::optimizer")
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot",
+           "aten::mkldnn_matmul", "aten::_mkldnn_matmul"}
+ALLOCATION = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_", "aten::copy_",
+              "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::zeros", "aten::zeros_like",
+              "aten::zero_", "aten::fill_", "aten::set_", "aten::detach", "aten::detach_", "aten::cat"}
+CATEGORIES = ("matmul", "element-wise", "softmax and loss", "layer norm", "allocation and copies",
+              "framework (autograd, dispatch, FSDP ranges)")
+
+
+def category(name):
+    if name in MATMULS:
+        return "matmul"
+    if "softmax" in name or "nll_loss" in name or "cross_entropy" in name:
+        return "softmax and loss"
+    if "layer_norm" in name:
+        return "layer norm"
+    if name in ALLOCATION:
+        return "allocation and copies"
+    if name.startswith("aten::"):
+        return "element-wise"
+    return "framework (autograd, dispatch, FSDP ranges)"
+
+
+def self_times(events):
+    """(name, self microseconds, enclosing phase) for every event."""
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X":
+            by_thread[e.get("tid")].append(e)
+    out = []
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, children's time]
+        def close(item):
+            event, children = item
+            phases = [s[0]["name"] for s in stack if s[0]["name"] in PHASES]
+            out.append((event["name"], event["dur"] - children, phases[-1] if phases else "other"))
+        for e in thread:
+            while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:
+                close(stack.pop())
+            if stack:
+                stack[-1][1] += e["dur"]
+            stack.append([e, 0.0])
+        while stack:
+            close(stack.pop())
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=1, help="steps the trace covers (times are per step)")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    with open(args.trace) as f:
+        times = self_times(json.load(f))
+    columns = ("train::forward", "train::backward", "train::optimizer", "other")
+    table = collections.defaultdict(float)
+    per_op = collections.Counter()
+    for name, self_us, phase in times:
+        table[(category(name), phase)] += self_us
+        per_op[name] += self_us
+    total = sum(table.values())
+    ms = lambda us: us / 1000.0 / args.steps
+    print("| self time per step | forward ms | backward ms | optimizer ms | other ms | total ms | share |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in CATEGORIES:
+        row = [table[(c, p)] for p in columns]
+        print(f"| {c} | " + " | ".join(f"{ms(v):.0f}" for v in row) + f" | {ms(sum(row)):.0f} | {100 * sum(row) / total:.1f}% |")
+    phase_totals = [sum(table[(c, p)] for c in CATEGORIES) for p in columns]
+    print("| all | " + " | ".join(f"{ms(v):.0f}" for v in phase_totals) + f" | {ms(total):.0f} | 100% |")
+    print()
+    print("| operator | self ms per step | share |")
+    print("| --- | --- | --- |")
+    for name, us in per_op.most_common(args.top):
+        print(f"| `{name}` | {ms(us):.1f} | {100 * us / total:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
