@@ -78,8 +78,8 @@ std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& pi
     const int32_t r = next[static_cast<size_t>(pos)];
     if (r < 0) return;
     const int32_t l_id = id[static_cast<size_t>(pos)], r_id = id[static_cast<size_t>(r)];
-    const auto it = t.merges.find(static_cast<uint64_t>(static_cast<uint32_t>(l_id)) << 32 |
-                                  static_cast<uint32_t>(r_id));
+    const auto it =
+        t.merges.find(static_cast<uint64_t>(static_cast<uint32_t>(l_id)) << 32 | static_cast<uint32_t>(r_id));
     if (it != t.merges.end()) heap.push({it->second.first, pos, l_id, r_id});
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);

@@ -20,8 +20,8 @@ using nlohmann::json;
 const char* const kSupported = "fsdp reads byte-level BPE tokenizers, as GPT-2, Llama 3 and Qwen write them";
 
 std::string type_of(const json& component, const std::string& where, const char* what) {
-  FSDP_CHECK(component.is_object() && component.contains("type") && component["type"].is_string(), where, ": ",
-             what, " has no \"type\"");
+  FSDP_CHECK(component.is_object() && component.contains("type") && component["type"].is_string(), where, ": ", what,
+             " has no \"type\"");
   return component["type"].get<std::string>();
 }
 
@@ -78,8 +78,8 @@ bool read_pre_tokenizer(const json& p, TokenizerTables& t, const std::string& wh
     const bool regex = pattern.contains("Regex") && pattern["Regex"].is_string();
     FSDP_CHECK(regex || (pattern.contains("String") && pattern["String"].is_string()), where,
                ": Split pre_tokenizer has no \"pattern\" {\"Regex\": ...} or {\"String\": ...}");
-    t.steps.push_back({Kind::kSplit, compile_split_pattern(pattern[regex ? "Regex" : "String"].get<std::string>(),
-                                                           !regex, where)});
+    t.steps.push_back(
+        {Kind::kSplit, compile_split_pattern(pattern[regex ? "Regex" : "String"].get<std::string>(), !regex, where)});
     return false;
   }
   throw Error(where + ": pre_tokenizer '" + type + "' is not supported (" + kSupported + ")");
@@ -113,8 +113,8 @@ json parse(const std::string& text, const std::string& what) {
 }
 
 int32_t token_id(const json& id, const std::string& where, const std::string& token) {
-  FSDP_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24), where,
-             ": token '", token, "' has id ", id.dump(), "; expected an integer in 0..", (1 << 24) - 1);
+  FSDP_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24), where, ": token '",
+             token, "' has id ", id.dump(), "; expected an integer in 0..", (1 << 24) - 1);
   return id.get<int32_t>();
 }
 
@@ -145,8 +145,8 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
     }
     const auto s = m.is_string() ? m.get<std::string>() : std::string();
     const auto space = s.find(' ');
-    FSDP_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos, where, ": merge ",
-               m.dump(), " is neither \"a b\" nor [\"a\", \"b\"]");
+    FSDP_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos, where, ": merge ", m.dump(),
+               " is neither \"a b\" nor [\"a\", \"b\"]");
     merges.emplace_back(s.substr(0, space), s.substr(space + 1));
   }
 
@@ -180,10 +180,11 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
 }  // namespace
 
 std::unique_ptr<Tokenizer> Tokenizer::from_tokenizer_json_text(const std::string& tokenizer_json,
-                                                                const std::string& tokenizer_config_json,
-                                                                const std::string& where) {
+                                                               const std::string& tokenizer_config_json,
+                                                               const std::string& where) {
   const json j = parse(tokenizer_json, where);
-  const json config = tokenizer_config_json.empty() ? json() : parse(tokenizer_config_json, where + "'s tokenizer_config.json");
+  const json config =
+      tokenizer_config_json.empty() ? json() : parse(tokenizer_config_json, where + "'s tokenizer_config.json");
   try {
     return std::make_unique<Tokenizer>(read_tables(j, config, where));
   } catch (const json::exception& e) {

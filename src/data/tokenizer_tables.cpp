@@ -4,16 +4,15 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <unicode/unistr.h>
+#include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
 #include "fsdp/data/tokenizer.h"
 
 namespace fsdp::data {
 
-const char* const kGpt2SplitPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kGpt2SplitPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 const std::array<std::string, 256>& byte_level_alphabet() {
   static const std::array<std::string, 256> alphabet = [] {
@@ -47,8 +46,8 @@ std::shared_ptr<const icu::RegexPattern> compile_split_pattern(const std::string
   UParseError parse_error{};
   std::shared_ptr<const icu::RegexPattern> compiled(icu::RegexPattern::compile(
       icu::UnicodeString::fromUTF8(translated), literal ? UREGEX_LITERAL : 0, parse_error, status));
-  FSDP_CHECK(U_SUCCESS(status), where, ": the split pattern '", pattern, "' does not compile (",
-             u_errorName(status), " at offset ", parse_error.offset, ")");
+  FSDP_CHECK(U_SUCCESS(status), where, ": the split pattern '", pattern, "' does not compile (", u_errorName(status),
+             " at offset ", parse_error.offset, ")");
   return compiled;
 }
 
@@ -57,8 +56,8 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
   const auto& alphabet = byte_level_alphabet();
   for (size_t b = 0; b < 256; ++b) {
     const auto it = t.vocab.find(alphabet[b]);
-    FSDP_CHECK(it != t.vocab.end(), t.source, ": the vocabulary has no token for byte 0x", std::hex, b, std::dec,
-               " ('", alphabet[b], "'); expected a byte-level BPE vocabulary (GPT-2, Llama 3, Qwen)");
+    FSDP_CHECK(it != t.vocab.end(), t.source, ": the vocabulary has no token for byte 0x", std::hex, b, std::dec, " ('",
+               alphabet[b], "'); expected a byte-level BPE vocabulary (GPT-2, Llama 3, Qwen)");
     t.byte_token[b] = it->second;
   }
   for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -157,8 +156,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gpt2_files(const std::string& encoder
     merges.emplace_back(line.substr(0, space), line.substr(space + 1));
   }
   FSDP_CHECK(!merges.empty(), "'", vocab_bpe_path, "' holds no merges");
-  t->steps.push_back({TokenizerTables::Step::Kind::kSplit,
-                      compile_split_pattern(kGpt2SplitPattern, false, "GPT-2 tokenizer")});
+  t->steps.push_back(
+      {TokenizerTables::Step::Kind::kSplit, compile_split_pattern(kGpt2SplitPattern, false, "GPT-2 tokenizer")});
   finish_tables(*t, merges, "", "");
   return std::make_unique<Tokenizer>(std::move(t));
 }

@@ -40,8 +40,8 @@ std::vector<int64_t> tokens_of(const std::string& path) {
 }
 
 TEST(TokenizerCli, PrepareWithATokenizerJsonWritesTheReferenceIdsAfterEachSeparator) {
-  for (const auto& [name, separator] : std::vector<std::pair<std::string, int64_t>>{{"llama3", 128000},
-                                                                                    {"qwen3", 151643}}) {
+  for (const auto& [name, separator] :
+       std::vector<std::pair<std::string, int64_t>>{{"llama3", 128000}, {"qwen3", 151643}}) {
     const auto dir = kData + "/" + name;
     if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
     const auto out = make_temp_dir();

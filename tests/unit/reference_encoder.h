@@ -24,10 +24,11 @@ inline const std::string kReferenceTokenizers = std::string(FSDP_SOURCE_DIR) + "
 inline std::string reference_missing(const std::string& mode, const std::string& dir) {
   namespace fs = std::filesystem;
   if (std::system("node --version > /dev/null 2>&1") != 0) return "needs Node.js";
-  const bool have = mode == "gpt2-js"     ? fs::exists(dir + "/Encoder.js")
-                    : mode == "llama3-js" ? fs::exists(kReferenceTokenizers + "/llama3-tokenizer-js/package.json")
-                                          : fs::exists(dir + "/tokenizer.json") &&
-                                                fs::exists(kReferenceTokenizers + "/@huggingface/tokenizers/package.json");
+  const bool have = mode == "gpt2-js" ? fs::exists(dir + "/Encoder.js")
+                    : mode == "llama3-js"
+                        ? fs::exists(kReferenceTokenizers + "/llama3-tokenizer-js/package.json")
+                        : fs::exists(dir + "/tokenizer.json") &&
+                              fs::exists(kReferenceTokenizers + "/@huggingface/tokenizers/package.json");
   return have ? "" : "needs " + dir + " and data/reference-tokenizers (scripts/fetch_data.sh)";
 }
 

@@ -6,8 +6,8 @@
 // merge spellings, the separator rule) by hand and the refusals by name.
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -218,16 +218,22 @@ TEST(TokenizerJson, WhatItCannotHonourIsRefusedByName) {
   refused([](json& j) { j["pre_tokenizer"] = nullptr; }, "no pre_tokenizer");
   refused(
       [](json& j) {
-        j["pre_tokenizer"] = {{"type", "Sequence"},
-                              {"pretokenizers", json::array({{{"type", "Split"},
-                                                              {"pattern", {{"Regex", "\\s+"}}},
-                                                              {"behavior", "Removed"}}})}};
+        j["pre_tokenizer"] = {
+            {"type", "Sequence"},
+            {"pretokenizers",
+             json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}}})}};
       },
       "\"behavior\": \"Removed\"");
-  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}}; },
-          "no ByteLevel step");
-  refused([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}; },
-          "'(unclosed' does not compile");
+  refused(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}};
+      },
+      "no ByteLevel step");
+  refused(
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}};
+      },
+      "'(unclosed' does not compile");
   refused([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer 'Lowercase'");
   refused([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder");
   refused([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "'<eos>' sets \"lstrip\"");

@@ -22,8 +22,7 @@ class Tokenizer {
   // DIR/encoder.json and DIR/vocab.bpe. Throws fsdp::Error naming the file
   // that is missing or malformed and any component it cannot honour.
   static std::unique_ptr<Tokenizer> from_dir(const std::string& dir);
-  static std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path,
-                                                        const std::string& config_path = "");
+  static std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path, const std::string& config_path = "");
   // The same from the files' text; `where` names them in messages.
   static std::unique_ptr<Tokenizer> from_tokenizer_json_text(const std::string& tokenizer_json,
                                                              const std::string& tokenizer_config_json,
