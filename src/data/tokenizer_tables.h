@@ -31,7 +31,7 @@ struct TokenizerTables {
 
   std::string source;                                                // for messages
   std::unordered_map<std::string, int32_t> vocab;                    // byte-level spelling -> id
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // (left << 32 | right) -> (rank, merged)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // merge_key -> (rank, merged)
   std::array<int32_t, 256> byte_token{};                             // id of each byte's own token
   std::vector<std::string> bytes_of;                                 // id -> the bytes it decodes to
   std::vector<AddedToken> added;                                     // matched in raw text, longest first
@@ -41,6 +41,14 @@ struct TokenizerTables {
   bool ignore_merges = false;  // a piece spelled as one vocabulary token is that token (Llama 3)
   int32_t separator = -1;      // see Tokenizer::document_separator
 };
+
+// The key of the merge of tokens `left` and `right` in TokenizerTables::merges.
+inline uint64_t merge_key(int32_t left, int32_t right) {
+  return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
+}
+
+// A tokenizer file's text; throws naming the path (and `hint`, where to get it).
+std::string read_tokenizer_file(const std::string& path, const std::string& hint = "");
 
 // GPT-2's split pattern (also what a ByteLevel pre-tokenizer with
 // use_regex applies).
