@@ -30,6 +30,8 @@ void check_utf8(const std::string& text) {
   }
 }
 
+constexpr int32_t kSplitMatchTimeLimit = 1000;
+
 // Splits every piece at the pattern's matches, keeping matches and the text
 // between them as pieces.
 std::vector<std::string> split(const std::vector<std::string>& pieces, const icu::RegexPattern& pattern) {
@@ -39,18 +41,34 @@ std::vector<std::string> split(const std::vector<std::string>& pieces, const icu
     const icu::UnicodeString text = icu::UnicodeString::fromUTF8(piece);
     std::unique_ptr<icu::RegexMatcher> matcher(pattern.matcher(text, status));
     FSDP_CHECK(U_SUCCESS(status), "tokenizer: ICU matcher failed: ", u_errorName(status));
-    int32_t last = 0;
-    const auto emit = [&](int32_t from, int32_t to) {
-      if (from >= to) return;
+    // A real split pattern finds each match in microseconds; one from a
+    // hostile tokenizer.json can backtrack for hours. ICU's unit is about
+    // a millisecond of matching and counts from the matcher's last reset,
+    // so each search below starts with find(from), which resets it: the
+    // limit is per match, not per document.
+    matcher->setTimeLimit(kSplitMatchTimeLimit, status);
+    int32_t last = 0, from = 0;
+    const auto emit = [&](int32_t begin, int32_t stop) {
+      if (begin >= stop) return;
       out.emplace_back();
-      text.tempSubStringBetween(from, to).toUTF8String(out.back());
+      text.tempSubStringBetween(begin, stop).toUTF8String(out.back());
     };
-    while (matcher->find(status) && U_SUCCESS(status)) {
+    while (U_SUCCESS(status) && matcher->find(from, status) && U_SUCCESS(status)) {
       const int32_t start = matcher->start(status), end = matcher->end(status);
       emit(last, start);
       emit(start, end);
       last = end;
+      if (end > start) {
+        from = end;
+      } else if (end < text.length()) {
+        from = text.moveIndex32(end, 1);  // past an empty match, as find() would
+      } else {
+        break;
+      }
     }
+    FSDP_CHECK(status != U_REGEX_TIME_OUT && status != U_REGEX_STACK_OVERFLOW,
+               "tokenizer: the split pattern gave up on a piece of ", piece.size(), " bytes (", u_errorName(status),
+               "); the pattern backtracks without bound, fix the tokenizer.json's pre_tokenizer");
     FSDP_CHECK(U_SUCCESS(status), "tokenizer: ICU matching failed: ", u_errorName(status));
     emit(last, text.length());
   }

@@ -258,5 +258,29 @@ TEST(TokenizerJson, WhatItCannotHonourIsRefusedByName) {
   }
 }
 
+TEST(TokenizerJson, ASplitPatternThatBacktracksWithoutBoundIsStoppedWithAnError) {
+  auto j = tiny_tokenizer({});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  const auto t = from_json(j);
+  EXPECT_EQ(t->encode("aaaa"), (std::vector<int32_t>{97, 97, 97, 97})) << "the pattern works on short text";
+  // 2^60 ways to split the a's, none followed by the end: tried one by one,
+  // this would not finish.
+  const std::string hostile = std::string(120, 'a') + "b";
+  try {
+    (void)t->encode(hostile);
+    FAIL() << "a catastrophic pattern finished";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backtracks without bound"), std::string::npos) << e.what();
+  }
+  // The limit is per match: a long document of many quick matches passes.
+  std::string document;
+  for (int i = 0; i < 1'000'000; ++i) document += " a";
+  EXPECT_EQ(from_json(tiny_tokenizer({}))->encode(document).size(), document.size()) << "one token per byte";
+}
+
 }  // namespace
 }  // namespace fsdp::data
