@@ -1,18 +1,44 @@
 #include "fsdp/core/grad_norm.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 
 #include "fsdp/core/fsdp_state.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
+#include "kernels/kernels.h"
 
 namespace fsdp {
+namespace {
+
+// The squared L2 norm in double without a double copy of the gradient: in
+// fixed-size pieces, summed in order, so the result does not depend on the
+// number of threads.
+double sum_of_squares(const at::Tensor& g) {
+  if (g.scalar_type() != at::kFloat || !g.is_cpu() || !g.is_contiguous()) {
+    return g.to(at::kDouble).pow(2).sum().item<double>();
+  }
+  constexpr int64_t kPiece = 1 << 16;
+  const float* x = g.data_ptr<float>();
+  const int64_t n = g.numel(), pieces = (n + kPiece - 1) / kPiece;
+  std::vector<double> partial(static_cast<size_t>(pieces));
+  at::parallel_for(0, pieces, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      partial[static_cast<size_t>(i)] = kernels::sum_of_squares(x + i * kPiece, std::min(kPiece, n - i * kPiece));
+    }
+  });
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace
 
 double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
   // Sharded gradients add up across their unit's shard group; replicated
@@ -41,7 +67,7 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    at::Tensor sq = g.to(at::kDouble).pow(2).sum().reshape({1});
+    at::Tensor sq = at::full({1}, sum_of_squares(g), at::kDouble);
     const auto it = group_of_param.find(p.unsafeGetTensorImpl());
     (it != group_of_param.end() ? sharded_sq[it->second] : replicated_sq).add_(sq);
   }

@@ -1,66 +1,155 @@
 #include "fsdp/nn/lm_loss.h"
 
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include "fsdp/common/error.h"
+#include "kernels/kernels.h"
 
 namespace fsdp::nn {
 namespace {
 
-// N = rows (B*T), C = channels, V = vocabulary
-struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
-                               const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk) {
-    ctx->save_for_backward({hidden, weight, targets});
-    ctx->saved_data["chunk"] = chunk;
-    const int64_t N = hidden.size(0);
-    at::Tensor total = torch::zeros({}, torch::kDouble);
-    for (int64_t start = 0; start < N; start += chunk) {
-      const int64_t n = std::min(chunk, N - start);
-      auto logits = hidden.narrow(0, start, n).matmul(weight.t()).to(torch::kFloat);  // (n, V)
-      total += torch::nn::functional::cross_entropy(
-                   logits, targets.narrow(0, start, n),
-                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                   .to(torch::kDouble);
+// PyTorch's cross_entropy default: rows with this target add nothing.
+constexpr int64_t kIgnoreIndex = -100;
+
+int64_t counted_rows(const at::Tensor& targets, int64_t vocab) {
+  const auto* t = targets.data_ptr<int64_t>();
+  int64_t valid = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) {
+    if (t[i] == kIgnoreIndex) continue;
+    FSDP_CHECK(t[i] >= 0 && t[i] < vocab, "lm_loss: target ", t[i], " at row ", i, " is outside the vocabulary [0, ",
+               vocab, ")");
+    ++valid;
+  }
+  return valid;
+}
+
+// Turns fp32 logits (n, V), in place, into the gradient of
+// sum(row losses) * grad_scale and returns the sum of the row losses: one
+// read and one write of the logits (kernels::softmax_cross_entropy_row),
+// where log_softmax, nll_loss and their backwards make five passes.
+double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float grad_scale) {
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  float* rows = logits.data_ptr<float>();
+  const auto* t = targets.data_ptr<int64_t>();
+  std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* row = rows + i * vocab;
+      if (t[i] == kIgnoreIndex) {
+        std::fill(row, row + vocab, 0.0f);
+        continue;
+      }
+      row_loss[static_cast<size_t>(i)] = kernels::softmax_cross_entropy_row(row, vocab, t[i], grad_scale);
     }
-    return (total / N).to(torch::kFloat);
+  });
+  double total = 0;
+  for (double l : row_loss) total += l;  // in row order: the same for any thread count
+  return total;
+}
+
+// Logits in fp32, contiguous, whatever the matmul's dtype.
+at::Tensor float_logits(const at::Tensor& hidden, const at::Tensor& weight) {
+  return hidden.mm(weight.t()).to(at::kFloat).contiguous();
+}
+
+// grad_logits (n, V) in fp32 to the gradient of the hidden rows (written
+// into grad_hidden) and of the weight (returned, in the matmul's dtype),
+// both times `scale`.
+at::Tensor head_backward(const at::Tensor& grad_logits, const at::Tensor& hidden, const at::Tensor& weight,
+                         double scale, at::Tensor grad_hidden) {
+  const auto g = grad_logits.to(hidden.scalar_type());
+  grad_hidden.copy_(g.mm(weight));
+  auto grad_weight = g.t().mm(hidden);
+  if (scale != 1.0) {
+    grad_hidden.mul_(scale);
+    grad_weight.mul_(scale);
+  }
+  return grad_weight;
+}
+
+// The head's matmul and the mean cross-entropy together: forward leaves
+// the loss's gradient with respect to the logits where the logits were,
+// so backward is two matmuls.
+struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& targets) {
+    const int64_t valid = counted_rows(targets, weight.size(0));
+    auto logits = float_logits(hidden, weight);
+    const double total = loss_and_gradient_(logits, targets, 1.0f / static_cast<float>(valid));
+    ctx->save_for_backward({hidden, weight, logits});
+    return torch::full({}, total / static_cast<double>(valid), hidden.options().dtype(torch::kFloat));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto& hidden = saved[0];
-    const auto& weight = saved[1];
-    const auto& targets = saved[2];
+    auto grad_hidden = torch::empty_like(saved[0]);
+    auto grad_weight = head_backward(saved[2], saved[0], saved[1], grad_outputs[0].item<double>(), grad_hidden);
+    return {grad_hidden, grad_weight, torch::Tensor()};
+  }
+};
+
+// The same, a chunk of rows at a time, never holding all (N, V) logits:
+// backward recomputes each chunk's logits.
+struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& targets, int64_t chunk) {
+    const int64_t valid = counted_rows(targets, weight.size(0));
+    ctx->save_for_backward({hidden, weight, targets});
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["valid"] = valid;
+    double total = 0;
+    for (int64_t start = 0; start < hidden.size(0); start += chunk) {
+      const int64_t n = std::min(chunk, hidden.size(0) - start);
+      auto logits = float_logits(hidden.narrow(0, start, n), weight);
+      total += loss_and_gradient_(logits, targets.narrow(0, start, n), 1.0f);
+    }
+    return torch::full({}, total / static_cast<double>(valid), hidden.options().dtype(torch::kFloat));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &hidden = saved[0], &weight = saved[1], &targets = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const int64_t N = hidden.size(0);
-    const auto scale = grad_outputs[0].to(torch::kFloat) / N;
+    const auto valid = static_cast<float>(ctx->saved_data["valid"].toInt());
+    const double scale = grad_outputs[0].item<double>();
     auto grad_hidden = torch::empty_like(hidden);
-    auto grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat));
-    for (int64_t start = 0; start < N; start += chunk) {
-      const int64_t n = std::min(chunk, N - start);
-      auto h = hidden.narrow(0, start, n);
-      // d(loss)/d(logits) = softmax - one_hot(target), times the mean's 1/N.
-      auto g = h.matmul(weight.t()).to(torch::kFloat).softmax(-1);
-      g.scatter_add_(1, targets.narrow(0, start, n).unsqueeze(1), torch::full({n, 1}, -1.0f));
-      g.mul_(scale);
-      grad_hidden.narrow(0, start, n).copy_(g.to(hidden.scalar_type()).matmul(weight));
-      grad_weight.add_(g.t().matmul(h.to(torch::kFloat)));
+    auto grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(torch::kFloat));  // summed in fp32
+    for (int64_t start = 0; start < hidden.size(0); start += chunk) {
+      const int64_t n = std::min(chunk, hidden.size(0) - start);
+      const auto h = hidden.narrow(0, start, n);
+      auto g = float_logits(h, weight);
+      loss_and_gradient_(g, targets.narrow(0, start, n), 1.0f / valid);
+      grad_weight.add_(head_backward(g, h, weight, scale, grad_hidden.narrow(0, start, n)));
     }
     return {grad_hidden, grad_weight.to(weight.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };
 
+bool fusable(const torch::Tensor& hidden, const torch::Tensor& weight) {
+  return hidden.device().is_cpu() && weight.device().is_cpu();
+}
+
 }  // namespace
 
 torch::Tensor lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets) {
   auto h = hidden.reshape({-1, hidden.size(-1)});
-  auto logits = h.matmul(weight.t()).to(torch::kFloat);
-  return torch::nn::functional::cross_entropy(logits, targets.reshape({-1}));
+  auto t = targets.reshape({-1}).to(torch::kLong).contiguous();
+  if (!fusable(h, weight)) {
+    return torch::nn::functional::cross_entropy(h.matmul(weight.t()).to(torch::kFloat), t);
+  }
+  return LinearCrossEntropy::apply(h, weight, t);
 }
 
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
                               int64_t chunk_rows) {
-  TORCH_CHECK(chunk_rows > 0, "chunk_rows must be positive");
-  return ChunkedCrossEntropy::apply(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape({-1}), chunk_rows);
+  FSDP_CHECK(chunk_rows > 0, "chunked_lm_loss: chunk_rows must be positive, got ", chunk_rows);
+  auto h = hidden.reshape({-1, hidden.size(-1)});
+  auto t = targets.reshape({-1}).to(torch::kLong).contiguous();
+  if (!fusable(h, weight)) return lm_loss(h, weight, t);
+  return ChunkedCrossEntropy::apply(h, weight, t, chunk_rows);
 }
 
 }  // namespace fsdp::nn

@@ -20,6 +20,7 @@
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
+#include "fsdp/optim/fused_adamw.h"
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/train/generate.h"
 
@@ -282,7 +283,7 @@ void Trainer::build_optimizer() {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay_, options(o.weight_decay));
   groups.emplace_back(no_decay_, options(0.0));
-  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
+  optimizer_ = std::make_unique<optim::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
 }
 
 void Trainer::build_scaler() {

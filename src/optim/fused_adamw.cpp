@@ -1,0 +1,107 @@
+#include "fsdp/optim/fused_adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "kernels/kernels.h"
+
+namespace fsdp::optim {
+namespace {
+
+// Elements one thread takes at a time: large enough that splitting costs
+// nothing, small enough that two threads share even a small model.
+constexpr int64_t kGrain = 1 << 15;
+
+std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+bool fusable_tensor(const at::Tensor& t, const at::Tensor& like) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
+         t.is_contiguous() && t.numel() == like.numel();
+}
+
+}  // namespace
+
+bool FusedAdamW::fusable() const {
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!fusable_tensor(p, p) || !fusable_tensor(p.grad(), p)) return false;
+      const auto it = state().find(state_key(p));
+      if (it == state().end()) continue;
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      if (!fusable_tensor(s.exp_avg(), p) || !fusable_tensor(s.exp_avg_sq(), p)) return false;
+    }
+  }
+  return true;
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  last_step_fused_ = fusable();
+  if (!last_step_fused_) {
+    torch::optim::AdamW::step();
+    return loss;
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<kernels::AdamWSegment> segments;
+  std::vector<int64_t> starts;  // each segment's first element in the virtual concatenation
+  int64_t total = 0;
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      auto& slot = state()[state_key(p)];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      s.step(s.step() + 1);
+      // As torch::optim::AdamW: corrections and step size in double, then
+      // each rounded to float where its tensor op would round it.
+      const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
+      const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
+      kernels::AdamWSegment seg;
+      seg.param = p.data_ptr<float>();
+      seg.grad = p.grad().data_ptr<float>();
+      seg.exp_avg = s.exp_avg().data_ptr<float>();
+      seg.exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
+      seg.numel = p.numel();
+      seg.decay = static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1.0);
+      seg.beta1 = static_cast<float>(beta1);
+      seg.one_minus_beta1 = static_cast<float>(1 - beta1);
+      seg.beta2 = static_cast<float>(beta2);
+      seg.one_minus_beta2 = static_cast<float>(1 - beta2);
+      seg.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+      seg.eps = static_cast<float>(o.eps());
+      seg.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
+      segments.push_back(seg);
+      starts.push_back(total);
+      total += seg.numel;
+    }
+  }
+  // One parallel pass over all segments as if they were one flat buffer:
+  // a thread's range may start inside one parameter and end in another.
+  at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
+    auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1);
+    for (; begin < end; ++i) {
+      const int64_t stop = std::min(end, starts[i] + segments[i].numel);
+      kernels::adamw_update(segments[i], begin - starts[i], stop - starts[i]);
+      begin = stop;
+    }
+  });
+  return loss;
+}
+
+}  // namespace fsdp::optim
