@@ -4,7 +4,8 @@
 Reads the Chrome trace `fsdp train --profile-steps A:B` writes
 (traces/rank<N>.json, LibTorch's profiler) and prints two Markdown tables:
 self time by category (matmuls, element-wise, softmax and loss, layer norm,
-allocation and copies, framework overhead) split by the trainer's phases
+the optimizer's update, allocation and copies, framework overhead) split by
+the trainer's phases
 (the train::forward / train::backward / train::optimizer ranges), and the
 operators with the most self time. Self time is an event's duration less
 its children's on the same thread, so nothing is counted twice.
@@ -22,8 +23,8 @@ MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv
 ALLOCATION = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_", "aten::copy_",
               "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::zeros", "aten::zeros_like",
               "aten::zero_", "aten::fill_", "aten::set_", "aten::detach", "aten::detach_", "aten::cat"}
-CATEGORIES = ("matmul", "element-wise", "softmax and loss", "layer norm", "allocation and copies",
-              "framework (autograd, dispatch, FSDP ranges)")
+CATEGORIES = ("matmul", "element-wise", "softmax and loss", "layer norm", "optimizer update",
+              "allocation and copies", "framework (autograd, dispatch, FSDP ranges)")
 
 
 def category(name):
@@ -33,6 +34,8 @@ def category(name):
         return "softmax and loss"
     if "layer_norm" in name:
         return "layer norm"
+    if name in ("fsdp::fused_adamw", "fsdp::grad_norm") or name.startswith("Optimizer.step"):
+        return "optimizer update"
     if name in ALLOCATION:
         return "allocation and copies"
     if name.startswith("aten::"):
@@ -52,7 +55,7 @@ def self_times(events):
         stack = []  # [event, children's time]
         def close(item):
             event, children = item
-            phases = [s[0]["name"] for s in stack if s[0]["name"] in PHASES]
+            phases = [s[0]["name"] for s in stack + [item] if s[0]["name"] in PHASES]
             out.append((event["name"], event["dur"] - children, phases[-1] if phases else "other"))
         for e in thread:
             while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/nn/module.h>
 
 #include "fsdp/core/fsdp_state.h"
@@ -24,6 +25,7 @@ double sum_of_squares(const at::Tensor& g) {
   if (g.scalar_type() != at::kFloat || !g.is_cpu() || !g.is_contiguous()) {
     return g.to(at::kDouble).pow(2).sum().item<double>();
   }
+  RECORD_USER_SCOPE("fsdp::grad_norm");
   constexpr int64_t kPiece = 1 << 16;
   const float* x = g.data_ptr<float>();
   const int64_t n = g.numel(), pieces = (n + kPiece - 1) / kPiece;

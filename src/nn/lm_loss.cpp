@@ -1,6 +1,7 @@
 #include "fsdp/nn/lm_loss.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/common/error.h"
@@ -29,6 +30,7 @@ int64_t counted_rows(const at::Tensor& targets, int64_t vocab) {
 // read and one write of the logits (kernels::softmax_cross_entropy_row),
 // where log_softmax, nll_loss and their backwards make five passes.
 double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float grad_scale) {
+  RECORD_USER_SCOPE("fsdp::cross_entropy_rows");
   const int64_t n = logits.size(0), vocab = logits.size(1);
   float* rows = logits.data_ptr<float>();
   const auto* t = targets.data_ptr<int64_t>();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include "kernels/kernels.h"
 
@@ -51,6 +52,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     return loss;
   }
   torch::NoGradGuard no_grad;
+  RECORD_USER_SCOPE("fsdp::fused_adamw");
   std::vector<kernels::AdamWSegment> segments;
   std::vector<int64_t> starts;  // each segment's first element in the virtual concatenation
   int64_t total = 0;

@@ -1,8 +1,11 @@
 // Activation checkpointing and the chunked loss change memory, not math:
-// the same loss and the same gradients as the plain forms.
+// the same loss and the same gradients as the plain forms. And the fused
+// loss (head matmul plus cross-entropy, one pass per row) against
+// LibTorch's own cross_entropy of the logits.
 
 #include <gtest/gtest.h>
 
+#include "fsdp/common/error.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 
@@ -34,8 +37,8 @@ void expect_same(const LossAndGrads& a, const LossAndGrads& b, double tol) {
   EXPECT_NEAR(a.loss, b.loss, tol * std::abs(b.loss));
   ASSERT_EQ(a.grads.size(), b.grads.size());
   for (size_t i = 0; i < a.grads.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(a.grads[i], b.grads[i], tol, 1e-7)) << "gradient " << i << " differs by "
-                                                                     << (a.grads[i] - b.grads[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(a.grads[i], b.grads[i], tol, 1e-7))
+        << "gradient " << i << " differs by " << (a.grads[i] - b.grads[i]).abs().max().item<double>();
   }
 }
 
@@ -52,6 +55,87 @@ TEST_P(PerFamily, ChunkedLossGivesTheSameLossAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(Families, PerFamily, ::testing::Values("gpt2-tiny", "llama-tiny"),
                          [](const auto& info) { return info.param == "gpt2-tiny" ? "gpt2" : "llama"; });
+
+struct HeadCase {
+  torch::Tensor hidden, weight, targets;
+};
+
+// Rows of hidden states against a vocabulary of 1,000, some targets
+// ignored (-100, as cross_entropy's default), logits spread over about
+// +-60 so the softmax has both saturated and flat rows.
+HeadCase head_case(torch::ScalarType dtype) {
+  torch::manual_seed(5);
+  HeadCase c;
+  c.hidden = (torch::randn({37, 24}) * 3).to(dtype).requires_grad_();
+  c.weight = (torch::randn({1000, 24}) * torch::rand({1000, 1}) * 2).to(dtype).requires_grad_();
+  c.targets = torch::randint(0, 1000, {37}, torch::kLong);
+  c.targets.index_put_({torch::tensor({3, 20, 21})}, -100);
+  return c;
+}
+
+struct HeadResult {
+  double loss;
+  torch::Tensor grad_hidden, grad_weight;
+};
+
+// The loss times 0.25, as gradient accumulation over four micro-steps
+// scales it, so backward sees a gradient output other than 1.
+HeadResult run_head(const HeadCase& c, const std::function<torch::Tensor(const HeadCase&)>& loss_of) {
+  HeadCase mine{c.hidden.detach().clone().requires_grad_(), c.weight.detach().clone().requires_grad_(), c.targets};
+  auto loss = loss_of(mine);
+  (loss * 0.25).backward();
+  return {loss.item<double>(), mine.hidden.grad(), mine.weight.grad()};
+}
+
+HeadResult reference(const HeadCase& c) {
+  return run_head(c, [](const HeadCase& m) {
+    return torch::nn::functional::cross_entropy(m.hidden.matmul(m.weight.t()).to(torch::kFloat), m.targets);
+  });
+}
+
+void expect_close(const HeadResult& a, const HeadResult& b, double rtol, double atol) {
+  EXPECT_NEAR(a.loss, b.loss, rtol * std::abs(b.loss));
+  EXPECT_EQ(a.grad_hidden.scalar_type(), b.grad_hidden.scalar_type());
+  EXPECT_EQ(a.grad_weight.scalar_type(), b.grad_weight.scalar_type());
+  const auto gap = [](const torch::Tensor& x, const torch::Tensor& y) {
+    return (x.to(torch::kFloat) - y.to(torch::kFloat)).abs().max().item<double>();
+  };
+  EXPECT_TRUE(torch::allclose(a.grad_hidden.to(torch::kFloat), b.grad_hidden.to(torch::kFloat), rtol, atol))
+      << "hidden gradient differs by " << gap(a.grad_hidden, b.grad_hidden);
+  EXPECT_TRUE(torch::allclose(a.grad_weight.to(torch::kFloat), b.grad_weight.to(torch::kFloat), rtol, atol))
+      << "weight gradient differs by " << gap(a.grad_weight, b.grad_weight);
+}
+
+TEST(FusedLmLoss, EqualsCrossEntropyOfTheLogitsWithIgnoredRows) {
+  const auto c = head_case(torch::kFloat);
+  const auto expected = reference(c);
+  EXPECT_GT(expected.loss, 1.0) << "a loss that is not trivially small";
+  expect_close(run_head(c, [](const HeadCase& m) { return nn::lm_loss(m.hidden, m.weight, m.targets); }), expected,
+               1e-5, 1e-7);
+  expect_close(run_head(c, [](const HeadCase& m) { return nn::chunked_lm_loss(m.hidden, m.weight, m.targets, 5); }),
+               expected, 1e-5, 1e-7);
+}
+
+TEST(FusedLmLoss, InBf16TheGradientsKeepTheirDtypeAndAgreeToBf16Precision) {
+  const auto c = head_case(torch::kBFloat16);
+  const auto expected = reference(c);
+  expect_close(run_head(c, [](const HeadCase& m) { return nn::lm_loss(m.hidden, m.weight, m.targets); }), expected,
+               1e-2, 1e-4);
+  expect_close(run_head(c, [](const HeadCase& m) { return nn::chunked_lm_loss(m.hidden, m.weight, m.targets, 5); }),
+               expected, 1e-2, 1e-4);
+}
+
+TEST(FusedLmLoss, ATargetOutsideTheVocabularyIsNamed) {
+  auto c = head_case(torch::kFloat);
+  c.targets[7] = 1000;
+  try {
+    nn::lm_loss(c.hidden, c.weight, c.targets);
+    FAIL() << "accepted target 1000 of a 1000-token vocabulary";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 1000 at row 7 is outside the vocabulary [0, 1000)"), std::string::npos)
+        << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace fsdp::models
