@@ -1,30 +1,15 @@
 #include <cmath>
 #include <limits>
 
+#include "float_math.h"
 #include "kernels.h"
 
 namespace fsdp::kernels {
 namespace {
 
-// e^x for x <= 0 (Cephes' expf: round x / ln 2 to n, a degree-6 polynomial
-// on the remainder, times 2^n by exponent arithmetic), within 2 ulp, in a
-// form the compiler vectorises. x is clamped at -87 (e^-87 = 1.6e-38, the
-// smallest normal float's order), so 2^n stays a normal number.
-inline float exp_nonpositive(float x) {
-  x = x > -87.0f ? x : -87.0f;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded to nearest
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  const float r2 = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r2 + r + 1.0f;
-  return y * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
-}
+// Float sums of 512 terms (vectorised), added up in double: a plain float
+// sum of 50,000 terms would lose the loss's sixth digit.
+constexpr int64_t kBlock = 512;
 
 }  // namespace
 
@@ -34,9 +19,6 @@ double softmax_cross_entropy_row(float* row, int64_t n, int64_t target, float gr
 #pragma omp simd reduction(max : max)
   for (int64_t i = 0; i < n; ++i) max = row[i] > max ? row[i] : max;
   const float target_logit = row[target];
-  // Float sums of 512 terms (vectorised), added up in double: a plain
-  // float sum of 50,000 terms would lose the loss's sixth digit.
-  constexpr int64_t kBlock = 512;
   double sum = 0;
   for (int64_t block = 0; block < n; block += kBlock) {
     const int64_t stop = block + kBlock < n ? block + kBlock : n;
@@ -54,6 +36,21 @@ double softmax_cross_entropy_row(float* row, int64_t n, int64_t target, float gr
   for (int64_t i = 0; i < n; ++i) row[i] *= to_gradient;
   row[target] -= grad_scale;
   return static_cast<double>(max) + std::log(sum) - static_cast<double>(target_logit);
+}
+
+// The bf16 form reads a row of bf16 logits into `scratch` (n floats, still
+// in cache when the float kernel runs over it) and writes the gradient back
+// over the logits in bf16: no fp32 copy of all logits in memory, no cast of
+// the gradient for the backward matmuls, and one rounding, as casting the
+// fp32 gradient would give.
+FSDP_KERNEL_CLONES
+double softmax_cross_entropy_row_bf16(uint16_t* row, float* scratch, int64_t n, int64_t target, float grad_scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) scratch[i] = from_bf16(row[i]);
+  const double loss = softmax_cross_entropy_row(scratch, n, target, grad_scale);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) row[i] = to_bf16(scratch[i]);
+  return loss;
 }
 
 }  // namespace fsdp::kernels

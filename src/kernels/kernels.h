@@ -41,5 +41,15 @@ double sum_of_squares(const float* x, int64_t n);
 // target's logit, in double); the row is overwritten with the loss's
 // gradient, (softmax(row) - one_hot(target)) * grad_scale.
 double softmax_cross_entropy_row(float* row, int64_t n, int64_t target, float grad_scale);
+// The same on a row of bf16 (raw bits), computed in float in `scratch` (n
+// floats), the gradient written back in bf16.
+double softmax_cross_entropy_row_bf16(uint16_t* row, float* scratch, int64_t n, int64_t target, float grad_scale);
+
+// GPT-2's GELU (tanh approximation) and its backward, element-wise, in
+// fp32 or on bf16 bits (computed in float, rounded once).
+void gelu_tanh(const float* x, float* y, int64_t n);
+void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
+void gelu_tanh_bf16(const uint16_t* x, uint16_t* y, int64_t n);
+void gelu_tanh_backward_bf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n);
 
 }  // namespace fsdp::kernels

@@ -1,6 +1,10 @@
 #include "fsdp/nn/layers.h"
 
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "fsdp/core/options.h"
+#include "kernels/kernels.h"
 
 namespace fsdp::nn {
 namespace {
@@ -57,8 +61,52 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
   down_proj = register_module("down_proj", Linear(hidden, dim, /*bias=*/false, std));
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+
+namespace {
+
+constexpr int64_t kGeluGrain = 1 << 15;
+
+uint16_t* bf16_bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+struct GeluTanh : public torch::autograd::Function<GeluTanh> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input) {
+    const auto x = input.contiguous();
+    auto y = torch::empty_like(x);
+    at::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t begin, int64_t end) {
+      if (x.scalar_type() == at::kBFloat16) {
+        kernels::gelu_tanh_bf16(bf16_bits(x) + begin, bf16_bits(y) + begin, end - begin);
+      } else {
+        kernels::gelu_tanh(x.data_ptr<float>() + begin, y.data_ptr<float>() + begin, end - begin);
+      }
+    });
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto x = ctx->get_saved_variables()[0];
+    const auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
+    auto dx = torch::empty_like(x);
+    at::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t begin, int64_t end) {
+      if (x.scalar_type() == at::kBFloat16) {
+        kernels::gelu_tanh_backward_bf16(bf16_bits(x) + begin, bf16_bits(dy) + begin, bf16_bits(dx) + begin,
+                                         end - begin);
+      } else {
+        kernels::gelu_tanh_backward(x.data_ptr<float>() + begin, dy.data_ptr<float>() + begin,
+                                    dx.data_ptr<float>() + begin, end - begin);
+      }
+    });
+    return {dx};
+  }
+};
+
+}  // namespace
+
+torch::Tensor gelu_tanh(const torch::Tensor& x) {
+  const bool ours = x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+  return ours ? GeluTanh::apply(x) : torch::gelu(x, "tanh");
 }
 
 }  // namespace fsdp::nn

@@ -25,24 +25,32 @@ int64_t counted_rows(const at::Tensor& targets, int64_t vocab) {
   return valid;
 }
 
-// Turns fp32 logits (n, V), in place, into the gradient of
+// Turns logits (n, V), fp32 or bf16, in place into the gradient of
 // sum(row losses) * grad_scale and returns the sum of the row losses: one
 // read and one write of the logits (kernels::softmax_cross_entropy_row),
 // where log_softmax, nll_loss and their backwards make five passes.
 double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float grad_scale) {
   RECORD_USER_SCOPE("fsdp::cross_entropy_rows");
   const int64_t n = logits.size(0), vocab = logits.size(1);
-  float* rows = logits.data_ptr<float>();
+  const bool bf16 = logits.scalar_type() == at::kBFloat16;
+  auto* floats = bf16 ? nullptr : logits.data_ptr<float>();
+  auto* halves = bf16 ? reinterpret_cast<uint16_t*>(logits.data_ptr<at::BFloat16>()) : nullptr;
   const auto* t = targets.data_ptr<int64_t>();
   std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
   at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(bf16 ? static_cast<size_t>(vocab) : 0);
     for (int64_t i = begin; i < end; ++i) {
-      float* row = rows + i * vocab;
       if (t[i] == kIgnoreIndex) {
-        std::fill(row, row + vocab, 0.0f);
+        if (bf16) {
+          std::fill(halves + i * vocab, halves + (i + 1) * vocab, uint16_t{0});
+        } else {
+          std::fill(floats + i * vocab, floats + (i + 1) * vocab, 0.0f);
+        }
         continue;
       }
-      row_loss[static_cast<size_t>(i)] = kernels::softmax_cross_entropy_row(row, vocab, t[i], grad_scale);
+      row_loss[static_cast<size_t>(i)] =
+          bf16 ? kernels::softmax_cross_entropy_row_bf16(halves + i * vocab, scratch.data(), vocab, t[i], grad_scale)
+               : kernels::softmax_cross_entropy_row(floats + i * vocab, vocab, t[i], grad_scale);
     }
   });
   double total = 0;
@@ -50,12 +58,14 @@ double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float g
   return total;
 }
 
-// Logits in fp32, contiguous, whatever the matmul's dtype.
-at::Tensor float_logits(const at::Tensor& hidden, const at::Tensor& weight) {
-  return hidden.mm(weight.t()).to(at::kFloat).contiguous();
+// Logits, contiguous, in bf16 when the matmul runs in bf16, else fp32.
+at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& weight) {
+  auto logits = hidden.mm(weight.t());
+  if (logits.scalar_type() != at::kBFloat16) logits = logits.to(at::kFloat);
+  return logits.contiguous();
 }
 
-// grad_logits (n, V) in fp32 to the gradient of the hidden rows (written
+// grad_logits (n, V) to the gradient of the hidden rows (written
 // into grad_hidden) and of the weight (returned, in the matmul's dtype),
 // both times `scale`.
 at::Tensor head_backward(const at::Tensor& grad_logits, const at::Tensor& hidden, const at::Tensor& weight,
@@ -77,7 +87,7 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets) {
     const int64_t valid = counted_rows(targets, weight.size(0));
-    auto logits = float_logits(hidden, weight);
+    auto logits = head_logits(hidden, weight);
     const double total = loss_and_gradient_(logits, targets, 1.0f / static_cast<float>(valid));
     ctx->save_for_backward({hidden, weight, logits});
     return torch::full({}, total / static_cast<double>(valid), hidden.options().dtype(torch::kFloat));
@@ -104,7 +114,7 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     double total = 0;
     for (int64_t start = 0; start < hidden.size(0); start += chunk) {
       const int64_t n = std::min(chunk, hidden.size(0) - start);
-      auto logits = float_logits(hidden.narrow(0, start, n), weight);
+      auto logits = head_logits(hidden.narrow(0, start, n), weight);
       total += loss_and_gradient_(logits, targets.narrow(0, start, n), 1.0f);
     }
     return torch::full({}, total / static_cast<double>(valid), hidden.options().dtype(torch::kFloat));
@@ -122,7 +132,7 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     for (int64_t start = 0; start < hidden.size(0); start += chunk) {
       const int64_t n = std::min(chunk, hidden.size(0) - start);
       const auto h = hidden.narrow(0, start, n);
-      auto g = float_logits(h, weight);
+      auto g = head_logits(h, weight);
       loss_and_gradient_(g, targets.narrow(0, start, n), 1.0f / valid);
       grad_weight.add_(head_backward(g, h, weight, scale, grad_hidden.narrow(0, start, n)));
     }

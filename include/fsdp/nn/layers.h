@@ -42,6 +42,11 @@ struct EmbeddingImpl : torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
+// GELU with the tanh approximation (GPT-2's "gelu_new"), LibTorch's
+// gelu(x, "tanh") in one vectorised pass each way on CPU in fp32 and bf16
+// (ATen's bf16 form converts element by element); elsewhere, LibTorch's.
+torch::Tensor gelu_tanh(const torch::Tensor& x);
+
 struct LayerNormImpl : torch::nn::Module {
   LayerNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);

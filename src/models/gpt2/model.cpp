@@ -46,7 +46,7 @@ GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
 
 torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
   // GPT-2's "gelu_new": the tanh approximation.
-  return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+  return dropout(c_proj(nn::gelu_tanh(c_fc(x))));
 }
 
 GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
