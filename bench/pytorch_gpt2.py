@@ -83,6 +83,8 @@ def main():
                    help="torch.set_flush_denormal(True): without it AdamW's tiny values go subnormal and slow every op")
     p.add_argument("--bf16", action="store_true",
                    help="torch.autocast('cpu', torch.bfloat16) around forward and loss (fp32 master weights)")
+    p.add_argument("--foreach", action="store_true",
+                   help="AdamW(foreach=True): the multi-tensor AdamW (torch 1.13 has no fused AdamW on CPU)")
     p.add_argument("--metrics", required=True)
     a = p.parse_args()
     if a.flush_denormal:
@@ -101,7 +103,7 @@ def main():
         world, rank = dist.get_world_size(), dist.get_rank()
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+                                  lr=3e-4, betas=(0.9, 0.95), eps=1e-8, foreach=a.foreach or None)
     gen = torch.Generator().manual_seed(1 + rank)
     out = open(a.metrics, "a") if rank == 0 else None
     for step in range(a.steps):
