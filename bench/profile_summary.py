@@ -38,7 +38,7 @@ def category(name):
         return "optimizer update"
     if name in ALLOCATION:
         return "allocation and copies"
-    if name.startswith("aten::"):
+    if name.startswith("aten::") or name.startswith("fsdp::gelu"):
         return "element-wise"
     return "framework (autograd, dispatch, FSDP ranges)"
 

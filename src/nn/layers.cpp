@@ -1,6 +1,7 @@
 #include "fsdp/nn/layers.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/core/options.h"
@@ -71,6 +72,7 @@ uint16_t* bf16_bits(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.
 
 struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input) {
+    RECORD_USER_SCOPE("fsdp::gelu_tanh");
     const auto x = input.contiguous();
     auto y = torch::empty_like(x);
     at::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t begin, int64_t end) {
@@ -86,6 +88,7 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
+    RECORD_USER_SCOPE("fsdp::gelu_tanh_backward");
     const auto x = ctx->get_saved_variables()[0];
     const auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
     auto dx = torch::empty_like(x);
