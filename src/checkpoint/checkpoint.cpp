@@ -27,7 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
@@ -40,11 +39,9 @@ std::string rank_file(int rank) {
   return buf;
 }
 
-std::string state_key(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
-
 torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const at::Tensor& param) {
   auto& states = optimizer.state();
-  const auto it = states.find(state_key(param));
+  const auto it = states.find(compat::optimizer_state_key(param));
   return it == states.end() ? nullptr : static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
@@ -351,7 +348,7 @@ at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta
     adam->step(adam_step);
     adam->exp_avg(moment("exp_avg/"));
     adam->exp_avg_sq(moment("exp_avg_sq/"));
-    optimizer.state()[state_key(s.param)] = std::move(adam);
+    optimizer.state()[compat::optimizer_state_key(s.param)] = std::move(adam);
   }
   if (meta["world_size"].get<int>() != world.size()) return {};
   return files.get(world.rank()).view("rng/cpu").clone();
@@ -453,12 +450,15 @@ void export_hf(const std::string& checkpoint, const std::string& out_dir, const 
     tensors.emplace_back(family.hf_keys(name).front(), p["shape"].get<std::vector<int64_t>>());
   }
   // One full parameter at a time, assembled from its pieces.
-  models::write_hf_dir(out_dir, config, tensors, [&](size_t i) {
-    at::Tensor full = at::empty(tensors[i].second, at::kFloat);
-    gather_range(files, meta["params"][names[i]]["shards"], "model/" + names[i], 0, full.view({-1}),
-                 "parameter '" + names[i] + "'");
-    return full;
-  }, options);
+  models::write_hf_dir(
+      out_dir, config, tensors,
+      [&](size_t i) {
+        at::Tensor full = at::empty(tensors[i].second, at::kFloat);
+        gather_range(files, meta["params"][names[i]]["shards"], "model/" + names[i], 0, full.view({-1}),
+                     "parameter '" + names[i] + "'");
+        return full;
+      },
+      options);
 }
 
 }  // namespace fsdp::checkpoint

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include "fsdp/common/compat.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::optim {
@@ -15,8 +16,6 @@ namespace {
 // Elements one thread takes at a time: large enough that splitting costs
 // nothing, small enough that two threads share even a small model.
 constexpr int64_t kGrain = 1 << 15;
-
-std::string state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 bool fusable_tensor(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
@@ -31,7 +30,7 @@ bool FusedAdamW::fusable() const {
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (!fusable_tensor(p, p) || !fusable_tensor(p.grad(), p)) return false;
-      const auto it = state().find(state_key(p));
+      const auto it = state().find(compat::optimizer_state_key(p));
       if (it == state().end()) continue;
       const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
       if (!fusable_tensor(s.exp_avg(), p) || !fusable_tensor(s.exp_avg_sq(), p)) return false;
@@ -61,7 +60,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     for (auto& p : group.params()) {
       if (!p.grad().defined() || p.numel() == 0) continue;
-      auto& slot = state()[state_key(p)];
+      auto& slot = state()[compat::optimizer_state_key(p)];
       if (!slot) {
         auto fresh = std::make_unique<torch::optim::AdamWParamState>();
         fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));

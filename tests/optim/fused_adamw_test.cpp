@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/optim/fused_adamw.h"
 
 namespace fsdp::optim {
@@ -53,7 +54,7 @@ double relative_gap(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 const AdamWParamState& state_of(AdamW& o, const torch::Tensor& p) {
-  return static_cast<const AdamWParamState&>(*o.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+  return static_cast<const AdamWParamState&>(*o.state().at(compat::optimizer_state_key(p)));
 }
 
 // Runs both optimizers over `steps` steps of the same random gradients and
@@ -113,7 +114,7 @@ TEST(FusedAdamW, ParametersWithoutGradientsAreLeftAlone) {
       EXPECT_FALSE(torch::equal(params[i], before[i]));
     } else {
       EXPECT_TRUE(torch::equal(params[i], before[i])) << "parameter " << i;
-      EXPECT_EQ(opt->state().count(c10::guts::to_string(params[i].unsafeGetTensorImpl())), 0u);
+      EXPECT_EQ(opt->state().count(compat::optimizer_state_key(params[i])), 0u);
     }
   }
 }

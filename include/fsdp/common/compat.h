@@ -4,10 +4,15 @@
 
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/optim/optimizer.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "fsdp/common/error.h"
 
@@ -56,8 +61,23 @@ inline void resize_storage_bytes(const at::Tensor& t, int64_t nbytes) {
     return;
   }
 #endif
-  throw Error(detail::concat("fsdp: cannot resize storage on device ", t.device(),
-                             ": this build supports CPU", kCudaSuffix));
+  throw Error(
+      detail::concat("fsdp: cannot resize storage on device ", t.device(), ": this build supports CPU", kCudaSuffix));
+}
+
+// The key of a parameter's entry in Optimizer::state(): 1.13 keys by the
+// TensorImpl's address printed as a string, later versions by the address.
+using OptimizerStateKey = std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+template <typename Key = OptimizerStateKey>  // a template so that only one branch is compiled
+Key optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream address;
+    address << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return address.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
 }
 
 // Gradients set to none rather than zeroed (PyTorch's default since 2.0,
