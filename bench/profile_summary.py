@@ -3,7 +3,7 @@
 
 Reads the Chrome trace `fsdp train --profile-steps A:B` writes
 (traces/rank<N>.json, LibTorch's profiler) and prints two Markdown tables:
-self time by category (matmuls, element-wise, softmax and loss, layer norm,
+self time by category (matmuls, the fused attention, element-wise, softmax and loss, layer norm,
 the optimizer's update, allocation and copies, framework overhead) split by
 the trainer's phases
 (the train::forward / train::backward / train::optimizer ranges), and the
@@ -23,13 +23,19 @@ MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv
 ALLOCATION = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_", "aten::copy_",
               "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous", "aten::zeros", "aten::zeros_like",
               "aten::zero_", "aten::fill_", "aten::set_", "aten::detach", "aten::detach_", "aten::cat"}
-CATEGORIES = ("matmul", "element-wise", "softmax and loss", "layer norm", "optimizer update",
+ATTENTION = {"fsdp::causal_attention", "fsdp::causal_attention_backward"}
+CATEGORIES = ("matmul", "attention (per-head matmuls and causal softmax)", "element-wise", "softmax and loss",
+              "layer norm", "optimizer update",
               "allocation and copies", "framework (autograd, dispatch, FSDP ranges)")
 
 
 def category(name):
     if name in MATMULS:
         return "matmul"
+    # The fused attention runs its matmuls on every thread with profiler
+    # events off, so its range holds the whole core: matmuls and softmax.
+    if name in ATTENTION:
+        return CATEGORIES[1]
     if "softmax" in name or "nll_loss" in name or "cross_entropy" in name:
         return "softmax and loss"
     if "layer_norm" in name:

@@ -52,4 +52,16 @@ void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
 void gelu_tanh_bf16(const uint16_t* x, uint16_t* y, int64_t n);
 void gelu_tanh_backward_bf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n);
 
+// Row i of a causal attention score matrix with n columns, count = i + 1:
+// row[j] becomes softmax over j < count of scale * row[j], and 0 for
+// j >= count (the future), in place.
+void causal_softmax_row(float* row, int64_t count, int64_t n, float scale);
+// Its backward in place over dp: scale * p * (dp - sum(p * dp)) for
+// j < count, 0 after.
+void causal_softmax_backward_row(const float* p, float* dp, int64_t count, int64_t n, float scale);
+// The same on bf16 bits, computed in float (`scratch`: count floats).
+void causal_softmax_row_bf16(uint16_t* row, float* scratch, int64_t count, int64_t n, float scale);
+void causal_softmax_backward_row_bf16(const uint16_t* p, uint16_t* dp, float* scratch, int64_t count, int64_t n,
+                                      float scale);
+
 }  // namespace fsdp::kernels

@@ -26,9 +26,8 @@ ExampleBlockImpl::ExampleBlockImpl(const ExampleTransformerConfig& c) : n_heads(
 torch::Tensor ExampleBlockImpl::forward(torch::Tensor x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_heads;
   auto h = attention_norm(x);
-  const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_heads, hs}).transpose(1, 2); };
-  auto q = heads(wq(h)), k = heads(wk(h)), v = heads(wv(h));  // (B, nh, T, hs)
-  auto y = causal_attention(q, k, v).transpose(1, 2).contiguous().view({B, T, C});
+  const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_heads, hs}); };
+  auto y = causal_attention(heads(wq(h)), heads(wk(h)), heads(wv(h)));  // (B, T, C)
   x = x + resid_dropout(wo(y));
   return x + resid_dropout(w2(F::gelu(w1(ffn_norm(x)))));
 }

@@ -31,11 +31,7 @@ GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c) : n_head(c.n_head) {
 }
 
 torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto qkv = c_attn(x).split(C, -1);
-  const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head, C / n_head}).transpose(1, 2); };
-  auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), &attn_dropout);  // (B, nh, T, hs)
-  return resid_dropout(c_proj(y.transpose(1, 2).contiguous().view({B, T, C})));
+  return resid_dropout(c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
 }
 
 GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {

@@ -74,14 +74,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto q = apply_rotary(heads(q_proj(x), n_heads, &q_norm), cos, sin);     // (B, nh, T, hs)
   auto k = apply_rotary(heads(k_proj(x), n_kv_heads, &k_norm), cos, sin);  // (B, nkv, T, hs)
   auto v = heads(v_proj(x), n_kv_heads, nullptr);
-  // Grouped-query attention: each key/value head serves n_heads / n_kv_heads query heads.
-  const int64_t rep = n_heads / n_kv_heads;
-  if (rep > 1) {
-    k = k.repeat_interleave(rep, 1);
-    v = v.repeat_interleave(rep, 1);
-  }
-  auto y = causal_attention(q, k, v, &dropout);
-  return o_proj(y.transpose(1, 2).contiguous().view({B, T, n_heads * head_dim}));
+  // Grouped-query attention (nkv < nh) is handled inside: no repeated k, v.
+  return o_proj(causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), &dropout));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t index) {

@@ -1,0 +1,176 @@
+// Causal attention (fsdp::models::causal_attention and its packed form)
+// against the textbook computation in double: scores, a -inf mask above the
+// diagonal, softmax, weighted values; gradients by autograd through it.
+// Covers grouped-query heads, strided views as inputs, odd lengths, bf16,
+// the composite path for other dtypes and thread-count independence.
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "fsdp/models/attention.h"
+
+namespace fsdp::models {
+namespace {
+
+using torch::Tensor;
+
+// q (B, T, nh, hs), k and v (B, T, nkv, hs), in double.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3), rep = nh / k.size(2);
+  auto qh = q.transpose(1, 2), kh = k.transpose(1, 2).repeat_interleave(rep, 1);
+  auto vh = v.transpose(1, 2).repeat_interleave(rep, 1);
+  auto scores = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hs));
+  auto above = torch::ones({T, T}, torch::kBool).triu(1);
+  auto probs = torch::softmax(scores.masked_fill(above, -std::numeric_limits<double>::infinity()), -1);
+  return torch::matmul(probs, vh).transpose(1, 2).reshape({B, T, nh * hs});
+}
+
+struct Result {
+  Tensor y, dq, dk, dv;
+};
+
+// Runs `attend` on copies of the inputs in `dtype` with incoming gradient dy.
+template <typename F>
+Result run(F attend, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy, torch::ScalarType dtype) {
+  const auto leaf = [&](const Tensor& t) { return t.detach().to(dtype, false, /*copy=*/true).requires_grad_(); };
+  auto qd = leaf(q), kd = leaf(k), vd = leaf(v);
+  auto y = attend(qd, kd, vd);
+  y.backward(dy.to(dtype));
+  return {y.detach(), qd.grad(), kd.grad(), vd.grad()};
+}
+
+// Largest |a - b| relative to b's largest magnitude (absolute where b is
+// all zeros: with T = 1 the scores get no gradient).
+double gap(const Tensor& a, const Tensor& b) {
+  return (a.to(torch::kDouble) - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-300);
+}
+
+void expect_close(const Result& a, const Result& exact, double tol) {
+  EXPECT_LT(gap(a.y, exact.y), tol) << "output";
+  EXPECT_LT(gap(a.dq, exact.dq), tol) << "dq";
+  EXPECT_LT(gap(a.dk, exact.dk), tol) << "dk";
+  EXPECT_LT(gap(a.dv, exact.dv), tol) << "dv";
+}
+
+struct Inputs {
+  Tensor q, k, v, dy;
+};
+
+Inputs inputs(int64_t B, int64_t T, int64_t nh, int64_t nkv, int64_t hs) {
+  torch::manual_seed(5);
+  // Scores of a few units, so the softmax is neither flat nor one-hot.
+  return {torch::randn({B, T, nh, hs}, torch::kDouble) * 2, torch::randn({B, T, nkv, hs}, torch::kDouble) * 2,
+          torch::randn({B, T, nkv, hs}, torch::kDouble), torch::randn({B, T, nh * hs}, torch::kDouble)};
+}
+
+Result exact(const Inputs& in) { return run(reference, in.q, in.k, in.v, in.dy, torch::kDouble); }
+
+const auto attend = [](const Tensor& q, const Tensor& k, const Tensor& v) { return causal_attention(q, k, v); };
+
+TEST(CausalAttention, Fp32MatchesTheReferenceWithGroupedQueryHeads) {
+  for (int64_t T : {1, 2, 37, 64}) {
+    const auto in = inputs(2, T, 6, 2, 16);
+    expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 2e-6);
+  }
+}
+
+TEST(CausalAttention, Fp32TakesStridedHeadViewsAsTheyCome) {
+  // Heads as the models pass them: token-major views into wider tensors
+  // (every other column of a (B, T, 2 * nh * hs) buffer) and transposed
+  // (B, heads, T, hs) storage.
+  const auto in = inputs(2, 29, 4, 4, 8);
+  const auto strided = [](const Tensor& q, const Tensor& k, const Tensor& v) {
+    auto q_view = torch::cat({q, torch::zeros_like(q)}, 3).narrow(3, 0, q.size(3));
+    auto k_view = k.transpose(1, 2).contiguous().transpose(1, 2);
+    EXPECT_FALSE(q_view.is_contiguous());
+    EXPECT_FALSE(k_view.is_contiguous());
+    return causal_attention(q_view, k_view, v);
+  };
+  expect_close(run(strided, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 2e-6);
+}
+
+TEST(CausalAttention, PackedProjectionMatchesTheReference) {
+  const int64_t B = 3, T = 33, nh = 4, hs = 16, C = nh * hs;
+  torch::manual_seed(6);
+  auto qkv = torch::randn({B, T, 3 * C}, torch::kDouble) * 2;
+  auto dy = torch::randn({B, T, C}, torch::kDouble);
+  const auto parts = [&](const Tensor& t, int64_t i) { return t.narrow(2, i * C, C).reshape({B, T, nh, hs}); };
+  auto exact_in = qkv.clone().requires_grad_();
+  auto y_exact = reference(parts(exact_in, 0), parts(exact_in, 1), parts(exact_in, 2));
+  y_exact.backward(dy);
+  auto ours_in = qkv.to(torch::kFloat).requires_grad_();
+  auto y = causal_attention_packed(ours_in, nh);
+  y.backward(dy.to(torch::kFloat));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{B, T, C}));
+  EXPECT_LT(gap(y, y_exact.detach()), 2e-6);
+  EXPECT_LT(gap(ours_in.grad(), exact_in.grad()), 2e-6);
+}
+
+TEST(CausalAttention, Bf16IsWithinBf16RoundingOfTheReference) {
+  // bf16 keeps 8 bits: inputs, scores, weights and outputs each round once
+  // (2^-8 relative), and the products sum a few dozen of them.
+  const auto in = inputs(2, 40, 4, 2, 16);
+  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), exact(in), 3e-2);
+}
+
+TEST(CausalAttention, OtherDtypesTakeTheCompositePathWithTheSameLayout) {
+  // Double is not fused: LibTorch's ops, same (B, T, nh * hs) result.
+  const auto in = inputs(2, 21, 4, 2, 8);
+  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kDouble), exact(in), 1e-12);
+}
+
+TEST(CausalAttention, TheResultDoesNotDependOnTheThreadCount) {
+  const auto in = inputs(3, 45, 6, 3, 16);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = run(attend, in.q, in.k, in.v, in.dy, torch::kFloat);
+  at::set_num_threads(std::max(threads, 2));
+  const auto many = run(attend, in.q, in.k, in.v, in.dy, torch::kFloat);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one.y, many.y));
+  EXPECT_TRUE(torch::equal(one.dq, many.dq));
+  EXPECT_TRUE(torch::equal(one.dk, many.dk));
+  EXPECT_TRUE(torch::equal(one.dv, many.dv));
+}
+
+TEST(CausalAttention, TheFusedPathBuildsNoMaskAndCopiesNoHeads) {
+  // The composite path's operators (mask, masked_fill, softmax, transposed
+  // copies of q, k, v and y, concatenation of the packed gradient) must not
+  // run on the fused path.
+  const int64_t B = 2, T = 16, nh = 2, hs = 8;
+  auto qkv = torch::randn({B, T, 3 * nh * hs}).requires_grad_();
+  auto dy = torch::randn({B, T, nh * hs});
+  static thread_local std::set<std::string> seen;
+  seen.clear();
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (fn.scope() == at::RecordScope::FUNCTION) seen.insert(fn.name());
+        return nullptr;
+      }));
+  causal_attention_packed(qkv, nh).backward(dy);
+  at::removeCallback(handle);
+  for (const char* op : {"aten::triu", "aten::masked_fill_", "aten::_softmax", "aten::_softmax_backward_data",
+                         "aten::copy_", "aten::cat", "aten::bmm"}) {
+    EXPECT_EQ(seen.count(op), 0u) << op << " ran";
+  }
+  EXPECT_GT(seen.size(), 0u) << "the counter sees operators";
+}
+
+TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
+  auto q = torch::randn({1, 4, 3, 8}), k = torch::randn({1, 4, 2, 8});
+  try {
+    causal_attention(q, k, k);
+    FAIL() << "3 query heads over 2 key/value heads were accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple of 2 key/value heads"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::models
