@@ -42,7 +42,7 @@ double sum_of_squares(const at::Tensor& g) {
 
 }  // namespace
 
-double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
+double grad_norm(torch::nn::Module& root) {
   // Sharded gradients add up across their unit's shard group; replicated
   // ones (no unit, or ignored) are the same everywhere and count once.
   // Across replicas (HSDP) the reduced gradients are identical, so each
@@ -64,11 +64,9 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
   std::vector<at::Tensor> sharded_sq(groups.size());
   for (auto& t : sharded_sq) t = at::zeros({1}, at::kDouble);
   at::Tensor replicated_sq = at::zeros({1}, at::kDouble);
-  std::vector<at::Tensor> grads;
   for (const auto& p : unique_parameters(root)) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    grads.push_back(g);
     at::Tensor sq = at::full({1}, sum_of_squares(g), at::kDouble);
     const auto it = group_of_param.find(p.unsafeGetTensorImpl());
     (it != group_of_param.end() ? sharded_sq[it->second] : replicated_sq).add_(sq);
@@ -78,12 +76,23 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
     if (groups[i]->size() > 1) dist::all_reduce(*groups[i], sharded_sq[i]).wait();
     total += sharded_sq[i].item<double>();
   }
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    for (auto& g : grads) g.mul_(scale);
-  }
+  return std::sqrt(total);
+}
+
+double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
+
+double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
+  const double norm = grad_norm(root);
+  scale_gradients(root, clip_factor(norm, max_norm));
   return norm;
+}
+
+void scale_gradients(torch::nn::Module& root, double factor) {
+  if (factor == 1.0) return;
+  at::NoGradGuard no_grad;
+  for (const auto& p : unique_parameters(root)) {
+    if (p.grad().defined()) p.grad().mul_(factor);
+  }
 }
 
 }  // namespace fsdp

@@ -29,6 +29,7 @@ struct AdamWSegment {
   float bias_correction2_sqrt;
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^step)
+  float grad_scale;     // each gradient is used as grad * grad_scale (gradient clipping)
 };
 
 // Updates elements [begin, end) of one segment in place.

@@ -71,12 +71,11 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& weight) {
 at::Tensor head_backward(const at::Tensor& grad_logits, const at::Tensor& hidden, const at::Tensor& weight,
                          double scale, at::Tensor grad_hidden) {
   const auto g = grad_logits.to(hidden.scalar_type());
-  grad_hidden.copy_(g.mm(weight));
-  auto grad_weight = g.t().mm(hidden);
-  if (scale != 1.0) {
-    grad_hidden.mul_(scale);
-    grad_weight.mul_(scale);
-  }
+  auto grad_weight = at::empty(weight.sizes(), hidden.options());
+  // The scale rides on the matmuls (beta 0: the outputs are not read), not
+  // on a pass over the (V, C) weight gradient afterwards.
+  at::addmm_out(grad_hidden, grad_hidden, g, weight, 0, scale);
+  at::addmm_out(grad_weight, grad_weight, g.t(), hidden, 0, scale);
   return grad_weight;
 }
 

@@ -46,10 +46,32 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     loss = closure();
   }
   last_step_fused_ = fusable();
-  if (!last_step_fused_) {
+  if (last_step_fused_) {
+    fused_step(1.0f);
+  } else {
     torch::optim::AdamW::step();
-    return loss;
   }
+  return loss;
+}
+
+torch::Tensor FusedAdamW::step_scaled(double gradient_scale) {
+  last_step_fused_ = fusable();
+  if (last_step_fused_) {
+    fused_step(static_cast<float>(gradient_scale));
+    return {};
+  }
+  if (gradient_scale != 1.0) {
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      for (auto& p : group.params()) {
+        if (p.grad().defined()) p.mutable_grad().mul_(gradient_scale);
+      }
+    }
+  }
+  return torch::optim::AdamW::step();
+}
+
+void FusedAdamW::fused_step(float gradient_scale) {
   torch::NoGradGuard no_grad;
   RECORD_USER_SCOPE("fsdp::fused_adamw");
   std::vector<kernels::AdamWSegment> segments;
@@ -87,6 +109,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       seg.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
       seg.eps = static_cast<float>(o.eps());
       seg.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
+      seg.grad_scale = gradient_scale;
       segments.push_back(seg);
       starts.push_back(total);
       total += seg.numel;
@@ -102,7 +125,6 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       begin = stop;
     }
   });
-  return loss;
 }
 
 }  // namespace fsdp::optim

@@ -568,17 +568,21 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const auto optimizer_start = Clock::now();
   RECORD_USER_SCOPE("train::optimizer");
   if (scaler_) scaler_->unscale_(*optimizer_);
-  const double grad_norm = clip_grad_norm_(*model_, config_.optim.grad_clip);
+  // Clipping's factor is applied by the optimizer as it reads each
+  // gradient (one pass fewer over them), or in place before the scaler.
+  const double grad_norm = fsdp::grad_norm(*model_);
+  const double clip = clip_factor(grad_norm, config_.optim.grad_clip);
   const double loss = mean_over_ranks(world_->group(), loss_sum);
   std::string skip_reason;
   const bool skip = skip_decision(loss, grad_norm, skip_reason);
   if (skip) {
     if (scaler_) scaler_->update();
   } else if (scaler_) {
+    scale_gradients(*model_, clip);
     scaler_->step(*optimizer_);
     scaler_->update();
   } else {
-    optimizer_->step();
+    optimizer_->step_scaled(clip);
   }
   compat::zero_grad_to_none(*optimizer_);
   const double optimizer_s = seconds_since(optimizer_start);

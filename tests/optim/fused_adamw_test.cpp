@@ -58,8 +58,10 @@ const AdamWParamState& state_of(AdamW& o, const torch::Tensor& p) {
 }
 
 // Runs both optimizers over `steps` steps of the same random gradients and
-// returns the largest relative gap in parameters and moments.
-double run_both(torch::ScalarType dtype, int steps, bool* fused) {
+// returns the largest relative gap in parameters and moments. With a
+// gradient scale other than 1, ours takes step_scaled(scale) and torch's
+// gets its gradients multiplied in place first, as clipping does.
+double run_both(torch::ScalarType dtype, int steps, bool* fused, double gradient_scale = 1.0) {
   auto ours = make_params(dtype), theirs = clone_all(ours);
   auto fused_opt = make_optimizer<FusedAdamW>(ours);
   auto torch_opt = make_optimizer<AdamW>(theirs);
@@ -73,7 +75,12 @@ double run_both(torch::ScalarType dtype, int steps, bool* fused) {
       ours[i].mutable_grad() = g.clone();
       theirs[i].mutable_grad() = g.clone();
     }
-    fused_opt->step();
+    if (gradient_scale == 1.0) {
+      fused_opt->step();
+    } else {
+      static_cast<FusedAdamW&>(*fused_opt).step_scaled(gradient_scale);
+      for (auto& t : theirs) t.mutable_grad().mul_(gradient_scale);
+    }
     torch_opt->step();
     *fused = static_cast<FusedAdamW&>(*fused_opt).last_step_fused();
     for (size_t i = 0; i < ours.size(); ++i) {
@@ -95,6 +102,22 @@ TEST(FusedAdamW, MatchesTorchAdamWWithDecayAndNoDecayGroups) {
   std::ostringstream text;
   text << gap;
   RecordProperty("max_relative_gap", text.str());
+}
+
+TEST(FusedAdamW, AScaledStepMatchesTorchAdamWOnGradientsScaledFirst) {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    bool fused = false;
+    EXPECT_LE(run_both(dtype, 4, &fused, 0.3771), 1e-7) << dtype;
+    EXPECT_EQ(fused, dtype == torch::kFloat);
+  }
+}
+
+TEST(FusedAdamW, AScaledStepLeavesTheGradientsAsTheyWere) {
+  auto params = make_params(torch::kFloat);
+  auto opt = make_optimizer<FusedAdamW>(params);
+  for (auto& p : params) p.mutable_grad() = torch::full_like(p, 0.5);
+  static_cast<FusedAdamW&>(*opt).step_scaled(0.25);
+  for (auto& p : params) EXPECT_TRUE(torch::equal(p.grad(), torch::full_like(p, 0.5)));
 }
 
 TEST(FusedAdamW, OtherDtypesTakeTorchsOwnStep) {

@@ -14,4 +14,13 @@ namespace fsdp {
 // clipping. Collective over the units' shard group: every rank calls it.
 double clip_grad_norm_(torch::nn::Module& root, double max_norm);
 
+// The two halves of clip_grad_norm_, for an optimizer that applies the
+// factor as it reads the gradients (optim::FusedAdamW::step_scaled):
+// the global norm (collective, as above), and the factor the gradients
+// are scaled by, max_norm / (norm + 1e-6) when 0 < max_norm < norm, else 1.
+double grad_norm(torch::nn::Module& root);
+double clip_factor(double norm, double max_norm);
+// Multiplies every gradient of `root` by `factor` in place.
+void scale_gradients(torch::nn::Module& root, double factor);
+
 }  // namespace fsdp

@@ -19,11 +19,19 @@ class FusedAdamW : public torch::optim::AdamW {
   // torch::optim::AdamW's own step (the same update, op by op).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  // A step as if every gradient had first been multiplied by
+  // `gradient_scale` (gradient clipping's factor), bit for bit, without
+  // the pass that multiplies them: the fused loop scales each gradient as
+  // it reads it and leaves the gradients unscaled. Off the fused path the
+  // gradients are scaled in place, then torch's step runs.
+  torch::Tensor step_scaled(double gradient_scale);
+
   // Whether the last step took the fused path.
   bool last_step_fused() const { return last_step_fused_; }
 
  private:
   bool fusable() const;
+  void fused_step(float gradient_scale);
 
   bool last_step_fused_ = false;
 };

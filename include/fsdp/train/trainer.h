@@ -15,6 +15,7 @@
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/loss_spikes.h"
 #include "fsdp/train/lr_schedule.h"
@@ -103,7 +104,7 @@ class Trainer {
   int64_t params_ = 0;
   int64_t active_params_ = 0;  // per token: the N of 6N FLOPs (MoE: routed experts only)
   std::vector<torch::Tensor> decay_, no_decay_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<optim::FusedAdamW> optimizer_;
   std::unique_ptr<ShardedGradScaler> scaler_;
   std::unique_ptr<data::DataLoader> train_data_;
   std::unique_ptr<data::DataLoader> val_data_;
