@@ -213,13 +213,12 @@ void FSDPParamGroup::unshard() {
   RECORD_USER_SCOPE("FSDP::all_gather");
   allocate_unsharded();
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllGather);
-  if (param_dtype_ != master_dtype_) all_gather_input_.reset(memory::flat_copy(sharded_flat_, param_dtype_));
-  const at::Tensor& input = param_dtype_ == master_dtype_ ? sharded_flat_ : all_gather_input_.get();
   if (shard_group_->size() == 1) {
-    unsharded_flat_.copy_(input);
-    all_gather_input_.reset();
+    unsharded_flat_.copy_(sharded_flat_);  // the shard is the unit: one pass, casting as it copies
     return;
   }
+  if (param_dtype_ != master_dtype_) all_gather_input_.reset(memory::flat_copy(sharded_flat_, param_dtype_));
+  const at::Tensor& input = param_dtype_ == master_dtype_ ? sharded_flat_ : all_gather_input_.get();
   all_gather_event_ = comm_->record(FSDPEvent::Kind::kAllGather, *name_, static_cast<int64_t>(input.nbytes()));
   dist::CollectiveLabel label(*name_);
   all_gather_work_ = dist::all_gather_into_tensor(*shard_group_, unsharded_flat_, input);
@@ -243,7 +242,7 @@ void FSDPParamGroup::wait_for_unshard() {
     p.param.set_data(unsharded_view(p));
     if (grads_in_place_) {
       ensure_grad_flat();
-      if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
+      if (p.requires_grad()) attach_existing_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
     } else if (p.param.grad().defined()) {
       // Last step's sharded gradient waits aside; backward works on a full-shape one.
       p.sharded_grad_stash = p.param.grad();
@@ -287,6 +286,23 @@ void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
     view.copy_(grad.reshape(view.sizes()));  // replaced by the user or by autograd
   }
   grad = view;
+}
+
+void FSDPParamGroup::attach_existing_grad_view(FSDPParam& p, const at::Tensor& view) {
+  // Without a gradient yet, the parameter keeps none through backward:
+  // autograd then hands over its fresh gradient (no copy), and
+  // post-backward copies it into the view. Zeroing the view here would
+  // make autograd add into zeros instead, two passes more for the same
+  // result. A gradient that exists (the micro-steps of accumulation) is
+  // attached, and autograd adds into the buffer in place.
+  if (!p.param.grad().defined()) {
+    if (!p.grad_existence_recorded) {
+      p.grad_existed_before = false;
+      p.grad_existence_recorded = true;
+    }
+    return;
+  }
+  attach_grad_view(p, view);
 }
 
 void FSDPParamGroup::ensure_grad_flat() {

@@ -100,6 +100,9 @@ class FSDPParamGroup {
   void allocate_unsharded();
   void free_unsharded();
   void attach_grad_view(FSDPParam& p, const at::Tensor& view);
+  // attach_grad_view for a parameter that has a gradient; one without
+  // keeps none (see the definition).
+  void attach_existing_grad_view(FSDPParam& p, const at::Tensor& view);
   void ensure_grad_flat();
   void attach_sharded_grad_views();
   // The flat unsharded gradient buffer, allocated (zeroed) on first use.
