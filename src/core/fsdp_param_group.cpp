@@ -1,5 +1,7 @@
 #include "fsdp/core/fsdp_param_group.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/util/strides.h>
@@ -337,30 +339,60 @@ void FSDPParamGroup::attach_sharded_grad_views() {
   }
 }
 
+const at::Tensor& FSDPParamGroup::unsharded_grad_unfilled() {
+  if (unsharded_grad_.defined()) return unsharded_grad_.get();
+  // Only what no trainable parameter covers (frozen parameters, alignment,
+  // padding) is zeroed here; collect_unsharded_gradients writes or zeroes
+  // each trainable parameter's slice.
+  at::Tensor flat = memory::empty_flat(padded_numel_, at::TensorOptions().device(device_).dtype(param_dtype_));
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (const auto& p : params_) {
+    if (p.requires_grad() && p.numel > 0) covered.emplace_back(p.offset, p.offset + p.numel);
+  }
+  std::sort(covered.begin(), covered.end());
+  int64_t next = 0;
+  for (const auto& [begin, end] : covered) {
+    if (begin > next) flat.narrow(0, next, begin - next).zero_();
+    next = std::max(next, end);
+  }
+  if (next < padded_numel_) flat.narrow(0, next, padded_numel_ - next).zero_();
+  unsharded_grad_.reset(flat);
+  return unsharded_grad_.get();
+}
+
 void FSDPParamGroup::prepare_gradients() {
   if (grads_in_place_ || trainable_ == 0 || state_ != ShardedState::kUnsharded) return;
-  const at::Tensor& flat = unsharded_grad();
+  // As at one rank (attach_existing_grad_view): a parameter without a
+  // gradient keeps none, so autograd hands its fresh gradient over and
+  // collect_unsharded_gradients copies it in, instead of autograd adding
+  // into a zeroed buffer.
+  const at::Tensor& flat = unsharded_grad_unfilled();
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     at::Tensor& grad = p.param.mutable_grad();
+    if (!grad.defined()) continue;
     at::Tensor view = alias_of(flat, p.offset, p.shape);
-    if (grad.defined() && grad.is_alias_of(view)) continue;  // attached already: the unit runs backward twice
-    // A gradient accumulated before this pre-backward (a parameter used
-    // after its unit's forward, like a tied output head) joins the buffer.
-    if (grad.defined()) view.add_(grad.reshape(p.shape));
+    if (grad.is_alias_of(view)) continue;  // attached already: the unit runs backward twice
+    // A gradient from before this pre-backward (a parameter used after its
+    // unit's forward, like a tied output head, or a second call's backward)
+    // becomes the buffer's content, and the rest of backward adds into it.
+    view.copy_(grad.reshape(p.shape));
     grad = view;
   }
 }
 
 void FSDPParamGroup::collect_unsharded_gradients() {
-  // Gradients autograd left outside the flat buffer (it replaces a defined
-  // gradient under create_graph; a parameter can also get one before its
-  // unit's pre-backward) are added into it; then parameters drop them.
+  // Gradients autograd left outside the flat buffer (handed over fresh, or
+  // replacing a defined one under create_graph) are copied into it, a
+  // parameter that got none has its slice zeroed; then parameters drop them.
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     at::Tensor& grad = p.param.mutable_grad();
-    if (!grad.defined()) continue;
     at::Tensor view = alias_of(unsharded_grad(), p.offset, p.shape);
+    if (!grad.defined()) {
+      view.zero_();  // no gradient arrived here: zeros keep the reduction exact
+      continue;
+    }
     if (!grad.is_alias_of(view)) view.copy_(grad.reshape(p.shape));
     grad = at::Tensor();
   }

@@ -65,4 +65,18 @@ void causal_softmax_row_bf16(uint16_t* row, float* scratch, int64_t count, int64
 void causal_softmax_backward_row_bf16(const uint16_t* p, uint16_t* dp, float* scratch, int64_t count, int64_t n,
                                       float scale);
 
+// Layer norm over one row of n values: y = (x - mean) * rstd * w + b, with
+// the row's mean and rstd = 1 / sqrt(var + eps) written out for backward.
+// w and b are float; x and y fp32 or bf16 bits (`scratch`: n floats).
+void layer_norm_row(const float* x, const float* w, const float* b, float* y, int64_t n, float eps, float* mean,
+                    float* rstd);
+void layer_norm_row_bf16(const uint16_t* x, const float* w, const float* b, uint16_t* y, float* scratch, int64_t n,
+                         float eps, float* mean, float* rstd);
+// Its backward for one row: dx written; dy * xhat added into dw and dy
+// into db (float accumulators of n). bf16 `scratch`: 3n floats.
+void layer_norm_backward_row(const float* x, const float* dy, const float* w, float mean, float rstd, float* dx,
+                             float* dw, float* db, int64_t n);
+void layer_norm_backward_row_bf16(const uint16_t* x, const uint16_t* dy, const float* w, float mean, float rstd,
+                                  uint16_t* dx, float* dw, float* db, float* scratch, int64_t n);
+
 }  // namespace fsdp::kernels

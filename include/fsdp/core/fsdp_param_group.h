@@ -107,6 +107,8 @@ class FSDPParamGroup {
   void attach_sharded_grad_views();
   // The flat unsharded gradient buffer, allocated (zeroed) on first use.
   const at::Tensor& unsharded_grad();
+  // The same, allocated with only what no trainable parameter covers zeroed.
+  const at::Tensor& unsharded_grad_unfilled();
   void finish_all_gather();
   void collect_unsharded_gradients();
 

@@ -47,6 +47,13 @@ TORCH_MODULE(Embedding);
 // (ATen's bf16 form converts element by element); elsewhere, LibTorch's.
 torch::Tensor gelu_tanh(const torch::Tensor& x);
 
+// Layer norm over the last dimension, one vectorised pass per row each
+// way with the statistics in float, for CPU tensors in fp32 or bf16 (x,
+// weight and bias of one dtype). LayerNorm uses it for bf16, where
+// LibTorch 1.13's CPU kernel is a scalar loop; fp32 stays LibTorch's.
+torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                              double eps);
+
 struct LayerNormImpl : torch::nn::Module {
   LayerNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
