@@ -264,7 +264,11 @@ void FSDPParamGroup::reshard() {
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
     if (grads_in_place_) {
-      if (p.requires_grad()) attach_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
+      // After forward a parameter without a gradient keeps none (backward
+      // hands one over); post-backward attaches every view.
+      if (p.requires_grad()) {
+        attach_existing_grad_view(p, alias_of(grad_flat_, p.local.begin_in_shard, {p.local.numel}));
+      }
       continue;
     }
     // A full-shape gradient still here was never collected (an abandoned
@@ -408,11 +412,11 @@ void FSDPParamGroup::post_backward() {
   }
   if (grads_in_place_) {
     ensure_grad_flat();
-    if (state_ == ShardedState::kUnsharded) {
-      reshard();  // re-attaches every gradient view, copying any that autograd replaced
-    } else {
-      attach_sharded_grad_views();  // not used on this rank: replicas may still send gradients
-    }
+    // Every gradient becomes its view: one autograd handed over or replaced
+    // is copied in, one that never came is zeros (replicas may still send
+    // gradients for a unit not used on this rank).
+    if (state_ == ShardedState::kUnsharded) reshard();
+    attach_sharded_grad_views();
     if (!requires_gradient_sync) return;
     reduced_this_backward_ = true;
     comm_->reduce(*this);

@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/options.h"
@@ -36,7 +38,40 @@ EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, double std) {
   weight = register_parameter("weight", new_parameter({count, dim}, [std](torch::Tensor& t) { t.normal_(0, std); }));
 }
 
-torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) { return torch::embedding(weight, ids); }
+namespace {
+
+// Runs after the weight's AccumulateGrad: a sparse gradient stored there
+// (the lookup's alone, without the head's) becomes dense.
+class DenseGradientHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit DenseGradientHook(torch::Tensor weight) : weight_(std::move(weight)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    torch::Tensor& grad = weight_.mutable_grad();
+    if (grad.defined() && grad.is_sparse()) grad = grad.to_dense();
+    return outputs;
+  }
+
+ private:
+  torch::Tensor weight_;
+};
+
+}  // namespace
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+  const bool sparse = sparse_backward_ && weight.requires_grad() && torch::GradMode::is_enabled();
+  if (sparse) watch_gradient();
+  return torch::embedding(weight, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, sparse);
+}
+
+void EmbeddingImpl::share_with_output_head() { sparse_backward_ = true; }
+
+void EmbeddingImpl::watch_gradient() {
+  auto accumulator = torch::autograd::impl::grad_accumulator(weight);
+  if (accumulator == grad_accumulator_) return;
+  accumulator->add_post_hook(std::make_unique<DenseGradientHook>(weight));
+  grad_accumulator_ = std::move(accumulator);
+}
 
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", new_parameter({dim}, [](torch::Tensor& t) { t.fill_(1); }));

@@ -38,7 +38,23 @@ TORCH_MODULE(Linear);
 struct EmbeddingImpl : torch::nn::Module {
   EmbeddingImpl(int64_t count, int64_t dim, double std = 0.02);
   torch::Tensor forward(const torch::Tensor& ids);
+  // For a weight the output head shares: the lookup's gradient leaves
+  // backward as the rows it touches (sparse), which autograd adds in place
+  // into the head's dense gradient, instead of a zero-filled (vocab, C)
+  // matrix added out of place. A sparse gradient that arrives alone (the
+  // head unused) is made dense once stored, so the parameter's gradient is
+  // always dense.
+  void share_with_output_head();
   torch::Tensor weight;
+
+ private:
+  void watch_gradient();
+
+  bool sparse_backward_ = false;
+  // The weight's AccumulateGrad node, kept alive with the hook that makes
+  // its gradient dense; replaced when autograd replaces the node (set_data
+  // to another dtype, as FSDP's mixed precision does).
+  std::shared_ptr<torch::autograd::Node> grad_accumulator_;
 };
 TORCH_MODULE(Embedding);
 

@@ -77,6 +77,7 @@ GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& c) {
 
 GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(const GPT2Config& c) : config(c) {
   transformer = register_module("transformer", GPT2Model(c));
+  transformer->wte->share_with_output_head();  // GPT-2's head is wte
 }
 
 torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {

@@ -122,7 +122,11 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) {
   model = register_module("model", LlamaModel(c));
-  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size));
+  if (c.tie_word_embeddings) {
+    model->embed_tokens->share_with_output_head();
+  } else {
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size));
+  }
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
