@@ -5,15 +5,14 @@
 // the composite path for other dtypes and thread-count independence.
 
 #include <ATen/Parallel.h>
-#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
-#include <set>
 #include <string>
 
 #include "fsdp/models/attention.h"
+#include "../nn/dispatched_operators.h"
 
 namespace fsdp::models {
 namespace {
@@ -146,15 +145,7 @@ TEST(CausalAttention, TheFusedPathBuildsNoMaskAndCopiesNoHeads) {
   const int64_t B = 2, T = 16, nh = 2, hs = 8;
   auto qkv = torch::randn({B, T, 3 * nh * hs}).requires_grad_();
   auto dy = torch::randn({B, T, nh * hs});
-  static thread_local std::set<std::string> seen;
-  seen.clear();
-  auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        if (fn.scope() == at::RecordScope::FUNCTION) seen.insert(fn.name());
-        return nullptr;
-      }));
-  causal_attention_packed(qkv, nh).backward(dy);
-  at::removeCallback(handle);
+  const auto seen = testing::dispatched_operators([&] { causal_attention_packed(qkv, nh).backward(dy); });
   for (const char* op : {"aten::triu", "aten::masked_fill_", "aten::_softmax", "aten::_softmax_backward_data",
                          "aten::copy_", "aten::cat", "aten::bmm"}) {
     EXPECT_EQ(seen.count(op), 0u) << op << " ran";

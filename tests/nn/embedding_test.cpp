@@ -2,15 +2,14 @@
 // (share_with_output_head): its gradient is the same dense gradient plain
 // lookups give, without a dense (vocab, C) matrix from the lookup.
 
-#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <set>
 #include <string>
 
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/lm_loss.h"
+#include "dispatched_operators.h"
 
 namespace fsdp::nn {
 namespace {
@@ -55,15 +54,8 @@ TEST(SharedEmbedding, WithoutTheHeadTheGradientIsStillDense) {
 
 TEST(SharedEmbedding, NoDenseLookupGradientIsBuilt) {
   TiedWeights s;
-  static thread_local std::set<std::string> seen;
-  seen.clear();
-  auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        if (fn.scope() == at::RecordScope::FUNCTION) seen.insert(fn.name());
-        return nullptr;
-      }));
-  tied_loss(s.shared(s.ids), s.shared->weight, s.ids).backward();
-  at::removeCallback(handle);
+  const auto seen =
+      testing::dispatched_operators([&] { tied_loss(s.shared(s.ids), s.shared->weight, s.ids).backward(); });
   EXPECT_EQ(seen.count("aten::embedding_dense_backward"), 0u);
   EXPECT_EQ(seen.count("aten::embedding_sparse_backward"), 1u) << "the counter sees the lookup's backward";
 }
