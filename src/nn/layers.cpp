@@ -146,8 +146,9 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   }
 };
 
-// Rows of the backward's weight and bias sums per block: the blocks' sums
-// are added in block order, so the result does not depend on the threads.
+// Rows of the backward's weight and bias sums per block: each block's sum
+// is one thread's, and the blocks are reduced as one tensor of fixed
+// shape, so the result does not depend on the thread count.
 constexpr int64_t kLayerNormRowBlock = 32;
 
 struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
@@ -212,7 +213,7 @@ struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
         }
       }
     });
-    auto sums = partial.sum(0);  // (2, n), blocks added in order
+    auto sums = partial.sum(0);  // (2, n)
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {dx, sums[0].to(dtype), sums[1].to(dtype), torch::Tensor()};
   }
