@@ -280,12 +280,15 @@ void FSDPParamGroup::reshard() {
   state_ = ShardedState::kSharded;
 }
 
+void FSDPParamGroup::record_grad_existence(FSDPParam& p) {
+  if (p.grad_existence_recorded) return;
+  p.grad_existed_before = p.param.grad().defined();
+  p.grad_existence_recorded = true;
+}
+
 void FSDPParamGroup::attach_grad_view(FSDPParam& p, const at::Tensor& view) {
+  record_grad_existence(p);
   at::Tensor& grad = p.param.mutable_grad();
-  if (!p.grad_existence_recorded) {
-    p.grad_existed_before = grad.defined();
-    p.grad_existence_recorded = true;
-  }
   if (!grad.defined()) {
     view.zero_();  // none yet, or set to none by the user: start from zero
   } else if (!grad.is_alias_of(view)) {
@@ -301,14 +304,8 @@ void FSDPParamGroup::attach_existing_grad_view(FSDPParam& p, const at::Tensor& v
   // make autograd add into zeros instead, two passes more for the same
   // result. A gradient that exists (the micro-steps of accumulation) is
   // attached, and autograd adds into the buffer in place.
-  if (!p.param.grad().defined()) {
-    if (!p.grad_existence_recorded) {
-      p.grad_existed_before = false;
-      p.grad_existence_recorded = true;
-    }
-    return;
-  }
-  attach_grad_view(p, view);
+  record_grad_existence(p);
+  if (p.param.grad().defined()) attach_grad_view(p, view);
 }
 
 void FSDPParamGroup::ensure_grad_flat() {

@@ -45,12 +45,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  last_step_fused_ = fusable();
-  if (last_step_fused_) {
-    fused_step(1.0f);
-  } else {
-    torch::optim::AdamW::step();
-  }
+  step_scaled(1.0);
   return loss;
 }
 

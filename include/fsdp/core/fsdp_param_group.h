@@ -99,6 +99,9 @@ class FSDPParamGroup {
   at::Tensor sharded_view(const FSDPParam& p) const;
   void allocate_unsharded();
   void free_unsharded();
+  // Notes, once per iteration, whether the parameter had a gradient before
+  // this group touched it (FSDPParam::grad_existed_before).
+  void record_grad_existence(FSDPParam& p);
   void attach_grad_view(FSDPParam& p, const at::Tensor& view);
   // attach_grad_view for a parameter that has a gradient; one without
   // keeps none (see the definition).
