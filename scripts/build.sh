@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Configures and builds fsdp.cpp (Release) into build/. Incremental after the first run.
+# Configures and builds fsdp.cpp (Release). Incremental after the first run.
+#   FSDP_TORCH      which LibTorch: venv (default: PyTorch 2.13 from .venv/),
+#                   system (Debian's 1.13), or a LibTorch directory
+#   FSDP_BUILD_DIR  where to build (default build/)
+#   FSDP_BUILD_TARGETS  space-separated targets to build (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${FSDP_BUILD_DIR:-build}
-if [[ ! -f "$build_dir/build.ninja" ]]; then
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+torch=${FSDP_TORCH:-venv}
+configured=$(sed -n 's/^FSDP_TORCH:STRING=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+if [[ ! -f "$build_dir/build.ninja" || "$configured" != "$torch" ]]; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_TORCH="$torch"
 fi
-cmake --build "$build_dir" -j "$(nproc)"
+targets=()
+for t in ${FSDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Installs every system dependency of fsdp.cpp from Debian's registry.
+# Installs every system dependency of fsdp.cpp from Debian's registry, and
+# the project venv (.venv/: PyTorch 2.13, whose LibTorch the default build
+# uses, and the Python packages the tests and bench/ use) from PyPI, as
+# pinned in requirements.txt.
 # Idempotent: when everything is present it only checks (well under a second).
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev            # LibTorch 1.13 (CPU) with c10d
-  libgloo-dev             # headers that c10d's ProcessGroupGloo.hpp includes
-  libgoogle-glog-dev      # LibTorch logs through glog; we quiet it
+  python3-venv            # the project venv
+  libtorch-dev            # LibTorch 1.13 (CPU) with c10d: the -DFSDP_TORCH=system build
+  libgloo-dev             # headers that 1.13's ProcessGroupGloo.hpp includes
+  libgoogle-glog-dev      # LibTorch 1.13 logs through glog; we quiet it
   libopenblas0-openmp     # fast BLAS: the reference BLAS is ~13x slower for fp32 matmuls
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libicu-dev              # Unicode classes for GPT-2's pre-tokenisation
@@ -57,4 +61,34 @@ if [[ -n "$blas" && "$blas" != *openblas* ]]; then
     echo "setup: selecting $alt as libblas.so.3 (was $blas)"
     "${sudo[@]}" update-alternatives --set libblas.so.3-x86_64-linux-gnu "$alt" >/dev/null
   fi
+fi
+
+# The project venv. A stamp records which requirements.txt it was made
+# from, so a second run only compares two files.
+venv=.venv
+stamp=$venv/.requirements.txt
+if [[ -x $venv/bin/python ]] && cmp -s requirements.txt "$stamp"; then
+  echo "setup: .venv present (requirements.txt unchanged)"
+else
+  python=${FSDP_PYTHON:-}
+  if [[ -z $python ]]; then
+    for candidate in python3.11 python3; do
+      if command -v "$candidate" >/dev/null && "$candidate" -c 'import venv, ensurepip' 2>/dev/null; then
+        python=$candidate
+        break
+      fi
+    done
+  fi
+  if [[ -z $python ]]; then
+    echo "setup: no Python 3 with venv and ensurepip found; install python3-venv or set FSDP_PYTHON" >&2
+    exit 1
+  fi
+  echo "setup: making $venv with $($python --version 2>&1) from requirements.txt (about 2 minutes)"
+  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt ||
+     ! "$venv/bin/python" -c 'import torch, transformers, tokenizers, safetensors, tensorboard, numpy'; then
+    echo "setup: $venv is incomplete: pip could not install requirements.txt (see above)" >&2
+    exit 1
+  fi
+  cp requirements.txt "$stamp"
 fi

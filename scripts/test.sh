@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up, build, and run the whole test suite.
+# Set up, build, and run the whole test suite (arguments go to ctest).
+# FSDP_TORCH and FSDP_BUILD_DIR choose the LibTorch and the build folder,
+# as for scripts/build.sh; the default is PyTorch 2.13 from .venv/ in build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

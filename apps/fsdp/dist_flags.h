@@ -1,5 +1,5 @@
 #pragma once
-// Flags every distributed subcommand shares (--backend, --timeout) and the
+// Flags every distributed subcommand shares (--device, --backend, --timeout) and the
 // start-up sequence they imply.
 
 #include <memory>
@@ -12,7 +12,8 @@
 namespace fsdp::cli {
 
 struct DistFlags {
-  std::string backend;    // empty: FSDP_BACKEND, else the default
+  std::string device;     // empty: FSDP_DEVICE, else auto
+  std::string backend;    // empty: FSDP_BACKEND, else the device's
   double timeout_s = 0;   // 0: FSDP_TIMEOUT, else the default
 
   void add_to(CLI::App& command);

@@ -14,6 +14,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::memory {
@@ -164,7 +165,7 @@ class LargeBlockAllocator final : public c10::Allocator {
  public:
   explicit LargeBlockAllocator(c10::DeviceType type) : type_(type) {}
 
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
     if (type_ != c10::DeviceType::CPU || nbytes < kCachedFrom) return base()->allocate(nbytes);
     const size_t size = size_class(nbytes);
     void* ptr = BlockCache::get().take(size, nbytes);
@@ -173,6 +174,11 @@ class LargeBlockAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override {
     return type_ == c10::DeviceType::CPU ? &free_cpu : base()->raw_deleter();
   }
+#if FSDP_ALLOCATOR_NEEDS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    type_ == c10::DeviceType::CPU ? default_copy_data(dest, src, count) : base()->copy_data(dest, src, count);
+  }
+#endif
 
  private:
   // The CPU default, not GetAllocator(CPU): that may be this allocator. A

@@ -7,7 +7,14 @@
 #include <fstream>
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
+#ifdef FSDP_WITH_NCCL
+#include <nccl.h>
+#endif
+#include <c10/util/Logging.h>
+#ifdef C10_USE_GLOG
 #include <glog/logging.h>
+#endif
 
 #include "fsdp/common/env.h"
 #include "fsdp/common/flat_buffer.h"
@@ -33,9 +40,19 @@ bool is_reference_blas(const std::string& path) {
 
 void quiet_library_logs() {
   // c10d logs its own view of a failure before throwing; we report the
-  // failure once, in our words. GLOG_minloglevel=0 brings its logs back.
+  // failure once, in our words.
+#ifdef C10_USE_GLOG
+  // LibTorch 1.13 (Debian's) logs through glog: GLOG_minloglevel=0 brings
+  // its logs back.
   if (std::getenv("GLOG_minloglevel") == nullptr) FLAGS_minloglevel = google::GLOG_FATAL;
   if (!google::IsGoogleLoggingInitialized()) google::InitGoogleLogging("fsdp");
+#else
+  // PyTorch's 2.x builds log through c10's own logger, which reads
+  // TORCH_CPP_LOG_LEVEL (INFO, WARNING, ERROR, FATAL) at load time: set, it
+  // brings the logs back; unset, only fatal messages pass.
+  constexpr int kFatal = 3;
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = kFatal;
+#endif
 }
 
 void keep_freed_memory() {
@@ -70,14 +87,28 @@ void init_runtime() {
   }
 }
 
+// The BLAS LibTorch was built with, from its build configuration: PyTorch's
+// wheels link MKL statically, so no BLAS library shows among the loaded ones.
+std::string built_in_blas() {
+  const std::string config = at::show_config();
+  const auto at = config.find("BLAS_INFO=");
+  if (at == std::string::npos) return "";
+  const auto begin = at + 10;
+  return config.substr(begin, config.find_first_of(",\n", begin) - begin);
+}
+
 std::string version_report() {
-  std::string blas = loaded_blas_path();
-  const char* blas_kind = blas.empty()                                  ? "none loaded"
-                          : blas.find("openblas") != std::string::npos ? "OpenBLAS"
-                          : blas.find("blis") != std::string::npos     ? "BLIS"
-                          : blas.find("mkl") != std::string::npos      ? "MKL"
-                          : is_reference_blas(blas)                    ? "reference BLAS (slow)"
-                                                                       : "unknown";
+  const std::string blas = loaded_blas_path();
+  std::string blas_kind = blas.find("openblas") != std::string::npos ? "OpenBLAS"
+                          : blas.find("blis") != std::string::npos   ? "BLIS"
+                          : blas.find("mkl") != std::string::npos    ? "MKL"
+                          : is_reference_blas(blas)                  ? "reference BLAS (slow)"
+                          : blas.empty()                             ? ""
+                                                                     : "unknown";
+  if (blas.empty()) {
+    const std::string built_in = built_in_blas();
+    blas_kind = built_in.empty() ? "none found" : built_in + " (linked into LibTorch)";
+  }
   std::string out = "fsdp.cpp " FSDP_VERSION "\n";
   out += "LibTorch " TORCH_VERSION "\n";
 #ifdef FSDP_WITH_NCCL
@@ -85,13 +116,19 @@ std::string version_report() {
 #else
   out += "backends: gloo (CPU); nccl not built (this LibTorch has no CUDA)\n";
 #endif
-  out += "BLAS: " + std::string(blas_kind) + (blas.empty() ? "" : " (" + blas + ")") + "\n";
+  out += "BLAS: " + blas_kind + (blas.empty() ? "" : " (" + blas + ")") + "\n";
   out += "threads: " + std::to_string(at::get_num_threads()) + " intra-op in this process (fsdp launch gives each rank cores / ranks)\n";
+#ifdef FSDP_WITH_CUDA
+  out += "CUDA: built with CUDA " FSDP_CUDA_VERSION " and NCCL " + std::to_string(NCCL_MAJOR) + "." +
+         std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH) + "; ";
   if (torch::cuda::is_available()) {
-    out += "CUDA: " + std::to_string(torch::cuda::device_count()) + " device(s)\n";
+    out += std::to_string(torch::cuda::device_count()) + " device(s) visible\n";
   } else {
-    out += "CUDA: not available in this build\n";
+    out += "no CUDA device is visible\n";
   }
+#else
+  out += "CUDA: not in this build (a CPU LibTorch)\n";
+#endif
   return out;
 }
 

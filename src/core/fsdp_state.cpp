@@ -232,7 +232,7 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
       }
       return grad;
     });
-    if (is_root_ && t.grad_fn()) tree_->open_graphs.push_back(t.grad_fn());
+    if (is_root_ && t.grad_fn()) tree_->open_graphs.emplace_back(t.grad_fn());
   }
 }
 

@@ -89,6 +89,7 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
   auto rows = torch::empty({B, T + 1}, torch::kLong);
   const int64_t first = offset(step, micro_step) / T;
   for (int64_t b = 0; b < B; ++b) read_sequence(first + b, rows[b].data_ptr<int64_t>());
+  if (!o_.device.is_cpu()) rows = rows.to(o_.device);
   return {rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous()};
 }
 

@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#ifdef FSDP_WITH_NCCL
+#ifdef FSDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -171,11 +171,45 @@ Backend parse_backend(const std::string& name) {
   throw Error("unknown backend '" + name + "': expected 'gloo' or 'nccl'");
 }
 
-Backend default_backend() { return nccl_available() ? Backend::kNccl : Backend::kGloo; }
+DeviceChoice parse_device_choice(const std::string& name) {
+  if (name == "auto") return DeviceChoice::kAuto;
+  if (name == "cpu") return DeviceChoice::kCpu;
+  if (name == "cuda") return DeviceChoice::kCuda;
+  throw Error("unknown device '" + name + "': expected 'auto', 'cpu' or 'cuda'");
+}
+
+c10::Device choose_device(DeviceChoice choice, const LaunchEnv& env) {
+  if (choice == DeviceChoice::kCpu) return c10::Device(c10::DeviceType::CPU);
+#ifdef FSDP_WITH_CUDA
+  const int visible = static_cast<int>(c10::cuda::device_count());
+  if (visible == 0) {
+    FSDP_CHECK(choice != DeviceChoice::kCuda,
+               "device 'cuda': no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver); use 'cpu'");
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  // One GPU per local rank, as torchrun lays them out.
+  const auto index = static_cast<c10::DeviceIndex>(env.local_rank % visible);
+  c10::cuda::set_device(index);
+  return c10::Device(c10::DeviceType::CUDA, index);
+#else
+  FSDP_CHECK(choice != DeviceChoice::kCuda,
+             "device 'cuda': this build has no CUDA (built against a CPU LibTorch); use 'cpu', or build with "
+             "scripts/build_cuda.sh");
+  return c10::Device(c10::DeviceType::CPU);
+#endif
+}
+
+Backend backend_for(const c10::Device& device, std::optional<Backend> requested) {
+  if (!requested) return device.is_cuda() ? Backend::kNccl : Backend::kGloo;
+  FSDP_CHECK(*requested != Backend::kNccl || device.is_cuda(),
+             "backend 'nccl' needs a CUDA device, and this rank computes on the CPU; use 'gloo', or device 'cuda'");
+  return *requested;
+}
 
 DistOptions DistOptions::from_env(const EnvMap& env) {
   DistOptions options;
   if (const auto backend = env_string(env, "FSDP_BACKEND")) options.backend = parse_backend(*backend);
+  if (const auto device = env_string(env, "FSDP_DEVICE")) options.device = parse_device_choice(*device);
   if (const auto text = env_string(env, "FSDP_TIMEOUT")) {
     const double seconds = std::atof(text->c_str());
     FSDP_CHECK(seconds > 0, "FSDP_TIMEOUT='", *text, "': expected a positive number of seconds");
@@ -186,8 +220,8 @@ DistOptions DistOptions::from_env(const EnvMap& env) {
 
 ProcessGroup::ProcessGroup(std::string name, Backend backend, std::vector<int> global_ranks, int rank,
                            std::chrono::milliseconds timeout, c10::intrusive_ptr<compat::C10dBackend> impl)
-    : native_all_gather(backend == Backend::kNccl || compat::kGlooMayHaveFlatCollectives),
-      native_reduce_scatter(backend == Backend::kNccl || compat::kGlooMayHaveFlatCollectives),
+    : native_all_gather(backend == Backend::kNccl || compat::kGlooMayHaveFlatAllGather),
+      native_reduce_scatter(backend == Backend::kNccl || compat::kGlooMayHaveFlatReduceScatter),
       name_(std::move(name)),
       backend_(backend),
       global_ranks_(std::move(global_ranks)),
@@ -216,15 +250,15 @@ std::string ProcessGroup::describe_peers() const {
   return text.empty() ? "none" : text;
 }
 
-World::World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store)
-    : env_(std::move(env)),
-      options_(options),
-      backend_(options.backend.value_or(default_backend())),
-      store_(std::move(store)) {}
+World::World(LaunchEnv env, DistOptions options, c10::Device device, Backend backend,
+             c10::intrusive_ptr<c10d::Store> store)
+    : env_(std::move(env)), options_(options), device_(device), backend_(backend), store_(std::move(store)) {}
 
 std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& options) {
-  const Backend backend = options.backend.value_or(default_backend());
-  if (backend == Backend::kNccl) FSDP_CHECK(nccl_available(), "backend 'nccl' needs a visible CUDA GPU");
+  // The one device decision, before anything connects: a bad choice fails
+  // on every rank alike, with nothing half-started.
+  const c10::Device device = choose_device(options.device, env);
+  const Backend backend = backend_for(device, options.backend);
   auto store = rendezvous(env, options.timeout);
   try {
     const std::string address = local_address_toward(env.master_addr);
@@ -236,7 +270,7 @@ std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& opti
     throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
                 " failed: " + error_text(e) + "; rank 0 may have exited");
   }
-  std::shared_ptr<World> world(new World(env, options, std::move(store)));
+  std::shared_ptr<World> world(new World(env, options, device, backend, std::move(store)));
   world->learn_hosts();
   std::vector<int> all(static_cast<size_t>(env.world_size));
   for (int r = 0; r < env.world_size; ++r) all[static_cast<size_t>(r)] = r;

@@ -1,11 +1,23 @@
 #include "fsdp/train/profile_window.h"
 
-#include <torch/csrc/autograd/profiler_legacy.h>
-
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
+#include "fsdp/io/atomic_file.h"
+
+// LibTorch 2.x profiles through Kineto (its legacy profiler is deprecated);
+// Debian's 1.13 is built without Kineto, so it keeps the legacy one.
+#if FSDP_TORCH_VERSION >= 200
+#include <torch/csrc/autograd/profiler_kineto.h>
+#else
+#include <torch/csrc/autograd/profiler_legacy.h>
+#endif
 
 namespace fsdp::train {
 
@@ -22,18 +34,78 @@ StepRange StepRange::parse(const std::string& text, const std::string& flag) {
   return r;
 }
 
-ProfileWindow::ProfileWindow(StepRange range, std::string trace_path) : range_(range), path_(std::move(trace_path)) {}
+namespace {
 
-ProfileWindow::~ProfileWindow() = default;
+// Names the trace's process (Chrome trace metadata events), so that traces
+// of several ranks opened together say which rank is which.
+void name_trace_process(const std::string& path, const std::string& process_name) {
+  nlohmann::json trace;
+  {
+    std::ifstream in(path);
+    if (!in) return;
+    trace = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  if (trace.is_discarded()) return;
+  nlohmann::json& events = trace.is_array() ? trace : trace["traceEvents"];
+  if (!events.is_array()) return;
+  std::set<int64_t> pids;
+  for (auto it = events.begin(); it != events.end();) {
+    if (it->is_object() && it->contains("pid") && (*it)["pid"].is_number_integer()) pids.insert((*it)["pid"].get<int64_t>());
+    const bool names_process = it->is_object() && it->value("ph", "") == "M" && it->value("name", "") == "process_name";
+    it = names_process ? events.erase(it) : std::next(it);
+  }
+  for (const int64_t pid : pids) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+                      {"args", {{"name", process_name}}}});
+  }
+  io::write_file_atomically(path, trace.dump());
+}
+
+}  // namespace
+
+#if FSDP_TORCH_VERSION >= 200
+struct ProfileWindow::Recording {
+  explicit Recording(std::string path) : path_(std::move(path)) {
+    namespace prof = torch::autograd::profiler;
+    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+    const std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+  }
+  ~Recording() {
+    auto result = torch::autograd::profiler::disableProfiler();
+    if (result) result->save(path_);
+  }
+  std::string path_;
+};
+#else
+struct ProfileWindow::Recording {
+  explicit Recording(const std::string& path) : profile(path) {}
+  torch::autograd::profiler::RecordProfile profile;  // writes the trace when destroyed
+};
+#endif
+
+ProfileWindow::ProfileWindow(StepRange range, std::string trace_path, std::string process_name)
+    : range_(range), path_(std::move(trace_path)), process_name_(std::move(process_name)) {}
+
+ProfileWindow::~ProfileWindow() {
+  if (recording_) {
+    recording_.reset();  // writes the trace
+    name_trace_process(path_, process_name_);
+  }
+}
 
 void ProfileWindow::step_begins(int64_t step) {
   if (range_.empty() || step + 1 != range_.first) return;
   std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
-  profile_ = std::make_unique<torch::autograd::profiler::RecordProfile>(path_);
+  recording_ = std::make_unique<Recording>(path_);
 }
 
 void ProfileWindow::step_ends(int64_t step) {
-  if (profile_ && step + 1 >= range_.last) profile_.reset();  // writes the trace
+  if (recording_ && step + 1 >= range_.last) {
+    recording_.reset();  // writes the trace
+    name_trace_process(path_, process_name_);
+  }
 }
 
 }  // namespace fsdp::train

@@ -104,7 +104,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   eval_cadence_ = {r.eval_every, false};
   save_cadence_ = {config_.checkpoint.save_every, false};
   profile_ = std::make_unique<ProfileWindow>(StepRange::parse(r.profile_steps, "--profile-steps"),
-                                             folder_.trace(world_->rank()));
+                                             folder_.trace(world_->rank()), "rank " + std::to_string(world_->rank()));
   // Everything is validated; only now may files be written.
   open_run_files();
   peak_flops_ = measured_cpu_peak_flops();
@@ -171,6 +171,8 @@ void Trainer::build_model() {
     init_weights_ = std::make_shared<models::HfWeights>(m.init_from);
     init_weights_->validate(*model_);
   }
+  // The world's device decision; FSDP's buffers follow the parameters.
+  if (!world_->device().is_cpu()) model_->to(world_->device());
   params_ = models::count_parameters(*model_);
   active_params_ = model_->active_parameter_count();
   if (world_->rank() == 0) {
@@ -197,6 +199,7 @@ void Trainer::build_data() {
   o.seq_len = d.seq_len;
   o.rank = world_->rank();
   o.world = world_->size();
+  o.device = world_->device();
   o.grad_accum = static_cast<int>(d.grad_accum);
   o.vocab_size = model_->vocab_size();
   o.seed = static_cast<uint64_t>(config_.runtime.seed);

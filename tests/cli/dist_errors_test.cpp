@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "fsdp/launch/launcher.h"
 #include "run_command.h"
@@ -35,6 +36,33 @@ TEST(DistErrors, UnknownBackend) {
 TEST(DistErrors, NcclWithoutCudaBuild) {
   const auto r = run_command(single_rank("FSDP_BACKEND=nccl") + kCli + " smoke");
   expect_clean_failure(r, "nccl");
+}
+
+TEST(DistErrors, UnknownDevice) {
+  const auto r = run_command(single_rank("") + kCli + " smoke --device tpu");
+  expect_clean_failure(r, "unknown device 'tpu': expected 'auto', 'cpu' or 'cuda'");
+}
+
+// Asking for the GPU where there is none fails before anything connects,
+// saying why; the CUDA tests (tests/cuda/) cover the machine that has one.
+TEST(DistErrors, CudaDeviceWithoutAGpuIsRefusedWithTheReason) {
+#ifdef FSDP_WITH_CUDA
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible: tests/cuda/ runs the GPU path";
+  const std::string reason = "device 'cuda': no CUDA device is visible";
+#else
+  const std::string reason = "device 'cuda': this build has no CUDA (built against a CPU LibTorch)";
+#endif
+  expect_clean_failure(run_command(single_rank("") + kCli + " smoke --device cuda"), reason);
+  expect_clean_failure(run_command(single_rank("FSDP_DEVICE=cuda") + kCli + " smoke"), reason);
+}
+
+TEST(DistErrors, NcclOnTheCpuIsRefused) {
+#ifndef FSDP_WITH_CUDA
+  GTEST_SKIP() << "a CPU build has no NCCL to refuse (NcclWithoutCudaBuild covers it)";
+#else
+  const auto r = run_command(single_rank("") + kCli + " smoke --device cpu --backend nccl");
+  expect_clean_failure(r, "backend 'nccl' needs a CUDA device, and this rank computes on the CPU");
+#endif
 }
 
 TEST(DistErrors, RankNotBelowWorldSize) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -196,8 +197,10 @@ TEST(Train, NonFiniteStepsAreSkippedOnEveryRankAndStopTheRunWithoutACheckpoint) 
     EXPECT_TRUE(contains(r.output, "[rank " + std::to_string(rank) + "] error: step 3: loss")) << r.output;
   }
   EXPECT_TRUE(contains(r.output, "2 non-finite steps in a row (--max-bad-steps 2)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "step 2: loss -nan, gradient norm -nan: not finite, optimizer step skipped") ||
-              contains(r.output, "step 2: loss nan, gradient norm nan: not finite, optimizer step skipped"))
+  // A NaN's sign bit depends on the kernels that made it (and so on the
+  // LibTorch version): either prints.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("step 2: loss -?nan, gradient norm -?nan: not finite, "
+                                                     "optimizer step skipped")))
       << r.output;
   std::vector<nlohmann::json> steps;
   for (const auto& m : read_metrics(dir + "/m.jsonl")) {

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include "fsdp/data/token_file.h"
@@ -109,10 +111,14 @@ TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
     const auto trace = nlohmann::json::parse(read_file(path));
     const auto& list = trace.is_array() ? trace : trace.at("traceEvents");
     std::map<std::string, int> ranges;
+    std::set<std::string> process_names;
     for (const auto& e : list) {
       const std::string name = e.value("name", "");
       if (name.rfind("FSDP::", 0) == 0) ++ranges[name];
+      if (name == "process_name" && e.value("ph", "") == "M") process_names.insert(e["args"].value("name", ""));
     }
+    // Traces of several ranks opened together say which rank is which.
+    EXPECT_EQ(process_names, std::set<std::string>{"rank " + std::to_string(rank)}) << path;
     // gpt2-tiny: 3 units; per step 5 all-gathers (3 forward, 2 backward), 3
     // reduce-scatters; two steps profiled.
     EXPECT_EQ(ranges["FSDP::all_gather"], 10) << path;
@@ -238,9 +244,18 @@ TEST(Cli, TorchrunSpellingsLaunch) {
 TEST(Cli, VersionNamesWhatABugReportNeeds) {
   const auto r = run_command(kCli + " --version");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"fsdp.cpp 0.", "LibTorch 1.", "backends: gloo", "BLAS: ", "CUDA: "}) {
+  // The LibTorch this test was compiled against, from its own header.
+  for (const std::string& needle : {std::string("fsdp.cpp 0."), std::string("LibTorch ") + TORCH_VERSION + "\n",
+                                   std::string("backends: gloo"), std::string("BLAS: "), std::string("CUDA: ")}) {
     EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
   }
+  EXPECT_FALSE(contains(r.output, "BLAS: none found")) << r.output;
+#ifdef FSDP_WITH_CUDA
+  EXPECT_TRUE(contains(r.output, "CUDA: built with CUDA ")) << r.output;
+  EXPECT_TRUE(contains(r.output, " and NCCL 2.")) << r.output;
+#else
+  EXPECT_TRUE(contains(r.output, "CUDA: not in this build")) << r.output;
+#endif
 }
 
 TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {

@@ -108,15 +108,17 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
     } else {
       optimizer.step();
     }
+    // Before zero_grad: LibTorch 1.13's zero_grad() zeroes gradients, 2.x's
+    // sets them to none, and the state counted includes them.
+    if (log != nullptr && step == 0) {
+      const auto stats = memory_stats(*model, &optimizer);
+      log->state_bytes_after_first_step = stats.sharded_param_bytes + stats.grad_bytes + stats.optimizer_state_bytes;
+    }
     optimizer.zero_grad();
     if (log != nullptr) {
       log->grad_norms.push_back(norm);
       log->gathered_after_step.push_back(memory::gathered_bytes());
       log->loss_scales.push_back(scaler.get_scale());
-      if (step == 0) {
-        const auto stats = memory_stats(*model, &optimizer);
-        log->state_bytes_after_first_step = stats.sharded_param_bytes + stats.grad_bytes + stats.optimizer_state_bytes;
-      }
     }
   }
   return full_parameters(*model);

@@ -6,6 +6,8 @@
 // Single-device code: blocks are called through fsdp::call, which is plain
 // forward when FSDP is not applied.
 
+#include <limits>
+
 #include <torch/torch.h>
 
 #include "fsdp/core/fully_shard.h"
@@ -42,7 +44,8 @@ struct TinyBlockImpl : torch::nn::Module {
     auto v = qkv[2].view({B, T, heads, hs}).transpose(1, 2);
     auto att = q.matmul(k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hs));
     auto mask = torch::ones({T, T}, torch::kBool).tril();
-    att = att.masked_fill(mask.logical_not(), -1e9).softmax(-1);
+    // -inf, not a large finite number: fp16 overflows at 65504.
+    att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity()).softmax(-1);
     auto y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
     x = x + proj(y);
     return x + fc_out(torch::gelu(fc(ln_2(x))));

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/optim/optimizer.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -35,10 +36,47 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
-// Whether Gloo may implement all-gather / reduce-scatter into one flat
-// tensor natively. 1.13 throws "no support for _allgather_base in Gloo";
-// later versions are probed at run time (see ProcessGroup::native_*).
-constexpr bool kGlooMayHaveFlatCollectives = FSDP_TORCH_VERSION >= 200;
+// Autograd's graph nodes (grad_fn, gradient accumulators): owned through
+// std::shared_ptr up to 1.13, through c10::intrusive_ptr in 2.13. Taken
+// from what LibTorch's own accessor returns, so no version test is needed.
+using AutogradNodePtr =
+    std::decay_t<decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))>;
+
+template <typename Owning>
+struct WeakHandle;
+template <typename T>
+struct WeakHandle<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <typename T>
+struct WeakHandle<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+// A handle that does not keep the node (and its graph) alive; expired()
+// tells whether the graph was dropped.
+using AutogradNodeWeakPtr = WeakHandle<AutogradNodePtr>::type;
+
+// c10::Allocator::allocate is const up to 2.2; PyTorch 2.3 dropped the
+// const and made copy_data (used by Storage copies) pure virtual.
+#if FSDP_TORCH_VERSION >= 203
+#define FSDP_ALLOCATE_CONST
+#define FSDP_ALLOCATOR_NEEDS_COPY_DATA 1
+#else
+#define FSDP_ALLOCATE_CONST const
+#define FSDP_ALLOCATOR_NEEDS_COPY_DATA 0
+#endif
+
+// Whether Gloo may implement all-gather into one flat tensor natively. 1.13
+// throws "no support for _allgather_base in Gloo"; later versions are
+// probed at run time (see ProcessGroup::native_*).
+constexpr bool kGlooMayHaveFlatAllGather = FSDP_TORCH_VERSION >= 200;
+// Gloo's reduce-scatter (2.x) is not used: it sums in its ring's order, so
+// at a world size that is not a power of two the sum rounds differently
+// from rank order, and AdamW's first steps magnify that on gradients that
+// nearly cancel (measured: Qwen3-MoE at W = 3, 3.9e-4 from one process
+// after 5 steps). Ours sums in rank order on every version; see
+// [Note: reduce-scatter on Gloo].
+constexpr bool kGlooMayHaveFlatReduceScatter = false;
 
 #ifdef FSDP_WITH_CUDA
 constexpr const char* kCudaSuffix = " and CUDA";

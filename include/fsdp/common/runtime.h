@@ -9,8 +9,9 @@ namespace fsdp {
 // Applies OMP_NUM_THREADS (set per rank by `fsdp launch`) to LibTorch's
 // intra-op pool, keeps freed memory for reuse, and warns on stderr when the
 // reference BLAS is active.
-// Also silences LibTorch's glog output below FATAL unless GLOG_minloglevel
-// is set: every failure it would log reaches the user as our own error.
+// Also silences LibTorch's logs below FATAL unless GLOG_minloglevel (1.13,
+// glog) or TORCH_CPP_LOG_LEVEL (2.x, c10's logger) is set: every failure it
+// would log reaches the user as our own error.
 void init_runtime();
 void quiet_library_logs();
 // Tunes glibc malloc to keep large freed blocks (see runtime.cpp).

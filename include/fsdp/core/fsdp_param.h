@@ -15,6 +15,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "fsdp/common/compat.h"
+
 #include "fsdp/core/shard_layout.h"
 
 namespace torch::autograd {
@@ -33,7 +35,7 @@ struct FSDPParam {
 
   // Held so the post-accumulate hook lives as long as the node; the node is
   // re-created by autograd when the parameter's dtype changes (set_data).
-  std::shared_ptr<torch::autograd::Node> grad_accumulator;
+  compat::AutogradNodePtr grad_accumulator;
   // The sharded gradient the optimizer saw last step, set aside while the
   // parameter is unsharded so autograd works on a full-shape gradient.
   at::Tensor sharded_grad_stash;

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "fsdp/common/compat.h"
+
 #include "fsdp/core/comm_context.h"
 #include "fsdp/core/fsdp_param_group.h"
 #include "fsdp/core/fully_shard.h"
@@ -33,7 +35,7 @@ struct FSDPTree {
   bool recording_order = true;
   // A forward with gradients ran and its backward has not finished.
   bool iteration_open = false;
-  std::vector<std::weak_ptr<torch::autograd::Node>> open_graphs;  // the root outputs' grad_fns
+  std::vector<compat::AutogradNodeWeakPtr> open_graphs;  // the root outputs' grad_fns
   bool in_backward = false;
   bool callback_queued = false;
   int64_t backward_count = 0;  // backwards finished or abandoned

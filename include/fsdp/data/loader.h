@@ -33,6 +33,7 @@ struct LoaderOptions {
   int64_t vocab_size = 0;
   uint64_t seed = 0;
   bool shuffle = false;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // where batches go (the world's device)
   std::string flag = "--data";  // names the option in errors
 };
 

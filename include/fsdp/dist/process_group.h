@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include "fsdp/common/compat.h"
@@ -25,15 +26,27 @@ enum class Backend { kGloo, kNccl };
 const char* to_string(Backend backend);
 // Throws fsdp::Error naming the accepted backends.
 Backend parse_backend(const std::string& name);
-// NCCL when this build has it and a GPU is visible, Gloo otherwise.
-Backend default_backend();
 bool nccl_available();
 
+// Where a rank computes. kAuto: a CUDA GPU when this build has CUDA and one
+// is visible, else the CPU.
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+// Throws fsdp::Error naming the accepted choices (auto, cpu, cuda).
+DeviceChoice parse_device_choice(const std::string& name);
+// The one device decision of a rank: the CPU, or CUDA device LOCAL_RANK
+// (modulo the visible count). Throws when CUDA is asked for and this build
+// has none or no device is visible.
+c10::Device choose_device(DeviceChoice choice, const LaunchEnv& env);
+// The backend for a device when none is asked for: NCCL for CUDA, Gloo for
+// the CPU. An explicit NCCL on a CPU device is refused with the reason.
+Backend backend_for(const c10::Device& device, std::optional<Backend> requested);
+
 struct DistOptions {
-  std::optional<Backend> backend;                // default_backend() when unset
+  std::optional<Backend> backend;                // backend_for(device) when unset
+  DeviceChoice device = DeviceChoice::kAuto;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
 
-  // FSDP_BACKEND and FSDP_TIMEOUT (seconds) override the defaults.
+  // FSDP_BACKEND, FSDP_DEVICE and FSDP_TIMEOUT (seconds) override the defaults.
   static DistOptions from_env(const EnvMap& env);
 };
 
@@ -91,6 +104,10 @@ class World {
 
   const LaunchEnv& env() const { return env_; }
   const DistOptions& options() const { return options_; }
+  // This rank's device, decided once at init: the model, its data, FSDP's
+  // buffers and the backend all follow it.
+  const c10::Device& device() const { return device_; }
+  Backend backend() const { return backend_; }
   int rank() const { return env_.rank; }
   int size() const { return env_.world_size; }
   ProcessGroup& group() { return *group_; }
@@ -103,11 +120,13 @@ class World {
                                           const std::string& role = "");
 
  private:
-  World(LaunchEnv env, DistOptions options, c10::intrusive_ptr<c10d::Store> store);
+  World(LaunchEnv env, DistOptions options, c10::Device device, Backend backend,
+        c10::intrusive_ptr<c10d::Store> store);
   void learn_hosts();
 
   LaunchEnv env_;
   DistOptions options_;
+  c10::Device device_;
   Backend backend_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::shared_ptr<ProcessGroup> group_;

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "fsdp/common/compat.h"
+
 namespace fsdp::nn {
 
 // While alive, new_parameter() creates deferred parameters (this thread).
@@ -54,7 +56,7 @@ struct EmbeddingImpl : torch::nn::Module {
   // The weight's AccumulateGrad node, kept alive with the hook that makes
   // its gradient dense; replaced when autograd replaces the node (set_data
   // to another dtype, as FSDP's mixed precision does).
-  std::shared_ptr<torch::autograd::Node> grad_accumulator_;
+  compat::AutogradNodePtr grad_accumulator_;
 };
 TORCH_MODULE(Embedding);
 

@@ -1,16 +1,14 @@
 #pragma once
 // `--profile-steps A:B`: LibTorch's profiler over steps A..B (1-based,
 // inclusive), written as one Chrome trace per rank (chrome://tracing,
-// Perfetto). The FSDP core marks its phases with record-function ranges
-// (FSDP::all_gather, FSDP::reduce_scatter, FSDP::pre_forward, ...), so they
-// appear in the trace beside the operators.
+// Perfetto), its process named after the rank. The FSDP core marks its
+// phases with record-function ranges (FSDP::all_gather,
+// FSDP::reduce_scatter, FSDP::pre_forward, ...), so they appear in the
+// trace beside the operators. LibTorch 2.x records through Kineto, 1.13
+// through its legacy profiler.
 
 #include <memory>
 #include <string>
-
-namespace torch::autograd::profiler {
-struct RecordProfile;
-}
 
 namespace fsdp::train {
 
@@ -23,7 +21,8 @@ struct StepRange {
 
 class ProfileWindow {
  public:
-  ProfileWindow(StepRange range, std::string trace_path);
+  // `process_name` ("rank 0") names the trace's process.
+  ProfileWindow(StepRange range, std::string trace_path, std::string process_name);
   ~ProfileWindow();                // a run stopped inside the window still writes its trace
   void step_begins(int64_t step);  // 0-based, as the trainer counts
   void step_ends(int64_t step);
@@ -32,7 +31,9 @@ class ProfileWindow {
  private:
   StepRange range_;
   std::string path_;
-  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile_;
+  std::string process_name_;
+  struct Recording;  // the running profiler, per LibTorch version
+  std::unique_ptr<Recording> recording_;
 };
 
 }  // namespace fsdp::train

@@ -1,0 +1,2 @@
+// See ../../README.md: declarations only, for c10d's ProcessGroupGloo.hpp.
+#pragma once

@@ -1,0 +1,97 @@
+# Which LibTorch fsdp.cpp builds against, chosen by FSDP_TORCH:
+#   venv    (default) the torch in the project's .venv/ (scripts/setup.sh
+#           makes it from requirements.txt): PyTorch 2.13, as users have it;
+#   system  Debian's libtorch-dev (LibTorch 1.13);
+#   DIR     any other LibTorch: the unzipped download from PyTorch's site
+#           (DIR/share/cmake/Torch) or a pip-installed torch package
+#           (its site-packages/torch directory).
+set(FSDP_TORCH "venv" CACHE STRING "LibTorch to build against: venv, system, or a LibTorch directory")
+
+if(FSDP_TORCH STREQUAL "venv")
+  set(_fsdp_venv_torch_glob "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/torch")
+  file(GLOB _fsdp_torch_root LIST_DIRECTORIES true "${_fsdp_venv_torch_glob}")
+  if(NOT _fsdp_torch_root)
+    message(FATAL_ERROR
+      "FSDP_TORCH=venv but ${_fsdp_venv_torch_glob} does not exist: run scripts/setup.sh to make the "
+      "project venv, or choose another LibTorch with -DFSDP_TORCH=system (Debian's 1.13) or -DFSDP_TORCH=/path/to/libtorch")
+  endif()
+  list(GET _fsdp_torch_root 0 _fsdp_torch_root)
+elseif(FSDP_TORCH STREQUAL "system")
+  set(_fsdp_torch_root "")
+else()
+  get_filename_component(_fsdp_torch_root "${FSDP_TORCH}" ABSOLUTE)
+  if(NOT EXISTS "${_fsdp_torch_root}/share/cmake/Torch/TorchConfig.cmake")
+    message(FATAL_ERROR
+      "FSDP_TORCH=${FSDP_TORCH}: expected 'venv', 'system', or a LibTorch directory holding "
+      "share/cmake/Torch/TorchConfig.cmake (an unzipped LibTorch, or a pip-installed torch package directory)")
+  endif()
+endif()
+
+if(_fsdp_torch_root)
+  # TorchConfig looks for its libraries and Caffe2 targets on the default
+  # paths before its own, and Debian's 1.13 may be there: search the chosen
+  # LibTorch first.
+  # Only for Torch: its include/ also holds headers of its own Protobuf,
+  # which must not stand in for the system's.
+  set(_fsdp_prefix_path "${CMAKE_PREFIX_PATH}")
+  list(PREPEND CMAKE_PREFIX_PATH "${_fsdp_torch_root}")
+  set(Caffe2_DIR "${_fsdp_torch_root}/share/cmake/Caffe2" CACHE PATH "" FORCE)
+  # A pip-installed CUDA torch takes its CUDA libraries from the nvidia-*
+  # packages beside it, not from the toolkit: link the same NVRTC it loads.
+  file(GLOB _fsdp_nvrtc "${_fsdp_torch_root}/../nvidia/cu*/lib/libnvrtc.so.[0-9]*")
+  if(_fsdp_nvrtc AND NOT CUDA_nvrtc_LIBRARY)
+    list(GET _fsdp_nvrtc 0 _fsdp_nvrtc)
+    set(CUDA_nvrtc_LIBRARY "${_fsdp_nvrtc}" CACHE FILEPATH "NVRTC beside the pip-installed torch")
+  endif()
+  find_package(Torch REQUIRED CONFIG PATHS "${_fsdp_torch_root}/share/cmake/Torch" NO_DEFAULT_PATH)
+  set(CMAKE_PREFIX_PATH "${_fsdp_prefix_path}")
+else()
+  find_package(Torch REQUIRED)
+endif()
+
+# A LibTorch may be built with c10d's Gloo (USE_C10D_GLOO) but ship no Gloo
+# headers (PyTorch's wheels and zips). c10d's ProcessGroupGloo.hpp names
+# Gloo's classes only through pointers and calls, so declarations suffice:
+# cmake/gloo_interface/ has them, with no class layouts, so nothing of
+# Gloo's in-memory shape is assumed. Debian's libgloo-dev is never used for
+# such a LibTorch: its headers come from another Gloo release.
+set(FSDP_GLOO_INTERFACE_DIR "")
+if(_fsdp_torch_root AND NOT EXISTS "${_fsdp_torch_root}/include/gloo")
+  set(FSDP_GLOO_INTERFACE_DIR "${PROJECT_SOURCE_DIR}/cmake/gloo_interface")
+endif()
+
+# PyTorch's torch/version.h carries the version; Torch_VERSION can be empty.
+set(FSDP_TORCH_ROOT "${_fsdp_torch_root}")
+
+# OpenMP. LibTorch's at::parallel_for is a header template: without OpenMP
+# in our own compile it runs every range on the calling thread. Our OpenMP
+# code must share LibTorch's runtime, so that there is one thread pool:
+# PyTorch's wheels bundle their own libgomp.so.1 beside libtorch_cpu, which
+# we then link instead of the compiler's (same soname, so the loader maps
+# one copy: the bundled one, first on the run path). Debian's LibTorch uses
+# GCC's libgomp, the compiler's own.
+find_package(OpenMP REQUIRED)
+add_library(fsdp_openmp INTERFACE)
+if(_fsdp_torch_root AND EXISTS "${_fsdp_torch_root}/lib/libgomp.so.1")
+  target_compile_options(fsdp_openmp INTERFACE ${OpenMP_CXX_FLAGS})
+  target_link_libraries(fsdp_openmp INTERFACE "${_fsdp_torch_root}/lib/libgomp.so.1")
+  set(FSDP_OPENMP_RUNTIME "${_fsdp_torch_root}/lib/libgomp.so.1 (LibTorch's)")
+else()
+  target_link_libraries(fsdp_openmp INTERFACE OpenMP::OpenMP_CXX)
+  set(FSDP_OPENMP_RUNTIME "${OpenMP_gomp_LIBRARY} (the compiler's)")
+endif()
+
+# NCCL and CUDA come with a CUDA LibTorch; the CPU build never needs CUDA
+# headers. c10d's ProcessGroupNCCL.hpp includes nccl.h, which a pip CUDA
+# torch has in the nvidia-nccl package beside it.
+set(FSDP_WITH_CUDA OFF)
+set(FSDP_NCCL_INCLUDE_DIR "")
+if(TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
+  set(FSDP_WITH_CUDA ON)
+  find_path(FSDP_NCCL_INCLUDE_DIR nccl.h
+    HINTS "${_fsdp_torch_root}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} ${CUDA_INCLUDE_DIRS})
+  if(NOT FSDP_NCCL_INCLUDE_DIR)
+    message(FATAL_ERROR "this LibTorch has CUDA, but nccl.h was not found: install NCCL's headers "
+                        "(pip's nvidia-nccl package, or libnccl-dev) or set FSDP_NCCL_INCLUDE_DIR")
+  endif()
+endif()
