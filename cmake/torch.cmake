@@ -85,7 +85,6 @@ endif()
 # headers. c10d's ProcessGroupNCCL.hpp includes nccl.h, which a pip CUDA
 # torch has in the nvidia-nccl package beside it.
 set(FSDP_WITH_CUDA OFF)
-set(FSDP_NCCL_INCLUDE_DIR "")
 if(TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
   set(FSDP_WITH_CUDA ON)
   find_path(FSDP_NCCL_INCLUDE_DIR nccl.h

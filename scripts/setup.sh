@@ -53,10 +53,15 @@ else
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# OpenBLAS only helps when it is the libblas.so.3 that the loader picks.
+# Debian's LibTorch 1.13 (the -DFSDP_TORCH=system build) takes its BLAS from
+# libblas.so.3: OpenBLAS's OpenMP build is the fast one, sharing LibTorch's
+# OpenMP pool (the pthread build, which libtorch-dev may pull in and which
+# ranks higher, made a GPT-2 d6 fp32 step 2.1x slower here: 2.53 s against
+# 1.19 s, bench/libtorch_versions.py). The default build's LibTorch links
+# MKL itself and does not use it.
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
-if [[ -n "$blas" && "$blas" != *openblas* ]]; then
-  alt=$(update-alternatives --list libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep openblas | head -n1 || true)
+if [[ -n "$blas" && "$blas" != *openblas-openmp* ]]; then
+  alt=$(update-alternatives --list libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep openblas-openmp | head -n1 || true)
   if [[ -n "$alt" ]]; then
     echo "setup: selecting $alt as libblas.so.3 (was $blas)"
     "${sudo[@]}" update-alternatives --set libblas.so.3-x86_64-linux-gnu "$alt" >/dev/null
