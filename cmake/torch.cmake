@@ -89,6 +89,10 @@ if(TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA)
   set(FSDP_WITH_CUDA ON)
   find_path(FSDP_NCCL_INCLUDE_DIR nccl.h
     HINTS "${_fsdp_torch_root}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} ${CUDA_INCLUDE_DIRS})
+  # c10d's NCCL headers include CUDA's math libraries' headers (cusparse.h,
+  # cublas_v2.h), which a pip CUDA torch has in nvidia/cu*/include, not in
+  # the toolkit.
+  file(GLOB FSDP_CUDA_LIBRARY_INCLUDE_DIRS LIST_DIRECTORIES true "${_fsdp_torch_root}/../nvidia/cu*/include")
   if(NOT FSDP_NCCL_INCLUDE_DIR)
     message(FATAL_ERROR "this LibTorch has CUDA, but nccl.h was not found: install NCCL's headers "
                         "(pip's nvidia-nccl package, or libnccl-dev) or set FSDP_NCCL_INCLUDE_DIR")
