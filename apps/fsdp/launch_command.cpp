@@ -22,8 +22,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--master-addr,--master_addr", options->master_addr, "host of rank 0 (default 127.0.0.1)");
   cmd->add_option("--master-port,--master_port", options->master_port,
                   "rendezvous port (default: a free port; fixed for multi-node)");
-  auto* standalone =
-      cmd->add_flag("--standalone", "one node, rendezvous on a free local port (torchrun's --standalone)");
+  // A const std::string description: under C++20 (LibTorch 2.14) CLI11
+  // finds a string literal ambiguous between a description and a variable.
+  const std::string standalone_help = "one node, rendezvous on a free local port (torchrun's --standalone)";
+  auto* standalone = cmd->add_flag("--standalone", standalone_help);
   standalone->excludes(nnodes)->excludes(node_rank);
   cmd->add_option("--threads-per-rank", options->threads_per_rank,
                   "intra-op threads per rank (default: cores / ranks; OMP_NUM_THREADS wins if set)");
