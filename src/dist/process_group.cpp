@@ -151,14 +151,6 @@ c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseco
 
 const char* to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
 
-bool nccl_available() {
-#ifdef FSDP_WITH_NCCL
-  return c10::cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
-
 Backend parse_backend(const std::string& name) {
   if (name == "gloo") return Backend::kGloo;
   if (name == "nccl") {

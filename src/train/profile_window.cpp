@@ -88,11 +88,12 @@ struct ProfileWindow::Recording {
 ProfileWindow::ProfileWindow(StepRange range, std::string trace_path, std::string process_name)
     : range_(range), path_(std::move(trace_path)), process_name_(std::move(process_name)) {}
 
-ProfileWindow::~ProfileWindow() {
-  if (recording_) {
-    recording_.reset();  // writes the trace
-    name_trace_process(path_, process_name_);
-  }
+ProfileWindow::~ProfileWindow() { finish(); }
+
+void ProfileWindow::finish() {
+  if (!recording_) return;
+  recording_.reset();  // writes the trace
+  name_trace_process(path_, process_name_);
 }
 
 void ProfileWindow::step_begins(int64_t step) {
@@ -102,10 +103,7 @@ void ProfileWindow::step_begins(int64_t step) {
 }
 
 void ProfileWindow::step_ends(int64_t step) {
-  if (recording_ && step + 1 >= range_.last) {
-    recording_.reset();  // writes the trace
-    name_trace_process(path_, process_name_);
-  }
+  if (step + 1 >= range_.last) finish();
 }
 
 }  // namespace fsdp::train

@@ -26,7 +26,6 @@ enum class Backend { kGloo, kNccl };
 const char* to_string(Backend backend);
 // Throws fsdp::Error naming the accepted backends.
 Backend parse_backend(const std::string& name);
-bool nccl_available();
 
 // Where a rank computes. kAuto: a CUDA GPU when this build has CUDA and one
 // is visible, else the CPU.

@@ -32,6 +32,7 @@ class ProfileWindow {
   StepRange range_;
   std::string path_;
   std::string process_name_;
+  void finish();  // stops the recording, if any, and writes the named trace
   struct Recording;  // the running profiler, per LibTorch version
   std::unique_ptr<Recording> recording_;
 };
