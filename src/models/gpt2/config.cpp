@@ -94,8 +94,10 @@ nlohmann::json gpt2_config_to_hf(const GPT2Config& c) {
       {"attn_pdrop", c.attn_pdrop},
       {"resid_pdrop", c.resid_pdrop},
       {"tie_word_embeddings", true},
-      {"bos_token_id", 50256},
-      {"eos_token_id", 50256},
+      // GPT-2's <|endoftext|>, where the vocabulary has it (transformers
+      // warns about an id outside it).
+      {"bos_token_id", c.vocab_size > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+      {"eos_token_id", c.vocab_size > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
       {"torch_dtype", "float32"},
   };
 }

@@ -82,6 +82,58 @@ int64_t parameter_count(const LlamaConfig& c, bool active) {
 int64_t llama_parameter_count(const LlamaConfig& c) { return parameter_count(c, false); }
 int64_t llama_active_parameter_count(const LlamaConfig& c) { return parameter_count(c, true); }
 
+namespace {
+// Rotary embeddings as transformers 4 writes them (`rope_theta` beside an
+// optional `rope_scaling`) or as transformers 5 does (one
+// `rope_parameters` object holding `rope_theta`, `rope_type` and the
+// scaling's fields). Both spellings in one file must agree.
+void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
+  const auto& parameters = r.raw("rope_parameters");
+  const auto& scaling_v4 = r.raw("rope_scaling");
+  nlohmann::json scaling = scaling_v4;
+  c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
+  if (!parameters.is_null()) {
+    FSDP_CHECK(parameters.is_object() && parameters.contains("rope_theta") && parameters.at("rope_theta").is_number(),
+               r.where(), ": config.json 'rope_parameters' ", parameters.dump(),
+               " is not an object with a numeric rope_theta (expected, e.g., {\"rope_type\": \"default\", "
+               "\"rope_theta\": 10000.0})");
+    const double theta = parameters.at("rope_theta").get<double>();
+    FSDP_CHECK(!r.has("rope_theta") || c.rope_theta == theta, r.where(), ": config.json rope_theta ", c.rope_theta,
+               " disagrees with rope_parameters.rope_theta ", theta);
+    c.rope_theta = theta;
+    nlohmann::json rest = parameters;
+    rest.erase("rope_theta");
+    if (scaling_v4.is_object()) {
+      for (const auto& [key, value] : scaling_v4.items()) {
+        const std::string name = key == "type" ? "rope_type" : key;
+        FSDP_CHECK(!rest.contains(name) || rest.at(name) == value, r.where(), ": config.json rope_scaling ",
+                   scaling_v4.dump(), " disagrees with rope_parameters ", parameters.dump(), " on '", key, "'");
+      }
+    }
+    scaling = rest;
+  }
+  if (scaling.is_null()) return;
+  FSDP_CHECK(scaling.is_object(), r.where(), ": config.json 'rope_scaling' is not an object");
+  const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+  FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json rope type '", type,
+             "' is not implemented (expected default or llama3)");
+  if (type != "llama3") return;
+  try {
+    const double original = scaling.at("original_max_position_embeddings").get<double>();
+    c.rope_scaling = {"llama3", scaling.at("factor").get<double>(), scaling.at("low_freq_factor").get<double>(),
+                      scaling.at("high_freq_factor").get<double>(),
+                      original >= 1 ? static_cast<int64_t>(std::min(original, 1e12)) : 0};
+  } catch (const std::exception&) {
+    throw Error(r.where() + ": config.json rope scaling " + scaling.dump() +
+                " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
+  }
+  FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor &&
+                 c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.original_max_position_embeddings >= 1,
+             r.where(), ": config.json rope scaling ", scaling.dump(),
+             " needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings >= 1");
+}
+}  // namespace
+
 void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
   c.vocab_size = r.get_size("vocab_size");
   c.hidden_size = r.get_size("hidden_size");
@@ -91,7 +143,6 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
   c.num_key_value_heads = r.get_size_or("num_key_value_heads", c.num_attention_heads);
   c.max_position_embeddings = r.get_size("max_position_embeddings");
   c.rms_norm_eps = r.get_or<double>("rms_norm_eps", 1e-6);
-  c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
   c.attention_dropout = r.get_or<double>("attention_dropout", 0.0);
   c.head_dim = r.get_size_or("head_dim", 0);  // 0: hidden_size / num_attention_heads
   c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
@@ -100,29 +151,7 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
              c.num_key_value_heads);
   FSDP_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0, r.where(), ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads, " and there is no head_dim");
-  const auto& scaling = r.raw("rope_scaling");
-  if (!scaling.is_null()) {
-    FSDP_CHECK(scaling.is_object(), r.where(), ": config.json 'rope_scaling' is not an object");
-    const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
-    FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json rope_scaling type '", type,
-               "' is not implemented (expected llama3)");
-    if (type == "llama3") {
-      try {
-        c.rope_scaling = {"llama3", scaling.at("factor").get<double>(), scaling.at("low_freq_factor").get<double>(),
-                          scaling.at("high_freq_factor").get<double>(),
-                          scaling.at("original_max_position_embeddings").get<double>() >= 1
-                              ? static_cast<int64_t>(std::min(scaling.at("original_max_position_embeddings").get<double>(), 1e12))
-                              : 0};
-      } catch (const std::exception&) {
-        throw Error(r.where() + ": config.json rope_scaling " + scaling.dump() +
-                    " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
-      }
-      FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor &&
-                     c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.original_max_position_embeddings >= 1,
-                 r.where(), ": config.json rope_scaling ", scaling.dump(),
-                 " needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings >= 1");
-    }
-  }
+  read_rope_keys(r, c);
   r.accept_only("hidden_act", "silu", "the MLP's activation");
   r.accept_only("attention_bias", false, "biases on q/k/v/o projections");
   r.accept_only("mlp_bias", false, "biases on the MLP projections");

@@ -88,7 +88,12 @@ LlamaConfig qwen3_moe_config_from_hf(const nlohmann::json& j, const std::string&
   read_qwen3_keys(r, c);
   c.family = "qwen3_moe";
   auto& m = c.moe;
-  m.num_experts = r.get_size("num_experts");
+  // transformers 5 writes num_local_experts, 4 num_experts.
+  const bool v5_name = r.has("num_local_experts");
+  FSDP_CHECK(!(v5_name && r.has("num_experts")) || r.raw("num_experts") == r.raw("num_local_experts"), where,
+             ": config.json num_experts and num_local_experts disagree");
+  m.num_experts = v5_name ? r.get_size("num_local_experts") : r.get_size("num_experts");
+  r.ignore({"num_experts", "num_local_experts"});
   m.num_experts_per_tok = r.get_size("num_experts_per_tok");
   m.moe_intermediate_size = r.get_size("moe_intermediate_size");
   m.norm_topk_prob = r.get_or<bool>("norm_topk_prob", false);
