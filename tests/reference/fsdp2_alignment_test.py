@@ -20,15 +20,17 @@ the two sides' rounding differences, the sides may route a token
 differently, and from then on train slightly different models. FSDP2's
 side records each step's smallest gap between the k-th and (k+1)-th router
 logit (fsdp2_train.py, routing_margin); from the first step where it falls
-below ROUTING_TIE, losses are held to AFTER_TIE_BOUND and weights are not
-compared, and the test says so. (Measured at W = 1: a gap of ... at step
-12, after which the losses differ by up to 1.5e-4.)
+below ROUTING_TIE (a hundred times the sides' rounding differences),
+losses are held to AFTER_TIE_BOUND and weights are not compared, and the
+test says so.
 
 bf16: both sides compute in bf16 with fp32 reduction and fp32 master
 weights, and both are compared with an fp64 run of the same training
 (FSDP2, same mesh). fsdp.cpp passes when its largest per-step loss distance
-from fp64 is within BF16_FACTOR times FSDP2's, plus BF16_SLACK: at least
-as close to the exact answer as FSDP2's own bf16, up to rounding noise.
+from fp64 is within BF16_FACTOR times FSDP2's: as close to the exact
+answer as FSDP2's own bf16, up to the spread of bf16 rounding. Measured at
+W = 2 (fsdp.cpp, FSDP2): GPT-2 8.1e-4, 4.8e-4; Llama 1.1e-3, 1.7e-3; Qwen3
+1.3e-3, 8.9e-4; Qwen3-MoE 7.3e-3, 5.2e-3; the largest ratio is 1.7.
 """
 import json
 import os
@@ -42,7 +44,7 @@ import token_files
 
 LOSS_BOUND, WEIGHT_BOUND = 1e-5, 1e-4
 ROUTING_TIE, AFTER_TIE_BOUND = 1e-4, 1e-3
-BF16_FACTOR, BF16_SLACK = 2.0, 2e-3
+BF16_FACTOR = 2.5
 STEPS = 20
 SETTINGS = dict(steps=STEPS, seq_len=32, batch_size=2, lr=3e-3, warmup_steps=5, min_lr_ratio=0.1, weight_decay=0.1,
                 beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0)
@@ -142,8 +144,8 @@ def main():
                                     precision="fp64")
             our_error, their_error = float(relative(ours, exact).max()), float(relative(theirs, exact).max())
             print(f"{family}: distance from fp64: fsdp.cpp bf16 {our_error:.2e}, FSDP2 bf16 {their_error:.2e}")
-            harness.check(f"{family}: fsdp.cpp bf16 distance from fp64 minus {BF16_FACTOR} x FSDP2's",
-                          our_error - BF16_FACTOR * their_error, BF16_SLACK)
+            harness.check(f"{family}: fsdp.cpp bf16 distance from fp64 over FSDP2 bf16's", our_error / their_error,
+                          BF16_FACTOR)
         rows.append((family, loss_gap, weight_gap))
     print(f"\n| family | {shape}: largest loss difference | weights |\n| --- | --- | --- |")
     for family, loss_gap, weight_gap in rows:

@@ -30,6 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import transformers
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -56,6 +59,8 @@ def parse():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--precision", choices=("fp32", "bf16", "fp64"), default="fp32")
     p.add_argument("--hsdp", type=int, default=0, help="replicas of a 2-D mesh (0: 1-D)")
+    p.add_argument("--resume-dcp", help="start from this DCP checkpoint (tools/dcp_convert.py export)")
+    p.add_argument("--save-dcp", help="save a DCP checkpoint here at the end")
     p.add_argument("--gradient-divide-factor", type=float, default=0,
                    help="FSDP2's set_gradient_divide_factor (0: FSDP2's default)")
     return p.parse_args()
@@ -116,6 +121,18 @@ def check_gradients_averaged(model, args, tokens, world, rank):
         print(f"FSDP2 averages gradients over the {world} ranks (checked against a plain model)", flush=True)
 
 
+def load_dcp(model, optimizer, directory):
+    """Loads model and optimizer from a DCP directory the way an FSDP2
+    script does (torchtitan, PyTorch's FSDP2 example with --dcp-api);
+    returns the step it was saved at."""
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+             "train_state": {"step": 0, "tokens_seen": 0}}
+    dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    return int(state["train_state"]["step"])
+
+
 def routing_margin(router_logits, k):
     """The smallest gap, over every token and MoE layer of a forward, between
     the k-th and the (k+1)-th router logit: how close a token came to
@@ -153,10 +170,13 @@ def main():
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
     tokens = token_files.read(args.data)
-    if world > 1 and args.precision != "bf16":
+    first_step = 0
+    if args.resume_dcp:
+        first_step = load_dcp(model, optimizer, args.resume_dcp)
+    elif world > 1 and args.precision != "bf16":
         check_gradients_averaged(model, args, tokens, world, rank)
     out = open(args.losses, "w") if rank == 0 else None
-    for step in range(args.steps):
+    for step in range(first_step, args.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(args, step)
         lm_sum, margin = 0.0, math.inf
@@ -184,6 +204,10 @@ def main():
         if out:
             out.write(json.dumps(record) + "\n")
             out.flush()
+    if args.save_dcp:
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+                  "train_state": {"step": args.steps, "tokens_seen": args.steps * world * args.grad_accum
+                                  * args.batch_size * args.seq_len}}, checkpoint_id=args.save_dcp)
     full = {name: p.full_tensor() for name, p in model.state_dict().items()}
     if rank == 0 and args.final:
         # save_pretrained writes the checkpoint's layout (per-expert tensors

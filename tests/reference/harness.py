@@ -56,6 +56,6 @@ def relative_difference(ours, theirs):
 
 
 def check(name, value, bound):
-    print(f"{name}: {value:.3g} (bound {bound:.0e})", flush=True)
+    print(f"{name}: {value:.3g} (bound {bound:.2g})", flush=True)
     if not value <= bound:
-        fail(f"{name}: {value:.3g} exceeds {bound:.0e}")
+        fail(f"{name}: {value:.3g} exceeds {bound:.2g}")

@@ -21,8 +21,8 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(int64_t hidden, const MoEConfig& c)
 // Sorting the slots by expert makes each expert's slots one contiguous run;
 // the expert gathers its tokens (index_select), computes them, weights them
 // by their routing probability, and index_add_ puts them back at their
-// tokens. An expert with no slots does no work and, in that step, gets no
-// gradient (FSDP reduces zeros for it). Work is proportional to N * k, not
+// tokens. An expert with no slots does no work and gets a zero gradient.
+// Work is proportional to N * k, not
 // N * E as with computing every expert on every token under a mask.
 std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
@@ -40,7 +40,14 @@ std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch
   auto out = torch::zeros_like(tokens);
   int64_t begin = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
-    if (count[e] == 0) continue;
+    if (count[e] == 0) {
+      // An expert no token chose still gets a gradient, zero, as one
+      // fused expert tensor would (transformers' layout): computing it on
+      // no rows costs nothing and keeps AdamW's decay and moments moving
+      // for it at every world size.
+      if (torch::GradMode::is_enabled()) out = out + expert_list[static_cast<size_t>(e)](tokens.narrow(0, 0, 0)).sum();
+      continue;
+    }
     const auto slots = order.narrow(0, begin, count[e]);
     const auto token_ids = slots.div(top_k, "floor");
     auto y = expert_list[static_cast<size_t>(e)](tokens.index_select(0, token_ids));

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Converts an fsdp.cpp checkpoint into a PyTorch Distributed Checkpoint
+(DCP) directory that an FSDP2 job loads, at any world size:
+
+  tools/dcp_convert.py export CHECKPOINT OUT
+  tools/dcp_convert.py import DCP_DIR --model HF_DIR OUT
+
+
+CHECKPOINT is a checkpoint directory (`step_N/`) or the folder holding
+`latest` (`--ckpt-dir`, or a run's `checkpoints/`). OUT gets what
+`torch.distributed.checkpoint.save` writes for
+
+  {"model": get_model_state_dict(model),
+   "optim": get_optimizer_state_dict(model, optimizer),
+   "train_state": {"step": N, "tokens_seen": T}}
+
+with `model` the checkpoint's architecture as `transformers` builds it and
+`optimizer` AdamW: the keys an FSDP2 training script saves with the DCP
+API (PyTorch's FSDP2 example with --dcp-api, torchtitan), so the same
+script loads it with `dcp.load` into its sharded model and optimizer.
+
+`import` reads such a DCP directory (an FSDP2 run's, saved at any world
+size) into the model HF_DIR/config.json describes and writes OUT as a
+`--ckpt-dir` that `fsdp train` resumes from: one rank's checkpoint, which
+any world size and strategy reads (resharding on load). A DCP directory
+whose tensors do not match the model (names or shapes) is refused with
+the names that differ, and nothing is written.
+
+Why Python: DCP's `.metadata` is a pickle of PyTorch's own Python classes,
+and its layout has changed between releases; `dcp.save` writes what the
+installed PyTorch reads. The model's names and layouts (transformers' fused
+expert tensors, for one) come from transformers' own loading, applied to
+the weights and to each AdamW moment alike. Training stays free of Python:
+this runs once, after it.
+
+Needs the venv scripts/setup.sh makes (torch, transformers, safetensors).
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import warnings
+import zlib
+
+import torch
+import torch.distributed.checkpoint as dcp
+import transformers
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+# dcp.save/load without a process group say they assume one process: they do.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def fail(message):
+    sys.exit(f"error: {message}")
+
+
+def checkpoint_dir(path):
+    latest = os.path.join(path, "latest")
+    if os.path.exists(latest):
+        target = os.readlink(latest) if os.path.islink(latest) else open(latest).read().strip()
+        path = os.path.join(path, target) if not os.path.isabs(target) else target
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        fail(f"'{path}' is not an fsdp.cpp checkpoint (expected metadata.json, or a folder with 'latest')")
+    return path
+
+
+def read_checkpoint(path):
+    """(metadata, {kind: {name: full tensor}}) for kind in model, exp_avg, exp_avg_sq."""
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    if meta.get("format") != "fsdp.cpp-checkpoint":
+        fail(f"{path}/metadata.json: format {meta.get('format')!r}, expected 'fsdp.cpp-checkpoint'")
+    files = {}
+    for f in meta["files"]:
+        name = os.path.join(path, f["name"])
+        if not os.path.isfile(name) or os.path.getsize(name) != f["bytes"]:
+            fail(f"{name}: missing, or not the {f['bytes']} bytes metadata.json records")
+        files[f["rank"]] = safe_open(name, "pt")
+    tensors = {kind: {} for kind in ("model",) + MOMENTS}
+    for name, p in meta["params"].items():
+        for kind in tensors:
+            pieces = sorted(p["shards"], key=lambda s: s["begin"])
+            flat = [files[s["rank"]].get_tensor(f"{kind}/{name}") for s in pieces if s["count"] > 0]
+            full = torch.cat(flat) if flat else torch.zeros(0)
+            numel = 1
+            for d in p["shape"]:
+                numel *= d
+            if full.numel() != numel:
+                fail(f"{path}: {kind}/{name} has {full.numel()} elements in the rank files, its shape {p['shape']} "
+                     f"needs {numel}")
+            tensors[kind][name] = full.view(p["shape"]).float()
+    return meta, tensors
+
+
+def as_transformers(config, tensors, work, label):
+    """`tensors` (Hugging Face checkpoint names) loaded by transformers into
+    the model `config` describes: its state, in its own names and layouts."""
+    directory = os.path.join(work, label)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        f.write(config)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, "model.safetensors"))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                                     output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        fail(f"transformers loading the checkpoint's {label}: {problems}")
+    return model
+
+
+def export(args):
+    path = checkpoint_dir(args.checkpoint)
+    meta, tensors = read_checkpoint(path)
+    config = yaml_value(meta["config"], "optim")
+    with tempfile.TemporaryDirectory() as work:
+        model = as_transformers(meta["hf_config"], tensors["model"], work, "model")
+        moments = {k: dict(as_transformers(meta["hf_config"], tensors[k], work, k).named_parameters()) for k in MOMENTS}
+        params = dict(model.named_parameters())
+        optimizer = adamw(model, float(config["weight_decay"]), float(config["lr"]),
+                          (float(config["beta1"]), float(config["beta2"])), float(config["eps"]))
+        steps = {p["adam_step"] for p in meta["params"].values() if p["adam_step"] > 0}
+        for name, p in params.items():
+            optimizer.state[p] = {"step": torch.tensor(float(max(steps, default=0))),
+                                  **{k: moments[k][name].detach().clone() for k in MOMENTS}}
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+                 "train_state": {"step": meta["step"], "tokens_seen": meta["trainer"]["tokens_seen"]}}
+        if os.path.exists(args.out):
+            fail(f"'{args.out}' exists; DCP output goes to a new folder")
+        dcp.save(state, checkpoint_id=args.out + ".tmp", no_dist=True)
+        os.rename(args.out + ".tmp", args.out)  # the folder appears whole
+    print(f"wrote {args.out}: DCP checkpoint of step {meta['step']} ({len(state['model'])} model tensors, "
+          f"AdamW state for {len(state['optim']['state'])}), from {path}")
+
+
+def expected_state(model, optimizer):
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+            "train_state": {"step": 0, "tokens_seen": 0}}
+
+
+def adamw(model, weight_decay=0.1, lr=3e-4, betas=(0.9, 0.95), eps=1e-8):
+    """AdamW with fsdp.cpp's groups: decay on parameters of 2 or more dimensions."""
+    params = [p for p in model.parameters()]
+    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps)
+
+
+def check_compatible(directory, state):
+    """Refuses a DCP directory whose tensors are not the model's, naming them."""
+    saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    wanted = {}
+    for key, value in flatten(state):
+        wanted[key] = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    missing = sorted(k for k in wanted if k not in saved)
+    unexpected = sorted(k for k in saved if k not in wanted and k.startswith(("model.", "optim.state.")))
+    shapes = sorted(f"{k} {tuple(saved[k].size)} (the model: {wanted[k]})" for k in wanted
+                    if k in saved and wanted[k] is not None and hasattr(saved[k], "size")
+                    and tuple(saved[k].size) != wanted[k])
+    problems = [f"{label}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                for label, names in (("missing", missing), ("not in the model", unexpected),
+                                     ("of another shape", shapes)) if names]
+    if problems:
+        fail(f"'{directory}' does not hold this model's state; " + "; ".join(problems))
+
+
+def flatten(value, prefix=""):
+    """DCP's key for each leaf (its flatten_state_dict naming: dotted paths)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from flatten(v, f"{prefix}{k}.")
+    elif isinstance(value, list) and prefix.endswith("param_groups."):
+        return  # saved as one object, not compared
+    else:
+        yield prefix[:-1], value
+
+
+def write_fsdp_checkpoint(out, step, tokens_seen, hf_config, tensors, adam_steps):
+    """OUT/step_N/ (metadata.json, rank_00000.safetensors) and OUT/latest, in
+    fsdp.cpp's checkpoint format (README, "Checkpoints"; version 1), as
+    one rank with every element."""
+    name = f"step_{step:08d}"
+    final = os.path.join(out, name)
+    tmp = final + ".tmp"
+    os.makedirs(tmp)
+    data = {}
+    for fqn, weight in tensors["model"].items():
+        data["model/" + fqn] = weight.reshape(-1).contiguous()
+        for kind in MOMENTS:
+            data[f"{kind}/{fqn}"] = tensors[kind][fqn].reshape(-1).contiguous()
+    data["rng/cpu"] = torch.Generator().manual_seed(0).get_state()
+    rank_file = os.path.join(tmp, "rank_00000.safetensors")
+    save_file(data, rank_file)
+    blob = open(rank_file, "rb").read()
+    meta = {"format": "fsdp.cpp-checkpoint", "version": 1, "step": step, "world_size": 1,
+            "sharding": "full_shard", "mesh": [1, 1], "config": "", "hf_config": hf_config,
+            "trainer": {"tokens_seen": tokens_seen, "loss_scale": 0.0},
+            "files": [{"rank": 0, "name": "rank_00000.safetensors", "bytes": len(blob), "crc32": zlib.crc32(blob)}],
+            "params": {fqn: {"shape": list(w.shape), "dtype": "F32", "adam_step": adam_steps[fqn],
+                             "shards": [{"rank": 0, "begin": 0, "count": w.numel()}]}
+                       for fqn, w in tensors["model"].items()}}
+    with open(os.path.join(tmp, "metadata.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    os.rename(tmp, final)
+    with open(os.path.join(out, "latest.tmp"), "w") as f:
+        f.write(name + "\n")
+    os.rename(os.path.join(out, "latest.tmp"), os.path.join(out, "latest"))
+    return final
+
+
+def checkpoint_layout(model, values, work, label):
+    """VALUES ({parameter name: tensor}, in the model's names and layouts)
+    as transformers saves them: the checkpoint's names and layouts."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(values[name])
+    directory = os.path.join(work, label)
+    model.save_pretrained(directory)
+    from safetensors.torch import load_file
+    return load_file(os.path.join(directory, "model.safetensors"))
+
+
+def import_(args):
+    if os.path.exists(os.path.join(args.out, "latest")):
+        fail(f"'{args.out}' already holds checkpoints; import into a new folder")
+    hf_config = open(os.path.join(args.model, "config.json")).read()
+    config = transformers.AutoConfig.from_pretrained(args.model)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    optimizer = adamw(model)
+    state = expected_state(model, optimizer)
+    check_compatible(args.dcp, state)
+    dcp.load(state, checkpoint_id=args.dcp, no_dist=True)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    params = dict(model.named_parameters())
+    weights = {name: p.detach().clone() for name, p in params.items()}
+    with tempfile.TemporaryDirectory() as work:
+        tensors = {"model": checkpoint_layout(model, weights, work, "model")}
+        for kind in MOMENTS:
+            tensors[kind] = checkpoint_layout(model, {n: optimizer.state[p][kind] for n, p in params.items()}, work, kind)
+    steps = {int(optimizer.state[p]["step"]) for p in params.values()}
+    adam_steps = {fqn: max(steps, default=0) for fqn in tensors["model"]}
+    step = int(state["train_state"]["step"])
+    os.makedirs(args.out, exist_ok=True)
+    final = write_fsdp_checkpoint(args.out, step, int(state["train_state"]["tokens_seen"]), hf_config, tensors,
+                                  adam_steps)
+    print(f"wrote {final}: step {step}, {len(tensors['model'])} parameters with their AdamW moments, from {args.dcp}")
+
+
+def yaml_value(text, section):
+    """The flat `key: value` pairs of one section of the checkpoint's
+    config.yaml text (fsdp.cpp writes one level, two-space indented)."""
+    out, inside = {}, False
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            inside = line.rstrip(":") == section
+        elif inside:
+            key, _, value = line.strip().partition(": ")
+            out[key] = value.strip('"')
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("export", help="fsdp.cpp checkpoint -> DCP directory")
+    e.add_argument("checkpoint")
+    e.add_argument("out")
+    i = sub.add_parser("import", help="DCP directory -> fsdp.cpp checkpoint folder (--ckpt-dir)")
+    i.add_argument("dcp")
+    i.add_argument("out")
+    i.add_argument("--model", required=True, help="Hugging Face directory whose config.json describes the model")
+    args = parser.parse_args()
+    {"export": export, "import": import_}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
