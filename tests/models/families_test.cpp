@@ -259,6 +259,45 @@ TEST(HfIndex, ABrokenIndexIsNamed) {
             std::string::npos);
 }
 
+TEST(HfConfig, Transformers5SpellingBuildsTheSameModelAsTransformers4s) {
+  // transformers 5 writes rope_theta and the scaling inside one
+  // rope_parameters object, and Qwen3-MoE's num_experts as
+  // num_local_experts; tests/reference/logits_test.py checks the logits
+  // against transformers itself, this the reading and the refusals.
+  nlohmann::json v4 = hf_config(*build_preset("llama3.2-1b"));
+  nlohmann::json v5 = v4;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = v4["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = v4["rope_theta"];
+  const auto a = llama_config_from_hf(v4, "v4"), b = llama_config_from_hf(v5, "v5");
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(b.rope_theta, 500000.0);
+  EXPECT_EQ(a.rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(b.rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings, b.rope_scaling.original_max_position_embeddings);
+  auto both = v5;
+  both["rope_theta"] = 10000.0;
+  EXPECT_NE(error_of([&] { llama_config_from_hf(both, "both"); }).find("rope_theta 10000 disagrees with rope_parameters.rope_theta 500000"),
+            std::string::npos);
+  auto yarn = v5;
+  yarn["rope_parameters"]["rope_type"] = "yarn";
+  EXPECT_NE(error_of([&] { llama_config_from_hf(yarn, "yarn"); }).find("rope_parameters type 'yarn'"), std::string::npos);
+  auto no_theta = v5;
+  no_theta["rope_parameters"].erase("rope_theta");
+  EXPECT_NE(error_of([&] { llama_config_from_hf(no_theta, "x"); }).find("numeric rope_theta"), std::string::npos);
+
+  nlohmann::json moe = hf_config(*build_preset("qwen3-moe-tiny"));
+  const int64_t experts = moe["num_experts"];
+  moe["num_local_experts"] = experts;
+  moe.erase("num_experts");
+  EXPECT_EQ(qwen3_moe_config_from_hf(moe, "v5").moe.num_experts, experts);
+  moe["num_experts"] = experts + 1;
+  EXPECT_NE(error_of([&] { qwen3_moe_config_from_hf(moe, "x"); }).find("num_experts and num_local_experts disagree"),
+            std::string::npos);
+}
+
 TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName) {
   torch::manual_seed(7);
   auto model = build_preset("llama-tiny");

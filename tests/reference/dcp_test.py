@@ -1,5 +1,6 @@
 """Checkpoints across the two systems, through PyTorch's Distributed
-Checkpoint (tools/dcp_convert.py):
+Checkpoint (`fsdp ckpt export --format dcp`, `fsdp ckpt import --format
+dcp`, which run tools/dcp_convert.py):
 
 - export: fsdp.cpp trains 20 steps at W = 2, saving at step 10; the step-10
   checkpoint, exported to DCP, is loaded by FSDP2 at W = 4 (resharded)
@@ -65,9 +66,9 @@ def compare(name, ours, theirs):
     harness.check(f"{name}: steps {SAVED_AT + 1}-{STEPS}, largest loss difference", gap, BOUND)
 
 
-def convert(*arguments):
-    return subprocess.run([harness.sys.executable, os.path.join(harness.SOURCE_DIR, "tools", "dcp_convert.py")] +
-                          list(arguments), capture_output=True, text=True)
+def convert(fsdp_cli, command, *arguments):
+    extra = ["--format", "dcp"]
+    return subprocess.run([fsdp_cli, "ckpt", command] + extra + list(arguments), capture_output=True, text=True)
 
 
 def main():
@@ -84,12 +85,12 @@ def main():
         # fsdp.cpp -> DCP -> FSDP2
         ours = fsdp(args, directory, tokens, base + "fsdp", ["--save-every", str(SAVED_AT)])
         exported = base + "exported.dcp"
-        result = convert("export", os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"), exported)
+        result = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"), exported)
         if result.returncode != 0:
             harness.fail(f"{family}: export: {result.stderr}")
         theirs = fsdp2(directory, tokens, base + "fsdp2-resumed", STEPS, ["--resume-dcp", exported], world)
         compare(f"{family}: fsdp.cpp checkpoint -> DCP -> FSDP2 (W=2 -> {world})", theirs, ours)
-        again = convert("export", os.path.join(base + "fsdp", "checkpoints"), exported)
+        again = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints"), exported)
         if again.returncode == 0 or "exists" not in again.stderr:
             harness.fail(f"{family}: an export onto an existing folder was not refused: {again.stderr}")
 
@@ -98,7 +99,7 @@ def main():
         fsdp2(directory, tokens, base + "fsdp2", SAVED_AT, ["--save-dcp", saved], world)
         continued = fsdp2(directory, tokens, base + "fsdp2-continued", STEPS, ["--resume-dcp", saved], world)
         imported = base + "imported"
-        result = convert("import", saved, imported, "--model", directory)
+        result = convert(args.fsdp, "import", saved, imported, "--model", directory)
         if result.returncode != 0:
             harness.fail(f"{family}: import: {result.stderr}")
         resumed = fsdp(args, directory, tokens, base + "fsdp-resumed", ["--ckpt-dir", imported])
@@ -106,7 +107,7 @@ def main():
 
     # Another architecture's DCP directory: refused by name, nothing written.
     wrong = os.path.join(work, "wrong-import")
-    result = convert("import", os.path.join(work, "gpt2-fsdp2.dcp"), wrong, "--model", os.path.join(work, "llama"))
+    result = convert(args.fsdp, "import", os.path.join(work, "gpt2-fsdp2.dcp"), wrong, "--model", os.path.join(work, "llama"))
     if result.returncode == 0 or "missing" not in result.stderr or os.path.exists(wrong):
         harness.fail(f"a GPT-2 DCP directory imported as Llama was not refused by name: {result.stderr}")
     print("refused: " + result.stderr.strip().splitlines()[-1][:300])

@@ -91,6 +91,7 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
   const auto& parameters = r.raw("rope_parameters");
   const auto& scaling_v4 = r.raw("rope_scaling");
   nlohmann::json scaling = scaling_v4;
+  const char* source = parameters.is_null() ? "rope_scaling" : "rope_parameters";  // for messages
   c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
   if (!parameters.is_null()) {
     FSDP_CHECK(parameters.is_object() && parameters.contains("rope_theta") && parameters.at("rope_theta").is_number(),
@@ -113,9 +114,9 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
     scaling = rest;
   }
   if (scaling.is_null()) return;
-  FSDP_CHECK(scaling.is_object(), r.where(), ": config.json 'rope_scaling' is not an object");
+  FSDP_CHECK(scaling.is_object(), r.where(), ": config.json '", source, "' is not an object");
   const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
-  FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json rope type '", type,
+  FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json ", source, " type '", type,
              "' is not implemented (expected default or llama3)");
   if (type != "llama3") return;
   try {
@@ -124,12 +125,12 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
                       scaling.at("high_freq_factor").get<double>(),
                       original >= 1 ? static_cast<int64_t>(std::min(original, 1e12)) : 0};
   } catch (const std::exception&) {
-    throw Error(r.where() + ": config.json rope scaling " + scaling.dump() +
+    throw Error(r.where() + ": config.json " + source + " " + scaling.dump() +
                 " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
   }
   FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor &&
                  c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.original_max_position_embeddings >= 1,
-             r.where(), ": config.json rope scaling ", scaling.dump(),
+             r.where(), ": config.json ", source, " ", scaling.dump(),
              " needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings >= 1");
 }
 }  // namespace
