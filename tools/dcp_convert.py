@@ -226,6 +226,10 @@ def checkpoint_layout(model, values, work, label):
 
 
 def import_(args):
+    if not os.path.isfile(os.path.join(args.dcp, ".metadata")):
+        fail(f"'{args.dcp}' is not a DCP checkpoint (expected the .metadata that dcp.save writes)")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        fail(f"--model '{args.model}' has no config.json (expected a Hugging Face model directory)")
     if os.path.exists(os.path.join(args.out, "latest")):
         fail(f"'{args.out}' already holds checkpoints; import into a new folder")
     hf_config = open(os.path.join(args.model, "config.json")).read()
