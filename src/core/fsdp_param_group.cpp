@@ -414,6 +414,7 @@ void FSDPParamGroup::post_backward() {
     // gradients for a unit not used on this rank).
     if (state_ == ShardedState::kUnsharded) reshard();
     attach_sharded_grad_views();
+    accumulating_ = !requires_gradient_sync;
     if (!requires_gradient_sync) return;
     reduced_this_backward_ = true;
     comm_->reduce(*this);
@@ -428,6 +429,7 @@ void FSDPParamGroup::post_backward() {
   at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : memory::flat_copy(grads, reduce_dtype_);
   grads = at::Tensor();
   if (unsynced_grads_.defined()) input.add_(unsynced_grads_.release());
+  accumulating_ = !requires_gradient_sync;
   if (!requires_gradient_sync) {
     unsynced_grads_.reset(input);
     return;
@@ -517,13 +519,25 @@ size_t FSDPParamGroup::apply_used(const uint8_t* used_anywhere) {
 
 void FSDPParamGroup::begin_iteration() {
   post_backward_done_ = false;
-  for (auto& p : params_) p.grad_existence_recorded = false;
+  if (!accumulating_) {
+    for (auto& p : params_) p.grad_existence_recorded = false;
+  }
 }
 
 void FSDPParamGroup::end_backward() {
   post_backward_done_ = false;
   reduced_this_backward_ = false;
-  for (auto& p : params_) p.grad_existence_recorded = false;
+  if (!accumulating_) {
+    for (auto& p : params_) p.grad_existence_recorded = false;
+  }
+}
+
+void FSDPParamGroup::drop_forward() noexcept {
+  unsharded_grad_.reset();
+  try {
+    reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
+  } catch (const std::exception&) {
+  }
 }
 
 void FSDPParamGroup::abandon() noexcept {

@@ -37,6 +37,10 @@ namespace fsdp {
 //   root's leaves the whole tree ready; a backward that throws never runs the
 //   callback, and the guard the callback holds, destroyed with the engine's
 //   graph task, finishes the collectives issued and reshards every unit.
+// - A forward with gradients whose graph is freed without a backward (a
+//   metric computed without NoGradGuard) is noticed when its last root
+//   output's graph dies (DroppedGraphWatch): units go back to sharded with
+//   the gradients they had, so the optimizer step that follows sees them.
 
 namespace {
 
@@ -67,6 +71,32 @@ struct BackwardGuard {
   ~BackwardGuard() {
     if (!completed) FSDPState::abandon_iteration(*tree, /*keep_open=*/false);
   }
+};
+
+// Owned by a pre-hook on each root output's grad_fn, so destroyed with the
+// last of those graphs. Freed while its iteration is still open and not in
+// backward means no backward will come for it (a forward with gradients
+// whose result was dropped): FSDPState::drop_iteration then puts the units
+// back before the optimizer step that usually follows.
+struct DroppedGraphWatch {
+  DroppedGraphWatch(std::weak_ptr<FSDPTree> t, int64_t count) : tree(std::move(t)), backward_count(count) {}
+  DroppedGraphWatch(const DroppedGraphWatch&) = delete;  // a copy's destructor would act too
+  DroppedGraphWatch& operator=(const DroppedGraphWatch&) = delete;
+  std::weak_ptr<FSDPTree> tree;
+  int64_t backward_count;
+  ~DroppedGraphWatch() {
+    const auto t = tree.lock();
+    if (!t || t->backward_count != backward_count || !t->iteration_open || t->in_backward) return;
+    const bool live = std::any_of(t->open_graphs.begin(), t->open_graphs.end(),
+                                  [](const auto& g) { return !g.expired(); });
+    if (!live) FSDPState::drop_iteration(*t);
+  }
+};
+
+struct DroppedGraphHook : public torch::autograd::FunctionPreHook {
+  explicit DroppedGraphHook(std::shared_ptr<DroppedGraphWatch> w) : watch(std::move(w)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override { return grads; }
+  std::shared_ptr<DroppedGraphWatch> watch;
 };
 
 }  // namespace
@@ -223,6 +253,8 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
   // One pre-backward per call and backward, whichever of its outputs gets a
   // gradient first (a retained graph can be backwarded again).
   auto fired_in = std::make_shared<int64_t>(-1);
+  std::shared_ptr<DroppedGraphWatch> watch;
+  if (is_root_) watch = std::make_shared<DroppedGraphWatch>(tree_, tree_->backward_count);
   for (auto& t : outputs) {
     if (!t.defined() || !t.requires_grad()) continue;
     t.register_hook([this, fired_in](const at::Tensor& grad) {
@@ -232,7 +264,10 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
       }
       return grad;
     });
-    if (is_root_ && t.grad_fn()) tree_->open_graphs.emplace_back(t.grad_fn());
+    if (is_root_ && t.grad_fn()) {
+      tree_->open_graphs.emplace_back(t.grad_fn());
+      t.grad_fn()->add_pre_hook(std::make_unique<DroppedGraphHook>(watch));
+    }
   }
 }
 
@@ -348,6 +383,21 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   tree.callback_queued = false;
   tree.iteration_open = false;
   ++tree.backward_count;
+}
+
+void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
+  for (FSDPState* s : tree.states) {
+    s->training_state_ = TrainingState::kIdle;
+    s->pending_backward_calls_ = 0;
+    s->registered_calls_ = 0;
+    s->unsignalled_call_ = false;
+    s->post_forward_indices_.clear();
+    s->backward_cursor_ = 0;
+    if (s->group_) s->group_->drop_forward();
+  }
+  tree.iteration_open = false;
+  tree.open_graphs.clear();
+  tree.post_forward_order.clear();
 }
 
 void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {

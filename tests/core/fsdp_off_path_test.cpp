@@ -28,6 +28,8 @@ struct Scenario {
   int throw_backward_step = -1;    // ... or in its backward
   bool gate_on_even_steps = false; // the gates are used on even steps only
   bool eval_before_step = false;   // a no-grad forward between backward and the optimizer step
+  bool dropped_forward_before_step = false;  // ... or one with gradients whose result is dropped
+  int micro_steps = 1;             // gradient accumulation, synchronised on the last micro-step only
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   int steps = 5;
 };
@@ -99,13 +101,17 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
     net->blocks[1]->throw_in_forward = fail_forward;
     net->blocks[1]->throw_in_backward = fail_backward;
     try {
-      torch::Tensor loss = torch::zeros({});
-      for (int f = 0; f < s.forwards_per_step; ++f) {
-        torch::Tensor x = inputs_of(step, f, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank);
-        torch::Tensor y = targets_of(step, f, rows).narrow(0, rank * kRowsPerRank, kRowsPerRank);
-        loss = loss + torch::mse_loss(fsdp::call(net, x).to(torch::kFloat), y);
+      for (int m = 0; m < s.micro_steps; ++m) {
+        set_requires_gradient_sync(*net, m == s.micro_steps - 1);
+        torch::Tensor loss = torch::zeros({});
+        for (int f = 0; f < s.forwards_per_step; ++f) {
+          const int batch = f + 10 * m;
+          torch::Tensor x = inputs_of(step, batch, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+          torch::Tensor y = targets_of(step, batch, rows).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+          loss = loss + torch::mse_loss(fsdp::call(net, x).to(torch::kFloat), y);
+        }
+        (loss / s.micro_steps).backward();
       }
-      loss.backward();
       EXPECT_FALSE(fail_forward || fail_backward) << "the injected failure did not surface";
     } catch (const std::exception& e) {
       EXPECT_TRUE(fail_forward || fail_backward) << e.what();
@@ -121,6 +127,11 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
       torch::NoGradGuard no_grad;
       torch::Tensor out = fsdp::call(net, inputs_of(100 + step, 0, rows, s.net.dim));
       if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
+    }
+    if (s.dropped_forward_before_step) {
+      // A metric computed without NoGradGuard: a graph built, never backwarded.
+      torch::Tensor out = fsdp::call(net, inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank));
+      if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
     optimizer.step();
     set_grads_to_none(*net);
@@ -145,12 +156,16 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
     if (step == s.throw_forward_step || step == s.throw_backward_step) continue;
     for (auto& b : compute->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
     if (!s.bf16) {
-      torch::Tensor loss = torch::zeros({});
-      for (int f = 0; f < s.forwards_per_step; ++f) {
-        loss = loss + torch::mse_loss(net->forward(inputs_of(step, f, rows, s.net.dim)), targets_of(step, f, rows));
+      for (int m = 0; m < s.micro_steps; ++m) {
+        torch::Tensor loss = torch::zeros({});
+        for (int f = 0; f < s.forwards_per_step; ++f) {
+          const int batch = f + 10 * m;
+          loss = loss + torch::mse_loss(net->forward(inputs_of(step, batch, rows, s.net.dim)), targets_of(step, batch, rows));
+        }
+        (loss / s.micro_steps).backward();
       }
-      loss.backward();
     } else {
+      FSDP_CHECK(s.micro_steps == 1, "the bf16 reference replays one micro-step");
       {
         torch::NoGradGuard no_grad;
         for (size_t i = 0; i < master.size(); ++i) compute_params[i].copy_(master[i]);
@@ -184,6 +199,12 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
       torch::Tensor x = inputs_of(100 + step, 0, rows, s.net.dim);
       torch::Tensor out = s.bf16 ? compute->forward(x.to(torch::kBFloat16)) : net->forward(x);
       if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
+    }
+    if (s.dropped_forward_before_step) {
+      // Each rank's rows through the plain model: the output each rank sees.
+      const int rank = test_world().rank();
+      torch::Tensor out = net->forward(inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank));
+      if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
     optimizer.step();
     set_grads_to_none(*net);
@@ -301,6 +322,46 @@ TEST_P(EvalBetween, NoGradForwardBetweenBackwardAndStep) {
 INSTANTIATE_TEST_SUITE_P(Strategies, EvalBetween,
                          ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kNoShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+class DroppedForward : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(DroppedForward, ForwardWithGradientsWhoseResultIsDroppedBeforeStep) {
+  // Between backward and step, a forward with gradients enabled whose output
+  // is never backwarded: the optimizer must see this step's gradients, and
+  // the next backward must not add into stale ones.
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.dropped_forward_before_step = true;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  EXPECT_EQ(sharded.eval_outputs.size(), 5u);
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, DroppedForward,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+class UnusedUnderAccumulation : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(UnusedUnderAccumulation, ParameterNoMicroStepUsesKeepsNoGradient) {
+  // Two micro-steps, synchronised on the second; the gates are used on even
+  // steps only. On odd steps no micro-step uses them: their gradient stays
+  // none, as in one process, so AdamW neither decays them nor moves their
+  // moments.
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.net.gate = true;
+  s.gate_on_even_steps = true;
+  s.micro_steps = 2;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  EXPECT_EQ(sharded.gate_grad_defined, reference.gate_grad_defined);
+  EXPECT_EQ(sharded.gate_grad_defined, (std::vector<bool>{true, false, true, false, true}));
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, UnusedUnderAccumulation,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(OffPath, SecondBackwardThroughARetainedGraphAccumulates) {

@@ -87,7 +87,7 @@ def main():
         exported = base + "exported.dcp"
         result = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"), exported)
         if result.returncode != 0:
-            harness.fail(f"{family}: export: {result.stderr}")
+            harness.fail(f"{family}: export exited {result.returncode}: {result.stdout} {result.stderr}")
         theirs = fsdp2(directory, tokens, base + "fsdp2-resumed", STEPS, ["--resume-dcp", exported], world)
         compare(f"{family}: fsdp.cpp checkpoint -> DCP -> FSDP2 (W=2 -> {world})", theirs, ours)
         again = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints"), exported)
@@ -101,7 +101,7 @@ def main():
         imported = base + "imported"
         result = convert(args.fsdp, "import", saved, imported, "--model", directory)
         if result.returncode != 0:
-            harness.fail(f"{family}: import: {result.stderr}")
+            harness.fail(f"{family}: import exited {result.returncode}: {result.stdout} {result.stderr}")
         resumed = fsdp(args, directory, tokens, base + "fsdp-resumed", ["--ckpt-dir", imported])
         compare(f"{family}: FSDP2 DCP -> fsdp.cpp (W={world} -> 2)", resumed, continued)
 

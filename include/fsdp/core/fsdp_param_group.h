@@ -80,6 +80,9 @@ class FSDPParamGroup {
   // After an error in forward or backward: in-flight collectives finished,
   // parameters resharded, partial gradients of this backward dropped.
   void abandon() noexcept;
+  // Back to sharded after a forward whose graph was dropped: the gradients
+  // of the iteration before it (and any accumulation) are kept.
+  void drop_forward() noexcept;
 
   bool requires_gradient_sync = true;
 
@@ -158,6 +161,10 @@ class FSDPParamGroup {
 
   ShardedState state_ = ShardedState::kSharded;
   bool post_backward_done_ = false;
+  // Between micro-steps of accumulation (a backward without synchronisation
+  // left gradients for a later one): whether each parameter had a gradient
+  // is recorded once per window, at its first backward, not per backward.
+  bool accumulating_ = false;
 };
 
 }  // namespace fsdp

@@ -84,6 +84,10 @@ class FSDPState {
   // resharded, per-iteration state cleared. `keep_open`: an earlier forward's
   // graph may still be backwarded.
   static void abandon_iteration(FSDPTree& tree, bool keep_open) noexcept;
+  // Every graph of the open iteration was freed without a backward (a
+  // forward with gradients whose result was dropped): units go back to
+  // sharded, with the gradients they had, before the optimizer runs.
+  static void drop_iteration(FSDPTree& tree) noexcept;
 
  private:
   void begin_iteration();
