@@ -377,7 +377,13 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
     s->training_state_ = TrainingState::kIdle;
     s->pending_backward_calls_ = s->registered_calls_;
     s->backward_cursor_ = s->post_forward_indices_.size();
-    if (s->group_) s->group_->end_backward();
+    if (!s->group_) continue;
+    // A gather prefetched for a unit that did not run (a conditional path,
+    // an explicit list naming it) is finished and freed, as FSDP2 discards
+    // a mistargeted unshard: never held through step(), never consumed
+    // stale by a later forward.
+    if (s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
+    s->group_->end_backward();
   }
   tree.in_backward = false;
   tree.callback_queued = false;

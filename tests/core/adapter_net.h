@@ -74,6 +74,7 @@ struct AdapterNetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {  // (B, C) -> (B, 2)
     torch::Tensor h = in_proj(x);
     for (size_t i = 0; i < blocks.size(); ++i) {
+      if (static_cast<int>(i) == skipped_block) continue;
       h = fsdp::call(blocks[i], h);
       if (static_cast<int>(i) == config.twice_block) h = fsdp::call(blocks[i], h);
     }
@@ -93,6 +94,7 @@ struct AdapterNetImpl : torch::nn::Module {
   }
 
   AdapterNetConfig config;
+  int skipped_block = -1;  // this block is not run (a conditional path)
   torch::nn::Linear in_proj, head;
   std::vector<AdapterBlock> blocks;
 };

@@ -30,6 +30,9 @@ struct Scenario {
   bool eval_before_step = false;   // a no-grad forward between backward and the optimizer step
   bool dropped_forward_before_step = false;  // ... or one with gradients whose result is dropped
   int micro_steps = 1;             // gradient accumulation, synchronised on the last micro-step only
+  int skip_block_on_odd_steps = -1;  // a block not run on odd steps
+  int prefetch_depth = 1;
+  bool prefetch_skipped_explicitly = false;  // its neighbours name it in explicit prefetch lists
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   int steps = 5;
 };
@@ -89,12 +92,19 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
     options.mixed_precision.param_dtype = torch::kBFloat16;
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
+  options.prefetch_depth = s.prefetch_depth;
   for (auto& b : net->blocks) fully_shard(b, options);
   fully_shard(net, options);
+  if (s.prefetch_skipped_explicitly) {
+    const auto k = static_cast<size_t>(s.skip_block_on_odd_steps);
+    set_modules_to_forward_prefetch(*net->blocks[k - 1], {net->blocks[k].get()});
+    set_modules_to_backward_prefetch(*net->blocks[k + 1], {net->blocks[k].get()});
+  }
   torch::optim::AdamW optimizer(trainable(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   const int64_t rows = kRowsPerRank * w;
   for (int step = 0; step < s.steps; ++step) {
     for (auto& b : net->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
+    net->skipped_block = step % 2 == 1 ? s.skip_block_on_odd_steps : -1;
     if (log != nullptr) clear_event_log(*net);
     const bool fail_forward = step == s.throw_forward_step;
     const bool fail_backward = step == s.throw_backward_step;
@@ -155,6 +165,7 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
   for (int step = 0; step < s.steps; ++step) {
     if (step == s.throw_forward_step || step == s.throw_backward_step) continue;
     for (auto& b : compute->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
+    compute->skipped_block = step % 2 == 1 ? s.skip_block_on_odd_steps : -1;
     if (!s.bf16) {
       for (int m = 0; m < s.micro_steps; ++m) {
         torch::Tensor loss = torch::zeros({});
@@ -363,6 +374,22 @@ INSTANTIATE_TEST_SUITE_P(Strategies, UnusedUnderAccumulation,
                          ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+class UnusedPrefetch : public ::testing::TestWithParam<bool> {};
+TEST_P(UnusedPrefetch, AGatherForAUnitThatDoesNotRunIsFinishedAndFreed) {
+  // A frozen block skipped on odd steps, prefetched anyway (implicitly at
+  // depth 2, or named in its neighbours' explicit lists): the gather is
+  // finished and freed by the end of backward (nothing gathered at step()),
+  // never consumed stale by a later forward, and training matches.
+  Scenario s;
+  s.frozen_block = 1;
+  s.skip_block_on_odd_steps = 1;
+  s.prefetch_depth = 2;
+  s.prefetch_skipped_explicitly = GetParam();
+  expect_matches_reference(s);
+}
+INSTANTIATE_TEST_SUITE_P(Prefetch, UnusedPrefetch, ::testing::Values(false, true),
+                         [](const auto& info) { return std::string(info.param ? "explicit" : "depth2"); });
 
 TEST(OffPath, SecondBackwardThroughARetainedGraphAccumulates) {
   // Twice through the same graph equals one backward of twice the loss.
