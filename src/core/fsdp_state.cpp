@@ -134,14 +134,18 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   if (group_) group_->attach(&tree_->comm, &name_);
 }
 
+void FSDPState::forget_calls() {
+  training_state_ = TrainingState::kIdle;
+  pending_backward_calls_ = 0;
+  registered_calls_ = 0;
+  unsignalled_call_ = false;
+  post_forward_indices_.clear();
+  backward_cursor_ = 0;
+}
+
 void FSDPState::begin_iteration() {
   for (FSDPState* s : tree_->states) {
-    s->training_state_ = TrainingState::kIdle;
-    s->pending_backward_calls_ = 0;
-    s->registered_calls_ = 0;
-    s->unsignalled_call_ = false;
-    s->post_forward_indices_.clear();
-    s->backward_cursor_ = 0;
+    s->forget_calls();
     if (s->group_) s->group_->begin_iteration();
   }
   tree_->post_forward_order.clear();
@@ -393,12 +397,7 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
 
 void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
   for (FSDPState* s : tree.states) {
-    s->training_state_ = TrainingState::kIdle;
-    s->pending_backward_calls_ = 0;
-    s->registered_calls_ = 0;
-    s->unsignalled_call_ = false;
-    s->post_forward_indices_.clear();
-    s->backward_cursor_ = 0;
+    s->forget_calls();
     if (s->group_) s->group_->drop_forward();
   }
   tree.iteration_open = false;
@@ -414,11 +413,7 @@ void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
     if (keep_open) {
       s->unsignalled_call_ = true;  // the earlier graph's calls end at the end of backward
     } else {
-      s->pending_backward_calls_ = 0;
-      s->registered_calls_ = 0;
-      s->unsignalled_call_ = false;
-      s->post_forward_indices_.clear();
-      s->backward_cursor_ = 0;
+      s->forget_calls();
     }
   }
   tree.in_backward = false;

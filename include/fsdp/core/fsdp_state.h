@@ -91,6 +91,8 @@ class FSDPState {
 
  private:
   void begin_iteration();
+  // The per-iteration record of this unit's calls, back to none.
+  void forget_calls();
   void post_backward();
   void prefetch_forward();
   void prefetch_backward();
