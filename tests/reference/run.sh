@@ -8,5 +8,7 @@ if [[ ! -x $python ]]; then
   exit 77
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export PYTHONDONTWRITEBYTECODE=1
+# A native crash prints the Python stack, imports included (the DCP
+# converter the tests run through `fsdp ckpt` inherits it).
+export PYTHONDONTWRITEBYTECODE=1 PYTHONFAULTHANDLER=1
 exec "$python" "$@"
