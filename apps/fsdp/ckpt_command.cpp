@@ -101,7 +101,10 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   imp->add_option("out", *into, "the checkpoint directory to write (new)")->required();
   imp->add_option("--model", *model_dir, "Hugging Face directory whose config.json describes the model")->required();
   imp->add_option("--format", *import_format, "dcp (the only one)")->required()->check(CLI::IsMember({"dcp"}));
-  imp->callback([dcp_dir, into, model_dir] { run_dcp_converter({"import", *dcp_dir, *into, "--model", *model_dir}); });
+  // Every option's target is captured: CLI11 writes into it while parsing.
+  imp->callback([dcp_dir, into, model_dir, import_format] {
+    run_dcp_converter({"import", *dcp_dir, *into, "--model", *model_dir});
+  });
 }
 
 }  // namespace fsdp::cli

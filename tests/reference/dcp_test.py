@@ -67,18 +67,8 @@ def compare(name, ours, theirs):
 
 
 def convert(fsdp_cli, command, *arguments):
-    """`fsdp ckpt COMMAND --format dcp ARGUMENTS`. Twice in CI, with other
-    tests running beside it, the converter's process died of SIGSEGV before
-    printing anything (never when run alone, in some 40 tries); a death by
-    signal is reported and the command run once more, so that a crash there
-    is seen without failing the suite. A non-zero exit is never retried."""
-    command_line = [fsdp_cli, "ckpt", command, "--format", "dcp"] + list(arguments)
-    result = subprocess.run(command_line, capture_output=True, text=True)
-    if result.returncode < 0:
-        print(f"WARNING: {' '.join(command_line)} died of signal {-result.returncode}; running it again. "
-              f"Its output: {result.stdout} {result.stderr}", flush=True)
-        result = subprocess.run(command_line, capture_output=True, text=True)
-    return result
+    return subprocess.run([fsdp_cli, "ckpt", command, "--format", "dcp"] + list(arguments), capture_output=True,
+                          text=True)
 
 
 def main():
