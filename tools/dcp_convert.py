@@ -47,6 +47,7 @@ import zlib
 import torch
 import torch.distributed.checkpoint as dcp
 import transformers
+import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
@@ -118,7 +119,7 @@ def as_transformers(config, tensors, work, label):
 def export(args):
     path = checkpoint_dir(args.checkpoint)
     meta, tensors = read_checkpoint(path)
-    config = yaml_value(meta["config"], "optim")
+    config = yaml.safe_load(meta["config"])["optim"]  # the run's config.yaml, as fsdp.cpp wrote it
     with tempfile.TemporaryDirectory() as work:
         model = as_transformers(meta["hf_config"], tensors["model"], work, "model")
         moments = {k: dict(as_transformers(meta["hf_config"], tensors[k], work, k).named_parameters()) for k in MOMENTS}
@@ -255,19 +256,6 @@ def import_(args):
     final = write_fsdp_checkpoint(args.out, step, int(state["train_state"]["tokens_seen"]), hf_config, tensors,
                                   adam_steps)
     print(f"wrote {final}: step {step}, {len(tensors['model'])} parameters with their AdamW moments, from {args.dcp}")
-
-
-def yaml_value(text, section):
-    """The flat `key: value` pairs of one section of the checkpoint's
-    config.yaml text (fsdp.cpp writes one level, two-space indented)."""
-    out, inside = {}, False
-    for line in text.splitlines():
-        if not line.startswith(" "):
-            inside = line.rstrip(":") == section
-        elif inside:
-            key, _, value = line.strip().partition(": ")
-            out[key] = value.strip('"')
-    return out
 
 
 def main():
