@@ -41,19 +41,22 @@ void CommContext::mark_waited(size_t sequence) {
 }
 
 // Moves the reduction in flight past its reduce-scatter: frees its input, and
-// either assigns its gradients or starts its replica all-reduce (first
-// finishing the all-reduce before it, so at most one is in flight).
+// either assigns its gradients, holds them for a later all-reduce, or starts
+// its replica all-reduce (first finishing the all-reduce before it, so at
+// most one is in flight).
 void CommContext::finish_reduce_scatter() {
   FSDPParamGroup* group = reduce_scatter_in_flight_;
   if (group == nullptr) return;
   reduce_scatter_in_flight_ = nullptr;
   group->wait_reduce_scatter();
   finish_all_reduce();
-  if (group->reduces_across_replicas()) {
+  if (!group->reduces_across_replicas()) {
+    group->assign_gradients();
+  } else if (!group->requires_all_reduce) {
+    group->hold_partial_reduction();  // HSDP accumulation: replicas meet at a later sync
+  } else {
     group->issue_replica_all_reduce();
     all_reduce_in_flight_ = group;
-  } else {
-    group->assign_gradients();
   }
 }
 

@@ -71,8 +71,6 @@ class GradUsedHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-bool is_low_precision(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
-
 // A tensor over `flat`'s memory that autograd does not treat as a view:
 // optimizers' zero_grad calls detach_() on gradients, which views refuse.
 at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
@@ -83,6 +81,15 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shap
 }  // namespace
 
 bool FSDPParam::requires_grad() const { return param.requires_grad(); }
+
+const char* to_string(GradientPath path) {
+  switch (path) {
+    case GradientPath::kInPlace: return "in_place";
+    case GradientPath::kAliasedShard: return "aliased_shard";
+    case GradientPath::kGathered: return "gathered";
+  }
+  return "?";
+}
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
                                const FullyShardOptions& options)
@@ -108,7 +115,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
                " but '", params_.front().fqn, "' in the same unit is on ", device_,
                ": move the module to one device first");
   }
-  master_dtype_ = is_low_precision(orig_dtype_) ? at::kFloat : orig_dtype_;
+  // FSDP2 shards what it is given: a bf16 module keeps bf16 shards (no fp32
+  // master copy); mixed precision over an fp32 module keeps fp32 ones.
+  master_dtype_ = orig_dtype_;
   param_dtype_ = mp_.param_dtype.value_or(orig_dtype_);
   reduce_dtype_ = mp_.reduce_dtype.value_or(param_dtype_);
 
@@ -118,7 +127,6 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
     p.numel = p.param.numel();
     p.offset = offset;
     offset += p.numel;
-    trainable_ += p.requires_grad() ? 1 : 0;
   }
   total_numel_ = offset;
   const int w = shard_group_->size();
@@ -162,11 +170,14 @@ void FSDPParamGroup::init_shard(const FullyShardOptions& options) {
     }
     p.param.set_data(sharded_view(p));
   }
-  unsharded_aliases_sharded_ = shard_group_->size() == 1 && param_dtype_ == master_dtype_;
-  grads_in_place_ = unsharded_aliases_sharded_ && reduce_dtype_ == param_dtype_;
+  if (shard_group_->size() > 1 || param_dtype_ != master_dtype_) {
+    path_ = GradientPath::kGathered;
+  } else {
+    path_ = reduce_dtype_ == param_dtype_ ? GradientPath::kInPlace : GradientPath::kAliasedShard;
+  }
   // Without aliasing, the gathered buffer is allocated at the first unshard:
   // allocating it here would hold a whole unit at once during initialisation.
-  if (unsharded_aliases_sharded_) unsharded_flat_ = sharded_flat_;
+  if (aliased()) unsharded_flat_ = sharded_flat_;
 }
 
 at::Tensor FSDPParamGroup::sharded_view(const FSDPParam& p) const {
@@ -190,7 +201,7 @@ int64_t FSDPParamGroup::reduction_bytes() const {
 }
 
 void FSDPParamGroup::allocate_unsharded() {
-  if (unsharded_aliases_sharded_) return;
+  if (aliased()) return;
   const int64_t nbytes = gathered_bytes();
   if (!unsharded_flat_.defined()) {
     unsharded_flat_ = memory::empty_flat(padded_numel_, at::TensorOptions().device(device_).dtype(param_dtype_));
@@ -203,7 +214,7 @@ void FSDPParamGroup::allocate_unsharded() {
 }
 
 void FSDPParamGroup::free_unsharded() {
-  if (unsharded_aliases_sharded_ || !unsharded_flat_.defined()) return;
+  if (aliased() || !unsharded_flat_.defined()) return;
   const auto nbytes = static_cast<int64_t>(unsharded_flat_.storage().nbytes());
   if (nbytes == 0) return;
   compat::resize_storage_bytes(unsharded_flat_, 0);
@@ -211,7 +222,7 @@ void FSDPParamGroup::free_unsharded() {
 }
 
 void FSDPParamGroup::unshard() {
-  if (state_ == ShardedState::kUnsharded || all_gather_work_ || unsharded_aliases_sharded_) return;
+  if (state_ == ShardedState::kUnsharded || all_gather_work_ || aliased()) return;
   RECORD_USER_SCOPE("FSDP::all_gather");
   allocate_unsharded();
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllGather);
@@ -242,7 +253,7 @@ void FSDPParamGroup::wait_for_unshard() {
   finish_all_gather();
   for (auto& p : params_) {
     p.param.set_data(unsharded_view(p));
-    if (grads_in_place_) {
+    if (in_place()) {
       ensure_grad_flat();
       if (p.requires_grad()) attach_existing_grad_view(p, alias_of(grad_flat_, p.offset, p.shape));
     } else if (p.param.grad().defined()) {
@@ -263,7 +274,7 @@ void FSDPParamGroup::reshard() {
   }
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
-    if (grads_in_place_) {
+    if (in_place()) {
       // After forward a parameter without a gradient keeps none (backward
       // hands one over); post-backward attaches every view.
       if (p.requires_grad()) {
@@ -362,7 +373,7 @@ const at::Tensor& FSDPParamGroup::unsharded_grad_unfilled() {
 }
 
 void FSDPParamGroup::prepare_gradients() {
-  if (grads_in_place_ || trainable_ == 0 || state_ != ShardedState::kUnsharded) return;
+  if (in_place() || !has_trainable_params() || state_ != ShardedState::kUnsharded) return;
   // As at one rank (attach_existing_grad_view): a parameter without a
   // gradient keeps none, so autograd hands its fresh gradient over and
   // collect_unsharded_gradients copies it in, instead of autograd adding
@@ -400,14 +411,12 @@ void FSDPParamGroup::collect_unsharded_gradients() {
 }
 
 void FSDPParamGroup::post_backward() {
-  if (post_backward_done_) return;
-  post_backward_done_ = true;
   RECORD_USER_SCOPE("FSDP::post_backward");
-  if (trainable_ == 0) {
+  if (!has_trainable_params()) {
     reshard();
     return;
   }
-  if (grads_in_place_) {
+  if (in_place()) {
     ensure_grad_flat();
     // Every gradient becomes its view: one autograd handed over or replaced
     // is copied in, one that never came is zeros (replicas may still send
@@ -421,7 +430,9 @@ void FSDPParamGroup::post_backward() {
     return;
   }
   if (state_ == ShardedState::kUnsharded) collect_unsharded_gradients();
-  reshard();
+  // Kept gathered for the next micro-step's forward only: a backward that
+  // syncs hands sharded gradients to sharded parameters.
+  if (reshard_after_backward || requires_gradient_sync) reshard();
   // Nothing arrived on this rank (the unit was not used here): zeros keep
   // the collectives matched with ranks that did use it.
   unsharded_grad();
@@ -440,7 +451,7 @@ void FSDPParamGroup::post_backward() {
 }
 
 void FSDPParamGroup::issue_reduce_scatter() {
-  if (grads_in_place_) return;  // nothing to scatter: the shard is the whole unit
+  if (in_place()) return;  // nothing to scatter: the shard is the whole unit
   if (shard_group_->size() == 1) {
     reduce_output_.reset(reduce_input_.release());
     return;
@@ -466,12 +477,29 @@ void FSDPParamGroup::wait_reduce_scatter() {
   reduce_input_.reset();  // freed as soon as its collective is done
 }
 
+bool FSDPParamGroup::has_trainable_params() const {
+  return std::any_of(params_.begin(), params_.end(), [](const FSDPParam& p) { return p.requires_grad(); });
+}
+
 bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group_->size() > 1; }
+
+void FSDPParamGroup::hold_partial_reduction() {
+  // In place, this backward's gradients stay in the buffer and the next
+  // all-reduce takes them with the rest.
+  if (in_place()) return;
+  if (partial_reduction_.defined()) {
+    partial_reduction_.get().add_(reduce_output_.get());
+    reduce_output_.reset();
+  } else {
+    partial_reduction_.reset(reduce_output_.release());
+  }
+}
 
 void FSDPParamGroup::issue_replica_all_reduce() {
   RECORD_USER_SCOPE("FSDP::all_reduce");
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllReduce);
-  const at::Tensor& buffer = grads_in_place_ ? grad_flat_ : reduce_output_.get();
+  if (partial_reduction_.defined()) reduce_output_.get().add_(partial_reduction_.release());
+  const at::Tensor& buffer = in_place() ? grad_flat_ : reduce_output_.get();
   reduce_event_ = comm_->record(FSDPEvent::Kind::kAllReduce, *name_, static_cast<int64_t>(buffer.nbytes()));
   dist::CollectiveLabel label(*name_);
   reduce_work_ = dist::all_reduce(*replicate_group_, buffer, dist::ReduceOp::kAvg);
@@ -479,13 +507,26 @@ void FSDPParamGroup::issue_replica_all_reduce() {
 
 void FSDPParamGroup::wait_replica_all_reduce() { wait_reduce_scatter(); }
 
+void FSDPParamGroup::finish_reduced(at::Tensor& reduced) {
+  if (gradient_divide_factor) {
+    // The collectives average; a divide factor asks for the sum over it.
+    const double ranks = static_cast<double>(shard_group_->size()) * replicate_group_->size();
+    reduced.mul_(ranks / *gradient_divide_factor);
+  }
+  if (reduced_grad_hook) reduced_grad_hook(reduced);
+}
+
 void FSDPParamGroup::assign_gradients() {
-  if (grads_in_place_) return;  // the gradients are views of the reduced buffer already
+  if (in_place()) {
+    finish_reduced(grad_flat_);  // the gradients are views of the reduced buffer already
+    return;
+  }
   // The reduced shard (a flat buffer) becomes the gradients' memory: each
   // parameter without one gets an alias of its slice, so no per-parameter
   // copies are made, and the buffer goes back to the flat-buffer cache when
   // the optimizer sets them to none.
   at::Tensor reduced = reduce_output_.get();
+  finish_reduced(reduced);
   if (reduced.scalar_type() != master_dtype_) reduced = memory::flat_copy(reduced, master_dtype_);
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
@@ -518,14 +559,12 @@ size_t FSDPParamGroup::apply_used(const uint8_t* used_anywhere) {
 }
 
 void FSDPParamGroup::begin_iteration() {
-  post_backward_done_ = false;
   if (!accumulating_) {
     for (auto& p : params_) p.grad_existence_recorded = false;
   }
 }
 
 void FSDPParamGroup::end_backward() {
-  post_backward_done_ = false;
   reduced_this_backward_ = false;
   if (!accumulating_) {
     for (auto& p : params_) p.grad_existence_recorded = false;
@@ -567,7 +606,7 @@ void FSDPParamGroup::abandon() noexcept {
 int64_t FSDPParamGroup::sharded_param_bytes() const { return static_cast<int64_t>(sharded_flat_.nbytes()); }
 
 int64_t FSDPParamGroup::unsharded_bytes_held() const {
-  if (unsharded_aliases_sharded_ || !unsharded_flat_.defined()) return 0;
+  if (aliased() || !unsharded_flat_.defined()) return 0;
   return static_cast<int64_t>(unsharded_flat_.storage().nbytes());
 }
 

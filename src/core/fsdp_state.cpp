@@ -42,7 +42,63 @@ namespace fsdp {
 //   output's graph dies (DroppedGraphWatch): units go back to sharded with
 //   the gradients they had, so the optimizer step that follows sees them.
 
+// [Note: the training state machine]
+// Each unit's TrainingState changes only through FSDPState::enter:
+//
+//   from \ to      forward   pre_backward   post_backward   idle
+//   idle             yes        yes            yes (1)        yes
+//   forward          -          -              -              yes
+//   pre_backward     -          yes (2)        yes            yes (3)
+//   post_backward    -          -              -              yes
+//
+//   (1) at the end of backward, a unit that owes a reduction (or is still
+//       gathered) without having run a backward here;
+//   (2) one pre-backward per call: a unit called twice gets two;
+//   (3) at the end of backward, a unit without parameters of its own.
+//
+// Forward recomputed inside backward (activation checkpointing) leaves the
+// state alone. The state carries weight: post-backward runs once per
+// backward because it is entered once (a unit in post_backward is skipped
+// by the end of backward), and a transition outside the table is a bug in
+// fsdp.cpp, reported with both states named. The tree's phase (TreePhase)
+// says whether an iteration is open and whether a backward runs; what the
+// iteration recorded lives in TreeIteration and each unit's UnitCalls, each
+// emptied by one reset().
+
+const char* to_string(TrainingState state) {
+  switch (state) {
+    case TrainingState::kIdle: return "idle";
+    case TrainingState::kForward: return "forward";
+    case TrainingState::kPreBackward: return "pre_backward";
+    case TrainingState::kPostBackward: return "post_backward";
+  }
+  return "?";
+}
+
+const char* to_string(TreePhase phase) {
+  switch (phase) {
+    case TreePhase::kIdle: return "idle";
+    case TreePhase::kForward: return "forward";
+    case TreePhase::kBackward: return "backward";
+  }
+  return "?";
+}
+
+bool TreeIteration::has_live_graph() const {
+  return std::any_of(open_graphs.begin(), open_graphs.end(), [](const auto& g) { return !g.expired(); });
+}
+
 namespace {
+
+bool is_transition(TrainingState from, TrainingState to) {
+  switch (to) {
+    case TrainingState::kIdle: return true;
+    case TrainingState::kForward: return from == TrainingState::kIdle;
+    case TrainingState::kPreBackward:
+    case TrainingState::kPostBackward: return from == TrainingState::kIdle || from == TrainingState::kPreBackward;
+  }
+  return false;
+}
 
 struct PostBackwardNode : public torch::autograd::Function<PostBackwardNode> {
   // TensorList, not variable_list: autograd counts the tensors of a
@@ -86,10 +142,8 @@ struct DroppedGraphWatch {
   int64_t backward_count;
   ~DroppedGraphWatch() {
     const auto t = tree.lock();
-    if (!t || t->backward_count != backward_count || !t->iteration_open || t->in_backward) return;
-    const bool live = std::any_of(t->open_graphs.begin(), t->open_graphs.end(),
-                                  [](const auto& g) { return !g.expired(); });
-    if (!live) FSDPState::drop_iteration(*t);
+    if (!t || t->backward_count != backward_count || t->iteration.phase != TreePhase::kForward) return;
+    if (!t->iteration.has_live_graph()) FSDPState::drop_iteration(*t);
   }
 };
 
@@ -104,19 +158,21 @@ struct DroppedGraphHook : public torch::autograd::FunctionPreHook {
 FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOptions& options)
     : group_(std::move(group)),
       options_(options),
-      reshard_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
-                             options.strategy == ShardingStrategy::kHybridShard) {}
+      reshard_after_forward_(options.reshard_after_forward.value_or(
+          options.strategy == ShardingStrategy::kFullShard || options.strategy == ShardingStrategy::kHybridShard)),
+      reshard_after_forward_explicit_(options.reshard_after_forward.has_value()) {}
 
 FSDPState::~FSDPState() {
   if (!tree_) return;
   const auto drop = [this](std::vector<FSDPState*>& v) { v.erase(std::remove(v.begin(), v.end(), this), v.end()); };
   drop(tree_->states);
   drop(tree_->forward_order);
-  tree_->post_forward_order.clear();  // rebuilt by the next iteration
+  tree_->iteration.post_forward_order.clear();  // rebuilt by the next iteration
   for (FSDPState* s : tree_->states) {
     drop(s->forward_prefetch);
     drop(s->backward_prefetch);
-    s->post_forward_indices_.clear();
+    s->calls_.post_forward_indices.clear();
+    s->calls_.backward_cursor = 0;
   }
   if (!is_root_) return;
   const std::vector<FSDPState*> orphans = tree_->states;
@@ -134,29 +190,35 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   if (group_) group_->attach(&tree_->comm, &name_);
 }
 
-void FSDPState::forget_calls() {
-  training_state_ = TrainingState::kIdle;
-  pending_backward_calls_ = 0;
-  registered_calls_ = 0;
-  unsignalled_call_ = false;
-  post_forward_indices_.clear();
-  backward_cursor_ = 0;
+bool FSDPState::reshards_after_forward() const {
+  return reshard_after_forward_ && (!is_root_ || reshard_after_forward_explicit_);
+}
+
+void FSDPState::set_reshard_after_forward(bool reshard) {
+  reshard_after_forward_ = reshard;
+  reshard_after_forward_explicit_ = true;
+}
+
+void FSDPState::enter(TrainingState next) {
+  FSDP_CHECK(is_transition(training_state_, next), "fsdp.cpp internal error: unit ", name_, " went from ",
+             to_string(training_state_), " to ", to_string(next), " (tree phase ", to_string(tree_->iteration.phase),
+             "), which the state machine does not allow; please report it with the model code");
+  training_state_ = next;
 }
 
 void FSDPState::begin_iteration() {
   for (FSDPState* s : tree_->states) {
-    s->forget_calls();
+    s->calls_.reset();
     if (s->group_) s->group_->begin_iteration();
   }
-  tree_->post_forward_order.clear();
-  tree_->open_graphs.clear();
-  tree_->iteration_open = true;
+  tree_->iteration.reset();
+  tree_->iteration.phase = TreePhase::kForward;
 }
 
 detail::CallFrame FSDPState::pre_forward() {
   detail::CallFrame frame;
   frame.grad_enabled = at::GradMode::is_enabled();
-  frame.in_backward = tree_->in_backward;
+  frame.in_backward = tree_->iteration.phase == TreePhase::kBackward;
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
   if (frame.in_backward) {
     // Recomputed inside backward: gathered for the backward that follows.
@@ -171,14 +233,12 @@ detail::CallFrame FSDPState::pre_forward() {
     // A new iteration unless an earlier forward's graph still awaits its
     // backward (two forwards, one backward); a graph that was dropped
     // without a backward does not count.
-    const bool live = std::any_of(tree_->open_graphs.begin(), tree_->open_graphs.end(),
-                                  [](const auto& g) { return !g.expired(); });
-    if (!tree_->iteration_open || !live) {
+    if (tree_->iteration.phase != TreePhase::kForward || !tree_->iteration.has_live_graph()) {
       begin_iteration();
       frame.opened_iteration = true;
     }
   }
-  training_state_ = TrainingState::kForward;
+  enter(TrainingState::kForward);
   tree_->comm.record(FSDPEvent::Kind::kPreForward, name_);
   if (group_) group_->wait_for_unshard();
   if (tree_->recording_order &&
@@ -202,8 +262,8 @@ void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tens
     if (t->defined() && t->requires_grad()) *t = wrapped[i++];
   }
   frame.wrapped_inputs = true;
-  ++pending_backward_calls_;
-  ++registered_calls_;
+  ++calls_.pending_backward;
+  ++calls_.registered;
 }
 
 at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
@@ -219,7 +279,7 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
   if (frame.in_backward) return;
   RECORD_USER_SCOPE("FSDP::post_forward");
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
-  training_state_ = TrainingState::kIdle;
+  enter(TrainingState::kIdle);
   if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
     for (auto& t : outputs) {
       if (t.defined() && at::isFloatingType(t.scalar_type())) t = t.to(*out_dtype);
@@ -240,13 +300,14 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
   }
   const bool needs_backward =
       std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  auto& order = tree_->iteration.post_forward_order;
   if (needs_backward) {
-    if (!frame.wrapped_inputs) unsignalled_call_ = true;
-    post_forward_indices_.push_back(tree_->post_forward_order.size());
-    tree_->post_forward_order.push_back(this);
-    backward_cursor_ = post_forward_indices_.size();
+    if (!frame.wrapped_inputs) calls_.unsignalled = true;
+    calls_.post_forward_indices.push_back(order.size());
+    order.push_back(this);
+    calls_.backward_cursor = calls_.post_forward_indices.size();
   }
-  if (group_ && reshard_after_forward_ && !is_root_) {
+  if (group_ && reshards_after_forward()) {
     group_->reshard();
   } else if (group_ && needs_backward) {
     // Staying gathered (the root, shard_grad_op): gradient views now, so a
@@ -269,17 +330,17 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
       return grad;
     });
     if (is_root_ && t.grad_fn()) {
-      tree_->open_graphs.emplace_back(t.grad_fn());
+      tree_->iteration.open_graphs.emplace_back(t.grad_fn());
       t.grad_fn()->add_pre_hook(std::make_unique<DroppedGraphHook>(watch));
     }
   }
 }
 
 void FSDPState::on_forward_error(const detail::CallFrame& frame) noexcept {
-  training_state_ = TrainingState::kIdle;
   if (frame.in_backward) return;  // the backward's own error handling takes over
+  training_state_ = TrainingState::kIdle;
   if (is_root_) {
-    abandon_iteration(*tree_, /*keep_open=*/tree_->iteration_open && !frame.opened_iteration);
+    abandon_iteration(*tree_, /*keep_open=*/tree_->iteration.phase == TreePhase::kForward && !frame.opened_iteration);
     return;
   }
   if (group_ && !frame.was_unsharded) group_->abandon();
@@ -287,9 +348,8 @@ void FSDPState::on_forward_error(const detail::CallFrame& frame) noexcept {
 
 void FSDPState::pre_backward() {
   RECORD_USER_SCOPE("FSDP::pre_backward");
-  if (!tree_->callback_queued) {
-    tree_->callback_queued = true;
-    tree_->in_backward = true;
+  if (tree_->iteration.phase != TreePhase::kBackward) {
+    tree_->iteration.phase = TreePhase::kBackward;
     auto guard = std::make_shared<BackwardGuard>(tree_);
     torch::autograd::Engine::get_default_engine().queue_callback([guard] {
       end_of_backward(*guard->tree);
@@ -297,7 +357,7 @@ void FSDPState::pre_backward() {
     });
   }
   tree_->comm.record(FSDPEvent::Kind::kPreBackward, name_);
-  training_state_ = TrainingState::kPreBackward;
+  enter(TrainingState::kPreBackward);
   if (group_) {
     group_->wait_for_unshard();
     group_->prepare_gradients();
@@ -306,13 +366,14 @@ void FSDPState::pre_backward() {
 }
 
 void FSDPState::on_inputs_grad() {
-  if (--pending_backward_calls_ > 0 || unsignalled_call_) return;
+  if (--calls_.pending_backward > 0 || calls_.unsignalled) return;
   post_backward();
 }
 
 void FSDPState::post_backward() {
+  if (training_state_ == TrainingState::kPostBackward) return;  // once per backward
   tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
-  training_state_ = TrainingState::kPostBackward;
+  enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();
 }
 
@@ -342,9 +403,9 @@ void FSDPState::prefetch_backward() {
   }
   // The units that finished their forward just before this call did are
   // the next to run backward (FSDP2's post-forward order).
-  if (options_.prefetch_depth <= 0 || backward_cursor_ == 0) return;
-  const size_t index = post_forward_indices_[--backward_cursor_];
-  const auto& order = tree_->post_forward_order;
+  if (options_.prefetch_depth <= 0 || calls_.backward_cursor == 0) return;
+  const size_t index = calls_.post_forward_indices[--calls_.backward_cursor];
+  const auto& order = tree_->iteration.post_forward_order;
   for (size_t k = 1; k <= static_cast<size_t>(options_.prefetch_depth) && k <= index; ++k) {
     issue_unshard(order[index - k]);
   }
@@ -354,7 +415,7 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   RECORD_USER_SCOPE("FSDP::end_of_backward");
   for (FSDPState* s : tree.states) {
     FSDPParamGroup* g = s->group_.get();
-    if (g == nullptr || g->post_backward_done()) continue;
+    if (g == nullptr || s->training_state_ == TrainingState::kPostBackward) continue;
     // Units owing a reduction reduce even if unused here: the peers may not agree.
     const bool owes_reduction = g->has_trainable_params() && g->requires_gradient_sync;
     if (owes_reduction || g->sharded_state() == ShardedState::kUnsharded) s->post_backward();
@@ -378,9 +439,8 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   }
 
   for (FSDPState* s : tree.states) {
-    s->training_state_ = TrainingState::kIdle;
-    s->pending_backward_calls_ = s->registered_calls_;
-    s->backward_cursor_ = s->post_forward_indices_.size();
+    s->enter(TrainingState::kIdle);
+    s->calls_.rearm();
     if (!s->group_) continue;
     // A gather prefetched for a unit that did not run (a conditional path,
     // an explicit list naming it) is finished and freed, as FSDP2 discards
@@ -389,20 +449,18 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
     if (s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
     s->group_->end_backward();
   }
-  tree.in_backward = false;
-  tree.callback_queued = false;
-  tree.iteration_open = false;
+  // The graph's records stay for another backward through it (retain_graph).
+  tree.iteration.phase = TreePhase::kIdle;
   ++tree.backward_count;
 }
 
 void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
   for (FSDPState* s : tree.states) {
-    s->forget_calls();
+    s->training_state_ = TrainingState::kIdle;
+    s->calls_.reset();
     if (s->group_) s->group_->drop_forward();
   }
-  tree.iteration_open = false;
-  tree.open_graphs.clear();
-  tree.post_forward_order.clear();
+  tree.iteration.reset();
 }
 
 void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
@@ -411,18 +469,16 @@ void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
     s->training_state_ = TrainingState::kIdle;
     if (s->group_) s->group_->abandon();
     if (keep_open) {
-      s->unsignalled_call_ = true;  // the earlier graph's calls end at the end of backward
+      s->calls_.unsignalled = true;  // the earlier graph's calls end at the end of backward
     } else {
-      s->forget_calls();
+      s->calls_.reset();
     }
   }
-  tree.in_backward = false;
-  tree.callback_queued = false;
   ++tree.backward_count;
-  if (!keep_open) {
-    tree.iteration_open = false;
-    tree.open_graphs.clear();
-    tree.post_forward_order.clear();
+  if (keep_open) {
+    tree.iteration.phase = TreePhase::kForward;
+  } else {
+    tree.iteration.reset();
   }
 }
 

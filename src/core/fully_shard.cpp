@@ -1,5 +1,7 @@
 #include "fsdp/core/fully_shard.h"
 
+#include <cmath>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -19,12 +21,37 @@ namespace {
 constexpr const char* kStateChild = "_fsdp";
 
 struct UnitStateHolder : torch::nn::Module {
-  explicit UnitStateHolder(std::shared_ptr<FSDPState> s) : state(std::move(s)) {}
+  UnitStateHolder(std::shared_ptr<FSDPState> s, std::string unit) : state(std::move(s)), unit_name(std::move(unit)) {}
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& /*device*/) const override {
     throw Error("clone: a module with fully_shard applied cannot be cloned (its parameters are shards of "
                 "buffers it shares with its unit); clone the model before sharding it");
   }
+  // Module::to converts children before parameters, and this holder is its
+  // module's first child: a conversion that would move the unit's
+  // parameters off their shards is refused before anything changes. One to
+  // the parameters' own device and dtype does nothing and is let through.
+  void to(torch::Device device, torch::Dtype dtype, bool /*non_blocking*/) override { check_to(&device, &dtype); }
+  void to(torch::Dtype dtype, bool /*non_blocking*/) override { check_to(nullptr, &dtype); }
+  void to(torch::Device device, bool /*non_blocking*/) override { check_to(&device, nullptr); }
+
   std::shared_ptr<FSDPState> state;
+  std::string unit_name;
+
+ private:
+  void check_to(const torch::Device* device, const torch::Dtype* dtype) const {
+    if (state->group() == nullptr) return;
+    const at::Tensor& p = state->group()->params().front().param;
+    const bool same_device = device == nullptr || *device == p.device();
+    const bool same_dtype = dtype == nullptr || *dtype == p.scalar_type();
+    if (same_device && same_dtype) return;
+    std::ostringstream target;
+    if (device != nullptr) target << *device;
+    if (device != nullptr && dtype != nullptr) target << ", ";
+    if (dtype != nullptr) target << *dtype;
+    throw Error("to(" + target.str() + "): module " + unit_name +
+                " is sharded by fully_shard, and converting it would detach its parameters from their shards; "
+                "nothing was converted. Convert the module before sharding it (module->to(...), then fully_shard)");
+  }
 };
 
 const void* key_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
@@ -225,7 +252,12 @@ void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
       }
     }
   }
-  module.register_module(kStateChild, std::make_shared<UnitStateHolder>(std::move(state)));
+  // The holder goes first among the children (see UnitStateHolder::to).
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> others;
+  for (const auto& item : module.named_children()) others.emplace_back(item.key(), item.value());
+  for (const auto& [name, child] : others) module.unregister_module(name);
+  module.register_module(kStateChild, std::make_shared<UnitStateHolder>(std::move(state), module.name()));
+  for (const auto& [name, child] : others) module.register_module(name, child);
 }
 
 bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of(module) != nullptr; }
@@ -242,11 +274,81 @@ void clear_event_log(const torch::nn::Module& root) {
   state->tree()->comm.clear_events();
 }
 
-void set_requires_gradient_sync(torch::nn::Module& root, bool sync) {
-  for (const auto& [name, state] : units_under(root)) {
-    (void)name;
-    if (state->group() != nullptr) state->group()->requires_gradient_sync = sync;
+namespace {
+// `module`'s unit and, with `recurse`, every unit below it; `what` names
+// the caller in the error for a module that is not sharded.
+std::vector<FSDPState*> units_for(torch::nn::Module& module, bool recurse, const char* what) {
+  std::vector<FSDPState*> out;
+  if (recurse) {
+    for (const auto& [name, state] : units_under(module)) {
+      (void)name;
+      out.push_back(state);
+    }
+  } else if (FSDPState* s = detail::state_of(module)) {
+    out.push_back(s);
   }
+  FSDP_CHECK(!out.empty(), what, ": module ", module.name(), " is not sharded",
+             recurse ? " and holds no sharded unit" : "", "; apply fully_shard first");
+  return out;
+}
+
+template <typename Fn>
+void for_each_group(torch::nn::Module& module, bool recurse, const char* what, Fn&& fn) {
+  for (FSDPState* s : units_for(module, recurse, what)) {
+    if (s->group() != nullptr) fn(*s->group());
+  }
+}
+}  // namespace
+
+void set_requires_gradient_sync(torch::nn::Module& module, bool sync, bool recurse) {
+  for_each_group(module, recurse, "set_requires_gradient_sync",
+                 [&](FSDPParamGroup& g) { g.requires_gradient_sync = sync; });
+}
+
+void set_requires_all_reduce(torch::nn::Module& module, bool all_reduce, bool recurse) {
+  for_each_group(module, recurse, "set_requires_all_reduce",
+                 [&](FSDPParamGroup& g) { g.requires_all_reduce = all_reduce; });
+}
+
+void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool recurse) {
+  for_each_group(module, recurse, "set_reshard_after_backward",
+                 [&](FSDPParamGroup& g) { g.reshard_after_backward = reshard; });
+}
+
+void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse) {
+  FSDP_CHECK(std::isfinite(factor), "set_gradient_divide_factor: factor ", factor, ": expected a finite number");
+  for_each_group(module, recurse, "set_gradient_divide_factor", [&](FSDPParamGroup& g) {
+    g.gradient_divide_factor = factor > 0 ? std::optional<double>(factor) : std::nullopt;
+  });
+}
+
+void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse) {
+  for_each_group(module, recurse, "set_all_reduce_hook", [&](FSDPParamGroup& g) { g.reduced_grad_hook = hook; });
+}
+
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse) {
+  for (FSDPState* s : units_for(module, recurse, "set_reshard_after_forward")) s->set_reshard_after_forward(reshard);
+}
+
+void UnshardHandle::wait() {
+  if (group_ != nullptr) group_->wait_for_unshard();
+  group_ = nullptr;
+}
+
+UnshardHandle unshard(torch::nn::Module& module, bool async_op) {
+  FSDPState* s = detail::state_of(module);
+  FSDP_CHECK(s != nullptr, "unshard: module ", module.name(), " is not sharded; apply fully_shard first");
+  if (s->group() == nullptr) return UnshardHandle();
+  s->group()->unshard();
+  UnshardHandle handle(s->group());
+  if (!async_op) handle.wait();
+  return handle;
+}
+
+void reshard(torch::nn::Module& module) {
+  FSDPState* s = detail::state_of(module);
+  FSDP_CHECK(s != nullptr, "reshard: module ", module.name(), " is not sharded; apply fully_shard first");
+  if (s->group() != nullptr) s->group()->reshard();
 }
 
 namespace {

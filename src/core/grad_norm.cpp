@@ -10,6 +10,7 @@
 #include <ATen/record_function.h>
 #include <torch/nn/module.h>
 
+#include "fsdp/common/error.h"
 #include "fsdp/core/fsdp_state.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
@@ -42,14 +43,17 @@ double sum_of_squares(const at::Tensor& g) {
 
 }  // namespace
 
-double grad_norm(torch::nn::Module& root) {
-  // Sharded gradients add up across their unit's shard group; replicated
-  // ones (no unit, or ignored) are the same everywhere and count once.
-  // Across replicas (HSDP) the reduced gradients are identical, so each
-  // shard group alone gives its units' share. Units may live in different
-  // shard groups: one partial sum per group, each all-reduced in its group,
-  // in the order the groups first appear in module order (the same on every
-  // rank).
+double grad_norm(torch::nn::Module& root, double norm_type) {
+  const bool inf = std::isinf(norm_type) && norm_type > 0;
+  FSDP_CHECK(inf || norm_type == 2.0, "clip_grad_norm_: norm_type ", norm_type,
+             ": expected 2 (L2) or infinity (the largest magnitude)");
+  // Sharded gradients combine across their unit's shard group (squares
+  // add up, maxima take the largest); replicated ones (no unit, or ignored)
+  // are the same everywhere and count once. Across replicas (HSDP) the
+  // reduced gradients are identical, so each shard group alone gives its
+  // units' share. Units may live in different shard groups: one partial per
+  // group, each all-reduced in its group, in the order the groups first
+  // appear in module order (the same on every rank).
   std::unordered_map<const void*, size_t> group_of_param;  // -> index into groups
   std::vector<dist::ProcessGroup*> groups;
   for (const auto& item : root.named_modules("", true)) {
@@ -61,28 +65,32 @@ double grad_norm(torch::nn::Module& root) {
     if (it == groups.end()) groups.push_back(g);
     for (const auto& p : state->group()->params()) group_of_param[p.param.unsafeGetTensorImpl()] = index;
   }
-  std::vector<at::Tensor> sharded_sq(groups.size());
-  for (auto& t : sharded_sq) t = at::zeros({1}, at::kDouble);
-  at::Tensor replicated_sq = at::zeros({1}, at::kDouble);
+  std::vector<double> sharded(groups.size(), 0.0);
+  double replicated = 0;
   for (const auto& p : unique_parameters(root)) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    at::Tensor sq = at::full({1}, sum_of_squares(g), at::kDouble);
     const auto it = group_of_param.find(p.unsafeGetTensorImpl());
-    (it != group_of_param.end() ? sharded_sq[it->second] : replicated_sq).add_(sq);
+    double& partial = it != group_of_param.end() ? sharded[it->second] : replicated;
+    if (inf) {
+      if (g.numel() > 0) partial = std::max(partial, g.abs().max().item<double>());
+    } else {
+      partial += sum_of_squares(g);
+    }
   }
-  double total = replicated_sq.item<double>();
+  double total = replicated;
   for (size_t i = 0; i < groups.size(); ++i) {
-    if (groups[i]->size() > 1) dist::all_reduce(*groups[i], sharded_sq[i]).wait();
-    total += sharded_sq[i].item<double>();
+    at::Tensor t = at::full({1}, sharded[i], at::kDouble);
+    if (groups[i]->size() > 1) dist::all_reduce(*groups[i], t, inf ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
+    total = inf ? std::max(total, t.item<double>()) : total + t.item<double>();
   }
-  return std::sqrt(total);
+  return inf ? total : std::sqrt(total);
 }
 
 double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
 
-double clip_grad_norm_(torch::nn::Module& root, double max_norm) {
-  const double norm = grad_norm(root);
+double clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_type) {
+  const double norm = grad_norm(root, norm_type);
   scale_gradients(root, clip_factor(norm, max_norm));
   return norm;
 }

@@ -22,6 +22,7 @@ struct Scenario {
   AdapterNetConfig net;
   bool freeze_bases = false;
   int frozen_block = -1;
+  int unfreeze_at_step = -1;       // the frozen block becomes trainable from this step on
   bool bf16 = false;
   int forwards_per_step = 1;       // 2: two forwards, their losses summed, one backward
   int throw_forward_step = -1;     // block 1 throws in this step's forward
@@ -59,7 +60,8 @@ AdapterNet build(const Scenario& s) {
   return net;
 }
 
-std::vector<torch::Tensor> trainable(torch::nn::Module& m) {
+std::vector<torch::Tensor> trainable(torch::nn::Module& m, const Scenario& s) {
+  if (s.unfreeze_at_step >= 0) return unique_parameters(m);  // the optimizer skips those without gradients
   std::vector<torch::Tensor> out;
   for (const auto& p : unique_parameters(m)) {
     if (p.requires_grad()) out.push_back(p);
@@ -100,9 +102,12 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
     set_modules_to_forward_prefetch(*net->blocks[k - 1], {net->blocks[k].get()});
     set_modules_to_backward_prefetch(*net->blocks[k + 1], {net->blocks[k].get()});
   }
-  torch::optim::AdamW optimizer(trainable(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  torch::optim::AdamW optimizer(trainable(*net, s), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   const int64_t rows = kRowsPerRank * w;
   for (int step = 0; step < s.steps; ++step) {
+    if (step == s.unfreeze_at_step) {
+      for (auto& p : net->blocks[static_cast<size_t>(s.frozen_block)]->parameters()) p.set_requires_grad(true);
+    }
     for (auto& b : net->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
     net->skipped_block = step % 2 == 1 ? s.skip_block_on_odd_steps : -1;
     if (log != nullptr) clear_event_log(*net);
@@ -156,14 +161,17 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
 NamedTensors train_reference(const Scenario& s, RunLog* log) {
   const int w = test_world().size();
   auto net = build(s);
-  auto master = trainable(*net);
+  auto master = trainable(*net, s);
   torch::optim::AdamW optimizer(master, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   AdapterNet compute = s.bf16 ? build(s) : net;
   if (s.bf16) compute->to(torch::kBFloat16);
-  auto compute_params = trainable(*compute);
+  auto compute_params = trainable(*compute, s);
   const int64_t rows = kRowsPerRank * w;
   for (int step = 0; step < s.steps; ++step) {
     if (step == s.throw_forward_step || step == s.throw_backward_step) continue;
+    if (step == s.unfreeze_at_step) {
+      for (auto& p : net->blocks[static_cast<size_t>(s.frozen_block)]->parameters()) p.set_requires_grad(true);
+    }
     for (auto& b : compute->blocks) b->use_gate = !s.gate_on_even_steps || step % 2 == 0;
     compute->skipped_block = step % 2 == 1 ? s.skip_block_on_odd_steps : -1;
     if (!s.bf16) {
@@ -371,6 +379,22 @@ TEST_P(UnusedUnderAccumulation, ParameterNoMicroStepUsesKeepsNoGradient) {
   EXPECT_EQ(sharded.gate_grad_defined, (std::vector<bool>{true, false, true, false, true}));
 }
 INSTANTIATE_TEST_SUITE_P(Strategies, UnusedUnderAccumulation,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+class UnfrozenLater : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(UnfrozenLater, UnitFrozenWholeWhenShardedTrainsOnceUnfrozen) {
+  // Block 1 is frozen as a whole when sharded and unfrozen from step 2 on:
+  // from then on it gets gradients and trains, as in one process.
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.frozen_block = 1;
+  s.unfreeze_at_step = 2;
+  expect_matches_reference(s);
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, UnfrozenLater,
                          ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                          [](const auto& info) { return std::string(to_string(info.param)); });

@@ -22,6 +22,25 @@ class CommContext;
 
 enum class ShardedState { kSharded, kUnsharded };
 
+// How a unit's gradients travel from autograd to the optimizer, decided once
+// at sharding from the shard group's size and the dtypes. See [Note:
+// gradients in place] in fsdp_param_group.cpp for what each step does on
+// each path.
+enum class GradientPath {
+  // One rank per shard group, no cast anywhere: parameters and gradients
+  // are views of persistent flat buffers in both states; autograd adds into
+  // them; only replicas communicate (an all-reduce).
+  kInPlace,
+  // One rank per shard group, gradients reduced in another dtype: the
+  // parameters alias their shard (no gather), gradients go through a flat
+  // buffer that is cast and handed over as the reduced shard.
+  kAliasedShard,
+  // A gathered buffer per unshard, a flat gradient buffer per backward, a
+  // reduce-scatter (and an all-reduce across replicas).
+  kGathered,
+};
+const char* to_string(GradientPath path);
+
 class FSDPParamGroup {
  public:
   // Takes ownership of `params`' data: after construction each parameter
@@ -39,7 +58,10 @@ class FSDPParamGroup {
   dist::ProcessGroup& shard_group() const { return *shard_group_; }
   dist::ProcessGroup& replicate_group() const { return *replicate_group_; }
   dist::ProcessGroup& world_group() const { return *world_group_; }
-  bool has_trainable_params() const { return trainable_ > 0; }
+  // Read at each use, not fixed at sharding: a unit frozen as a whole
+  // when sharded may be unfrozen later (every rank the same).
+  bool has_trainable_params() const;
+  GradientPath gradient_path() const { return path_; }
 
   // --- parameters -------------------------------------------------------
   // Issues the all-gather (no-op when unsharded or already in flight).
@@ -56,13 +78,16 @@ class FSDPParamGroup {
   void prepare_gradients();
   // The unit's backward is done: collects its gradients into the reduce
   // input, reshards, and hands the reduction to the CommContext (or keeps
-  // accumulating, without gradient sync). Once per backward.
+  // accumulating, without gradient sync). Once per backward; FSDPState
+  // guarantees it.
   void post_backward();
-  bool post_backward_done() const { return post_backward_done_; }
   // Reduction stages, run by CommContext in this order.
   void issue_reduce_scatter();
   void wait_reduce_scatter();
   bool reduces_across_replicas() const;
+  // Under HSDP without requires_all_reduce: this backward's reduce-scatter
+  // output is kept and added to the next one's before its all-reduce.
+  void hold_partial_reduction();
   void issue_replica_all_reduce();
   void wait_replica_all_reduce();
   void assign_gradients();
@@ -84,7 +109,14 @@ class FSDPParamGroup {
   // of the iteration before it (and any accumulation) are kept.
   void drop_forward() noexcept;
 
+  // Run-time knobs (FSDP2's setters of the same names, set_ dropped).
   bool requires_gradient_sync = true;
+  bool requires_all_reduce = true;   // HSDP: all-reduce across replicas on sync
+  bool reshard_after_backward = true;  // false: stays gathered after a backward that does not sync
+  // Gradients are summed across ranks and divided by this instead of the
+  // number of ranks (token-normalised losses); unset: averaged.
+  std::optional<double> gradient_divide_factor;
+  ReducedGradHook reduced_grad_hook;
 
   // Bytes of the fp32 master shard, and of the gathered buffer when held.
   int64_t sharded_param_bytes() const;
@@ -97,6 +129,8 @@ class FSDPParamGroup {
 
  private:
   void init_shard(const FullyShardOptions& options);
+  bool aliased() const { return path_ != GradientPath::kGathered; }  // gathered form = the shard
+  bool in_place() const { return path_ == GradientPath::kInPlace; }
   void register_grad_hooks();
   at::Tensor unsharded_view(const FSDPParam& p) const;
   at::Tensor sharded_view(const FSDPParam& p) const;
@@ -117,6 +151,9 @@ class FSDPParamGroup {
   const at::Tensor& unsharded_grad_unfilled();
   void finish_all_gather();
   void collect_unsharded_gradients();
+  // The divide factor and the user's hook, on a reduced shard (or the whole
+  // buffer on the in-place path).
+  void finish_reduced(at::Tensor& reduced);
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;
@@ -133,17 +170,11 @@ class FSDPParamGroup {
   int64_t total_numel_ = 0;
   int64_t shard_numel_ = 0;
   int64_t padded_numel_ = 0;
-  int trainable_ = 0;
+  GradientPath path_ = GradientPath::kGathered;
 
   at::Tensor sharded_flat_;        // [shard_numel_] fp32 master (orig dtype without mixed precision)
-  at::Tensor unsharded_flat_;      // [padded_numel_] param dtype; storage freed while sharded
-  bool unsharded_aliases_sharded_ = false;  // shard group of 1, no cast: no copy at all
-  // With an aliased shard and no reduce cast, gradients live in grad_flat_
-  // for good: parameters' .grad are views of it in both states, autograd
-  // accumulates into them in place, and only replicas need a collective
-  // (DDP's gradient-as-bucket-view). See [Note: gradients in place].
-  bool grads_in_place_ = false;
-  at::Tensor grad_flat_;
+  at::Tensor unsharded_flat_;      // [padded_numel_] param dtype; storage freed while sharded (the shard itself when aliased)
+  at::Tensor grad_flat_;           // kInPlace: [padded_numel_] every gradient's memory, for good
   CountedTensor all_gather_input_{memory::BufferKind::kComm};  // cast of the shard, while the all-gather runs
   std::optional<dist::Work> all_gather_work_;
   size_t all_gather_event_ = 0;
@@ -154,13 +185,13 @@ class FSDPParamGroup {
   CountedTensor unsynced_grads_{memory::BufferKind::kGradient};
   CountedTensor reduce_input_{memory::BufferKind::kComm};   // [padded_numel_] while the reduce-scatter runs
   CountedTensor reduce_output_{memory::BufferKind::kComm};  // [shard_numel_] until assigned
+  CountedTensor partial_reduction_{memory::BufferKind::kGradient};  // [shard_numel_] held without all-reduce
   std::optional<dist::Work> reduce_work_;
   size_t reduce_event_ = 0;
   std::vector<uint8_t> used_;  // per parameter: a gradient arrived on this rank
   bool reduced_this_backward_ = false;
 
   ShardedState state_ = ShardedState::kSharded;
-  bool post_backward_done_ = false;
   // Between micro-steps of accumulation (a backward without synchronisation
   // left gradients for a later one): whether each parameter had a gradient
   // is recorded once per window, at its first backward, not per backward.

@@ -23,21 +23,60 @@ struct Node;
 
 namespace fsdp {
 
-enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
+// What one unit is doing (FSDP2's TrainingState). Every change goes through
+// FSDPState::enter, which refuses a transition the design does not have and
+// names both states; the table is in [Note: the training state machine].
+enum class TrainingState {
+  kIdle,          // between calls, and after the end of backward
+  kForward,       // inside a call through fsdp::call / fsdp::run
+  kPreBackward,   // a call's outputs got their gradient: gathered, gradients attached
+  kPostBackward,  // its backward is done: resharded, reduction handed over (once per backward)
+};
+const char* to_string(TrainingState state);
+
+// What the whole tree is doing.
+enum class TreePhase {
+  kIdle,      // no forward with gradients awaits a backward
+  kForward,   // an iteration is open: forwards with gradients ran, their backward has not started
+  kBackward,  // a backward is running; the end-of-backward callback is queued
+};
+const char* to_string(TreePhase phase);
 
 class FSDPState;
+
+// The tree's per-iteration record, back to empty with one reset().
+struct TreeIteration {
+  TreePhase phase = TreePhase::kIdle;
+  std::vector<compat::AutogradNodeWeakPtr> open_graphs;  // the root outputs' grad_fns
+  std::vector<FSDPState*> post_forward_order;  // one entry per call needing backward (backward prefetch)
+  // Whether a graph of this iteration can still be backwarded.
+  bool has_live_graph() const;
+  void reset() { *this = TreeIteration(); }
+};
+
+// One unit's calls in the open iteration, back to empty with one reset().
+struct UnitCalls {
+  int pending_backward = 0;  // calls whose post-backward node has not run in this backward
+  int registered = 0;        // calls carrying such a node
+  // A call needing backward had no input to carry the node: its backward's
+  // end is only known at the end of backward.
+  bool unsignalled = false;
+  std::vector<size_t> post_forward_indices;  // positions in TreeIteration::post_forward_order
+  size_t backward_cursor = 0;                // next index to prefetch backward from
+  void reset() { *this = UnitCalls(); }
+  // For another backward through a retained graph: the same calls again.
+  void rearm() {
+    pending_backward = registered;
+    backward_cursor = post_forward_indices.size();
+  }
+};
 
 // Shared by every unit of one module tree; owned jointly by its units.
 struct FSDPTree {
   std::vector<FSDPState*> states;         // every unit, root first, then module order
   std::vector<FSDPState*> forward_order;  // pre-forward order, recorded in the first iteration
-  std::vector<FSDPState*> post_forward_order;  // this iteration's, one entry per call (backward prefetch)
   bool recording_order = true;
-  // A forward with gradients ran and its backward has not finished.
-  bool iteration_open = false;
-  std::vector<compat::AutogradNodeWeakPtr> open_graphs;  // the root outputs' grad_fns
-  bool in_backward = false;
-  bool callback_queued = false;
+  TreeIteration iteration;
   int64_t backward_count = 0;  // backwards finished or abandoned
   CommContext comm;
 };
@@ -71,6 +110,15 @@ class FSDPState {
   const std::string& name() const { return name_; }
   const FullyShardOptions& options() const { return options_; }
   const std::shared_ptr<FSDPTree>& tree() const { return tree_; }
+  TrainingState training_state() const { return training_state_; }
+
+  // Whether post-forward frees the gathered parameters. By default the
+  // strategy decides (full_shard, hybrid_shard), and the root keeps them,
+  // since its backward starts right after its forward; set explicitly
+  // (FullyShardOptions::reshard_after_forward, fsdp::set_reshard_after_forward)
+  // it holds for the root too.
+  bool reshards_after_forward() const;
+  void set_reshard_after_forward(bool reshard);
 
   // Set when an ancestor becomes the root of a tree that contains this unit.
   void join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, const std::string& name);
@@ -90,9 +138,9 @@ class FSDPState {
   static void drop_iteration(FSDPTree& tree) noexcept;
 
  private:
+  // Checked transition (see TrainingState); any state may go back to idle.
+  void enter(TrainingState next);
   void begin_iteration();
-  // The per-iteration record of this unit's calls, back to none.
-  void forget_calls();
   void post_backward();
   void prefetch_forward();
   void prefetch_backward();
@@ -101,20 +149,13 @@ class FSDPState {
   std::unique_ptr<FSDPParamGroup> group_;  // null for a unit without parameters of its own
   FullyShardOptions options_;
   bool reshard_after_forward_;
+  bool reshard_after_forward_explicit_;
   TrainingState training_state_ = TrainingState::kIdle;
   std::shared_ptr<FSDPTree> tree_;
   bool is_root_ = false;
   std::string name_;
 
-  // Per iteration: calls whose post-backward node has not run yet, calls
-  // registered (restored after backward, for a second backward through a
-  // retained graph), and whether a call needing backward had no input to
-  // carry the node (its backward's end is only known at the end of backward).
-  int pending_backward_calls_ = 0;
-  int registered_calls_ = 0;
-  bool unsignalled_call_ = false;
-  std::vector<size_t> post_forward_indices_;  // this unit's positions in tree->post_forward_order
-  size_t backward_cursor_ = 0;
+  UnitCalls calls_;
 };
 
 }  // namespace fsdp

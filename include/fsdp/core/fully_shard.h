@@ -30,6 +30,7 @@
 
 namespace fsdp {
 
+class FSDPParamGroup;
 class FSDPState;
 
 // Shards the parameters of `module` that no unit below it holds. Apply it to
@@ -49,10 +50,47 @@ void fully_shard(const std::shared_ptr<M>& module, const FullyShardOptions& opti
 
 bool is_fully_sharded(const torch::nn::Module& module);
 
-// Gradient accumulation without communication (FSDP2's
-// set_requires_gradient_sync): while false, backward keeps gradients
-// unsharded and unreduced; the next backward with true reduces the sum.
-void set_requires_gradient_sync(torch::nn::Module& root, bool sync);
+// Run-time settings, FSDP2's methods of the same names. Each applies to
+// `module`'s unit and, with `recurse`, to every unit below it. Every rank
+// must make the same calls.
+//
+// Gradient accumulation without communication: while false, backward keeps
+// gradients unsharded and unreduced; the next backward with true reduces the sum.
+void set_requires_gradient_sync(torch::nn::Module& module, bool sync, bool recurse = true);
+// HSDP accumulation with reduce-scatter only: while false, each backward
+// reduce-scatters within the shard group and holds the result; the next
+// backward with true adds it in and all-reduces across replicas. The
+// optimizer must not step in between (gradients are not assigned yet).
+void set_requires_all_reduce(torch::nn::Module& module, bool all_reduce, bool recurse = true);
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse = true);
+// false: a backward that does not sync gradients leaves the unit gathered,
+// so the next micro-step's forward needs no all-gather. A backward that
+// syncs always reshards: the optimizer steps sharded parameters.
+void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool recurse = true);
+// Gradients summed over the ranks and divided by `factor` instead of
+// averaged (for a loss already normalised over the global token count,
+// factor 1). factor <= 0 goes back to averaging.
+void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse = true);
+// Called on each unit's reduced gradient shard before the optimizer sees it
+// (see ReducedGradHook); an empty function removes it.
+void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse = true);
+
+// Explicit gather and release of a unit's parameters, outside the hooks
+// (FSDP2's unshard/reshard): after unshard the unit's forward needs no
+// all-gather, and parameters read outside a forward see full tensors. An
+// async unshard issues the all-gather and returns; the unit's next forward,
+// or wait(), finishes it. reshard() before the optimizer steps.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(FSDPParamGroup* group) : group_(group) {}
+  void wait();
+
+ private:
+  FSDPParamGroup* group_ = nullptr;
+};
+UnshardHandle unshard(torch::nn::Module& module, bool async_op = false);
+void reshard(torch::nn::Module& module);
 
 // Explicit prefetch: when `unit` runs forward (backward), issue the
 // all-gathers of `units` right away, instead of the implicit next ones.
@@ -85,7 +123,8 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root);
 // root.named_parameters(), tied parameters once.
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& root);
 
-// Bytes of the sharded fp32 master parameters of every unit under `module`.
+// Bytes of the sharded master parameters of every unit under `module` (in
+// the module's own dtype: fp32 under mixed precision, bf16 for a bf16 module).
 int64_t sharded_param_bytes(const torch::nn::Module& module);
 
 // Parameters of `module` with shared (tied) ones once: LibTorch's

@@ -19,7 +19,7 @@ class Optimizer;
 namespace fsdp {
 
 struct MemoryStats {
-  int64_t sharded_param_bytes = 0;    // fp32 master shards of every unit
+  int64_t sharded_param_bytes = 0;    // master shards of every unit, in the module's dtype
   int64_t grad_bytes = 0;             // gradients held by the module's parameters
   int64_t optimizer_state_bytes = 0;  // tensors in the optimizer's per-parameter state
   int64_t gathered_bytes = 0;         // gathered parameter buffers held right now

@@ -32,13 +32,21 @@ dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingSt
                            int fsdp_size = 0);
 
 // Mixed precision (FSDP2's MixedPrecisionPolicy). Unset fields keep the
-// parameters' own dtype. The optimizer always updates an fp32 master shard.
+// parameters' own dtype. The optimizer updates shards in the module's own
+// dtype: an fp32 module under a bf16 policy keeps fp32 master shards, a bf16
+// module keeps bf16 ones (no fp32 copy, as FSDP2).
 struct MixedPrecisionPolicy {
   std::optional<at::ScalarType> param_dtype;   // compute dtype of gathered parameters
   std::optional<at::ScalarType> reduce_dtype;  // dtype gradients are reduced in
   std::optional<at::ScalarType> output_dtype;  // dtype floating outputs are cast to
   bool cast_forward_inputs = true;             // cast floating inputs to param_dtype
 };
+
+// Called with each reduced gradient shard before the optimizer sees it
+// (FSDP2's set_all_reduce_hook): the reduce-scatter's output, or the
+// all-reduce's under HSDP (on one rank per shard group: the whole flat
+// gradient), in the reduce dtype; changes are kept.
+using ReducedGradHook = std::function<void(at::Tensor& reduced)>;
 
 // Fills one full, unsharded parameter deterministically (every rank must
 // produce the same values). Called for deferred parameters (deferred_empty),
@@ -56,6 +64,10 @@ bool is_deferred(const at::Tensor& t);
 struct FullyShardOptions {
   std::shared_ptr<dist::DeviceMesh> mesh;  // required
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // Free gathered parameters after forward (gather again for backward).
+  // Unset: the strategy decides, and the root keeps its own. Set: it holds
+  // for this unit, the root included (FSDP2's reshard_after_forward).
+  std::optional<bool> reshard_after_forward;
   MixedPrecisionPolicy mixed_precision;
   // Units whose all-gather is issued ahead of use: forward in recorded
   // order, backward in reverse. 0 turns implicit prefetch off.

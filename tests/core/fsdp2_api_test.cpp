@@ -1,0 +1,402 @@
+// FSDP2's run-time API beside fully_shard, each against plain one-process
+// training of the same global batch (or its hand-derived multiple): the
+// reshard settings, explicit unshard/reshard, the reduction knobs (divide
+// factor, all-reduce hook, HSDP accumulation without all-reduce), clipping
+// by the largest magnitude, and bf16 modules sharded without an fp32 copy.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+
+#include "../dist/dist_test_world.h"
+#include "adapter_net.h"
+#include "fsdp/common/error.h"
+#include "fsdp/core/fsdp_state.h"
+#include "fsdp/core/grad_norm.h"
+#include "fsdp/core/memory.h"
+#include "fsdp_test_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+constexpr int64_t kRowsPerRank = 3;
+constexpr double kTolerance = 1e-5;
+
+AdapterNetConfig net_config() {
+  AdapterNetConfig c;
+  c.dim = 23;
+  c.blocks = 3;
+  return c;
+}
+
+torch::Tensor inputs_of(int step, int micro, int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * step + micro + 3);
+  return torch::randn({rows, net_config().dim}, gen);
+}
+torch::Tensor targets_of(int step, int micro, int64_t rows) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(700 * step + micro + 11);
+  return torch::randn({rows, 2}, gen);
+}
+int64_t global_rows() { return kRowsPerRank * test_world().size(); }
+torch::Tensor local_rows(const torch::Tensor& t) {
+  return t.narrow(0, test_world().rank() * kRowsPerRank, kRowsPerRank);
+}
+
+bool strategy_runs(ShardingStrategy s) {
+  const int w = test_world().size();
+  if (s == ShardingStrategy::kHybridShard) return hybrid_fsdp_size(w) != 0;
+  return true;
+}
+
+AdapterNet sharded_net(ShardingStrategy strategy, const std::function<void(FullyShardOptions&)>& edit = {}) {
+  auto net = make_adapter_net(net_config(), kInitSeed);
+  FullyShardOptions options;
+  options.mesh = mesh_for(strategy);
+  options.strategy = strategy;
+  if (edit) edit(options);
+  for (auto& b : net->blocks) fully_shard(b, options);
+  fully_shard(net, options);
+  return net;
+}
+
+NamedTensors named(torch::nn::Module& m) {
+  NamedTensors out;
+  for (const auto& [name, p] : full_parameters(m)) out.emplace_back(name, p);
+  return out;
+}
+
+// Plain training: `micro` micro-steps per step over the global batch, loss
+// averaged over them, AdamW(1e-2, weight decay 0.1) on every parameter.
+NamedTensors train_plain(int steps, int micro) {
+  auto net = make_adapter_net(net_config(), kInitSeed);
+  torch::optim::AdamW optimizer(unique_parameters(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  for (int step = 0; step < steps; ++step) {
+    for (int m = 0; m < micro; ++m) {
+      (torch::mse_loss(net->forward(inputs_of(step, m, global_rows())), targets_of(step, m, global_rows())) / micro)
+          .backward();
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  NamedTensors out;
+  for (const auto& item : net->named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+// The same loop sharded; `before_micro(net, step, m)` sets what a test
+// changes per micro-step, and `after_forward` looks at the state between
+// forward and backward.
+struct ShardedLoop {
+  int steps = 3;
+  int micro = 1;
+  std::function<void(AdapterNet&, int, int)> before_micro;
+  std::function<void(AdapterNet&, int, int)> after_forward;
+  std::function<void(AdapterNet&, int)> before_step;
+};
+
+NamedTensors train_sharded(AdapterNet& net, const ShardedLoop& loop) {
+  torch::optim::AdamW optimizer(unique_parameters(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  for (int step = 0; step < loop.steps; ++step) {
+    for (int m = 0; m < loop.micro; ++m) {
+      if (loop.before_micro) loop.before_micro(net, step, m);
+      torch::Tensor out = fsdp::call(net, local_rows(inputs_of(step, m, global_rows())));
+      if (loop.after_forward) loop.after_forward(net, step, m);
+      (torch::mse_loss(out, local_rows(targets_of(step, m, global_rows()))) / loop.micro).backward();
+    }
+    if (loop.before_step) loop.before_step(net, step);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  return named(*net);
+}
+
+void expect_equal_training(const NamedTensors& sharded, const NamedTensors& plain, double tolerance = kTolerance) {
+  std::string worst;
+  EXPECT_LE(max_relative_difference(sharded, plain, &worst), tolerance) << "worst parameter: " << worst;
+  auto initial = make_adapter_net(net_config(), kInitSeed);
+  NamedTensors start;
+  for (const auto& item : initial->named_parameters()) start.emplace_back(item.key(), item.value().detach().clone());
+  EXPECT_GT(max_relative_difference(plain, start, nullptr), 1e-3) << "training changed nothing";
+}
+
+int count(const std::vector<FSDPEvent>& events, FSDPEvent::Kind kind, const std::string& unit = "") {
+  int n = 0;
+  for (const auto& e : events) n += e.kind == kind && (unit.empty() || e.unit == unit) ? 1 : 0;
+  return n;
+}
+
+std::string strategy_name(const ::testing::TestParamInfo<ShardingStrategy>& info) { return to_string(info.param); }
+
+// --- reshard_after_forward --------------------------------------------------
+
+class ReshardAfterForward : public ::testing::TestWithParam<bool> {};
+TEST_P(ReshardAfterForward, SetAtRunTimeDecidesWhatStaysGatheredForTheRootToo) {
+  // Under full_shard, set at run time on the whole tree: true frees every
+  // unit after forward, the root included (the root keeps its own by
+  // default); false keeps every unit, so backward gathers nothing again.
+  const bool reshard = GetParam();
+  const int w = test_world().size();
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  set_reshard_after_forward(*net, reshard);
+  ShardedLoop loop;
+  std::vector<int64_t> gathered_after_forward;
+  loop.before_micro = [](AdapterNet& n, int, int) { clear_event_log(*n); };
+  loop.after_forward = [&](AdapterNet&, int, int) { gathered_after_forward.push_back(memory::gathered_bytes()); };
+  int gathers_last_step = 0;
+  loop.before_step = [&](AdapterNet& n, int) { gathers_last_step = count(event_log(*n), FSDPEvent::Kind::kAllGather); };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+  if (w == 1) return;  // one rank: a unit is its own shard, nothing is gathered
+  for (int64_t bytes : gathered_after_forward) {
+    if (reshard) {
+      EXPECT_EQ(bytes, 0) << "a unit stayed gathered after forward";
+    } else {
+      EXPECT_GT(bytes, 0);
+    }
+  }
+  // Four units (three blocks and the root): gathered once per forward and,
+  // when freed, once more for backward.
+  EXPECT_EQ(gathers_last_step, reshard ? 8 : 4);
+}
+INSTANTIATE_TEST_SUITE_P(Setting, ReshardAfterForward, ::testing::Values(true, false),
+                         [](const auto& info) { return std::string(info.param ? "reshard" : "keep"); });
+
+TEST(ReshardAfterForward, OptionSetForTheRootFreesItAfterForward) {
+  if (test_world().size() == 1) GTEST_SKIP() << "one rank gathers nothing";
+  auto net = sharded_net(ShardingStrategy::kShardGradOp, [](FullyShardOptions& o) { o.reshard_after_forward = true; });
+  torch::Tensor out = fsdp::call(net, local_rows(inputs_of(0, 0, global_rows())));
+  EXPECT_EQ(memory::gathered_bytes(), 0) << "shard_grad_op with reshard_after_forward=true must free every unit";
+  torch::mse_loss(out, local_rows(targets_of(0, 0, global_rows()))).backward();
+  EXPECT_EQ(memory::gathered_bytes(), 0);
+}
+
+// --- reshard_after_backward -------------------------------------------------
+
+TEST(ReshardAfterBackward, FalseSkipsTheNextMicroStepsGatherAndStillMatches) {
+  // Two micro-steps, synchronised on the second. With
+  // set_reshard_after_backward(false) the first backward leaves every unit
+  // gathered, so the second forward issues no all-gather; the synchronising
+  // backward reshards, so step() sees sharded parameters.
+  const int w = test_world().size();
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  set_reshard_after_backward(*net, false);
+  ShardedLoop loop;
+  loop.micro = 2;
+  std::vector<int> gathers_in_second_forward;
+  loop.before_micro = [](AdapterNet& n, int, int m) {
+    set_requires_gradient_sync(*n, m == 1);
+    clear_event_log(*n);
+  };
+  loop.after_forward = [&](AdapterNet& n, int, int m) {
+    if (m == 1) gathers_in_second_forward.push_back(count(event_log(*n), FSDPEvent::Kind::kAllGather));
+  };
+  loop.before_step = [](AdapterNet&, int) { EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered at step()"; };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 2));
+  if (w == 1) return;
+  ASSERT_EQ(gathers_in_second_forward.size(), 3u);
+  for (int n : gathers_in_second_forward) EXPECT_EQ(n, 0) << "the second micro-step gathered again";
+
+  // The default reshards: the second forward gathers every unit again.
+  auto plain_setting = sharded_net(ShardingStrategy::kFullShard);
+  gathers_in_second_forward.clear();
+  train_sharded(plain_setting, loop);
+  for (int n : gathers_in_second_forward) EXPECT_EQ(n, 4);
+}
+
+// --- explicit unshard / reshard ---------------------------------------------
+
+TEST(ExplicitUnshard, AsyncUnshardIsIssuedBeforeTheForwardAndUsedByIt) {
+  const int w = test_world().size();
+  auto net = sharded_net(ShardingStrategy::kFullShard, [](FullyShardOptions& o) { o.prefetch_depth = 0; });
+  ShardedLoop loop;
+  std::vector<std::vector<FSDPEvent>> logs;
+  loop.before_micro = [](AdapterNet& n, int, int) {
+    clear_event_log(*n);
+    unshard(*n->blocks[2], /*async_op=*/true);  // the last block, gathered ahead by hand
+  };
+  loop.after_forward = [&](AdapterNet& n, int, int) { logs.push_back(event_log(*n)); };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+  if (w == 1) return;
+  for (const auto& events : logs) {
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.front().kind, FSDPEvent::Kind::kAllGather);
+    EXPECT_EQ(events.front().unit, "b2") << "the hand-issued gather comes first";
+    EXPECT_EQ(count(events, FSDPEvent::Kind::kAllGather, "b2"), 1) << "b2's forward gathered again";
+  }
+}
+
+TEST(ExplicitUnshard, UnshardShowsFullParametersAndReshardPutsThemBack) {
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  const auto full = full_parameters(*net);
+  const torch::Tensor* expected = nullptr;
+  for (const auto& [name, t] : full) {
+    if (name == "b1.base.weight") expected = &t;
+  }
+  ASSERT_NE(expected, nullptr);
+  unshard(*net->blocks[1]);
+  const torch::Tensor& w = net->blocks[1]->base->weight;
+  ASSERT_EQ(w.sizes(), expected->sizes());
+  EXPECT_TRUE(torch::equal(w.detach(), *expected));
+  reshard(*net->blocks[1]);
+  EXPECT_EQ(w.dim(), 1) << "resharded: the parameter is its 1-D shard again";
+  EXPECT_EQ(memory::gathered_bytes(), 0);
+  // Training afterwards is unaffected.
+  ShardedLoop loop;
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+}
+
+// --- reduction knobs --------------------------------------------------------
+
+// Each rank's shard of the gradients after one backward of the per-rank
+// mean loss, and the plain global-mean gradients they are compared with.
+struct OneBackward {
+  std::vector<LocalShard> shards;
+  std::map<std::string, torch::Tensor> plain;  // flattened
+};
+OneBackward one_backward(AdapterNet& net) {
+  OneBackward out;
+  torch::mse_loss(fsdp::call(net, local_rows(inputs_of(0, 0, global_rows()))),
+                  local_rows(targets_of(0, 0, global_rows())))
+      .backward();
+  out.shards = local_shards(*net);
+  auto ref = make_adapter_net(net_config(), kInitSeed);
+  torch::mse_loss(ref->forward(inputs_of(0, 0, global_rows())), targets_of(0, 0, global_rows())).backward();
+  for (const auto& item : ref->named_parameters()) out.plain[item.key()] = item.value().grad().reshape({-1});
+  return out;
+}
+void expect_grads_are(const OneBackward& b, double multiple) {
+  for (const auto& s : b.shards) {
+    ASSERT_TRUE(s.param.grad().defined()) << s.fqn;
+    const torch::Tensor want = b.plain.at(s.fqn).narrow(0, s.begin, s.numel) * multiple;
+    EXPECT_TRUE(torch::allclose(s.param.grad(), want, 1e-5, 1e-6))
+        << s.fqn << ": max diff " << (s.param.grad() - want).abs().max().item<double>();
+  }
+}
+
+class ReductionKnobs : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(ReductionKnobs, DivideFactorSumsTheRanksGradientsOverIt) {
+  // Per-rank mean losses summed over W ranks and divided by f: the plain
+  // global-mean gradient times W / f.
+  if (!strategy_runs(GetParam())) GTEST_SKIP();
+  const int w = test_world().size();
+  for (double factor : {1.0, 2.0 * w}) {
+    auto net = sharded_net(GetParam());
+    set_gradient_divide_factor(*net, factor);
+    expect_grads_are(one_backward(net), w / factor);
+  }
+  auto net = sharded_net(GetParam());
+  set_gradient_divide_factor(*net, 1.0);
+  set_gradient_divide_factor(*net, 0.0);  // back to averaging
+  expect_grads_are(one_backward(net), 1.0);
+}
+TEST_P(ReductionKnobs, AllReduceHookSeesEachReducedShardAndItsChangesAreKept) {
+  if (!strategy_runs(GetParam())) GTEST_SKIP();
+  auto net = sharded_net(GetParam());
+  int calls = 0;
+  int64_t numel_seen = 0;
+  set_all_reduce_hook(*net, [&](at::Tensor& reduced) {
+    ++calls;
+    numel_seen += reduced.numel();
+    reduced.mul_(3);
+  });
+  expect_grads_are(one_backward(net), 3.0);
+  EXPECT_EQ(calls, 4) << "one call per unit";
+  const int shard = mesh_for(GetParam())->layout().shard;
+  int64_t expected = 0;
+  for (auto* m : std::vector<torch::nn::Module*>{net.get(), net->blocks[0].get(), net->blocks[1].get(), net->blocks[2].get()}) {
+    expected += detail::state_of(*m)->group()->flat_numel() / shard;
+  }
+  EXPECT_EQ(numel_seen, expected) << "the hook sees this rank's reduced shards";
+}
+TEST_P(ReductionKnobs, RequiresAllReduceFalseHoldsTheReductionUntilTheNextSync) {
+  // HSDP-style accumulation: micro-step 1 reduces within the shard group
+  // only (no all-reduce across replicas), micro-step 2 all-reduces the sum.
+  if (!strategy_runs(GetParam())) GTEST_SKIP();
+  const auto layout = mesh_for(GetParam())->layout();
+  auto net = sharded_net(GetParam());
+  ShardedLoop loop;
+  loop.micro = 2;
+  std::vector<int> all_reduces;  // per micro-step's backward
+  loop.before_micro = [&](AdapterNet& n, int, int m) {
+    if (m == 1) all_reduces.push_back(count(event_log(*n), FSDPEvent::Kind::kAllReduce));
+    set_requires_all_reduce(*n, m == 1);
+    clear_event_log(*n);
+  };
+  loop.before_step = [&](AdapterNet& n, int) { all_reduces.push_back(count(event_log(*n), FSDPEvent::Kind::kAllReduce)); };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 2));
+  ASSERT_EQ(all_reduces.size(), 6u);
+  const int expected = layout.replicate > 1 ? 4 : 0;
+  for (size_t i = 0; i < all_reduces.size(); ++i) EXPECT_EQ(all_reduces[i], i % 2 == 0 ? 0 : expected) << i;
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, ReductionKnobs,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kNoShard,
+                                           ShardingStrategy::kHybridShard),
+                         strategy_name);
+
+// --- clipping ---------------------------------------------------------------
+
+TEST(ClipGradNorm, InfinityNormIsTheLargestMagnitudeOverAllShards) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  torch::mse_loss(fsdp::call(net, local_rows(inputs_of(0, 0, global_rows()))), local_rows(targets_of(0, 0, global_rows())))
+      .backward();
+  auto ref = make_adapter_net(net_config(), kInitSeed);
+  torch::mse_loss(ref->forward(inputs_of(0, 0, global_rows())), targets_of(0, 0, global_rows())).backward();
+  const double want = torch::nn::utils::clip_grad_norm_(ref->parameters(), 1e-3, inf);
+  const double got = clip_grad_norm_(*net, 1e-3, inf);
+  EXPECT_NEAR(got, want, 1e-6 * want);
+  std::map<std::string, torch::Tensor> clipped;
+  for (const auto& item : ref->named_parameters()) clipped[item.key()] = item.value().grad().reshape({-1});
+  for (const auto& s : local_shards(*net)) {
+    const torch::Tensor expected = clipped.at(s.fqn).narrow(0, s.begin, s.numel);
+    EXPECT_TRUE(torch::allclose(s.param.grad(), expected, 1e-5, 1e-8)) << s.fqn;
+  }
+  EXPECT_THROW(clip_grad_norm_(*net, 1.0, 3.0), Error);
+}
+
+// --- bf16 modules -----------------------------------------------------------
+
+TEST(Bf16Module, ShardsStayBf16WithNoFp32CopyAndTrain) {
+  // A bf16 module is sharded as it is (FSDP2): half the bytes of the fp32
+  // one, bf16 shards the optimizer updates, training close to fp32.
+  auto fp32 = sharded_net(ShardingStrategy::kFullShard);
+  auto net = make_adapter_net(net_config(), kInitSeed);
+  net->to(torch::kBFloat16);
+  FullyShardOptions options;
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  for (auto& b : net->blocks) fully_shard(b, options);
+  fully_shard(net, options);
+  EXPECT_EQ(sharded_param_bytes(*net) * 2, sharded_param_bytes(*fp32));
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  torch::optim::AdamW optimizer(unique_parameters(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor out = fsdp::call(net, local_rows(inputs_of(step, 0, global_rows())).to(torch::kBFloat16));
+    torch::mse_loss(out.to(torch::kFloat), local_rows(targets_of(step, 0, global_rows()))).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  NamedTensors widened;
+  for (const auto& [name, t] : full_parameters(*net)) widened.emplace_back(name, t.to(torch::kFloat));
+  expect_equal_training(widened, train_plain(3, 1), 3e-2);
+}
+
+// --- refused --------------------------------------------------------------
+
+TEST(AfterSharding, ToAnotherDtypeIsRefusedAndChangesNothing) {
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  try {
+    net->to(torch::kDouble);
+    ADD_FAILURE() << "to(kDouble) after fully_shard was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing was converted"), std::string::npos) << e.what();
+  }
+  net->to(torch::kFloat);  // already fp32: nothing to do, allowed
+  net->to(torch::kCPU);
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+  ShardedLoop loop;
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+}
+
+}  // namespace
+}  // namespace fsdp::testing
