@@ -45,14 +45,40 @@ namespace fsdp {
 // FSDPParam::grad_accumulator.
 
 // [Note: gradients in place]
-// When a unit's shard group has one rank (W = 1, or no_shard) and gradients
-// are reduced in the parameters' dtype, the sharded and gathered forms are
-// the same memory, so gradients need not move either: every parameter's
-// .grad is a view of one persistent flat buffer, full-shape while gathered
-// and 1-D while sharded. LibTorch's AccumulateGrad adds into a defined
-// gradient in place (outside create_graph), zero_grad zeroes it in place,
-// and the only communication left is the all-reduce across replicas. A
-// gradient the user replaced is copied back into the buffer.
+// The gradient path (GradientPath) is decided once, at sharding, from the
+// shard group's size and the dtypes:
+//
+//   kInPlace       one rank per shard group (W = 1, no_shard), no cast anywhere
+//   kAliasedShard  one rank per shard group, gradients reduced in another dtype
+//   kGathered      anything else: a gathered buffer and a reduce-scatter
+//
+// What each step does on each path:
+//
+//   step              kInPlace                    kAliasedShard               kGathered
+//   unshard           nothing (the shard is       nothing (the same)          all-gather into the
+//                     the unit)                                               gathered buffer
+//   wait_for_unshard  params view the shard in    params view the shard in    params view the gathered
+//                     full shape; existing grads  full shape; last step's     buffer; last step's
+//                     become full-shape views of  sharded grads set aside     sharded grads set aside
+//                     the persistent grad buffer  (stash)                     (stash)
+//   prepare_gradients nothing (attached above)    existing grads become views of a flat grad buffer
+//   post_backward     grads re-viewed 1-D in the  fresh grads copied into the flat buffer, missing
+//                     persistent buffer           ones zeroed; cast to the reduce dtype; kept aside
+//                                                 without sync, else handed to the CommContext
+//   reduce            replicas: all-reduce the    the buffer is the reduced   reduce-scatter; replicas:
+//                     persistent buffer           shard; replicas: all-reduce all-reduce the shard
+//   assign_gradients  divide factor and hook on   divide factor and hook on the reduced shard, cast to
+//                     the buffer; grads are its   the master dtype; each grad becomes a view of its
+//                     views already               slice (or is added to, when accumulating)
+//
+// On kInPlace the gradients live in one persistent flat buffer: every
+// parameter's .grad is a view of it, full-shape while gathered and 1-D
+// while sharded. LibTorch's AccumulateGrad adds into a defined gradient in
+// place (outside create_graph), zero_grad zeroes it in place, and the only
+// communication left is the all-reduce across replicas (DDP's
+// gradient-as-bucket-view). A gradient the user replaced is copied back
+// into the buffer. A divide factor there scales the whole buffer, so it
+// assumes gradients are zeroed (or set to none) between optimizer steps.
 
 namespace {
 

@@ -215,8 +215,9 @@ void FSDPState::begin_iteration() {
   tree_->iteration.phase = TreePhase::kForward;
 }
 
-detail::CallFrame FSDPState::pre_forward() {
+detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
   detail::CallFrame frame;
+  frame.module = &module;
   frame.grad_enabled = at::GradMode::is_enabled();
   frame.in_backward = tree_->iteration.phase == TreePhase::kBackward;
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
@@ -227,6 +228,16 @@ detail::CallFrame FSDPState::pre_forward() {
       if (frame.grad_enabled) group_->prepare_gradients();
     }
     return frame;
+  }
+  if (modules_.size() > 1) {
+    // Several modules, one unit: the round's first call runs the hooks for
+    // all of them; a module not yet run in this round is an inner call.
+    auto& left = calls_.modules_to_run;
+    const auto it = std::find(left.begin(), left.end(), &module);
+    if (it != left.end()) {
+      frame.inner = true;
+      return frame;
+    }
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
   if (is_root_ && frame.grad_enabled) {
@@ -246,11 +257,15 @@ detail::CallFrame FSDPState::pre_forward() {
     tree_->forward_order.push_back(this);
   }
   prefetch_forward();
+  if (modules_.size() > 1) {
+    calls_.modules_to_run = modules_;
+    calls_.round_frame = frame;
+  }
   return frame;
 }
 
 void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tensor*>& inputs) {
-  if (!frame.grad_enabled) return;
+  if (!frame.grad_enabled || frame.inner) return;
   torch::autograd::variable_list wrapped;
   for (at::Tensor* t : inputs) {
     if (t->defined() && t->requires_grad()) wrapped.push_back(*t);
@@ -262,6 +277,7 @@ void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tens
     if (t->defined() && t->requires_grad()) *t = wrapped[i++];
   }
   frame.wrapped_inputs = true;
+  if (modules_.size() > 1) calls_.round_frame.wrapped_inputs = true;
   ++calls_.pending_backward;
   ++calls_.registered;
 }
@@ -275,16 +291,30 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
   return input;
 }
 
-void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Tensor>& outputs) {
-  if (frame.in_backward) return;
+void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tensor>& outputs) {
+  if (call.in_backward) return;
+  const auto cast_outputs = [&] {
+    if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
+      for (auto& t : outputs) {
+        if (t.defined() && at::isFloatingType(t.scalar_type())) t = t.to(*out_dtype);
+      }
+    }
+  };
+  if (modules_.size() > 1) {
+    // The round's last module to finish runs the post-forward of them all;
+    // the others only cast their outputs, as a unit of one module would.
+    auto& left = calls_.modules_to_run;
+    left.erase(std::remove(left.begin(), left.end(), call.module), left.end());
+    if (!left.empty()) {
+      cast_outputs();
+      return;
+    }
+  }
+  const detail::CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
-  if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
-    for (auto& t : outputs) {
-      if (t.defined() && at::isFloatingType(t.scalar_type())) t = t.to(*out_dtype);
-    }
-  }
+  cast_outputs();
   if (is_root_) tree_->recording_order = false;
   if (!frame.grad_enabled) {
     // No backward follows: leave every unit as this forward found it
@@ -336,9 +366,11 @@ void FSDPState::post_forward(const detail::CallFrame& frame, std::vector<at::Ten
   }
 }
 
-void FSDPState::on_forward_error(const detail::CallFrame& frame) noexcept {
-  if (frame.in_backward) return;  // the backward's own error handling takes over
+void FSDPState::on_forward_error(const detail::CallFrame& call) noexcept {
+  if (call.in_backward) return;  // the backward's own error handling takes over
   training_state_ = TrainingState::kIdle;
+  const detail::CallFrame frame = call.inner ? calls_.round_frame : call;
+  calls_.modules_to_run.clear();
   if (is_root_) {
     abandon_iteration(*tree_, /*keep_open=*/tree_->iteration.phase == TreePhase::kForward && !frame.opened_iteration);
     return;
@@ -470,6 +502,7 @@ void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
     if (s->group_) s->group_->abandon();
     if (keep_open) {
       s->calls_.unsignalled = true;  // the earlier graph's calls end at the end of backward
+      s->calls_.modules_to_run.clear();
     } else {
       s->calls_.reset();
     }

@@ -1,5 +1,6 @@
 #include "fsdp/core/fully_shard.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <unordered_map>
@@ -56,11 +57,23 @@ struct UnitStateHolder : torch::nn::Module {
 
 const void* key_of(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
-// Units in `module`'s subtree (itself included), with their names relative to it.
-std::vector<std::pair<std::string, FSDPState*>> units_under(const torch::nn::Module& module) {
+// Modules in `module`'s subtree (itself included) that belong to a unit,
+// with their names relative to it. A unit of several modules appears once
+// per module.
+std::vector<std::pair<std::string, FSDPState*>> unit_modules_under(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, FSDPState*>> out;
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
     if (FSDPState* s = detail::state_of(*item.value())) out.emplace_back(item.key(), s);
+  }
+  return out;
+}
+
+// Units in `module`'s subtree, each once, under the name of its first module.
+std::vector<std::pair<std::string, FSDPState*>> units_under(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, FSDPState*>> out;
+  std::unordered_set<FSDPState*> seen;
+  for (auto& [name, state] : unit_modules_under(module)) {
+    if (seen.insert(state).second) out.emplace_back(std::move(name), state);
   }
   return out;
 }
@@ -136,7 +149,8 @@ FSDPState* state_of(const torch::nn::Module& module) {
   return holder != nullptr ? holder->state.get() : nullptr;
 }
 
-CallScope::CallScope(FSDPState& state) : state_(state), frame_(state.pre_forward()) {}
+CallScope::CallScope(FSDPState& state, const torch::nn::Module& module)
+    : state_(state), frame_(state.pre_forward(module)) {}
 
 CallScope::~CallScope() {
   if (!finished_) state_.on_forward_error(frame_);  // the forward threw
@@ -153,111 +167,151 @@ void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
 
 }  // namespace detail
 
-void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+namespace {
+
+// fully_shard on one module or on several as one unit. With several, names
+// are "[i].<name in module i>" until an ancestor is sharded and renames the
+// unit's parameters from itself.
+void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options) {
   validate_options(options);
-  if (FSDPState* existing = detail::state_of(module)) {
-    const std::string holds = existing->group() != nullptr
-                                  ? " (its parameters start with '" + existing->group()->params().front().fqn + "')"
-                                  : "";
-    throw Error("fully_shard: module " + module.name() + holds +
-                " is sharded already; apply fully_shard once per module, children before parents");
+  FSDP_CHECK(!modules.empty(), "fully_shard: the list of modules is empty");
+  const bool several = modules.size() > 1;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    torch::nn::Module& module = *modules[i];
+    for (size_t j = 0; j < i; ++j) {
+      FSDP_CHECK(modules[j] != modules[i], "fully_shard: module ", module.name(), " is listed twice");
+    }
+    if (FSDPState* existing = detail::state_of(module)) {
+      const std::string holds = existing->group() != nullptr
+                                    ? " (its parameters start with '" + existing->group()->params().front().fqn + "')"
+                                    : "";
+      throw Error("fully_shard: module " + module.name() + holds +
+                  " is sharded already; apply fully_shard once per module, children before parents");
+    }
   }
-
-  // Units below this one, by name; each parameter belongs to the deepest unit
-  // whose subtree names it.
-  const auto children = units_under(module);
-  const auto owner_by_path = [&](const std::string& fqn) -> FSDPState* {
-    FSDPState* owner = nullptr;
-    size_t best = 0;
-    for (const auto& [prefix, state] : children) {
-      if (!prefix.empty() && fqn.rfind(prefix + ".", 0) == 0 && prefix.size() + 1 > best) {
-        owner = state;
-        best = prefix.size() + 1;
-      }
-    }
-    return owner;
-  };
-
-  // A held parameter's name as seen from `module`, when its unit is below.
-  const auto name_under = [&](FSDPState* state, size_t index) {
-    const std::string& name = state->group()->params()[index].fqn;
-    for (const auto& [prefix, child] : children) {
-      if (child == state && !prefix.empty() && name.rfind(prefix + ".", 0) != 0) return join(prefix, name);
-    }
-    return name;
-  };
 
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
-
-  // Parameters held by the units below, and where.
-  struct Held {
-    FSDPState* state;
-    size_t index;
-  };
-  std::unordered_map<const void*, Held> held_below;
-  for (const auto& [prefix, state] : children) {
-    (void)prefix;
-    if (state->group() == nullptr) continue;
-    const auto& ps = state->group()->params();
-    for (size_t i = 0; i < ps.size(); ++i) held_below[key_of(ps[i].param)] = {state, i};
-  }
   const char* const kOneUnit =
       ": a parameter can belong to one unit only; apply fully_shard to a common ancestor of the modules that "
-      "share it (and not to them), or list it in ignored_params";
+      "share it (and not to them), shard them together with fully_shard({a, b}), or list it in ignored_params";
 
   std::vector<FSDPParam> params;
-  std::unordered_map<const void*, std::string> first_name;  // tied parameters appear under several names
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const std::string& fqn = item.key();
-    const at::Tensor& param = item.value();
-    const void* key = key_of(param);
-    if (ignored.count(key) != 0) continue;
-    FSDPState* path_owner = owner_by_path(fqn);
-    const auto held = held_below.find(key);
-    if (held != held_below.end()) {
-      // Held by a unit below: fine only if this name is inside that unit too.
-      FSDP_CHECK(held->second.state == path_owner, "fully_shard: parameter '", fqn,
-                 "' is shared with another unit, which holds it as '",
-                 name_under(held->second.state, held->second.index), "'", kOneUnit);
-      continue;
+  std::unordered_set<const void*> taken;  // tied parameters appear under several names, in several modules
+  std::vector<FSDPState*> below;          // units below the listed modules, each once
+  std::unordered_map<FSDPState*, std::vector<std::string>> below_names;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    torch::nn::Module& module = *modules[i];
+    const std::string prefix = several ? "[" + std::to_string(i) + "]" : "";
+    // Units below this module, by name; each parameter belongs to the
+    // deepest unit whose subtree names it.
+    const auto children = unit_modules_under(module);
+    for (const auto& [name, child] : children) {
+      if (std::find(below.begin(), below.end(), child) == below.end()) below.push_back(child);
+      below_names[child].push_back(join(prefix, name));
     }
-    if (path_owner != nullptr) continue;  // a unit below owns this module's parameters by path
-    FSDP_CHECK(!memory::is_flat_buffer(param), "fully_shard: parameter '", fqn,
-               "' is shared with another unit, outside this module, which has sharded it already", kOneUnit);
-    if (!first_name.emplace(key, fqn).second) continue;  // tied within this unit: once
-    FSDPParam p;
-    p.fqn = fqn;
-    p.param = param;
-    params.push_back(std::move(p));
+    const auto owner_by_path = [&](const std::string& fqn) -> FSDPState* {
+      FSDPState* owner = nullptr;
+      size_t best = 0;
+      for (const auto& [name, state] : children) {
+        if (!name.empty() && fqn.rfind(name + ".", 0) == 0 && name.size() + 1 > best) {
+          owner = state;
+          best = name.size() + 1;
+        }
+      }
+      return owner;
+    };
+    // Parameters held by the units below, and where.
+    std::unordered_map<const void*, FSDPState*> held_below;
+    for (const auto& [name, state] : children) {
+      (void)name;
+      if (state->group() == nullptr) continue;
+      for (const auto& p : state->group()->params()) held_below[key_of(p.param)] = state;
+    }
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      const std::string& fqn = item.key();
+      const at::Tensor& param = item.value();
+      const void* key = key_of(param);
+      if (ignored.count(key) != 0) continue;
+      FSDPState* path_owner = owner_by_path(fqn);
+      const auto held = held_below.find(key);
+      if (held != held_below.end()) {
+        // Held by a unit below: fine only if this name is inside that unit too.
+        if (held->second != path_owner) {
+          // Its name as seen from this module, when its unit is below.
+          std::string holder_name;
+          for (const auto& p : held->second->group()->params()) {
+            if (key_of(p.param) == key) holder_name = p.fqn;
+          }
+          for (const auto& [name, child] : children) {
+            if (child == held->second && !name.empty() && holder_name.rfind(name + ".", 0) != 0) {
+              holder_name = join(name, holder_name);
+              break;
+            }
+          }
+          throw Error("fully_shard: parameter '" + join(prefix, fqn) + "' is shared with another unit, which holds it as '" +
+                      holder_name + "'" + kOneUnit);
+        }
+        continue;
+      }
+      if (path_owner != nullptr) continue;  // a unit below owns this module's parameters by path
+      FSDP_CHECK(!memory::is_flat_buffer(param), "fully_shard: parameter '", join(prefix, fqn),
+                 "' is shared with another unit, outside this module, which has sharded it already", kOneUnit);
+      if (!taken.insert(key).second) continue;  // tied within this unit: once
+      FSDPParam p;
+      p.fqn = join(prefix, fqn);
+      p.param = param;
+      params.push_back(std::move(p));
+    }
+    if (options.sync_module_states) sync_unmanaged_states(module, children, options);
   }
-
-  if (options.sync_module_states) sync_unmanaged_states(module, children, options);
 
   std::unique_ptr<FSDPParamGroup> group;
   if (!params.empty()) group = std::make_unique<FSDPParamGroup>(std::move(params), *options.mesh, options);
   auto state = std::make_shared<FSDPState>(std::move(group), options);
+  if (several) state->set_modules({modules.begin(), modules.end()});
 
-  // This module becomes the root of every unit below it; their names get
-  // this module's prefix so errors name parameters from the root.
+  // The listed modules become the root of every unit below them. Those
+  // units' parameters are renamed from here (first name, tied ones once),
+  // so errors and checkpoints name them from the root; a unit of several
+  // modules is named by its modules' names joined with '+'.
+  std::unordered_map<const void*, std::string> name_here;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string prefix = several ? "[" + std::to_string(i) + "]" : "";
+    for (const auto& item : modules[i]->named_parameters(/*recurse=*/true)) {
+      name_here.emplace(key_of(item.value()), join(prefix, item.key()));
+    }
+  }
   auto tree = std::make_shared<FSDPTree>();
   tree->states.push_back(state.get());
   state->join_tree(tree, true, "");
-  for (const auto& [prefix, child] : children) {
+  for (FSDPState* child : below) {
+    std::string unit_name;
+    for (const auto& n : below_names[child]) unit_name += (unit_name.empty() ? "" : "+") + n;
     tree->states.push_back(child);
-    child->join_tree(tree, false, prefix);
-    if (child->group() != nullptr && !prefix.empty()) {
-      for (auto& p : child->group()->params()) {
-        if (p.fqn.rfind(prefix + ".", 0) != 0) p.fqn = join(prefix, p.fqn);
-      }
+    child->join_tree(tree, false, unit_name);
+    if (child->group() == nullptr) continue;
+    for (auto& p : child->group()->params()) {
+      const auto it = name_here.find(key_of(p.param));
+      if (it != name_here.end()) p.fqn = it->second;
     }
   }
-  // The holder goes first among the children (see UnitStateHolder::to).
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> others;
-  for (const auto& item : module.named_children()) others.emplace_back(item.key(), item.value());
-  for (const auto& [name, child] : others) module.unregister_module(name);
-  module.register_module(kStateChild, std::make_shared<UnitStateHolder>(std::move(state), module.name()));
-  for (const auto& [name, child] : others) module.register_module(name, child);
+  for (torch::nn::Module* module : modules) {
+    // The holder goes first among the children (see UnitStateHolder::to).
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> others;
+    for (const auto& item : module->named_children()) others.emplace_back(item.key(), item.value());
+    for (const auto& [name, child] : others) module->unregister_module(name);
+    module->register_module(kStateChild, std::make_shared<UnitStateHolder>(state, module->name()));
+    for (const auto& [name, child] : others) module->register_module(name, child);
+  }
+}
+
+}  // namespace
+
+void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) { shard_unit({&module}, options); }
+
+void fully_shard(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options) {
+  shard_unit(modules, options);
 }
 
 bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of(module) != nullptr; }

@@ -72,13 +72,13 @@ struct AdapterNetImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {  // (B, C) -> (B, 2)
-    torch::Tensor h = in_proj(x);
+    torch::Tensor h = fsdp::call(in_proj, x);  // units of their own in the list-form tests
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (static_cast<int>(i) == skipped_block) continue;
       h = fsdp::call(blocks[i], h);
       if (static_cast<int>(i) == config.twice_block) h = fsdp::call(blocks[i], h);
     }
-    return head(h);
+    return fsdp::call(head, h);
   }
 
   // Freezes every block's norm and base projection (the adapters and the

@@ -2,12 +2,15 @@
 // training of the same global batch (or its hand-derived multiple): the
 // reshard settings, explicit unshard/reshard, the reduction knobs (divide
 // factor, all-reduce hook, HSDP accumulation without all-reduce), clipping
-// by the largest magnitude, and bf16 modules sharded without an fp32 copy.
+// by the largest magnitude, bf16 modules sharded without an fp32 copy, and
+// several modules sharded as one unit.
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <limits>
+#include <set>
 
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
@@ -379,6 +382,105 @@ TEST(Bf16Module, ShardsStayBf16WithNoFp32CopyAndTrain) {
   NamedTensors widened;
   for (const auto& [name, t] : full_parameters(*net)) widened.emplace_back(name, t.to(torch::kFloat));
   expect_equal_training(widened, train_plain(3, 1), 3e-2);
+}
+
+// --- several modules as one unit ------------------------------------------
+
+class ModuleList : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(ModuleList, TwoModulesShardedAsOneUnitTrainLikePlain) {
+  // The input projection and the head, at either end of the blocks, as one
+  // unit (then the root holds nothing of its own): one pre- and one
+  // post-forward per forward for both modules, gathered from the first
+  // call to the last, and training equal to one process.
+  if (!strategy_runs(GetParam())) GTEST_SKIP();
+  auto net = make_adapter_net(net_config(), kInitSeed);
+  FullyShardOptions options;
+  options.mesh = mesh_for(GetParam());
+  options.strategy = GetParam();
+  for (auto& b : net->blocks) fully_shard(b, options);
+  fully_shard({net->in_proj.get(), net->head.get()}, options);
+  fully_shard(net, options);
+  ASSERT_EQ(detail::state_of(*net->in_proj), detail::state_of(*net->head));
+  EXPECT_EQ(detail::state_of(*net)->group(), nullptr) << "the root holds no parameter of its own";
+  EXPECT_EQ(detail::state_of(*net->head)->name(), "in_proj+head");
+  ShardedLoop loop;
+  std::vector<std::vector<FSDPEvent>> logs;
+  loop.before_micro = [](AdapterNet& n, int, int) { clear_event_log(*n); };
+  loop.before_step = [&](AdapterNet& n, int) { logs.push_back(event_log(*n)); };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+  const std::string unit = "in_proj+head";
+  const bool gathers = mesh_for(GetParam())->layout().shard > 1;
+  const int expected_gathers = GetParam() == ShardingStrategy::kShardGradOp ? 1 : 2;
+  for (const auto& events : logs) {
+    EXPECT_EQ(count(events, FSDPEvent::Kind::kPreForward, unit), 1);
+    EXPECT_EQ(count(events, FSDPEvent::Kind::kPostForward, unit), 1);
+    EXPECT_EQ(count(events, FSDPEvent::Kind::kAllGather, unit), gathers ? expected_gathers : 0);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, ModuleList,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                         strategy_name);
+
+// Two sibling projections sharing one weight (x @ w, then tanh, then @ w).
+struct SharedProjImpl : torch::nn::Module {
+  SharedProjImpl(torch::Tensor shared, int64_t dim)
+      : w(register_parameter("w", shared)), bias(register_parameter("bias", torch::zeros({dim}))) {}
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(x, w) + bias; }
+  torch::Tensor w, bias;
+};
+TORCH_MODULE(SharedProj);
+struct TiedPairImpl : torch::nn::Module {
+  explicit TiedPairImpl(int64_t dim) {
+    torch::manual_seed(kInitSeed);
+    torch::Tensor w = torch::randn({dim, dim}) / std::sqrt(static_cast<double>(dim));
+    a = register_module("a", SharedProj(w, dim));
+    b = register_module("b", SharedProj(w, dim));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fsdp::call(b, torch::tanh(fsdp::call(a, x))); }
+  SharedProj a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TiedPair);
+
+TEST(ModuleList, SiblingsSharingAWeightAreOneUnitWithTheWeightOnce) {
+  constexpr int64_t kDim = 7;
+  FullyShardOptions options;
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  {
+    TiedPair apart(kDim);
+    fully_shard(apart->a, options);
+    try {
+      fully_shard(apart->b, options);
+      ADD_FAILURE() << "a weight shared by two units was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fully_shard({a, b})"), std::string::npos) << e.what();
+    }
+  }
+  TiedPair net(kDim), plain(kDim);
+  fully_shard({net->a.get(), net->b.get()}, options);
+  fully_shard(net, options);
+  ASSERT_EQ(detail::state_of(*net->a)->group()->params().size(), 3u) << "w once, and the two biases";
+  torch::optim::AdamW sharded_opt(unique_parameters(*net), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW plain_opt(unique_parameters(*plain), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(step + 1);
+    torch::Tensor x = torch::randn({global_rows(), kDim}, gen), y = torch::randn({global_rows(), kDim}, gen);
+    torch::mse_loss(fsdp::call(net, local_rows(x)), local_rows(y)).backward();
+    torch::mse_loss(plain->forward(x), y).backward();
+    sharded_opt.step();
+    sharded_opt.zero_grad();
+    plain_opt.step();
+    plain_opt.zero_grad();
+  }
+  NamedTensors expected;
+  std::set<const void*> seen;
+  for (const auto& item : plain->named_parameters()) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      expected.emplace_back(item.key(), item.value().detach().clone());
+    }
+  }
+  std::string worst;
+  EXPECT_LE(max_relative_difference(named(*net), expected, &worst), kTolerance) << worst;
 }
 
 // --- refused --------------------------------------------------------------

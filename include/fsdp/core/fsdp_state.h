@@ -63,6 +63,10 @@ struct UnitCalls {
   bool unsignalled = false;
   std::vector<size_t> post_forward_indices;  // positions in TreeIteration::post_forward_order
   size_t backward_cursor = 0;                // next index to prefetch backward from
+  // A unit of several modules: those yet to run in this round of calls,
+  // and the frame of the round's first call, whose hooks stand for all.
+  std::vector<const torch::nn::Module*> modules_to_run;
+  detail::CallFrame round_frame;
   void reset() { *this = UnitCalls(); }
   // For another backward through a retained graph: the same calls again.
   void rearm() {
@@ -91,7 +95,7 @@ class FSDPState {
   FSDPState& operator=(const FSDPState&) = delete;
 
   // One call of the unit through fsdp::call (see detail::CallFrame).
-  detail::CallFrame pre_forward();
+  detail::CallFrame pre_forward(const torch::nn::Module& module);
   // Puts the post-backward node on the call's floating inputs that require
   // gradients (replacing them with its outputs).
   void wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tensor*>& inputs);
@@ -119,6 +123,10 @@ class FSDPState {
   // it holds for the root too.
   bool reshards_after_forward() const;
   void set_reshard_after_forward(bool reshard);
+
+  // The modules this unit was applied to (more than one: FSDP2's list form).
+  void set_modules(std::vector<const torch::nn::Module*> modules) { modules_ = std::move(modules); }
+  const std::vector<const torch::nn::Module*>& modules() const { return modules_; }
 
   // Set when an ancestor becomes the root of a tree that contains this unit.
   void join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, const std::string& name);
@@ -154,6 +162,7 @@ class FSDPState {
   std::shared_ptr<FSDPTree> tree_;
   bool is_root_ = false;
   std::string name_;
+  std::vector<const torch::nn::Module*> modules_;
 
   UnitCalls calls_;
 };

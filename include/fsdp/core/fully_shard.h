@@ -48,6 +48,15 @@ void fully_shard(const std::shared_ptr<M>& module, const FullyShardOptions& opti
   fully_shard(*module, options);
 }
 
+// Several modules as one unit (FSDP2's fully_shard([m1, m2])): one flat
+// all-gather and reduce-scatter for all their parameters, tied ones once
+// (torchtitan's [norm, output], or an embedding tied to its output head).
+// Call each through fsdp::call: the first of them to run in a forward
+// gathers, the last to finish reshards and hooks its outputs for backward,
+// so the unit stays gathered in between. If one of them does not run in a
+// forward, the unit stays gathered until the end of its backward.
+void fully_shard(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options);
+
 bool is_fully_sharded(const torch::nn::Module& module);
 
 // Run-time settings, FSDP2's methods of the same names. Each applies to
@@ -148,6 +157,10 @@ struct CallFrame {
   bool was_unsharded = false;   // gathered before this call: a no-grad call leaves it so
   bool wrapped_inputs = false;  // a post-backward node sits on this call's inputs
   bool opened_iteration = false;
+  // A unit of several modules: a call after the first of the round, whose
+  // hooks ran at that first call (FSDPState::pre_forward).
+  bool inner = false;
+  const torch::nn::Module* module = nullptr;  // the module called
 };
 
 // The hooks around one call: pre-forward on construction, post-forward in
@@ -155,7 +168,7 @@ struct CallFrame {
 // tree, for the root) put back in a state the next step can start from.
 class CallScope {
  public:
-  explicit CallScope(FSDPState& state);
+  CallScope(FSDPState& state, const torch::nn::Module& module);
   ~CallScope();
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
@@ -231,7 +244,7 @@ auto call(M& module, Args&&... args) {
   auto& impl = detail::module_of(module);
   FSDPState* state = detail::state_of(impl);
   if (state == nullptr) return impl.forward(std::forward<Args>(args)...);
-  detail::CallScope scope(*state);
+  detail::CallScope scope(*state, impl);
   std::tuple<decltype(scope.cast_arg(std::forward<Args>(args)))...> inputs(scope.cast_arg(std::forward<Args>(args))...);
   std::vector<at::Tensor*> tensors;
   std::apply([&](auto&... a) { (detail::collect_tensor(a, tensors), ...); }, inputs);
@@ -247,9 +260,10 @@ auto call(M& module, Args&&... args) {
 // unit is resharded, the root too.
 template <typename M, typename Fn>
 auto run(M& module, Fn&& fn) {
-  FSDPState* state = detail::state_of(detail::module_of(module));
+  auto& impl = detail::module_of(module);
+  FSDPState* state = detail::state_of(impl);
   if (state == nullptr) return fn();
-  detail::CallScope scope(*state);
+  detail::CallScope scope(*state, impl);
   auto out = fn();
   return scope.finish(std::move(out));
 }
