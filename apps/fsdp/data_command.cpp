@@ -40,6 +40,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
     std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
+    if (!s.note.empty()) std::printf("data prepare: %s\n", s.note.c_str());
     exit_code = 0;
   });
 

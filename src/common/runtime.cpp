@@ -1,7 +1,10 @@
 #include "fsdp/common/runtime.h"
 
 #include <malloc.h>
+#include <sched.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -66,6 +69,25 @@ void keep_freed_memory() {
   if (std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// Without OMP_NUM_THREADS: the CPUs this process may use, divided among
+// the ranks a launcher started on this node, so a plain run gets what
+// `fsdp launch -n 1` gives its rank (LibTorch alone counts physical cores,
+// half the CPUs on a hyperthreaded machine).
+static int default_threads(const EnvMap& env) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                                  : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  long ranks = 1;
+  for (const char* key : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const auto v = env_int(env, key); v && *v > 0) {
+      ranks = *v;
+      break;
+    }
+  }
+  return std::max(1, static_cast<int>(cpus / ranks));
+}
+
 void init_runtime() {
   quiet_library_logs();
   keep_freed_memory();
@@ -76,6 +98,8 @@ void init_runtime() {
   const EnvMap env = current_env();
   if (const auto threads = env_int(env, "OMP_NUM_THREADS"); threads && *threads > 0) {
     at::set_num_threads(static_cast<int>(*threads));
+  } else {
+    at::set_num_threads(default_threads(env));
   }
   const std::string blas = loaded_blas_path();
   if (is_reference_blas(blas)) {

@@ -67,9 +67,9 @@ namespace fsdp {
 //                                                 without sync, else handed to the CommContext
 //   reduce            replicas: all-reduce the    the buffer is the reduced   reduce-scatter; replicas:
 //                     persistent buffer           shard; replicas: all-reduce all-reduce the shard
-//   assign_gradients  divide factor and hook on   divide factor and hook on the reduced shard, cast to
-//                     the buffer; grads are its   the master dtype; each grad becomes a view of its
-//                     views already               slice (or is added to, when accumulating)
+//   assign_gradients  nothing: grads are views   divide factor and hook on the reduced shard, cast to
+//                     of the reduced buffer       the master dtype; each grad becomes a view of its
+//                     already                     slice (or is added to, when accumulating)
 //
 // On kInPlace the gradients live in one persistent flat buffer: every
 // parameter's .grad is a view of it, full-shape while gathered and 1-D
@@ -77,8 +77,9 @@ namespace fsdp {
 // place (outside create_graph), zero_grad zeroes it in place, and the only
 // communication left is the all-reduce across replicas (DDP's
 // gradient-as-bucket-view). A gradient the user replaced is copied back
-// into the buffer. A divide factor there scales the whole buffer, so it
-// assumes gradients are zeroed (or set to none) between optimizer steps.
+// into the buffer. A divide factor or a reduced-gradient hook would act on
+// the whole buffer, this backward's gradients and the ones kept in place
+// alike, so setting one moves the unit to kAliasedShard.
 
 namespace {
 
@@ -290,14 +291,17 @@ void FSDPParamGroup::wait_for_unshard() {
   }
   register_grad_hooks();
   state_ = ShardedState::kUnsharded;
+  ++epoch_;
 }
 
 void FSDPParamGroup::reshard() {
+  if (all_gather_work_) ++epoch_;  // a pending gather dropped
   finish_all_gather();  // prefetched but never used: finish before freeing
   if (state_ == ShardedState::kSharded) {
     free_unsharded();
     return;
   }
+  ++epoch_;
   for (auto& p : params_) {
     p.param.set_data(sharded_view(p));
     if (in_place()) {
@@ -449,9 +453,9 @@ void FSDPParamGroup::post_backward() {
     // gradients for a unit not used on this rank).
     if (state_ == ShardedState::kUnsharded) reshard();
     attach_sharded_grad_views();
-    accumulating_ = !requires_gradient_sync;
+    accumulating_ = !requires_gradient_sync || holds_reduction();
     if (!requires_gradient_sync) return;
-    reduced_this_backward_ = true;
+    reduced_this_backward_ = !holds_reduction();
     comm_->reduce(*this);
     return;
   }
@@ -466,12 +470,14 @@ void FSDPParamGroup::post_backward() {
   at::Tensor input = reduce_dtype_ == param_dtype_ ? grads : memory::flat_copy(grads, reduce_dtype_);
   grads = at::Tensor();
   if (unsynced_grads_.defined()) input.add_(unsynced_grads_.release());
-  accumulating_ = !requires_gradient_sync;
+  accumulating_ = !requires_gradient_sync || holds_reduction();
   if (!requires_gradient_sync) {
     unsynced_grads_.reset(input);
     return;
   }
-  reduced_this_backward_ = true;
+  // A held reduction (HSDP without all-reduce) is accumulation too: which
+  // parameters got gradients is kept for the window, and decided at the sync.
+  reduced_this_backward_ = !holds_reduction();
   reduce_input_.reset(input);
   comm_->reduce(*this);
 }
@@ -509,6 +515,22 @@ bool FSDPParamGroup::has_trainable_params() const {
 
 bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group_->size() > 1; }
 
+bool FSDPParamGroup::holds_reduction() const { return reduces_across_replicas() && !requires_all_reduce; }
+
+void FSDPParamGroup::leave_in_place_path() {
+  if (path_ != GradientPath::kInPlace) return;
+  // Gradients become tensors of their own (the buffer goes), so that a
+  // divide factor or hook acts on each backward's reduced gradients only,
+  // not again on the sum kept in place.
+  reshard();
+  for (auto& p : params_) {
+    at::Tensor& grad = p.param.mutable_grad();
+    if (grad.defined() && grad_flat_.defined() && grad.is_alias_of(grad_flat_)) grad = grad.clone();
+  }
+  grad_flat_ = at::Tensor();
+  path_ = GradientPath::kAliasedShard;
+}
+
 void FSDPParamGroup::hold_partial_reduction() {
   // In place, this backward's gradients stay in the buffer and the next
   // all-reduce takes them with the rest.
@@ -543,10 +565,7 @@ void FSDPParamGroup::finish_reduced(at::Tensor& reduced) {
 }
 
 void FSDPParamGroup::assign_gradients() {
-  if (in_place()) {
-    finish_reduced(grad_flat_);  // the gradients are views of the reduced buffer already
-    return;
-  }
+  if (in_place()) return;  // the gradients are views of the reduced buffer already (no factor, no hook there)
   // The reduced shard (a flat buffer) becomes the gradients' memory: each
   // parameter without one gets an alias of its slice, so no per-parameter
   // copies are made, and the buffer goes back to the flat-buffer cache when
@@ -619,6 +638,7 @@ void FSDPParamGroup::abandon() noexcept {
   }
   reduce_input_.reset();
   reduce_output_.reset();
+  partial_reduction_.reset();
   unsharded_grad_.reset();
   try {  // partial full-shape gradients give way to the sharded ones from before
 

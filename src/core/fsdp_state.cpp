@@ -229,15 +229,12 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     }
     return frame;
   }
-  if (modules_.size() > 1) {
-    // Several modules, one unit: the round's first call runs the hooks for
-    // all of them; a module not yet run in this round is an inner call.
-    auto& left = calls_.modules_to_run;
-    const auto it = std::find(left.begin(), left.end(), &module);
-    if (it != left.end()) {
-      frame.inner = true;
-      return frame;
-    }
+  if (modules_.size() > 1 && !calls_.modules_to_run.empty()) {
+    // Several modules, one unit: the round's first call ran the hooks for
+    // all of them; until every module has run, a call is an inner one (a
+    // module called twice in a round included, as in FSDP2).
+    frame.inner = true;
+    return frame;
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
   if (is_root_ && frame.grad_enabled) {
@@ -315,7 +312,14 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
   cast_outputs();
-  if (is_root_) tree_->recording_order = false;
+  if (is_root_) {
+    tree_->recording_order = false;
+    // A unit of several modules whose round did not finish (one of them did
+    // not run) is finished here, as FSDP2's root post-forward does.
+    for (FSDPState* s : tree_->states) {
+      if (s != this) s->close_open_round(frame.grad_enabled);
+    }
+  }
   if (!frame.grad_enabled) {
     // No backward follows: leave every unit as this forward found it
     // (units awaiting a backward gather again in their pre-backward).
@@ -363,6 +367,19 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
       tree_->iteration.open_graphs.emplace_back(t.grad_fn());
       t.grad_fn()->add_pre_hook(std::make_unique<DroppedGraphHook>(watch));
     }
+  }
+}
+
+void FSDPState::close_open_round(bool grad_enabled) {
+  if (calls_.modules_to_run.empty()) return;
+  calls_.modules_to_run.clear();
+  training_state_ = TrainingState::kIdle;
+  if (grad_enabled) {
+    // Its last module's outputs carry no pre-backward hook: the unit stays
+    // gathered, and its backward ends at the end of backward.
+    calls_.unsignalled = true;
+  } else if (group_ && !calls_.round_frame.was_unsharded) {
+    group_->reshard();
   }
 }
 
@@ -445,6 +462,7 @@ void FSDPState::prefetch_backward() {
 
 void FSDPState::end_of_backward(FSDPTree& tree) {
   RECORD_USER_SCOPE("FSDP::end_of_backward");
+  for (FSDPState* s : tree.states) s->close_open_round(/*grad_enabled=*/true);
   for (FSDPState* s : tree.states) {
     FSDPParamGroup* g = s->group_.get();
     if (g == nullptr || s->training_state_ == TrainingState::kPostBackward) continue;

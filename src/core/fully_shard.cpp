@@ -42,7 +42,8 @@ struct UnitStateHolder : torch::nn::Module {
   void check_to(const torch::Device* device, const torch::Dtype* dtype) const {
     if (state->group() == nullptr) return;
     const at::Tensor& p = state->group()->params().front().param;
-    const bool same_device = device == nullptr || *device == p.device();
+    const bool same_device = device == nullptr || (device->type() == p.device().type() &&
+                                                   (!device->has_index() || device->index() == p.device().index()));
     const bool same_dtype = dtype == nullptr || *dtype == p.scalar_type();
     if (same_device && same_dtype) return;
     std::ostringstream target;
@@ -51,7 +52,8 @@ struct UnitStateHolder : torch::nn::Module {
     if (dtype != nullptr) target << *dtype;
     throw Error("to(" + target.str() + "): module " + unit_name +
                 " is sharded by fully_shard, and converting it would detach its parameters from their shards; "
-                "nothing was converted. Convert the module before sharding it (module->to(...), then fully_shard)");
+                "its parameters were not converted. Convert the module before sharding it (module->to(...), then "
+                "fully_shard)");
   }
 };
 
@@ -372,12 +374,16 @@ void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool re
 void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse) {
   FSDP_CHECK(std::isfinite(factor), "set_gradient_divide_factor: factor ", factor, ": expected a finite number");
   for_each_group(module, recurse, "set_gradient_divide_factor", [&](FSDPParamGroup& g) {
+    if (factor > 0) g.leave_in_place_path();
     g.gradient_divide_factor = factor > 0 ? std::optional<double>(factor) : std::nullopt;
   });
 }
 
 void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse) {
-  for_each_group(module, recurse, "set_all_reduce_hook", [&](FSDPParamGroup& g) { g.reduced_grad_hook = hook; });
+  for_each_group(module, recurse, "set_all_reduce_hook", [&](FSDPParamGroup& g) {
+    if (hook) g.leave_in_place_path();
+    g.reduced_grad_hook = hook;
+  });
 }
 
 void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse) {
@@ -385,7 +391,7 @@ void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool rec
 }
 
 void UnshardHandle::wait() {
-  if (group_ != nullptr) group_->wait_for_unshard();
+  if (group_ != nullptr && group_->epoch() == epoch_) group_->wait_for_unshard();
   group_ = nullptr;
 }
 
@@ -394,7 +400,7 @@ UnshardHandle unshard(torch::nn::Module& module, bool async_op) {
   FSDP_CHECK(s != nullptr, "unshard: module ", module.name(), " is not sharded; apply fully_shard first");
   if (s->group() == nullptr) return UnshardHandle();
   s->group()->unshard();
-  UnshardHandle handle(s->group());
+  UnshardHandle handle(s->group(), s->group()->epoch());
   if (!async_op) handle.wait();
   return handle;
 }

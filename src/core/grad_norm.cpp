@@ -41,6 +41,9 @@ double sum_of_squares(const at::Tensor& g) {
   return total;
 }
 
+// max that keeps a NaN, as torch's does: a NaN gradient gives a NaN norm.
+double largest(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
+
 }  // namespace
 
 double grad_norm(torch::nn::Module& root, double norm_type) {
@@ -73,16 +76,27 @@ double grad_norm(torch::nn::Module& root, double norm_type) {
     const auto it = group_of_param.find(p.unsafeGetTensorImpl());
     double& partial = it != group_of_param.end() ? sharded[it->second] : replicated;
     if (inf) {
-      if (g.numel() > 0) partial = std::max(partial, g.abs().max().item<double>());
+      if (g.numel() > 0) partial = largest(partial, g.abs().max().item<double>());
     } else {
       partial += sum_of_squares(g);
     }
   }
   double total = replicated;
   for (size_t i = 0; i < groups.size(); ++i) {
-    at::Tensor t = at::full({1}, sharded[i], at::kDouble);
-    if (groups[i]->size() > 1) dist::all_reduce(*groups[i], t, inf ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
-    total = inf ? std::max(total, t.item<double>()) : total + t.item<double>();
+    double value = sharded[i];
+    if (groups[i]->size() > 1 && inf) {
+      // The maximum, and whether any rank saw a NaN (a collective's max
+      // need not propagate one).
+      const bool nan = std::isnan(value);
+      at::Tensor t = at::tensor({nan ? 0.0 : value, nan ? 1.0 : 0.0}, at::kDouble);
+      dist::all_reduce(*groups[i], t, dist::ReduceOp::kMax).wait();
+      value = t[1].item<double>() > 0 ? std::nan("") : t[0].item<double>();
+    } else if (groups[i]->size() > 1) {
+      at::Tensor t = at::full({1}, value, at::kDouble);
+      dist::all_reduce(*groups[i], t, dist::ReduceOp::kSum).wait();
+      value = t.item<double>();
+    }
+    total = inf ? largest(total, value) : total + value;
   }
   return inf ? total : std::sqrt(total);
 }

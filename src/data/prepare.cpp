@@ -183,10 +183,17 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     dest.insert(dest.end(), encoded[i].begin(), encoded[i].end());
   }
   if (every > 0 && val.empty()) {
-    // One document: hold out its tail instead.
-    const auto cut = train.size() - static_cast<size_t>(static_cast<double>(train.size()) * o.val_fraction);
-    val.assign(train.begin() + static_cast<std::ptrdiff_t>(cut), train.end());
-    train.resize(cut);
+    // Fewer documents than one in `every`: the last whole document is held
+    // out (never part of one: a cut document would be half in each split).
+    if (encoded.size() >= 2) {
+      const size_t last = encoded.back().size() + 1;
+      val.assign(train.end() - static_cast<std::ptrdiff_t>(last), train.end());
+      train.resize(train.size() - last);
+      stats.note = std::to_string(encoded.size()) + " documents, fewer than the " + std::to_string(every) +
+                   " one in --val-fraction needs: the last document is held out for validation";
+    } else {
+      stats.note = "one document: no validation split (a document is never cut in two; --val-fraction needs at least 2)";
+    }
   }
   FSDP_CHECK(train.size() >= 2, "--input '", o.input, "' gives ", train.size(),
              " training tokens; at least 2 are needed");

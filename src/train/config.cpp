@@ -304,7 +304,11 @@ void TrainConfig::validate() const {
              ": set the shard-group size (--fsdp-size)");
   FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");
   FSDP_CHECK(checkpoint.keep >= 1, "checkpoint.keep is ", checkpoint.keep, ": expected at least 1");
-  FSDP_CHECK(!checkpoint.resume || !checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir (--ckpt-dir)");
+  // A run folder named by --out-dir or --run-name holds its checkpoints in
+  // checkpoints/; without either the folder is a new timestamped one.
+  FSDP_CHECK(!checkpoint.resume || !checkpoint.dir.empty() || !runtime.out_dir.empty() || !runtime.run_name.empty(),
+             "checkpoint.resume: nothing names where to resume from; give --out-dir (or --run-name) of the run, or "
+             "--ckpt-dir");
   FSDP_CHECK(runtime.skip_spikes >= 0, "runtime.skip_spikes is ", runtime.skip_spikes,
              ": expected 0 (off) or a z-score threshold such as 5");
   FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",

@@ -97,13 +97,16 @@ void ProfileWindow::finish() {
 }
 
 void ProfileWindow::step_begins(int64_t step) {
-  if (range_.empty() || step + 1 != range_.first) return;
+  // A run resumed inside the window records from its first step on.
+  if (range_.empty() || recording_ || step + 1 < range_.first || step + 1 > range_.last) return;
   std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
   recording_ = std::make_unique<Recording>(path_);
 }
 
-void ProfileWindow::step_ends(int64_t step) {
-  if (step + 1 >= range_.last) finish();
+bool ProfileWindow::step_ends(int64_t step, bool run_ends) {
+  if (!recording_ || (step + 1 < range_.last && !run_ends)) return false;
+  finish();
+  return true;
 }
 
 }  // namespace fsdp::train

@@ -85,6 +85,16 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   // second moments of rarely-hit embedding rows drift there, and x86 takes
   // microcode assists on every subnormal operand (PyTorch's peer slows ~8x).
   at::globalContext().setFlushDenormal(!config_.runtime.keep_denormals);
+  if (config_.model.print) {
+    // --print-model prints and exits, as --print-config does: no run
+    // folder, no data, no step.
+    torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));
+    build_model();
+    build_mesh();
+    apply_fsdp();
+    print_only_ = true;
+    return;
+  }
   choose_run_folder();
   check_output_paths();
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
@@ -107,7 +117,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
                                              folder_.trace(world_->rank()), "rank " + std::to_string(world_->rank()));
   // Everything is validated; only now may files be written.
   open_run_files();
-  peak_flops_ = measured_cpu_peak_flops();
+  warn_about_profile_window();
+  peak_flops_ = measured_cpu_peak_flops(precision_dtype(config_.runtime.precision));
 }
 
 Trainer::~Trainer() = default;
@@ -134,7 +145,8 @@ void Trainer::choose_run_folder() {
     r.out_dir = "out/" + r.run_name;
   }
   folder_.dir = r.out_dir;
-  if (r.metrics.empty()) r.metrics = folder_.metrics();
+  metrics_derived_ = r.metrics.empty();
+  if (metrics_derived_) r.metrics = folder_.metrics();
   // Checkpoints are written when asked for (a directory, or a cadence); a
   // folder that already holds some (a run saved here before) continues them.
   auto& c = config_.checkpoint;
@@ -142,6 +154,7 @@ void Trainer::choose_run_folder() {
   if (c.dir.empty() && (saving_ || std::filesystem::exists(folder_.checkpoints() + "/latest"))) {
     c.dir = folder_.checkpoints();
     saving_ = true;
+    ckpt_dir_derived_ = true;
   }
 }
 
@@ -289,10 +302,37 @@ void Trainer::build_optimizer() {
   optimizer_ = std::make_unique<optim::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(o.lr));
 }
 
+void Trainer::warn_about_profile_window() const {
+  const StepRange& range = profile_->range();
+  const int64_t first = start_step_ + 1, last = config_.runtime.steps;
+  if (range.empty() || world_->rank() != 0) return;
+  const std::string window = "--profile-steps " + config_.runtime.profile_steps;
+  if (range.first > last || range.last < first) {
+    progress_->message("warning: " + window + " lies outside the steps this run trains (" + std::to_string(first) + " to " +
+                       std::to_string(last) + "): no trace will be written");
+  } else if (range.first < first || range.last > last) {
+    progress_->message("warning: " + window + " reaches outside the steps this run trains (" + std::to_string(first) +
+                       " to " + std::to_string(last) + "): only the steps inside are traced");
+  }
+}
+
 void Trainer::build_scaler() {
   if (precision_dtype(config_.runtime.precision) == torch::kHalf) {
     scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
   }
+}
+
+TrainConfig Trainer::recorded_config() const {
+  // config.yaml is reused (--config run1/config.yaml) and copied with its
+  // folder: paths that name this folder, or were derived from it, are left
+  // out, so a reuse writes where its own flags say and never into this run.
+  // Paths the user gave (--metrics, --ckpt-dir, --export-hf) stay.
+  TrainConfig recorded = config_;
+  recorded.runtime.out_dir.clear();
+  recorded.runtime.run_name.clear();
+  if (metrics_derived_) recorded.runtime.metrics.clear();
+  if (ckpt_dir_derived_) recorded.checkpoint.dir.clear();
+  return recorded;
 }
 
 void Trainer::open_run_files() {
@@ -303,7 +343,7 @@ void Trainer::open_run_files() {
       if (!aside.empty()) std::printf("%s held an earlier run's files; moved them to %s\n", folder_.dir.c_str(), aside.c_str());
     }
     io::AtomicFile yaml(folder_.config());
-    const std::string text = config_.to_yaml();
+    const std::string text = recorded_config().to_yaml();
     yaml.write(text.data(), text.size());
     yaml.commit();
     metrics_ = std::make_unique<MetricsLog>(config_.runtime.metrics,
@@ -316,6 +356,7 @@ void Trainer::open_run_files() {
 }
 
 TrainSummary Trainer::train() {
+  if (print_only_) return {};
   try {
     return run();
   } catch (const std::exception& e) {
@@ -356,7 +397,13 @@ TrainSummary Trainer::run() {
   for (int64_t step = start_step_; step < config_.runtime.steps; ++step) {
     profile_->step_begins(step);
     const StepStats stats = train_step(step);
-    profile_->step_ends(step);
+    if (profile_->step_ends(step, step + 1 == config_.runtime.steps)) {
+      progress_->log_only("profiler trace written: " + profile_->path());
+      if (world_->rank() == 0) {
+        progress_->message("profiler trace of steps " + config_.runtime.profile_steps + " written: " + profile_->path() +
+                           (world_->size() > 1 ? " (one per rank beside it)" : ""));
+      }
+    }
     after_step(step, stats);
     if (stop_requested_ && step + 1 < config_.runtime.steps) {
       if (world_->rank() == 0) {
@@ -367,6 +414,11 @@ TrainSummary Trainer::run() {
       return summary_;
     }
   }
+  // Every step skipped means no update was applied: not a success.
+  const int64_t trained = config_.runtime.steps - start_step_;
+  FSDP_CHECK(trained == 0 || skipped_this_run_ < trained, "every one of this run's ", trained,
+             " steps was skipped (see the step lines above for why): no update was applied, so nothing is saved or "
+             "exported");
   finish_run();
   return summary_;
 }
@@ -375,7 +427,10 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   const int64_t total = config_.runtime.steps;
   summary_.train_losses.push_back(stats.loss);
   const bool non_finite = stats.skipped && stats.skip_reason == "not finite";
-  if (stats.skipped) ++skipped_steps_;
+  if (stats.skipped) {
+    ++skipped_steps_;
+    ++skipped_this_run_;
+  }
   bad_steps_in_a_row_ = non_finite ? bad_steps_in_a_row_ + 1 : 0;
   if (!stats.skipped) spikes_.accept(stats.loss);
 
@@ -627,7 +682,15 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                                                      config_.data.batch_size * config_.data.seq_len);
   const double tokens_per_s = tokens_per_step / s.seconds;
   const double flops_per_token = training_flops_per_token(active_params_, model_->n_layers(), config_.data.seq_len, model_->dim());
-  const double mfu = flops_per_token * tokens_per_s / world_->size() / peak_flops_;
+  const double achieved = flops_per_token * tokens_per_s / world_->size();
+  if (achieved > peak_flops_) {
+    // The probe's matmul shape ran slower than the model's: the rate this
+    // step reached is a better peak, so MFU never exceeds 1.
+    progress_->log_only("peak FLOP/s raised from " + std::to_string(peak_flops_) + " to " + std::to_string(achieved) +
+                        " (step " + std::to_string(step + 1) + " reached it)");
+    peak_flops_ = achieved;
+  }
+  const double mfu = achieved / peak_flops_;
   const auto mem = memory_stats(*model_, optimizer_.get());
   if (world_->rank() != 0) return;
   nlohmann::json line = {{"step", step + 1},
@@ -694,11 +757,20 @@ void Trainer::export_hf() {
     models::save_hf_pretrained(*model_, params, r.export_hf, options);
     // With its tokenizer the directory is complete: `fsdp generate --from`
     // and Hugging Face's AutoTokenizer find it there.
+    // A tokenizer with more tokens than the model has rows would make an
+    // inconsistent directory (ids the embedding cannot look up): left out.
     namespace fs = std::filesystem;
     const fs::path tokenizer = tokenizer_dir();
-    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-      if (fs::is_regular_file(tokenizer / file) && !fs::equivalent(tokenizer, r.export_hf)) {
-        fs::copy_file(tokenizer / file, fs::path(r.export_hf) / file, fs::copy_options::overwrite_existing);
+    if (tokenizer_->vocab_size() > model_->vocab_size()) {
+      std::printf("warning: the tokenizer %s was not copied to %s: its %d tokens do not fit the model's vocabulary of "
+                  "%lld; give `fsdp generate --from` a matching --tokenizer\n",
+                  tokenizer_->source().c_str(), r.export_hf.c_str(), tokenizer_->vocab_size(),
+                  static_cast<long long>(model_->vocab_size()));
+    } else {
+      for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+        if (fs::is_regular_file(tokenizer / file) && !fs::equivalent(tokenizer, r.export_hf)) {
+          fs::copy_file(tokenizer / file, fs::path(r.export_hf) / file, fs::copy_options::overwrite_existing);
+        }
       }
     }
     std::printf("exported Hugging Face weights to %s\n", config_.runtime.export_hf.c_str());

@@ -59,6 +59,49 @@ TEST(Checkpoint, ResumeIsBitIdenticalAndOldCheckpointsArePruned) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(full[i], split[i]) << "step " << i + 1 << " must be bit-identical";
 }
 
+TEST(Checkpoint, ResumeFindsTheRunFoldersCheckpoints) {
+  // --resume with --out-dir: the checkpoints are in OUT/checkpoints.
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  ASSERT_EQ(train(1, corpus, "--batch-size 2 --steps 2 --save-every 1 --out-dir " + dir + "/run").exit_code, 0);
+  ASSERT_TRUE(exists(dir + "/run/checkpoints/latest"));
+  const auto resumed = train(1, corpus, "--batch-size 2 --steps 3 --resume --out-dir " + dir + "/run");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  int logged = 0;
+  for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) {
+    if (!m.contains("mfu")) continue;
+    ++logged;
+    EXPECT_GT(m["mfu"].get<double>(), 0);
+    EXPECT_LE(m["mfu"].get<double>(), 1.0) << "MFU above 1 after a resume: " << m.dump();
+  }
+  EXPECT_EQ(logged, 3) << "steps 1 and 2, then 3 after the resume";
+  const auto nowhere = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --resume");
+  EXPECT_EQ(nowhere.exit_code, 1) << nowhere.output;
+  EXPECT_NE(nowhere.output.find("give --out-dir (or --run-name) of the run, or --ckpt-dir"), std::string::npos)
+      << nowhere.output;
+}
+
+TEST(Checkpoint, ARunStartedFromAnotherRunsConfigWritesOnlyIntoItsOwnFolder) {
+  // run1's config.yaml reused with --out-dir run2: run2 starts fresh in its
+  // folder; run1's metrics and checkpoints are untouched.
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  ASSERT_EQ(train(1, corpus, "--batch-size 2 --steps 2 --save-every 1 --keep 1 --out-dir " + dir + "/run1").exit_code, 0);
+  const std::string config = read_file(dir + "/run1/config.yaml");
+  EXPECT_EQ(config.find(dir + "/run1"), std::string::npos) << "config.yaml names its own folder:\n" << config;
+  const std::string metrics_before = read_file(dir + "/run1/metrics.jsonl");
+  const std::string latest_before = read_file(dir + "/run1/checkpoints/latest");
+  const auto second = run_command(kCli + " train --config " + dir + "/run1/config.yaml --steps 3 --out-dir " + dir + "/run2");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.output.find("resumed from"), std::string::npos) << second.output;
+  EXPECT_EQ(read_file(dir + "/run1/metrics.jsonl"), metrics_before);
+  EXPECT_EQ(read_file(dir + "/run1/checkpoints/latest"), latest_before);
+  EXPECT_TRUE(exists(dir + "/run1/checkpoints/" + latest_before.substr(0, latest_before.find('\n'))));
+  EXPECT_EQ(train_losses(read_metrics(dir + "/run2/metrics.jsonl")).size(), 3u);
+  EXPECT_EQ(read_file(dir + "/run2/checkpoints/latest"), "step_00000003\n");
+}
+
 struct Reshard {
   const char* name;
   int from_world, from_batch;

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -117,6 +118,28 @@ TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarri
       << trained.output;
   EXPECT_EQ(read_file(dir + "/export/tokenizer.json"), read_file(qwen + "/tokenizer.json"));
   EXPECT_EQ(read_file(dir + "/export/tokenizer_config.json"), read_file(qwen + "/tokenizer_config.json"));
+}
+
+TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
+  // Every `echo "..." | build/fsdp data encode ...  # ids` line of the
+  // README, run as written (from the source directory) and compared with
+  // its comment.
+  std::ifstream readme(std::string(FSDP_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(readme.good());
+  const std::regex example(R"re(^(echo "[^"]*" \| )build/fsdp( data encode[^#]*?)\s+# ([0-9,]+)$)re");
+  std::string line;
+  int checked = 0;
+  while (std::getline(readme, line)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, example)) continue;
+    const std::string args = m[2];
+    if (!fs::exists(kData + "/gpt2/encoder.json")) GTEST_SKIP() << "needs data/ (scripts/fetch_data.sh)";
+    const auto r = run_command("cd " + std::string(FSDP_SOURCE_DIR) + " && " + std::string(m[1]) + kCli + args);
+    ASSERT_EQ(r.exit_code, 0) << line << "\n" << r.output;
+    EXPECT_EQ(r.output, std::string(m[3]) + "\n") << line;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2) << "the README's data encode examples were not found";
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 // same losses at W=1 and W=2 on the same global batch, and every bad input
 // giving one clear message, a non-zero exit and no files written.
 
+#include <sched.h>
 #include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -14,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/data/token_file.h"
+#include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"
 
@@ -54,6 +57,8 @@ TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
     const int blocks = 2;
     EXPECT_EQ(m["fsdp_collectives"].get<int>(), (blocks + 1) + blocks + (blocks + 1)) << m.dump();
     EXPECT_GT(m["fsdp_comm_mb"].get<double>(), 0);
+    EXPECT_GT(m["mfu"].get<double>(), 0);
+    EXPECT_LE(m["mfu"].get<double>(), 1.0) << "MFU above 1: the peak was not a peak";
   }
   EXPECT_EQ(metrics.front().value("event", ""), "start");
   EXPECT_GT(metrics.front()["peak_flops_per_rank"].get<double>(), 0);
@@ -116,9 +121,37 @@ TEST(Train, PrintModelListsTheUnitsTheWrapPolicyChose) {
                                "  transformer.h.1.mlp  8352 parameters\n  (root)  " +
                                std::to_string(512 * 32 + 64 * 32 + 64 + 2 * (4224 + 128)) + " parameters\n";
   EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  // It prints and exits, as --print-config does: no step, no run folder.
+  EXPECT_EQ(r.output.find("run folder:"), std::string::npos) << r.output;
+  EXPECT_FALSE(exists(dir + "/run")) << "--print-model created the run folder";
   const auto bad = run_command(kCli + " train --model gpt2-tiny --steps 1 --data synthetic --wrap-policy size:0");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("'size:0' is not a wrap policy"), std::string::npos) << bad.output;
+}
+
+TEST(Train, APlainRunUsesTheThreadsLaunchWouldGiveIt) {
+  // Without OMP_NUM_THREADS, a plain run gets every CPU it may use, as
+  // `fsdp launch -n 1` gives its one rank (not LibTorch's count of physical
+  // cores); `taskset -c 0` leaves one.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  const auto dir = make_temp_dir();
+  const auto threads_of = [&](const std::string& prefix, const std::string& run) {
+    const auto r = run_command("env -u OMP_NUM_THREADS " + prefix + kCli +
+                               " train --model gpt2-tiny --data synthetic --steps 1 --out-dir " + dir + "/" + run);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto metrics = read_metrics(dir + "/" + run + "/metrics.jsonl");
+    for (const auto& m : metrics) {
+      if (m.contains("threads_per_rank")) return m["threads_per_rank"].get<int>();
+    }
+    ADD_FAILURE() << "no threads_per_rank in " << run;
+    return 0;
+  };
+  EXPECT_EQ(threads_of("", "plain"), cpus);
+  EXPECT_EQ(threads_of(kCli + " launch -n 1 -- ", "launched"), cpus);
+  if (cpus > 1) EXPECT_EQ(threads_of("taskset -c 0 ", "one_cpu"), 1);
 }
 
 TEST(TrainErrors, BadConfigFiles) {
@@ -171,6 +204,57 @@ TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
   std::ofstream(dir + "/hf/config.json") << config.dump();
   expect_clean_failure("--init-from " + dir + "/hf", {"has shape [512, 32]", "implies [512, 48]"}, dir);
   expect_clean_failure("--init-from " + dir + "/nothing", {"is not a directory"}, dir);
+}
+
+TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
+  // gpt2-tiny has 512 rows; GPT-2's tokenizer (the default) has 50,257
+  // tokens. The export says so and leaves the tokenizer out, instead of
+  // writing a directory whose tokenizer the model cannot serve.
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --export-hf " + dir +
+                             "/hf --out-dir " + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("its 50257 tokens do not fit the model's vocabulary of 512"), std::string::npos) << r.output;
+  EXPECT_TRUE(exists(dir + "/hf/config.json"));
+  EXPECT_FALSE(exists(dir + "/hf/tokenizer.json"));
+}
+
+TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --export-hf " + dir + "/hf --out-dir " +
+                        dir + "/run").exit_code, 0);
+  std::filesystem::copy(dir + "/hf", dir + "/nan");
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::string damaged;
+  {
+    io::SafetensorsFile file(dir + "/hf/model.safetensors");
+    for (const auto& e : file.entries()) tensors.emplace_back(e.name, file.view(e.name).clone());
+  }
+  for (auto& [name, t] : tensors) {
+    if (t.dim() == 2 && damaged.empty()) {
+      damaged = name;
+      t[0][1] = std::numeric_limits<float>::quiet_NaN();
+      t[1][0] = std::numeric_limits<float>::infinity();
+    }
+  }
+  io::write_safetensors(dir + "/nan/model.safetensors", tensors);
+  expect_clean_failure("--data synthetic --init-from " + dir + "/nan",
+                       {"'" + dir + "/nan/model.safetensors': tensor '" + damaged + "'", "holds 2 non-finite value(s)"},
+                       dir);
+}
+
+TEST(TrainErrors, ARunWhoseEveryStepIsSkippedFails) {
+  // A learning rate of 1e30 blows the weights up in step 1 (finite, saved);
+  // resumed, steps 2 and 3 overflow and are skipped: nothing was trained.
+  const auto dir = make_temp_dir();
+  const std::string base = kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --lr 1e30"
+                                  " --warmup-steps 0 --lr-schedule constant --grad-clip 0 --max-bad-steps 5 --out-dir " +
+                           dir + "/run";
+  const auto first = run_command(base + " --steps 1 --save-every 1");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto resumed = run_command(base + " --steps 3 --resume");
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+  EXPECT_NE(resumed.output.find("every one of this run's 2 steps was skipped"), std::string::npos) << resumed.output;
 }
 
 TEST(TrainErrors, UnknownModel) {

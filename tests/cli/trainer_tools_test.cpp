@@ -105,6 +105,13 @@ TEST(RunFolder, ProfileStepsWriteAChromeTracePerRankWithTheFsdpRanges) {
   const auto r = run_command(kCli + " launch -n 2 -- " + kCli + kTiny +
                              " --data synthetic --steps 4 --profile-steps 2:3 --out-dir " + dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "profiler trace of steps 2:3 written: " + dir + "/run/traces/rank0.json")) << r.output;
+  // A window outside the run is named at the start, not silently ignored.
+  const auto outside = run_command(kCli + kTiny + " --data synthetic --steps 2 --profile-steps 5:6 --out-dir " + dir + "/late");
+  ASSERT_EQ(outside.exit_code, 0) << outside.output;
+  EXPECT_TRUE(contains(outside.output, "warning: --profile-steps 5:6 lies outside the steps this run trains (1 to 2)"))
+      << outside.output;
+  EXPECT_FALSE(exists(dir + "/late/traces/rank0.json"));
   for (int rank = 0; rank < 2; ++rank) {
     const auto path = dir + "/run/traces/rank" + std::to_string(rank) + ".json";
     ASSERT_TRUE(exists(path)) << path;
@@ -392,6 +399,23 @@ TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
   const auto tiny = run_command(kCli + " data prepare --input " + dir + "/short.txt --out-dir " + dir + "/tiny" + tok);
   ASSERT_EQ(tiny.exit_code, 0) << tiny.output;
   EXPECT_FALSE(exists(dir + "/tiny/val.bin")) << tiny.output;
+  EXPECT_TRUE(contains(tiny.output, "one document: no validation split")) << tiny.output;
+  // Fewer documents than one in 20 (the default): the last whole document
+  // is held out, with its separator, and the output says so.
+  {
+    std::ofstream few(dir + "/few.jsonl");
+    for (int i = 0; i < 5; ++i) few << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
+  }
+  const auto five = run_command(kCli + " data prepare --input " + dir + "/few.jsonl --out-dir " + dir + "/few" + tok);
+  ASSERT_EQ(five.exit_code, 0) << five.output;
+  EXPECT_TRUE(contains(five.output, "5 documents, fewer than the 20 one in --val-fraction needs")) << five.output;
+  data::TokenStream few_train(data::expand_token_paths(dir + "/few/train.bin", "test"));
+  data::TokenStream few_val(data::expand_token_paths(dir + "/few/val.bin", "test"));
+  EXPECT_EQ(few_train.size(), 4 * 6);
+  ASSERT_EQ(few_val.size(), 6) << "one whole document: <|endoftext|> and its 5 tokens";
+  int64_t first = -1;
+  few_val.read(0, 1, &first);
+  EXPECT_EQ(first, 50256) << "the held-out document starts with the separator";
 }
 
 }  // namespace

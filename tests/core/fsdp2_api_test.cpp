@@ -52,8 +52,9 @@ bool strategy_runs(ShardingStrategy s) {
   return true;
 }
 
-AdapterNet sharded_net(ShardingStrategy strategy, const std::function<void(FullyShardOptions&)>& edit = {}) {
-  auto net = make_adapter_net(net_config(), kInitSeed);
+AdapterNet sharded_net(ShardingStrategy strategy, const std::function<void(FullyShardOptions&)>& edit = {},
+                       const AdapterNetConfig& config = net_config()) {
+  auto net = make_adapter_net(config, kInitSeed);
   FullyShardOptions options;
   options.mesh = mesh_for(strategy);
   options.strategy = strategy;
@@ -72,12 +73,15 @@ NamedTensors named(torch::nn::Module& m) {
 // Plain training: `micro` micro-steps per step over the global batch, loss
 // averaged over them, AdamW(1e-2, weight decay 0.1) on every parameter, in
 // the module's `dtype` (inputs cast to it, the loss in fp32).
-NamedTensors train_plain(int steps, int micro, torch::ScalarType dtype = torch::kFloat) {
-  auto net = make_adapter_net(net_config(), kInitSeed);
+NamedTensors train_plain(int steps, int micro, torch::ScalarType dtype = torch::kFloat,
+                         const AdapterNetConfig& config = net_config(),
+                         const std::function<void(AdapterNet&, int, int)>& before_micro = {}) {
+  auto net = make_adapter_net(config, kInitSeed);
   net->to(dtype);
   torch::optim::AdamW optimizer(unique_parameters(*net), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   for (int step = 0; step < steps; ++step) {
     for (int m = 0; m < micro; ++m) {
+      if (before_micro) before_micro(net, step, m);
       torch::Tensor out = net->forward(inputs_of(step, m, global_rows()).to(dtype)).to(torch::kFloat);
       (torch::mse_loss(out, targets_of(step, m, global_rows())) / micro).backward();
     }
@@ -116,10 +120,11 @@ NamedTensors train_sharded(AdapterNet& net, const ShardedLoop& loop) {
   return named(*net);
 }
 
-void expect_equal_training(const NamedTensors& sharded, const NamedTensors& plain, double tolerance = kTolerance) {
+void expect_equal_training(const NamedTensors& sharded, const NamedTensors& plain, double tolerance = kTolerance,
+                           const AdapterNetConfig& config = net_config()) {
   std::string worst;
   EXPECT_LE(max_relative_difference(sharded, plain, &worst), tolerance) << "worst parameter: " << worst;
-  auto initial = make_adapter_net(net_config(), kInitSeed);
+  auto initial = make_adapter_net(config, kInitSeed);
   NamedTensors start;
   for (const auto& item : initial->named_parameters()) start.emplace_back(item.key(), item.value().detach().clone());
   EXPECT_GT(max_relative_difference(plain, start, nullptr), 1e-3) << "training changed nothing";
@@ -215,13 +220,27 @@ TEST(ExplicitUnshard, AsyncUnshardIsIssuedBeforeTheForwardAndUsedByIt) {
   auto net = sharded_net(ShardingStrategy::kFullShard, [](FullyShardOptions& o) { o.prefetch_depth = 0; });
   ShardedLoop loop;
   std::vector<std::vector<FSDPEvent>> logs;
-  loop.before_micro = [](AdapterNet& n, int, int) {
+  UnshardHandle handle;
+  std::vector<int64_t> gathered_before_forward;
+  loop.before_micro = [&](AdapterNet& n, int, int) {
     clear_event_log(*n);
-    unshard(*n->blocks[2], /*async_op=*/true);  // the last block, gathered ahead by hand
+    handle = unshard(*n->blocks[2], /*async_op=*/true);  // the last block, gathered ahead by hand
+    gathered_before_forward.push_back(memory::gathered_bytes());
   };
   loop.after_forward = [&](AdapterNet& n, int, int) { logs.push_back(event_log(*n)); };
+  int gathers_in_wait = -1;
+  loop.before_step = [&](AdapterNet& n, int) {
+    // The forward used the gather: waiting now does nothing (no gather
+    // again, nothing left gathered for step()).
+    const int before = count(event_log(*n), FSDPEvent::Kind::kAllGather);
+    handle.wait();
+    gathers_in_wait = count(event_log(*n), FSDPEvent::Kind::kAllGather) - before;
+    EXPECT_EQ(memory::gathered_bytes(), 0) << "wait() after the forward gathered again";
+  };
   expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+  EXPECT_EQ(gathers_in_wait, 0);
   if (w == 1) return;
+  for (int64_t bytes : gathered_before_forward) EXPECT_GT(bytes, 0) << "the async unshard allocated nothing";
   for (const auto& events : logs) {
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events.front().kind, FSDPEvent::Kind::kAllGather);
@@ -273,7 +292,8 @@ void expect_grads_are(const OneBackward& b, double multiple) {
   for (const auto& s : b.shards) {
     ASSERT_TRUE(s.param.grad().defined()) << s.fqn;
     const torch::Tensor want = b.plain.at(s.fqn).narrow(0, s.begin, s.numel) * multiple;
-    EXPECT_TRUE(torch::allclose(s.param.grad(), want, 1e-5, 1e-6))
+    // Rounding of the plain gradient is scaled by the multiple too.
+    EXPECT_TRUE(torch::allclose(s.param.grad(), want, 1e-5, 1e-6 * std::max(1.0, std::abs(multiple))))
         << s.fqn << ": max diff " << (s.param.grad() - want).abs().max().item<double>();
   }
 }
@@ -293,6 +313,20 @@ TEST_P(ReductionKnobs, DivideFactorSumsTheRanksGradientsOverIt) {
   set_gradient_divide_factor(*net, 1.0);
   set_gradient_divide_factor(*net, 0.0);  // back to averaging
   expect_grads_are(one_backward(net), 1.0);
+}
+TEST_P(ReductionKnobs, FactorAndHookActOnEachBackwardOnce) {
+  // Two synchronised backwards of the same batch, gradients kept between
+  // them: factor 1 and a hook tripling the reduced shard give 2 x 3 x W
+  // times the plain mean gradient (not the factor or hook applied again to
+  // what the first backward left, as on an in-place buffer).
+  if (!strategy_runs(GetParam())) GTEST_SKIP();
+  const int w = test_world().size();
+  auto net = sharded_net(GetParam());
+  set_gradient_divide_factor(*net, 1.0);
+  set_all_reduce_hook(*net, [](at::Tensor& reduced) { reduced.mul_(3); });
+  torch::mse_loss(fsdp::call(net, local_rows(inputs_of(0, 0, global_rows()))), local_rows(targets_of(0, 0, global_rows())))
+      .backward();
+  expect_grads_are(one_backward(net), 2.0 * 3.0 * w);
 }
 TEST_P(ReductionKnobs, AllReduceHookSeesEachReducedShardAndItsChangesAreKept) {
   if (!strategy_runs(GetParam())) GTEST_SKIP();
@@ -316,19 +350,31 @@ TEST_P(ReductionKnobs, AllReduceHookSeesEachReducedShardAndItsChangesAreKept) {
 TEST_P(ReductionKnobs, RequiresAllReduceFalseHoldsTheReductionUntilTheNextSync) {
   // HSDP-style accumulation: micro-step 1 reduces within the shard group
   // only (no all-reduce across replicas), micro-step 2 all-reduces the sum.
+  // The gates are used in micro-step 1 only: their held gradient must
+  // survive micro-step 2, where no rank uses them.
   if (!strategy_runs(GetParam())) GTEST_SKIP();
   const auto layout = mesh_for(GetParam())->layout();
-  auto net = sharded_net(GetParam());
+  AdapterNetConfig config = net_config();
+  config.gate = true;
+  const auto gate_in_first_micro_step = [](AdapterNet& n, int, int m) {
+    for (auto& b : n->blocks) b->use_gate = m == 0;
+  };
+  auto net = sharded_net(GetParam(), {}, config);
   ShardedLoop loop;
   loop.micro = 2;
   std::vector<int> all_reduces;  // per micro-step's backward
-  loop.before_micro = [&](AdapterNet& n, int, int m) {
+  loop.before_micro = [&](AdapterNet& n, int step, int m) {
+    gate_in_first_micro_step(n, step, m);
     if (m == 1) all_reduces.push_back(count(event_log(*n), FSDPEvent::Kind::kAllReduce));
     set_requires_all_reduce(*n, m == 1);
     clear_event_log(*n);
   };
-  loop.before_step = [&](AdapterNet& n, int) { all_reduces.push_back(count(event_log(*n), FSDPEvent::Kind::kAllReduce)); };
-  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 2));
+  loop.before_step = [&](AdapterNet& n, int) {
+    all_reduces.push_back(count(event_log(*n), FSDPEvent::Kind::kAllReduce));
+    EXPECT_TRUE(n->blocks[0]->gate.grad().defined()) << "micro-step 1's gate gradient was dropped";
+  };
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 2, torch::kFloat, config, gate_in_first_micro_step),
+                        kTolerance, config);
   ASSERT_EQ(all_reduces.size(), 6u);
   const int expected = layout.replicate > 1 ? 4 : 0;
   for (size_t i = 0; i < all_reduces.size(); ++i) EXPECT_EQ(all_reduces[i], i % 2 == 0 ? 0 : expected) << i;
@@ -357,6 +403,16 @@ TEST(ClipGradNorm, InfinityNormIsTheLargestMagnitudeOverAllShards) {
     EXPECT_TRUE(torch::allclose(s.param.grad(), expected, 1e-5, 1e-8)) << s.fqn;
   }
   EXPECT_THROW(clip_grad_norm_(*net, 1.0, 3.0), Error);
+  // A NaN in one rank's shard makes the norm NaN on every rank, as torch's.
+  if (test_world().rank() == 0) {
+    for (const auto& s : local_shards(*net)) {
+      if (s.numel > 0) {
+        s.param.grad()[0] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      }
+    }
+  }
+  EXPECT_TRUE(std::isnan(grad_norm(*net, inf)));
 }
 
 // --- bf16 modules -----------------------------------------------------------
@@ -431,7 +487,10 @@ INSTANTIATE_TEST_SUITE_P(Strategies, ModuleList,
                                            ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                          strategy_name);
 
-// Two sibling projections sharing one weight (x @ w, then tanh, then @ w).
+// Two sibling projections sharing one weight, after a plain projection that
+// belongs to the root (so the pair's first call has inputs needing
+// gradients): h = pre(x), then `a` applied `a_calls` times (tanh after
+// each), then `b` unless skipped.
 struct SharedProjImpl : torch::nn::Module {
   SharedProjImpl(torch::Tensor shared, int64_t dim)
       : w(register_parameter("w", shared)), bias(register_parameter("bias", torch::zeros({dim}))) {}
@@ -442,36 +501,57 @@ TORCH_MODULE(SharedProj);
 struct TiedPairImpl : torch::nn::Module {
   explicit TiedPairImpl(int64_t dim) {
     torch::manual_seed(kInitSeed);
+    pre = register_module("pre", torch::nn::Linear(dim, dim));
     torch::Tensor w = torch::randn({dim, dim}) / std::sqrt(static_cast<double>(dim));
     a = register_module("a", SharedProj(w, dim));
     b = register_module("b", SharedProj(w, dim));
   }
-  torch::Tensor forward(torch::Tensor x) { return fsdp::call(b, torch::tanh(fsdp::call(a, x))); }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor h = pre(x);
+    for (int i = 0; i < a_calls; ++i) h = torch::tanh(fsdp::call(a, h));
+    return skip_b ? h : fsdp::call(b, h);
+  }
+  torch::nn::Linear pre{nullptr};
   SharedProj a{nullptr}, b{nullptr};
+  int a_calls = 1;
+  bool skip_b = false;
 };
 TORCH_MODULE(TiedPair);
 
-TEST(ModuleList, SiblingsSharingAWeightAreOneUnitWithTheWeightOnce) {
-  constexpr int64_t kDim = 7;
+TEST(ModuleList, SiblingsSharingAWeightCannotBeTwoUnits) {
+  TiedPair apart(7);
   FullyShardOptions options;
   options.mesh = mesh_for(ShardingStrategy::kFullShard);
-  {
-    TiedPair apart(kDim);
-    fully_shard(apart->a, options);
-    try {
-      fully_shard(apart->b, options);
-      ADD_FAILURE() << "a weight shared by two units was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("fully_shard({a, b})"), std::string::npos) << e.what();
-    }
+  fully_shard(apart->a, options);
+  try {
+    fully_shard(apart->b, options);
+    ADD_FAILURE() << "a weight shared by two units was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fully_shard({a, b})"), std::string::npos) << e.what();
   }
+}
+
+// How the pair is called: once each; `a` twice before `b`; `b` skipped on
+// odd steps (its round never completes in those forwards).
+enum class PairCalls { kOnce, kFirstTwice, kSecondSkipped };
+
+class TiedSiblings : public ::testing::TestWithParam<PairCalls> {};
+TEST_P(TiedSiblings, OneUnitWithTheWeightOnceTrainsLikePlain) {
+  constexpr int64_t kDim = 7;
+  const PairCalls calls = GetParam();
+  FullyShardOptions options;
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
   TiedPair net(kDim), plain(kDim);
   fully_shard({net->a.get(), net->b.get()}, options);
   fully_shard(net, options);
   ASSERT_EQ(detail::state_of(*net->a)->group()->params().size(), 3u) << "w once, and the two biases";
   torch::optim::AdamW sharded_opt(unique_parameters(*net), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW plain_opt(unique_parameters(*plain), torch::optim::AdamWOptions(1e-2));
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 4; ++step) {
+    for (TiedPair* m : {&net, &plain}) {
+      (*m)->a_calls = calls == PairCalls::kFirstTwice ? 2 : 1;
+      (*m)->skip_b = calls == PairCalls::kSecondSkipped && step % 2 == 1;
+    }
     auto gen = at::make_generator<at::CPUGeneratorImpl>(step + 1);
     torch::Tensor x = torch::randn({global_rows(), kDim}, gen), y = torch::randn({global_rows(), kDim}, gen);
     torch::mse_loss(fsdp::call(net, local_rows(x)), local_rows(y)).backward();
@@ -480,6 +560,13 @@ TEST(ModuleList, SiblingsSharingAWeightAreOneUnitWithTheWeightOnce) {
     sharded_opt.zero_grad();
     plain_opt.step();
     plain_opt.zero_grad();
+    EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered after step " << step;
+    {
+      // An evaluation forward (the same calls) leaves nothing gathered.
+      torch::NoGradGuard no_grad;
+      fsdp::call(net, local_rows(x));
+      EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered after a no-grad forward, step " << step;
+    }
   }
   NamedTensors expected;
   std::set<const void*> seen;
@@ -491,6 +578,16 @@ TEST(ModuleList, SiblingsSharingAWeightAreOneUnitWithTheWeightOnce) {
   std::string worst;
   EXPECT_LE(max_relative_difference(named(*net), expected, &worst), kTolerance) << worst;
 }
+INSTANTIATE_TEST_SUITE_P(Calls, TiedSiblings,
+                         ::testing::Values(PairCalls::kOnce, PairCalls::kFirstTwice, PairCalls::kSecondSkipped),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case PairCalls::kOnce: return std::string("once");
+                             case PairCalls::kFirstTwice: return std::string("first_twice");
+                             case PairCalls::kSecondSkipped: return std::string("second_skipped");
+                           }
+                           return std::string("?");
+                         });
 
 // --- refused --------------------------------------------------------------
 
@@ -500,7 +597,7 @@ TEST(AfterSharding, ToAnotherDtypeIsRefusedAndChangesNothing) {
     net->to(torch::kDouble);
     ADD_FAILURE() << "to(kDouble) after fully_shard was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nothing was converted"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("its parameters were not converted"), std::string::npos) << e.what();
   }
   net->to(torch::kFloat);  // already fp32: nothing to do, allowed
   net->to(torch::kCPU);

@@ -88,6 +88,15 @@ class FSDPParamGroup {
   // Under HSDP without requires_all_reduce: this backward's reduce-scatter
   // output is kept and added to the next one's before its all-reduce.
   void hold_partial_reduction();
+  // Whether a synchronised backward holds its reduction (HSDP without
+  // requires_all_reduce) instead of handing it to the optimizer.
+  bool holds_reduction() const;
+  // Before a divide factor or reduced-gradient hook is set: see [Note:
+  // gradients in place].
+  void leave_in_place_path();
+  // Changes whenever the unit is gathered or released (or a pending gather
+  // is dropped): an UnshardHandle acts only on the gather it issued.
+  uint64_t epoch() const { return epoch_; }
   void issue_replica_all_reduce();
   void wait_replica_all_reduce();
   void assign_gradients();
@@ -192,6 +201,7 @@ class FSDPParamGroup {
   bool reduced_this_backward_ = false;
 
   ShardedState state_ = ShardedState::kSharded;
+  uint64_t epoch_ = 0;
   // Between micro-steps of accumulation (a backward without synchronisation
   // left gradients for a later one): whether each parameter had a gradient
   // is recorded once per window, at its first backward, not per backward.

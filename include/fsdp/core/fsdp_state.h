@@ -149,6 +149,10 @@ class FSDPState {
   // Checked transition (see TrainingState); any state may go back to idle.
   void enter(TrainingState next);
   void begin_iteration();
+  // A unit of several modules whose round is still open (one of its modules
+  // did not run) finishes it: idle, and either ending at the end of
+  // backward (gradients enabled) or resharded.
+  void close_open_round(bool grad_enabled);
   void post_backward();
   void prefetch_forward();
   void prefetch_backward();

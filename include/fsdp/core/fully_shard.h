@@ -14,6 +14,7 @@
 // runs hooks, versus module.forward(x), which does not). Model code calls its
 // blocks with fsdp::call too; without FSDP applied it is plain forward.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -51,6 +52,8 @@ void fully_shard(const std::shared_ptr<M>& module, const FullyShardOptions& opti
 // Several modules as one unit (FSDP2's fully_shard([m1, m2])): one flat
 // all-gather and reduce-scatter for all their parameters, tied ones once
 // (torchtitan's [norm, output], or an embedding tied to its output head).
+// Until an ancestor is sharded, the unit names its parameters "[i].<name
+// in module i>" (what param_init receives, too).
 // Call each through fsdp::call: the first of them to run in a forward
 // gathers, the last to finish reshards and hooks its outputs for backward,
 // so the unit stays gathered in between. If one of them does not run in a
@@ -78,7 +81,9 @@ void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool rec
 void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool recurse = true);
 // Gradients summed over the ranks and divided by `factor` instead of
 // averaged (for a loss already normalised over the global token count,
-// factor 1). factor <= 0 goes back to averaging.
+// factor 1). factor <= 0 goes back to averaging. Setting a factor or a hook
+// (below) on a unit with one rank per shard group moves its gradients out
+// of the in-place buffer ([Note: gradients in place]); call it between steps.
 void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse = true);
 // Called on each unit's reduced gradient shard before the optimizer sees it
 // (see ReducedGradHook); an empty function removes it.
@@ -92,11 +97,14 @@ void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool r
 class UnshardHandle {
  public:
   UnshardHandle() = default;
-  explicit UnshardHandle(FSDPParamGroup* group) : group_(group) {}
+  UnshardHandle(FSDPParamGroup* group, uint64_t epoch) : group_(group), epoch_(epoch) {}
+  // Finishes the gather this handle issued, unless the unit used or
+  // released it since (a forward ran): then it does nothing.
   void wait();
 
  private:
   FSDPParamGroup* group_ = nullptr;
+  uint64_t epoch_ = 0;
 };
 UnshardHandle unshard(torch::nn::Module& module, bool async_op = false);
 void reshard(torch::nn::Module& module);

@@ -27,6 +27,7 @@ struct PrepareStats {
   int val_files = 0;
   int32_t separator = -1;  // the token before each document
   std::string tokenizer;   // what was read
+  std::string note;        // how the validation split was made, when not by the every-N rule
 };
 
 // Each document is one .txt file, the "text" field of one .json file (the

@@ -25,8 +25,11 @@ class ProfileWindow {
   ProfileWindow(StepRange range, std::string trace_path, std::string process_name);
   ~ProfileWindow();                // a run stopped inside the window still writes its trace
   void step_begins(int64_t step);  // 0-based, as the trainer counts
-  void step_ends(int64_t step);
+  // True when this step closed the window (its last step, or the run's)
+  // and the trace was written.
+  bool step_ends(int64_t step, bool run_ends);
   const std::string& path() const { return path_; }
+  const StepRange& range() const { return range_; }
 
  private:
   StepRange range_;

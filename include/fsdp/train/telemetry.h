@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 namespace fsdp::train {
@@ -49,9 +50,10 @@ class Progress {
 // Peak resident memory of this process (VmHWM), in bytes.
 int64_t peak_rss_bytes();
 
-// fp32 matmul rate this process reaches with its threads (FLOP/s), measured
-// once; the CPU "peak" MFU is stated against.
-double measured_cpu_peak_flops();
+// The matmul rate this process reaches with its threads (FLOP/s) in
+// `dtype` (the run's compute dtype: bf16 matmuls can run faster than fp32
+// ones), measured once per dtype; the CPU "peak" MFU is stated against.
+double measured_cpu_peak_flops(at::ScalarType dtype);
 
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L T C.
 double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim);

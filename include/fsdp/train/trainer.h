@@ -76,6 +76,8 @@ class Trainer {
   void build_optimizer();
   void build_scaler();
   void resume_if_possible();
+  TrainConfig recorded_config() const;
+  void warn_about_profile_window() const;
   void open_run_files();
 
   // The loop.
@@ -94,6 +96,10 @@ class Trainer {
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
   RunFolder folder_;
+  int64_t skipped_this_run_ = 0;  // steps skipped since this process started (not since step 0)
+  bool metrics_derived_ = false;   // runtime.metrics and checkpoint.dir came from the run folder
+  bool ckpt_dir_derived_ = false;
+  bool print_only_ = false;  // --print-model: built and printed, nothing to train
   bool saving_ = false;  // checkpoints are written (--ckpt-dir or --save-every)
   bool resumed_ = false;
   bool finished_already_ = false;  // resumed from a checkpoint at the last step

@@ -93,6 +93,13 @@ void HfWeights::fill(const std::string& fqn, torch::Tensor& full) const {
   const auto* entry = locate(fqn, &key, &in);
   FSDP_CHECK(entry != nullptr, "'", dir_, "' has no tensor for parameter '", fqn, "'");
   full.copy_(in->view(key));  // bf16 / fp16 -> the parameter's dtype
+  // A NaN or Inf loaded here would only surface as non-finite losses, with
+  // advice about learning rates: name the tensor and the file instead.
+  if (at::isFloatingType(full.scalar_type())) {
+    const int64_t bad = full.numel() - at::isfinite(full).sum().item<int64_t>();
+    FSDP_CHECK(bad == 0, "'", in->path(), "': tensor '", key, "' (parameter '", fqn, "') holds ", bad,
+               " non-finite value(s) (NaN or Inf) of ", full.numel(), "; the weights are damaged, so no training starts");
+  }
 }
 
 CausalLM load_hf_pretrained(const std::string& dir) {
