@@ -761,10 +761,14 @@ void Trainer::export_hf() {
     // inconsistent directory (ids the embedding cannot look up): left out.
     namespace fs = std::filesystem;
     const fs::path tokenizer = tokenizer_dir();
-    if (tokenizer_->vocab_size() > model_->vocab_size()) {
+    const bool has_json = fs::is_regular_file(tokenizer / "tokenizer.json");
+    std::unique_ptr<data::Tokenizer> loaded;
+    if (!tokenizer_ && has_json) loaded = data::Tokenizer::from_dir(tokenizer.string());
+    const data::Tokenizer* tok = tokenizer_ ? tokenizer_.get() : loaded.get();
+    if (has_json && tok != nullptr && tok->vocab_size() > model_->vocab_size()) {
       std::printf("warning: the tokenizer %s was not copied to %s: its %d tokens do not fit the model's vocabulary of "
                   "%lld; give `fsdp generate --from` a matching --tokenizer\n",
-                  tokenizer_->source().c_str(), r.export_hf.c_str(), tokenizer_->vocab_size(),
+                  tok->source().c_str(), r.export_hf.c_str(), tok->vocab_size(),
                   static_cast<long long>(model_->vocab_size()));
     } else {
       for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
