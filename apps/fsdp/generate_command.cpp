@@ -33,6 +33,16 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->callback([f, &exit_code] {
     FSDP_CHECK(std::filesystem::is_directory(f->from), "--from '", f->from,
                "': no such directory (expected a Hugging Face model directory: config.json + model.safetensors)");
+    // A training checkpoint (one step's folder, or the folder of steps with
+    // `latest`) is not a model directory yet: say how to make one.
+    namespace fs = std::filesystem;
+    const fs::path from(f->from);
+    if (!fs::exists(from / "config.json") &&
+        (fs::exists(from / "metadata.json") || fs::exists(from / "latest") || fs::exists(from / "checkpoints/latest"))) {
+      const std::string ckpt = fs::exists(from / "checkpoints/latest") ? (from / "checkpoints").string() : f->from;
+      throw Error("--from '" + f->from + "' holds a training checkpoint, not a Hugging Face directory; export it "
+                  "first: fsdp ckpt export " + ckpt + " OUT_DIR, then fsdp generate --from OUT_DIR");
+    }
     const std::string tokenizer_dir =
         !f->tokenizer.empty() ? f->tokenizer : data::has_tokenizer(f->from) ? f->from : "data/gpt2";
     const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);

@@ -125,6 +125,10 @@ Trainer::~Trainer() = default;
 
 void Trainer::choose_run_folder() {
   auto& r = config_.runtime;
+  if (!r.out_dir.empty() && !r.run_name.empty() && world_->rank() == 0) {
+    std::printf("warning: runtime.run_name '%s' has no effect: runtime.out_dir is set, and the run folder is %s\n",
+                r.run_name.c_str(), r.out_dir.c_str());
+  }
   if (r.out_dir.empty()) {
     if (r.run_name.empty()) {
       // Every rank names the run after rank 0's clock, or after when its
@@ -530,6 +534,21 @@ void Trainer::resume_if_possible() {
     if (!changed.empty()) {
       std::printf("note: this run's configuration differs from the checkpoint's:\n");
       for (const auto& d : changed) std::printf("  %s\n", d.c_str());
+    }
+    // The world size is no configuration key, but the global batch follows
+    // it: say when it changes (the learning rate was tuned for the old one).
+    const int64_t saved_world = state.mesh.size() == 2 ? state.mesh[0] * state.mesh[1] : 0;
+    const auto global = [](int64_t world, const TrainConfig& c) {
+      return world * c.data.batch_size * c.data.grad_accum * c.data.seq_len;
+    };
+    if (saved_world > 0 && global(saved_world, saved) != global(world_->size(), config_)) {
+      std::printf("note: the global batch changes from %lld tokens per step (%lld ranks x %lld x %lld x %lld) to %lld "
+                  "(%d ranks x %lld x %lld x %lld: ranks x batch size x accumulation x sequence length)\n",
+                  static_cast<long long>(global(saved_world, saved)), static_cast<long long>(saved_world),
+                  static_cast<long long>(saved.data.batch_size), static_cast<long long>(saved.data.grad_accum),
+                  static_cast<long long>(saved.data.seq_len), static_cast<long long>(global(world_->size(), config_)),
+                  world_->size(), static_cast<long long>(config_.data.batch_size),
+                  static_cast<long long>(config_.data.grad_accum), static_cast<long long>(config_.data.seq_len));
     }
   }
 }

@@ -68,6 +68,14 @@ TEST(Checkpoint, ResumeFindsTheRunFoldersCheckpoints) {
   const auto resumed = train(1, corpus, "--batch-size 2 --steps 3 --resume --out-dir " + dir + "/run");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  EXPECT_EQ(resumed.output.find("global batch changes"), std::string::npos) << "the same global batch: " << resumed.output;
+  // On two ranks the global batch doubles, and the resume says so.
+  const auto wider = train(2, corpus, "--batch-size 2 --steps 4 --resume --out-dir " + dir + "/run");
+  ASSERT_EQ(wider.exit_code, 0) << wider.output;
+  EXPECT_NE(wider.output.find("note: the global batch changes from 32 tokens per step (1 ranks x 2 x 1 x 16) to 64 "
+                              "(2 ranks x 2 x 1 x 16"),
+            std::string::npos)
+      << wider.output;
   int logged = 0;
   for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) {
     if (!m.contains("mfu")) continue;
@@ -75,7 +83,18 @@ TEST(Checkpoint, ResumeFindsTheRunFoldersCheckpoints) {
     EXPECT_GT(m["mfu"].get<double>(), 0);
     EXPECT_LE(m["mfu"].get<double>(), 1.0) << "MFU above 1 after a resume: " << m.dump();
   }
-  EXPECT_EQ(logged, 3) << "steps 1 and 2, then 3 after the resume";
+  EXPECT_EQ(logged, 4) << "steps 1 and 2, 3 after the resume, 4 on two ranks";
+  // generate --from the run folder or its checkpoints points to ckpt export.
+  for (const std::string from : {dir + "/run", dir + "/run/checkpoints"}) {
+    const auto g = run_command(kCli + " generate --from " + from + " --max-new-tokens 2");
+    EXPECT_EQ(g.exit_code, 1) << g.output;
+    EXPECT_NE(g.output.find("holds a training checkpoint, not a Hugging Face directory; export it first: fsdp ckpt "
+                            "export " + dir + "/run/checkpoints OUT_DIR"),
+              std::string::npos)
+        << g.output;
+  }
+  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints " + dir + "/hf");
+  EXPECT_EQ(exported.exit_code, 0) << "the suggested command works: " << exported.output;
   const auto nowhere = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --resume");
   EXPECT_EQ(nowhere.exit_code, 1) << nowhere.output;
   EXPECT_NE(nowhere.output.find("give --out-dir (or --run-name) of the run, or --ckpt-dir"), std::string::npos)

@@ -151,7 +151,9 @@ TEST(Train, APlainRunUsesTheThreadsLaunchWouldGiveIt) {
   };
   EXPECT_EQ(threads_of("", "plain"), cpus);
   EXPECT_EQ(threads_of(kCli + " launch -n 1 -- ", "launched"), cpus);
-  if (cpus > 1) EXPECT_EQ(threads_of("taskset -c 0 ", "one_cpu"), 1);
+  if (cpus > 1) {
+    EXPECT_EQ(threads_of("taskset -c 0 ", "one_cpu"), 1);
+  }
 }
 
 TEST(TrainErrors, BadConfigFiles) {
@@ -242,6 +244,18 @@ TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {
   expect_clean_failure("--data synthetic --init-from " + dir + "/nan",
                        {"'" + dir + "/nan/model.safetensors': tensor '" + damaged + "'", "holds 2 non-finite value(s)"},
                        dir);
+}
+
+TEST(Train, RunNameBesideOutDirIsNamedAsIgnored) {
+  const auto dir = make_temp_dir();
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --run-name mine --out-dir " +
+                             dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: runtime.run_name 'mine' has no effect: runtime.out_dir is set, and the run folder is " +
+                          dir + "/run"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(exists("out/mine"));
 }
 
 TEST(TrainErrors, UnknownModel) {
