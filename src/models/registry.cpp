@@ -30,7 +30,10 @@ const FamilySpec& family_of(const CausalLMImpl& model) {
 
 const FamilySpec& family_for_hf_config(const nlohmann::json& config, const std::string& where) {
   FSDP_CHECK(config.is_object(), where, ": config.json is not a JSON object");
-  const std::string type = config.value("model_type", std::string());
+  const nlohmann::json model_type = config.contains("model_type") ? config.at("model_type") : nlohmann::json();
+  FSDP_CHECK(model_type.is_null() || model_type.is_string(), where, ": config.json 'model_type' is ", model_type.dump(),
+             ": expected a name such as \"llama\"");
+  const std::string type = model_type.is_string() ? model_type.get<std::string>() : "";
   std::vector<std::string> supported;
   for (const auto& f : families()) {
     if (!f.from_hf) continue;

@@ -318,6 +318,10 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
   // Found by the hf_config fuzz target: a float where a size belongs reached
   // nlohmann's unchecked conversion to int64_t.
   EXPECT_NE(refused("num_hidden_layers", 7.7e58).find("'num_hidden_layers' must be a whole number"), std::string::npos);
+  // Also found by it: a rope type that is not a string escaped as nlohmann's type_error.
+  EXPECT_NE(refused("rope_scaling", {{"rope_type", 0}, {"factor", 4.0}})
+                .find("rope_scaling 'rope_type' is 0: expected a name such as \"default\" or \"llama3\""),
+            std::string::npos);
   EXPECT_NE(refused("hidden_size", 0).find("'hidden_size' is 0 (expected a size from 1 to 2^40)"), std::string::npos);
   EXPECT_NE(refused("partial_rotary_factor", 0.5).find("key 'partial_rotary_factor' (0.5) is not known"),
             std::string::npos);

@@ -115,7 +115,14 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
   }
   if (scaling.is_null()) return;
   FSDP_CHECK(scaling.is_object(), r.where(), ": config.json '", source, "' is not an object");
-  const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {  // transformers' spelling, then the older one
+    if (!scaling.contains(key)) continue;
+    FSDP_CHECK(scaling.at(key).is_string(), r.where(), ": config.json ", source, " '", key, "' is ",
+               scaling.at(key).dump(), ": expected a name such as \"default\" or \"llama3\"");
+    type = scaling.at(key).get<std::string>();
+    break;
+  }
   FSDP_CHECK(type == "llama3" || type == "default", r.where(), ": config.json ", source, " type '", type,
              "' is not implemented (expected default or llama3)");
   if (type != "llama3") return;
