@@ -420,7 +420,7 @@ TrainSummary Trainer::run() {
   }
   // Every step skipped means no update was applied: not a success.
   const int64_t trained = config_.runtime.steps - start_step_;
-  FSDP_CHECK(trained == 0 || skipped_this_run_ < trained, "every one of this run's ", trained,
+  FSDP_CHECK(trained == 0 || skipped_steps_ < trained, "every one of this run's ", trained,
              " steps was skipped (see the step lines above for why): no update was applied, so nothing is saved or "
              "exported");
   finish_run();
@@ -431,10 +431,7 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   const int64_t total = config_.runtime.steps;
   summary_.train_losses.push_back(stats.loss);
   const bool non_finite = stats.skipped && stats.skip_reason == "not finite";
-  if (stats.skipped) {
-    ++skipped_steps_;
-    ++skipped_this_run_;
-  }
+  if (stats.skipped) ++skipped_steps_;
   bad_steps_in_a_row_ = non_finite ? bad_steps_in_a_row_ + 1 : 0;
   if (!stats.skipped) spikes_.accept(stats.loss);
 

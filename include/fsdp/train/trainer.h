@@ -96,7 +96,6 @@ class Trainer {
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
   RunFolder folder_;
-  int64_t skipped_this_run_ = 0;  // steps skipped since this process started (not since step 0)
   bool metrics_derived_ = false;   // runtime.metrics and checkpoint.dir came from the run folder
   bool ckpt_dir_derived_ = false;
   bool print_only_ = false;  // --print-model: built and printed, nothing to train
@@ -127,7 +126,7 @@ class Trainer {
   int64_t start_step_ = 0;
   int64_t last_saved_step_ = -1;
   int64_t failed_saves_ = 0;     // saves that failed under --on-save-error continue
-  int64_t skipped_steps_ = 0;  // steps skipped in this run (non-finite or spikes)
+  int64_t skipped_steps_ = 0;  // steps skipped by this process (non-finite or spikes; not restored on resume)
   int64_t bad_steps_in_a_row_ = 0;
   TrainSummary summary_;
 };
