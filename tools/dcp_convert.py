@@ -184,7 +184,7 @@ def flatten(value, prefix=""):
 
 def write_fsdp_checkpoint(out, step, tokens_seen, hf_config, tensors, adam_steps):
     """OUT/step_N/ (metadata.json, rank_00000.safetensors) and OUT/latest, in
-    fsdp.cpp's checkpoint format (README, "Checkpoints"; version 1), as
+    fsdp.cpp's checkpoint format (docs/checkpoints.md; version 1), as
     one rank with every element."""
     name = f"step_{step:08d}"
     final = os.path.join(out, name)

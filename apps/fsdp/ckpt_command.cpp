@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/hf/checkpoint_export.h"
 #include "fsdp/models/hf/config_reader.h"
 
 namespace fsdp::cli {
@@ -86,7 +87,7 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
     if (!dtype->empty()) options.dtype = models::hf::parse_export_dtype(*dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(*shard_size, "--export-shard-size");
     const auto ckpt_path = resolve(*from);
-    checkpoint::export_hf(ckpt_path, *out, options);
+    models::export_checkpoint_hf(ckpt_path, *out, options);
     std::printf("exported %s to %s\n", ckpt_path.c_str(), out->c_str());
     exit_code = 0;
   });

@@ -2,6 +2,7 @@
 // one written by `fsdp train --export-hf`).
 
 #include <cstdio>
+#include <cstdlib>
 
 #include <filesystem>
 
@@ -24,7 +25,10 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt", f->prompt, "text to continue");
   cmd->add_option("--max-new-tokens", f->sample.max_new_tokens, "tokens to generate (default 64)");
   cmd->add_option("--temperature", f->sample.temperature, "sampling temperature, 0 for greedy (default 0.8)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          // CLI::NonNegativeNumber's message prints DBL_MAX in full, 309 digits.
+          [](std::string& v) { return std::strtod(v.c_str(), nullptr) >= 0 ? "" : "expected 0 or more, got " + v; },
+          "NONNEGATIVE"));
   cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
   cmd->add_option("--seed", f->sample.seed, "random seed (default 42)");
   cmd->add_option("--tokenizer", f->tokenizer,

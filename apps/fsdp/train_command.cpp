@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "dist_flags.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/suggest.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
@@ -35,10 +36,12 @@ void add_key_flags(CLI::App* cmd, TrainFlags& flags) {
         },
         help);
     option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse's rule: the last one wins
+    // Help ends in "(default X)" (main.cpp's HelpFormatter), an empty default shows none.
     if (boolean) {
-      option->expected(0, 1)->type_name("[BOOL]=" + key.default_value);
+      // Not as default_str: CLI11 would hand a bare `--flag` that instead of "".
+      option->expected(0, 1)->type_name("[BOOL]")->description(help + " (default " + key.default_value + ")");
     } else {
-      option->type_name(key.type)->default_str(key.default_value.empty() ? "\"\"" : key.default_value);
+      option->type_name(key.type)->default_str(key.default_value);
     }
   }
 }
@@ -61,9 +64,11 @@ train::TrainConfig resolve(const TrainFlags& flags) {
 void add_train_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<TrainFlags>();
   auto dist_flags = std::make_shared<DistFlags>();
-  auto* cmd = app.add_subcommand("train", "train a GPT-2 or Llama model with FSDP");
+  std::vector<std::string> families;
+  for (const auto& family : models::families()) families.push_back(family.name);
+  auto* cmd = app.add_subcommand("train", "train a model with FSDP (families: " + join_words(families) + ")");
   dist_flags->add_to(*cmd);
-  cmd->add_option("--config", flags->config_path, "YAML file with sections model, data, optim, runtime, fsdp");
+  cmd->add_option("--config", flags->config_path, "YAML file with sections model, data, optim, runtime, fsdp, checkpoint");
   add_key_flags(cmd, *flags);
   cmd->add_option("--set", flags->sets, "section.key=value, any configuration key (repeatable)");
   cmd->add_flag("--print-config", flags->print_config, "print the effective configuration and exit");

@@ -1,7 +1,6 @@
 #include "fsdp/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,17 +14,51 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
+#include "fsdp/common/fault_point.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/models/hf/weights.h"
-#include "fsdp/models/registry.h"
 
 namespace fsdp::checkpoint {
-namespace {
 
 namespace fs = std::filesystem;
+
+namespace detail {
+
+// The saved files of one checkpoint, opened (and checksummed) on first use.
+class RankFiles {
+ public:
+  RankFiles(std::string dir, const nlohmann::json& meta) : dir_(std::move(dir)) {
+    for (const auto& f : meta["files"]) info_[f["rank"].get<int>()] = f;
+  }
+  const io::SafetensorsFile& get(int rank) {
+    auto it = open_.find(rank);
+    if (it != open_.end()) return *it->second;
+    const auto info = info_.find(rank);
+    FSDP_CHECK(info != info_.end(), "checkpoint '", dir_, "': metadata lists no file for rank ", rank);
+    const std::string path = dir_ + "/" + info->second["name"].get<std::string>();
+    FSDP_CHECK(fs::exists(path), "checkpoint '", dir_, "': rank file '", path, "' is missing");
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    FSDP_CHECK(size == info->second["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
+               " bytes but was written with ", info->second["bytes"].get<int64_t>(), " (truncated or replaced)");
+    const uint32_t crc = io::file_crc32(path);
+    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path, "' fails its checksum (CRC-32 ",
+               crc, ", expected ", info->second["crc32"].get<uint32_t>(), "): the file is damaged");
+    return *open_.emplace(rank, std::make_unique<io::SafetensorsFile>(path)).first->second;
+  }
+
+ private:
+  std::string dir_;
+  std::map<int, nlohmann::json> info_;
+  std::map<int, std::unique_ptr<io::SafetensorsFile>> open_;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::RankFiles;
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -53,50 +86,9 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// Fault injection for the crash-safety tests: FSDP_FAULT_KILL_IN_SAVE=N kills
-// rank 0 with SIGKILL during its N-th save, after every shard and the
-// metadata are written but before the checkpoint is published; under
-// `fsdp launch --max-restarts`, in the first attempt only.
-void maybe_die_in_save() {
-  static int saves = 0;
-  ++saves;
-  const char* n = std::getenv("FSDP_FAULT_KILL_IN_SAVE");
-  const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");
-  const bool first_attempt = attempt == nullptr || std::atoi(attempt) == 0;
-  if (n != nullptr && std::atoi(n) == saves && first_attempt) ::kill(::getpid(), SIGKILL);
-}
-
-// The saved files of one checkpoint, opened (and checksummed) on first use.
-class Files {
- public:
-  Files(std::string dir, const nlohmann::json& meta) : dir_(std::move(dir)) {
-    for (const auto& f : meta["files"]) info_[f["rank"].get<int>()] = f;
-  }
-  const io::SafetensorsFile& get(int rank) {
-    auto it = open_.find(rank);
-    if (it != open_.end()) return *it->second;
-    const auto info = info_.find(rank);
-    FSDP_CHECK(info != info_.end(), "checkpoint '", dir_, "': metadata lists no file for rank ", rank);
-    const std::string path = dir_ + "/" + info->second["name"].get<std::string>();
-    FSDP_CHECK(fs::exists(path), "checkpoint '", dir_, "': rank file '", path, "' is missing");
-    const auto size = static_cast<int64_t>(fs::file_size(path));
-    FSDP_CHECK(size == info->second["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
-               " bytes but was written with ", info->second["bytes"].get<int64_t>(), " (truncated or replaced)");
-    const uint32_t crc = io::file_crc32(path);
-    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path, "' fails its checksum (CRC-32 ",
-               crc, ", expected ", info->second["crc32"].get<uint32_t>(), "): the file is damaged");
-    return *open_.emplace(rank, std::make_unique<io::SafetensorsFile>(path)).first->second;
-  }
-
- private:
-  std::string dir_;
-  std::map<int, nlohmann::json> info_;
-  std::map<int, std::unique_ptr<io::SafetensorsFile>> open_;
-};
-
 // Copies elements [begin, begin + out.numel()) of `tensor` (a saved
 // parameter or moment, spread over rank files) into `out`.
-void gather_range(Files& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
+void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
                   const at::Tensor& out, const std::string& what) {
   const int64_t n = out.numel();
   int64_t covered = 0;
@@ -219,7 +211,7 @@ nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::T
 void publish(const std::string& dir, const std::string& tmp_dir, const std::string& final_dir, const std::string& name,
              int keep) {
   fsync_dir(tmp_dir);
-  maybe_die_in_save();
+  fault_point("checkpoint.before_publish");
   fs::remove_all(final_dir);
   fs::rename(tmp_dir, final_dir);
   fsync_dir(dir);
@@ -331,7 +323,7 @@ namespace {
 at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta, const std::vector<LocalShard>& shards,
                        torch::optim::AdamW& optimizer, const dist::World& world) {
   const auto& params = meta["params"];
-  Files files(checkpoint, meta);
+  RankFiles files(checkpoint, meta);
   torch::NoGradGuard no_grad;
   for (const auto& s : shards) {
     const auto& entry = params[s.fqn];
@@ -399,6 +391,17 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
   return trainer_state(meta);
 }
 
+std::string damage(const std::string& checkpoint) {
+  try {
+    const nlohmann::json meta = read_metadata(checkpoint);
+    RankFiles files(checkpoint, meta);
+    for (const auto& f : meta["files"]) files.get(f["rank"].get<int>());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::string inspect(const std::string& checkpoint) {
   const nlohmann::json meta = read_metadata(checkpoint);
   std::ostringstream out;
@@ -414,7 +417,7 @@ std::string inspect(const std::string& checkpoint) {
       << meta.value("sharding", "?") << ", mesh " << meta.value("mesh", nlohmann::json::array()).dump() << "\n"
       << "  " << meta["params"].size() << " parameters, " << elements << " elements, tokens seen "
       << meta["trainer"].value("tokens_seen", int64_t{0}) << "\n";
-  Files files(checkpoint, meta);
+  RankFiles files(checkpoint, meta);
   bool ok = true;
   for (const auto& f : meta["files"]) {
     std::string status = "ok";
@@ -431,34 +434,27 @@ std::string inspect(const std::string& checkpoint) {
   return out.str();
 }
 
-void export_hf(const std::string& checkpoint, const std::string& out_dir, const models::HfExportOptions& options) {
-  const nlohmann::json meta = read_metadata(checkpoint);
-  FSDP_CHECK(!meta.value("hf_config", "").empty(), "checkpoint '", checkpoint,
-             "' records no Hugging Face architecture to export to");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(meta["hf_config"].get<std::string>());
-  } catch (const std::exception& e) {
-    throw Error("checkpoint '" + checkpoint + "': its recorded config.json is not valid JSON (" + e.what() + ")");
+ParameterReader::ParameterReader(const std::string& checkpoint)
+    : checkpoint_(checkpoint),
+      meta_(read_metadata(checkpoint)),
+      files_(std::make_unique<RankFiles>(checkpoint, meta_)) {}
+
+ParameterReader::~ParameterReader() = default;
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterReader::parameters() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+  for (const auto& [name, p] : meta_["params"].items()) {
+    params.emplace_back(name, p["shape"].get<std::vector<int64_t>>());
   }
-  const auto& family = models::family_for_hf_config(config, "checkpoint '" + checkpoint + "'");
-  Files files(checkpoint, meta);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
-  std::vector<std::string> names;
-  for (const auto& [name, p] : meta["params"].items()) {
-    names.push_back(name);
-    tensors.emplace_back(family.hf_keys(name).front(), p["shape"].get<std::vector<int64_t>>());
-  }
-  // One full parameter at a time, assembled from its pieces.
-  models::write_hf_dir(
-      out_dir, config, tensors,
-      [&](size_t i) {
-        at::Tensor full = at::empty(tensors[i].second, at::kFloat);
-        gather_range(files, meta["params"][names[i]]["shards"], "model/" + names[i], 0, full.view({-1}),
-                     "parameter '" + names[i] + "'");
-        return full;
-      },
-      options);
+  return params;
+}
+
+at::Tensor ParameterReader::read(const std::string& name, at::ScalarType dtype) {
+  const auto& params = meta_["params"];
+  FSDP_CHECK(params.contains(name), "checkpoint '", checkpoint_, "' has no parameter '", name, "'");
+  at::Tensor full = at::empty(params[name]["shape"].get<std::vector<int64_t>>(), dtype);
+  gather_range(*files_, params[name]["shards"], "model/" + name, 0, full.view({-1}), "parameter '" + name + "'");
+  return full;
 }
 
 }  // namespace fsdp::checkpoint

@@ -30,14 +30,6 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
               "': expected full_shard, shard_grad_op, no_shard or hybrid_shard");
 }
 
-at::Tensor deferred_empty(at::IntArrayRef shape, at::ScalarType dtype) {
-  return at::empty_strided(shape, std::vector<int64_t>(shape.size(), 0), at::TensorOptions().dtype(dtype));
-}
-
-bool is_deferred(const at::Tensor& t) {
-  return t.numel() > 1 && static_cast<int64_t>(t.storage().nbytes()) < t.numel() * static_cast<int64_t>(t.element_size());
-}
-
 dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingStrategy strategy, int fsdp_size) {
   const int w = world->size();
   switch (strategy) {

@@ -43,7 +43,7 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   const auto max = stream_->max_token();
   FSDP_CHECK(max.id < o_.vocab_size, "'", max.path, "' holds token id ", max.id, " (at position ", max.position,
              "), which is not below the model's vocabulary of ", o_.vocab_size,
-             " (a file tokenized for another model?)");
+             " (a file tokenized for another model?)", o_.vocab_advice ? "; " + o_.vocab_advice(max.id) : "");
   const int64_t B = o_.batch_size, T = o_.seq_len;
   FSDP_CHECK(stream_->size() > B * T, o_.flag, " '", source, "' holds ", stream_->size(),
              " tokens, fewer than one batch of ", B, " x ", T, " + 1");

@@ -219,6 +219,22 @@ bool has_tokenizer(const std::string& dir) {
          (fs::is_regular_file(fs::path(dir) / "encoder.json") && fs::is_regular_file(fs::path(dir) / "vocab.bpe"));
 }
 
+std::string default_tokenizer_dir() {
+  namespace fs = std::filesystem;
+  const std::string here = "data/gpt2";
+  if (has_tokenizer(here)) return here;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return here;
+  // build/fsdp, or build/tests/<binary>: the repository is one or two up.
+  for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+    const fs::path candidate = dir / "data" / "gpt2";
+    if (has_tokenizer(candidate.string())) return candidate.string();
+    if (dir == exe.parent_path().parent_path().parent_path()) break;
+  }
+  return here;
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path d(dir);

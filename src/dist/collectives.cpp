@@ -143,10 +143,7 @@ void Work::wait() {
       w->wait(group_->timeout());
     } catch (const std::exception& e) {
       const long secs = static_cast<long>(group_->timeout().count() / 1000);
-      auto& recorder = FlightRecorder::instance();
-      recorder.complete(seq_, false);
-      recorder.write_text_dump();
-      std::fprintf(stderr, "fsdp: the last collectives of this rank (flight recorder):\n%s", recorder.dump(8).c_str());
+      FlightRecorder::instance().report_failure(seq_);
       throw Error(op_ + " #" + std::to_string(seq_) + " on " + group_->describe() + " failed: " + error_text(e) +
                   " (a peer died, hung, or issued a different collective; timeout " + std::to_string(secs) +
                   " s, set by FSDP_TIMEOUT; peers: " + group_->describe_peers() + ")");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -213,8 +214,22 @@ void FlightRecorder::write_text_dump() const {
       << dump(static_cast<size_t>(impl_->header->capacity));
 }
 
+void FlightRecorder::report_failure(int64_t seq) {
+  complete(seq, false);
+  write_text_dump();
+  // Once: collectives failing after the first (the group is unusable by
+  // then) add nothing but noise. See [Note: one account of a failure].
+  static std::atomic<bool> printed{false};
+  if (printed.exchange(true)) return;
+  const char* reader = std::getenv(kLauncherReadsRecordsVar);
+  if (!impl_->dir.empty() && reader != nullptr && std::string(reader) == "1") return;
+  std::fprintf(stderr, "fsdp: the last collectives of this rank (flight recorder):\n%s", dump(8).c_str());
+}
+
 CollectiveLabel::CollectiveLabel(const std::string& unit) : previous_(t_unit) { t_unit = &unit; }
 CollectiveLabel::~CollectiveLabel() { t_unit = previous_; }
+
+std::string text_dump_path(const std::string& dir, int rank) { return record_path(dir, rank, ".txt"); }
 
 std::optional<RankRecord> read_rank_record(const std::string& dir, int rank) {
   std::ifstream in(record_path(dir, rank, ".fr"), std::ios::binary);
@@ -232,13 +247,52 @@ std::optional<RankRecord> read_rank_record(const std::string& dir, int rank) {
     e.op[sizeof(e.op) - 1] = e.group[sizeof(e.group) - 1] = e.dtype[sizeof(e.dtype) - 1] = '\0';
     e.role[sizeof(e.role) - 1] = e.unit[sizeof(e.unit) - 1] = '\0';
   }
-  return RankRecord{rank, ordered(h, ring.data())};
+  RankRecord record;
+  record.rank = rank;
+  record.pid = h.pid;
+  record.entries = ordered(h, ring.data());
+  return record;
 }
+
+namespace {
+
+std::string seconds_ago(int64_t now_ns, int64_t then_ns) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s ago", static_cast<double>(now_ns - then_ns) * 1e-9);
+  return text;
+}
+
+// "killed by signal 9, SIGKILL"
+std::string killed_by(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return "killed by signal " + std::to_string(sig) + (abbrev != nullptr ? std::string(", SIG") + abbrev : "");
+}
+
+// What a dead rank's record says it did last.
+std::string last_words(const std::vector<FlightEntry>& entries, int64_t now_ns) {
+  if (entries.empty()) return " and issued no collective";
+  const FlightEntry& last = entries.back();
+  if (last.in_flight()) {
+    return "; its last collective, in flight when it died: " + last.describe() + ", issued " +
+           seconds_ago(now_ns, last.issued_ns);
+  }
+  if (last.completed_ns == FlightEntry::kFailed) {
+    return "; its last collective, which failed: " + last.describe() + ", issued " +
+           seconds_ago(now_ns, last.issued_ns);
+  }
+  return "; its last collective: " + last.describe() + ", completed " + seconds_ago(now_ns, last.completed_ns);
+}
+
+}  // namespace
 
 std::vector<std::string> summarize_ranks(const std::vector<RankRecord>& ranks, int64_t now_ns) {
   std::vector<std::string> lines;
   for (const auto& r : ranks) {
     const std::string who = "rank " + std::to_string(r.rank);
+    if (r.killed_by_signal != 0) {
+      lines.push_back(who + " is dead (" + killed_by(r.killed_by_signal) + ")" + last_words(r.entries, now_ns));
+      continue;
+    }
     if (r.entries.empty()) {
       lines.push_back(who + " issued no collective");
       continue;

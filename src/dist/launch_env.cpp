@@ -1,6 +1,15 @@
 #include "fsdp/dist/launch_env.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
 
 #include "fsdp/common/error.h"
 
@@ -96,6 +105,56 @@ LaunchEnv parse_launch_env(const EnvMap& env) {
     out.master_port = static_cast<int>(*port);
   }
   return out;
+}
+
+namespace {
+
+bool port_is_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int find_free_port() {
+  // Below the kernel's ephemeral range: a port picked there cannot be taken,
+  // between this check and rank 0's bind, by a socket the kernel numbers
+  // itself (Gloo's connections, say), only by an explicit bind.
+  int low = 32768, high = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  const int first = 20000, last = low - 1;
+  if (last - first > 100) {
+    std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(
+                         std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::uniform_int_distribution<int> pick(first, last);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port = pick(rng);
+      if (port_is_free(port)) return port;
+    }
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  FSDP_CHECK(fd >= 0, "cannot find a free TCP port: socket failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  FSDP_CHECK(ok, "cannot find a free TCP port: ", std::strerror(err));
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace fsdp::dist

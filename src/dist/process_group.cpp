@@ -23,7 +23,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/desync.h"
-#include "fsdp/launch/launcher.h"
+#include "fsdp/dist/launch_env.h"
 
 namespace fsdp::dist {
 namespace {
@@ -97,9 +97,9 @@ std::string local_address_toward(const std::string& master_addr) {
 // works under its own prefix, so keys of a failed attempt never leak into
 // the next.
 std::optional<std::string> agent_store_prefix() {
-  const char* agent = std::getenv("FSDP_AGENT_STORE");
+  const char* agent = std::getenv(kAgentStoreVar);
   if (agent == nullptr || std::string(agent) != "1") return std::nullopt;
-  const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");
+  const char* attempt = std::getenv(kRestartAttemptVar);
   return "attempt" + std::string(attempt != nullptr ? attempt : "0");
 }
 
@@ -107,7 +107,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseco
   const auto agent_prefix = agent_store_prefix();
   if (env.master_port == 0) {
     FSDP_ASSERT(env.world_size == 1);
-    env.master_port = launch::find_free_port();
+    env.master_port = find_free_port();
   }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);

@@ -1,11 +1,9 @@
 #include "fsdp/launch/launcher.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,12 +16,12 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "fsdp/common/error.h"
 #include "fsdp/dist/flight_recorder.h"
+#include "fsdp/dist/launch_env.h"
 
 namespace fsdp::launch {
 namespace {
@@ -68,6 +66,9 @@ struct Rank {
   int global_rank = 0;
   pid_t pid = -1;
   bool running = false;
+  int signal_sent = 0;                     // the last signal the launcher sent it
+  std::optional<std::string> ended_badly;  // "exited with code 3", "was killed by SIGKILL"; unset for exit 0
+  int died_of_signal = 0;                  // the signal that killed it, when the launcher did not send it
   OutputPipe out, err;
 };
 
@@ -90,7 +91,7 @@ class Supervisor {
     started_at_s_ = std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
-    port_ = options_.master_port > 0 ? options_.master_port : find_free_port();
+    port_ = options_.master_port > 0 ? options_.master_port : dist::find_free_port();
     open_recorder_dir();
     if (options_.max_restarts > 0) {
       FSDP_CHECK(options_.open_job_store, "fsdp launch: --max-restarts needs a job store (not in this build)");
@@ -129,11 +130,19 @@ class Supervisor {
     }
   }
 
+  // Once per failed attempt, the one account of where each rank was (see
+  // [Note: one account of a failure] in flight_recorder.h).
   void report_flight_records() {
     if (recorder_dir_.empty()) return;
     std::vector<dist::RankRecord> records;
+    std::vector<std::string> text_dumps;
     for (const auto& rank : ranks_) {
-      if (auto r = dist::read_rank_record(recorder_dir_, rank.global_rank)) records.push_back(std::move(*r));
+      auto r = dist::read_rank_record(recorder_dir_, rank.global_rank);
+      if (!r) continue;
+      r->killed_by_signal = rank.died_of_signal;
+      records.push_back(std::move(*r));
+      const std::string dump = dist::text_dump_path(recorder_dir_, rank.global_rank);
+      if (std::filesystem::exists(dump)) text_dumps.push_back(dump);
     }
     // Only a rank stuck or failed in a collective needs explaining.
     const bool collective_trouble = std::any_of(records.begin(), records.end(), [](const dist::RankRecord& r) {
@@ -142,6 +151,11 @@ class Supervisor {
     if (!collective_trouble) return;
     std::string text = "fsdp launch: where each rank was (flight records in " + recorder_dir_ + "):\n";
     for (const auto& line : dist::summarize_ranks(records, dist::system_now_ns())) text += "  " + line + "\n";
+    if (!text_dumps.empty()) {
+      std::string list;
+      for (const auto& d : text_dumps) list += (list.empty() ? "" : ", ") + d;
+      text += "  last collectives of the rank(s) whose collective failed: " + list + "\n";
+    }
     write_all(STDERR_FILENO, text);
   }
 
@@ -256,11 +270,14 @@ class Supervisor {
     set("MASTER_ADDR", options_.master_addr);
     set("MASTER_PORT", std::to_string(port_));
     set("FSDP_RUN_STARTED", std::to_string(started_at_s_));
-    set("FSDP_RESTART_ATTEMPT", std::to_string(attempt_));
+    set(dist::kRestartAttemptVar, std::to_string(attempt_));
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt_));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts));
-    if (store_) set("FSDP_AGENT_STORE", "1");
-    if (!recorder_dir_.empty()) set("FSDP_FLIGHT_RECORDER_DIR", recorder_dir_);
+    if (store_) set(dist::kAgentStoreVar, "1");
+    if (!recorder_dir_.empty()) {
+      set("FSDP_FLIGHT_RECORDER_DIR", recorder_dir_);
+      set(dist::kLauncherReadsRecordsVar, "1");
+    }
     // Programs that prefix their own error lines with the rank need not.
     if (options_.prefix_output) set("FSDP_LAUNCH_PREFIXES_LINES", "1");
     // Respect a user's explicit thread count; otherwise divide the cores,
@@ -281,6 +298,8 @@ class Supervisor {
     for (int local = 0; local < options_.nproc_per_node; ++local) {
       Rank rank;
       rank.global_rank = options_.node_rank * options_.nproc_per_node + local;
+      // An earlier attempt's dump is not this attempt's.
+      if (!recorder_dir_.empty()) ::unlink(dist::text_dump_path(recorder_dir_, rank.global_rank).c_str());
       int out_pipe[2], err_pipe[2];
       FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
                  "fsdp launch: pipe failed: ", std::strerror(errno));
@@ -434,7 +453,9 @@ class Supervisor {
         cause = "exited with code " + std::to_string(WEXITSTATUS(status));
       } else if (WIFSIGNALED(status)) {
         cause = "was killed by " + signal_name(WTERMSIG(status));
+        if (WTERMSIG(status) != rank.signal_sent) rank.died_of_signal = WTERMSIG(status);
       }
+      rank.ended_badly = cause;
       if (cause && !failure_ && !stopping_) {
         failure_ = "rank " + std::to_string(rank.global_rank) + " (pid " + std::to_string(rank.pid) + ") " + *cause;
         const int survivors = static_cast<int>(
@@ -450,8 +471,10 @@ class Supervisor {
   }
 
   void signal_running(int sig) {
-    for (const auto& rank : ranks_) {
-      if (rank.running) ::kill(-rank.pid, sig);
+    for (auto& rank : ranks_) {
+      if (!rank.running) continue;
+      rank.signal_sent = sig;
+      ::kill(-rank.pid, sig);
     }
   }
 
@@ -474,7 +497,23 @@ class Supervisor {
       write_all(STDERR_FILENO, "fsdp launch: failed: " + *failure_ + after + "\n");
       return 1;
     }
-    if (forwarded_signal_ != 0) return 128 + forwarded_signal_;
+    if (forwarded_signal_ != 0) {
+      // Stopped on request: a success when every rank stopped cleanly
+      // (`fsdp train` saves and exits 0), so a scheduler's preemption is no failure.
+      std::string unclean;
+      for (const auto& rank : ranks_) {
+        if (!rank.ended_badly) continue;
+        unclean += (unclean.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank.global_rank) + " (pid " +
+                   std::to_string(rank.pid) + ") " + *rank.ended_badly;
+      }
+      const std::string sig = signal_name(forwarded_signal_);
+      if (unclean.empty()) {
+        write_all(STDERR_FILENO, "fsdp launch: every rank stopped cleanly after " + sig + "\n");
+        return 0;
+      }
+      write_all(STDERR_FILENO, "fsdp launch: stopped by " + sig + ", not cleanly: " + unclean + "\n");
+      return 128 + forwarded_signal_;
+    }
     return 0;
   }
 
@@ -495,56 +534,6 @@ class Supervisor {
 };
 
 }  // namespace
-
-namespace {
-
-bool port_is_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
-}
-
-}  // namespace
-
-int find_free_port() {
-  // Below the kernel's ephemeral range: a port picked there cannot be taken,
-  // between this check and rank 0's bind, by a socket the kernel numbers
-  // itself (Gloo's connections, say), only by an explicit bind.
-  int low = 32768, high = 60999;
-  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
-    std::fclose(f);
-  }
-  const int first = 20000, last = low - 1;
-  if (last - first > 100) {
-    std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(
-                         std::chrono::steady_clock::now().time_since_epoch().count()));
-    std::uniform_int_distribution<int> pick(first, last);
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      const int port = pick(rng);
-      if (port_is_free(port)) return port;
-    }
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  FSDP_CHECK(fd >= 0, "fsdp launch: socket failed: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  const int err = errno;
-  ::close(fd);
-  FSDP_CHECK(ok, "fsdp launch: cannot find a free TCP port: ", std::strerror(err));
-  return ntohs(addr.sin_port);
-}
 
 int available_cores() {
   cpu_set_t set;

@@ -59,10 +59,19 @@ std::string preset_help() {
   return out;
 }
 
-CausalLM build_preset(const std::string& name, double dropout) {
+CausalLM build_preset(const std::string& name, double dropout, int64_t vocab_size) {
   for (const auto& f : families()) {
     for (const auto& preset : f.presets) {
-      if (preset == name) return f.build_preset(name, dropout);
+      if (preset != name) continue;
+      CausalLM model = f.build_preset(name, dropout);
+      if (vocab_size == 0 || vocab_size == model->vocab_size()) return model;
+      // Through the family's own config.json adapter: every size it
+      // derives from the vocabulary (tied head, padded rows) follows.
+      nlohmann::json config = hf_config(*model);
+      config["vocab_size"] = vocab_size;
+      CausalLM resized = build_from_hf_config(config, "model '" + name + "' with --vocab-size " + std::to_string(vocab_size));
+      resized->hf_dtype = model->hf_dtype;
+      return resized;
     }
   }
   const auto names = preset_names();

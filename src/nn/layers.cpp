@@ -6,8 +6,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
-#include "fsdp/core/options.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::nn {

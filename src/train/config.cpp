@@ -1,101 +1,337 @@
 #include "fsdp/train/config.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <functional>
-#include <set>
-#include <sstream>
+#include <iterator>
+#include <string_view>
+#include <type_traits>
 
 #include <yaml-cpp/yaml.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/suggest.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/models/wrap_policy.h"
-#include "fsdp/common/suggest.h"
 
 namespace fsdp::train {
 namespace {
 
-enum class Kind { kInt, kDouble, kBool, kString, kEnum };
+// [Note: enum spellings]
+// Each enum the configuration holds has one table of its spellings, in
+// enumerator order: YAML values, --help's alternatives and name_of() all
+// read it. The table is checked against the enum when it compiles: entry i
+// is enumerator i, no spelling repeats, and there are as many entries as
+// the enum has enumerators (an enumerator added without a spelling is a
+// compile error, not a value that prints as garbage).
+template <typename E>
+struct Spelling {
+  E value;
+  const char* name;
+};
+
+template <typename E>
+struct EnumSpellings;  // kTable: {enumerator, spelling}, in enumerator order
+
+template <>
+struct EnumSpellings<Precision> {
+  static constexpr Spelling<Precision> kTable[] = {
+      {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
+};
+template <>
+struct EnumSpellings<Sharding> {
+  static constexpr Spelling<Sharding> kTable[] = {{Sharding::kFullShard, "full_shard"},
+                                                  {Sharding::kShardGradOp, "shard_grad_op"},
+                                                  {Sharding::kNoShard, "no_shard"},
+                                                  {Sharding::kHybridShard, "hybrid_shard"}};
+};
+template <>
+struct EnumSpellings<LrScheduleKind> {
+  static constexpr Spelling<LrScheduleKind> kTable[] = {
+      {LrScheduleKind::kCosine, "cosine"}, {LrScheduleKind::kLinear, "linear"}, {LrScheduleKind::kConstant, "constant"}};
+};
+template <>
+struct EnumSpellings<OnSaveError> {
+  static constexpr Spelling<OnSaveError> kTable[] = {{OnSaveError::kStop, "stop"}, {OnSaveError::kContinue, "continue"}};
+};
+
+// Whether V is a named enumerator. GCC and Clang spell a template argument
+// that names an enumerator by its name ("[with auto V =
+// fsdp::train::Precision::kBf16]") and any other value as a cast
+// ("(fsdp::train::Precision)3"), so counting the named values from 0 counts
+// the enumerators of a dense enum.
+template <auto V>
+constexpr bool names_an_enumerator() {
+  constexpr std::string_view signature = __PRETTY_FUNCTION__;
+  constexpr size_t eq = signature.rfind("= ");
+  return eq != std::string_view::npos && signature[eq + 2] != '(';
+}
+
+template <typename E, int I = 0>
+constexpr size_t enumerator_count() {
+  if constexpr (names_an_enumerator<static_cast<E>(I)>()) {
+    return enumerator_count<E, I + 1>();
+  } else {
+    return I;
+  }
+}
+
+template <typename E>
+constexpr bool spellings_in_enumerator_order() {
+  const auto& table = EnumSpellings<E>::kTable;
+  for (size_t i = 0; i < std::size(table); ++i) {
+    if (static_cast<size_t>(table[i].value) != i) return false;
+    for (size_t j = 0; j < i; ++j) {
+      if (std::string_view(table[i].name) == std::string_view(table[j].name)) return false;
+    }
+  }
+  return true;
+}
+
+template <typename E, typename = void>
+constexpr bool kHasSpellings = false;
+template <typename E>
+constexpr bool kHasSpellings<E, std::void_t<decltype(EnumSpellings<E>::kTable)>> = true;
+
+template <typename E>
+const auto& spelling_table() {
+  static_assert(kHasSpellings<E>, "an enum configuration key needs its EnumSpellings<E> table");
+  static_assert(std::size(EnumSpellings<E>::kTable) == enumerator_count<E>(),
+                "EnumSpellings<E>::kTable must spell every enumerator of E, no more");
+  static_assert(spellings_in_enumerator_order<E>(),
+                "EnumSpellings<E>::kTable must list E's enumerators in declaration order, each spelling once");
+  return EnumSpellings<E>::kTable;
+}
+
+template <typename E>
+std::vector<std::string> spellings() {
+  std::vector<std::string> out;
+  for (const auto& s : spelling_table<E>()) out.emplace_back(s.name);
+  return out;
+}
+
+template <typename E>
+std::string spelling_of(E value) {
+  const auto& table = spelling_table<E>();
+  const auto i = static_cast<size_t>(value);
+  FSDP_ASSERT(i < std::size(table));
+  return table[i].name;
+}
+
+// A key's kind follows from its field's C++ type; any other type is a
+// compile error (the kind used to be written by hand beside a void*, where
+// a mismatch compiled and wrote the wrong number of bytes).
+enum class Kind { kInt, kNumber, kBool, kString, kEnum };
+
+template <typename T>
+constexpr bool kUnsupportedType = false;
+
+template <typename T>
+constexpr Kind kind_of() {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return Kind::kInt;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return Kind::kNumber;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return Kind::kBool;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return Kind::kString;
+  } else if constexpr (std::is_enum_v<T>) {
+    return Kind::kEnum;
+  } else {
+    static_assert(kUnsupportedType<T>, "a configuration field is int64_t, double, bool, std::string or an enum");
+    return Kind::kString;
+  }
+}
+
+// What a value of the kind looks like, for messages ("expected an integer").
+std::string expected_text(Kind kind, const std::vector<std::string>& allowed) {
+  switch (kind) {
+    case Kind::kInt: return "an integer";
+    case Kind::kNumber: return "a number";
+    case Kind::kBool: return "true or false";
+    case Kind::kString: return "a string";
+    case Kind::kEnum: return "one of " + join_words(allowed);
+  }
+  return "?";
+}
+
+// Parses `text` into `out`. Returns "" when it is a value of T, otherwise
+// what was expected instead.
+template <typename T>
+std::string parse_value(const std::string& text, T& out) {
+  constexpr Kind kind = kind_of<T>();
+  if constexpr (kind == Kind::kInt) {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0') return expected_text(kind, {});
+    if (errno == ERANGE) return "an integer from -2^63 to 2^63-1";
+    out = v;
+  } else if constexpr (kind == Kind::kNumber) {
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0') return expected_text(kind, {});
+    if (errno == ERANGE || !std::isfinite(v)) return "a finite number within double precision's range (1e-308 to 1e308)";
+    out = v;
+  } else if constexpr (kind == Kind::kBool) {
+    if (text == "true" || text == "1" || text == "yes" || text == "on") {
+      out = true;
+    } else if (text == "false" || text == "0" || text == "no" || text == "off") {
+      out = false;
+    } else {
+      return expected_text(kind, {});
+    }
+  } else if constexpr (kind == Kind::kString) {
+    out = text;
+  } else {
+    for (const auto& s : spelling_table<T>()) {
+      if (text == s.name) {
+        out = s.value;
+        return "";
+      }
+    }
+    const auto names = spellings<T>();
+    return expected_text(kind, names) + did_you_mean(text, names);
+  }
+  return "";
+}
+
+// A value as --print-config writes it (before YAML's quoting); a number
+// reads back to the same double.
+template <typename T>
+std::string value_text(const T& value) {
+  constexpr Kind kind = kind_of<T>();
+  if constexpr (kind == Kind::kInt) {
+    return std::to_string(value);
+  } else if constexpr (kind == Kind::kNumber) {
+    // %g (0.0003, 1e-08, 0.95) with the fewest digits that read back exactly.
+    char buffer[32];
+    for (int digits = 1; digits <= 17; ++digits) {
+      std::snprintf(buffer, sizeof(buffer), "%.*g", digits, value);
+      if (std::strtod(buffer, nullptr) == value) break;
+    }
+    return buffer;
+  } else if constexpr (kind == Kind::kBool) {
+    return value ? "true" : "false";
+  } else if constexpr (kind == Kind::kString) {
+    return value;
+  } else {
+    return spelling_of(value);
+  }
+}
 
 struct Field {
   const char* section;
   const char* key;
-  Kind kind;
   const char* flag;  // the `fsdp train` flag that sets it
   const char* help;
-  std::function<void*(TrainConfig&)> slot;
-  std::vector<std::string> allowed;  // for enumerated strings
+  Kind kind;
+  std::vector<std::string> allowed;  // an enum's spellings, in enumerator order
+  std::string (*parse)(TrainConfig& config, const std::string& text);  // as parse_value
+  std::string (*text)(const TrainConfig& config);                      // as value_text
   std::string dotted() const { return std::string(section) + "." + key; }
 };
 
-// Every configuration key, declared once: the YAML schema, the flags, their
-// help text and --print-config all come from this table.
-#define FSDP_FIELD(section, key, kind, flag, help, ...) \
-  Field { #section, #key, kind, flag, help, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
-// An enum key: its slot is the enum; `allowed` lists the names in the
-// enum's order, so a value's index is its enumerator.
-#define FSDP_ENUM_FIELD(section, key, flag, help, ...) \
-  Field { #section, #key, Kind::kEnum, flag, help, [](TrainConfig& c) -> void* { return &c.section.key; }, {__VA_ARGS__} }
+template <typename MemberPointer>
+struct MemberOf;
+template <typename Class, typename Value>
+struct MemberOf<Value Class::*> {
+  using Type = Value;
+};
 
+// The key `(config.*Section).*Key`: its kind, parsing and printing follow
+// from the field's C++ type.
+template <auto Section, auto Key>
+Field make_field(const char* section, const char* key, const char* flag, const char* help) {
+  using Value = typename MemberOf<decltype(Key)>::Type;
+  Field f{section, key, flag, help, kind_of<Value>(), {}, nullptr, nullptr};
+  if constexpr (std::is_enum_v<Value>) f.allowed = spellings<Value>();
+  f.parse = [](TrainConfig& c, const std::string& text) { return parse_value(text, (c.*Section).*Key); };
+  f.text = [](const TrainConfig& c) { return value_text((c.*Section).*Key); };
+  return f;
+}
+
+// Every configuration key, declared once: the YAML schema, the flags, their
+// help text and --print-config all come from this table. The key's type is
+// its field's in config.h.
+#define FSDP_FIELD(section, key, flag, help) \
+  make_field<&TrainConfig::section, &decltype(TrainConfig::section)::key>(#section, #key, flag, help)
+
+// clang-format off
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
-      FSDP_FIELD(model, name, Kind::kString, "--model", "model preset"),
-      FSDP_FIELD(model, init_from, Kind::kString, "--init-from", "start from a Hugging Face directory (config.json + safetensors)"),
-      FSDP_FIELD(model, dropout, Kind::kDouble, "--dropout", "dropout probability"),
-      FSDP_FIELD(model, activation_checkpoint, Kind::kBool, "--activation-checkpoint", "recompute each block in backward"),
-      FSDP_FIELD(model, chunk_loss, Kind::kBool, "--chunk-loss", "cross-entropy without materialising all logits"),
-      FSDP_FIELD(model, print, Kind::kBool, "--print-model", "print the module tree, shapes and parameter counts"),
-      FSDP_FIELD(data, train, Kind::kString, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
-      FSDP_FIELD(data, val, Kind::kString, "--val-data", "token files for evaluation (as --data)"),
-      FSDP_FIELD(data, seq_len, Kind::kInt, "--seq-len", "tokens per sequence"),
-      FSDP_FIELD(data, batch_size, Kind::kInt, "--batch-size", "sequences per rank per micro-step"),
-      FSDP_FIELD(data, grad_accum, Kind::kInt, "--grad-accum", "micro-steps per optimizer step"),
-      FSDP_FIELD(data, shuffle, Kind::kBool, "--shuffle", "read sequence windows in a seeded permutation (resume and resharding stay exact)"),
-      FSDP_FIELD(optim, lr, Kind::kDouble, "--lr", "peak learning rate"),
-      FSDP_FIELD(optim, min_lr_ratio, Kind::kDouble, "--min-lr-ratio", "final learning rate as a fraction of --lr (cosine, linear)"),
-      FSDP_FIELD(optim, warmup_steps, Kind::kInt, "--warmup-steps", "linear warmup steps"),
-      FSDP_ENUM_FIELD(optim, lr_schedule, "--lr-schedule", "learning-rate schedule", "cosine", "linear", "constant"),
-      FSDP_FIELD(optim, weight_decay, Kind::kDouble, "--weight-decay", "AdamW weight decay (matrices and embeddings only)"),
-      FSDP_FIELD(optim, beta1, Kind::kDouble, "--beta1", "AdamW beta1"),
-      FSDP_FIELD(optim, beta2, Kind::kDouble, "--beta2", "AdamW beta2"),
-      FSDP_FIELD(optim, eps, Kind::kDouble, "--eps", "AdamW epsilon"),
-      FSDP_FIELD(optim, grad_clip, Kind::kDouble, "--grad-clip", "max gradient norm, 0 disables clipping"),
-      FSDP_FIELD(runtime, steps, Kind::kInt, "--steps", "optimizer steps"),
-      FSDP_FIELD(runtime, seed, Kind::kInt, "--seed", "random seed (weights, synthetic data, shuffling, sampling)"),
-      FSDP_ENUM_FIELD(runtime, precision, "--precision", "compute dtype (fp16 needs CUDA)", "fp32", "bf16", "fp16"),
-      FSDP_FIELD(runtime, out_dir, Kind::kString, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
-      FSDP_FIELD(runtime, run_name, Kind::kString, "--run-name", "names the default run folder (empty: <model>-<date>-<time>)"),
-      FSDP_FIELD(runtime, log_every, Kind::kInt, "--log-every", "steps between log lines"),
-      FSDP_FIELD(runtime, eval_every, Kind::kInt, "--eval-every", "steps between evaluations (0: only at the end)"),
-      FSDP_FIELD(runtime, eval_batches, Kind::kInt, "--eval-batches", "batches per evaluation"),
-      FSDP_FIELD(runtime, metrics, Kind::kString, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
-      FSDP_FIELD(runtime, tensorboard, Kind::kBool, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
-      FSDP_FIELD(runtime, profile_steps, Kind::kString, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
-      FSDP_FIELD(runtime, tokenizer, Kind::kString, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
-      FSDP_FIELD(runtime, sample_tokens, Kind::kInt, "--sample-tokens", "tokens to generate at the end"),
-      FSDP_FIELD(runtime, sample_prompt, Kind::kString, "--sample-prompt", "prompt for the sample"),
-      FSDP_FIELD(runtime, export_hf, Kind::kString, "--export-hf", "write a Hugging Face directory at the end"),
-      FSDP_FIELD(runtime, export_dtype, Kind::kString, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
-      FSDP_FIELD(runtime, export_shard_size, Kind::kString, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
-      FSDP_FIELD(runtime, keep_denormals, Kind::kBool, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
-      FSDP_FIELD(runtime, max_bad_steps, Kind::kInt, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
-      FSDP_FIELD(runtime, skip_spikes, Kind::kDouble, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
-      FSDP_ENUM_FIELD(fsdp, sharding, "--sharding", "sharding strategy", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
-      FSDP_FIELD(fsdp, fsdp_size, Kind::kInt, "--fsdp-size", "shard-group size for hybrid_shard"),
-      FSDP_FIELD(fsdp, prefetch_depth, Kind::kInt, "--prefetch-depth", "units gathered ahead"),
-      FSDP_FIELD(fsdp, explicit_prefetch, Kind::kBool, "--explicit-prefetch", "each block prefetches its neighbour"),
-      FSDP_FIELD(fsdp, wrap_policy, Kind::kString, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
-      FSDP_FIELD(checkpoint, dir, Kind::kString, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
-      FSDP_FIELD(checkpoint, save_every, Kind::kInt, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
-      FSDP_FIELD(checkpoint, keep, Kind::kInt, "--keep", "newest checkpoints kept"),
-      FSDP_FIELD(checkpoint, resume, Kind::kBool, "--resume", "resume, and fail if there is nothing to resume"),
-      FSDP_ENUM_FIELD(checkpoint, on_save_error, "--on-save-error", "when a save fails (a full disk): stop the run, or warn and train on", "stop", "continue"),
+      FSDP_FIELD(model, name, "--model", "model preset"),
+      FSDP_FIELD(model, vocab_size, "--vocab-size", "embedding rows for a preset (0: the preset's); token files need ids below it"),
+      FSDP_FIELD(model, init_from, "--init-from", "start from a Hugging Face directory (config.json + safetensors)"),
+      FSDP_FIELD(model, dropout, "--dropout", "dropout probability"),
+      FSDP_FIELD(model, activation_checkpoint, "--activation-checkpoint", "recompute each block in backward"),
+      FSDP_FIELD(model, chunk_loss, "--chunk-loss", "cross-entropy without materialising all logits"),
+      FSDP_FIELD(model, print, "--print-model", "print the module tree, shapes and parameter counts"),
+      FSDP_FIELD(data, train, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
+      FSDP_FIELD(data, val, "--val-data", "token files for evaluation (as --data)"),
+      FSDP_FIELD(data, seq_len, "--seq-len", "tokens per sequence"),
+      FSDP_FIELD(data, batch_size, "--batch-size", "sequences per rank per micro-step"),
+      FSDP_FIELD(data, grad_accum, "--grad-accum", "micro-steps per optimizer step"),
+      FSDP_FIELD(data, shuffle, "--shuffle", "read sequence windows in a seeded permutation (resume and resharding stay exact)"),
+      FSDP_FIELD(optim, lr, "--lr", "peak learning rate"),
+      FSDP_FIELD(optim, min_lr_ratio, "--min-lr-ratio", "final learning rate as a fraction of --lr (cosine, linear)"),
+      FSDP_FIELD(optim, warmup_steps, "--warmup-steps", "linear warmup steps"),
+      FSDP_FIELD(optim, lr_schedule, "--lr-schedule", "learning-rate schedule"),
+      FSDP_FIELD(optim, weight_decay, "--weight-decay", "AdamW weight decay (matrices and embeddings only)"),
+      FSDP_FIELD(optim, beta1, "--beta1", "AdamW beta1"),
+      FSDP_FIELD(optim, beta2, "--beta2", "AdamW beta2"),
+      FSDP_FIELD(optim, eps, "--eps", "AdamW epsilon"),
+      FSDP_FIELD(optim, grad_clip, "--grad-clip", "max gradient norm, 0 disables clipping"),
+      FSDP_FIELD(runtime, steps, "--steps", "optimizer steps"),
+      FSDP_FIELD(runtime, seed, "--seed", "random seed (weights, synthetic data, shuffling, sampling)"),
+      FSDP_FIELD(runtime, precision, "--precision", "compute dtype (fp16 needs CUDA)"),
+      FSDP_FIELD(runtime, out_dir, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
+      FSDP_FIELD(runtime, run_name, "--run-name", "names the default run folder (empty: <model>-<date>-<time>)"),
+      FSDP_FIELD(runtime, log_every, "--log-every", "steps between log lines"),
+      FSDP_FIELD(runtime, eval_every, "--eval-every", "steps between evaluations (0: only at the end)"),
+      FSDP_FIELD(runtime, eval_batches, "--eval-batches", "batches per evaluation"),
+      FSDP_FIELD(runtime, metrics, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
+      FSDP_FIELD(runtime, tensorboard, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
+      FSDP_FIELD(runtime, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
+      FSDP_FIELD(runtime, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
+      FSDP_FIELD(runtime, sample_tokens, "--sample-tokens", "tokens to generate at the end"),
+      FSDP_FIELD(runtime, sample_prompt, "--sample-prompt", "prompt for the sample"),
+      FSDP_FIELD(runtime, export_hf, "--export-hf", "write a Hugging Face directory at the end"),
+      FSDP_FIELD(runtime, export_dtype, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
+      FSDP_FIELD(runtime, export_shard_size, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
+      FSDP_FIELD(runtime, keep_denormals, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
+      FSDP_FIELD(runtime, max_bad_steps, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
+      FSDP_FIELD(runtime, skip_spikes, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
+      FSDP_FIELD(fsdp, sharding, "--sharding", "sharding strategy"),
+      FSDP_FIELD(fsdp, fsdp_size, "--fsdp-size", "shard-group size for hybrid_shard"),
+      FSDP_FIELD(fsdp, prefetch_depth, "--prefetch-depth", "units gathered ahead"),
+      FSDP_FIELD(fsdp, explicit_prefetch, "--explicit-prefetch", "each block prefetches its neighbour"),
+      FSDP_FIELD(fsdp, wrap_policy, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
+      FSDP_FIELD(checkpoint, dir, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
+      FSDP_FIELD(checkpoint, save_every, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
+      FSDP_FIELD(checkpoint, keep, "--keep", "newest checkpoints kept"),
+      FSDP_FIELD(checkpoint, resume, "--resume", "resume, and fail if there is nothing to resume"),
+      FSDP_FIELD(checkpoint, resume_from, "--resume-from", "resume from the checkpoint of this step instead of the latest (0: the latest)"),
+      FSDP_FIELD(checkpoint, on_save_error, "--on-save-error", "when a save fails (a full disk): stop the run, or warn and train on"),
   };
   return fields;
 }
+// clang-format on
 #undef FSDP_FIELD
+
+// The sections in the order the schema lists them.
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const auto& f : schema()) {
+    if (out.empty() || out.back() != f.section) out.emplace_back(f.section);
+  }
+  return out;
+}
 
 const Field& find_field(const std::string& dotted, const std::string& source) {
   for (const auto& f : schema()) {
@@ -105,92 +341,17 @@ const Field& find_field(const std::string& dotted, const std::string& source) {
               " (valid keys: " + join_words(TrainConfig::keys()) + ")");
 }
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kInt: return "an integer";
-    case Kind::kDouble: return "a number";
-    case Kind::kBool: return "true or false";
-    case Kind::kString: return "a string";
-    case Kind::kEnum: return "one of the listed values";
-  }
-  return "?";
-}
-
 void assign(TrainConfig& config, const Field& f, const std::string& value, const std::string& source) {
-  const std::string where = source + ": " + f.dotted() + " is '" + value + "': expected ";
-  void* slot = f.slot(config);
-  switch (f.kind) {
-    case Kind::kInt: {
-      errno = 0;
-      char* end = nullptr;
-      const long long v = std::strtoll(value.c_str(), &end, 10);
-      FSDP_CHECK(!value.empty() && *end == '\0' && errno == 0, where, kind_name(f.kind));
-      *static_cast<int64_t*>(slot) = v;
-      break;
-    }
-    case Kind::kDouble: {
-      errno = 0;
-      char* end = nullptr;
-      const double v = std::strtod(value.c_str(), &end);
-      FSDP_CHECK(!value.empty() && *end == '\0' && errno == 0, where, kind_name(f.kind));
-      *static_cast<double*>(slot) = v;
-      break;
-    }
-    case Kind::kBool: {
-      if (value == "true" || value == "1" || value == "yes" || value == "on") {
-        *static_cast<bool*>(slot) = true;
-      } else if (value == "false" || value == "0" || value == "no" || value == "off") {
-        *static_cast<bool*>(slot) = false;
-      } else {
-        throw Error(where + kind_name(f.kind));
-      }
-      break;
-    }
-    case Kind::kString: {
-      *static_cast<std::string*>(slot) = value;
-      break;
-    }
-    case Kind::kEnum: {
-      const auto it = std::find(f.allowed.begin(), f.allowed.end(), value);
-      FSDP_CHECK(it != f.allowed.end(), where, "one of ", join_words(f.allowed), did_you_mean(value, f.allowed));
-      // Every enum here is an `enum class` over int, declared in `allowed`'s order.
-      *static_cast<int*>(slot) = static_cast<int>(it - f.allowed.begin());
-      break;
-    }
-  }
-}
-
-std::string value_text(TrainConfig& config, const Field& f) {
-  void* slot = f.slot(config);
-  switch (f.kind) {
-    case Kind::kInt: return std::to_string(*static_cast<int64_t*>(slot));
-    case Kind::kDouble: {
-      std::ostringstream out;
-      out << *static_cast<double*>(slot);
-      return out.str();
-    }
-    case Kind::kBool: return *static_cast<bool*>(slot) ? "true" : "false";
-    case Kind::kString: return *static_cast<std::string*>(slot);
-    case Kind::kEnum: return f.allowed.at(static_cast<size_t>(*static_cast<int*>(slot)));
-  }
-  return "";
+  const std::string expected = f.parse(config, value);
+  FSDP_CHECK(expected.empty(), source, ": ", f.dotted(), " is '", value, "': expected ", expected);
 }
 
 }  // namespace
 
-namespace {
-std::string enum_name(const char* dotted, int index) {
-  for (const auto& f : schema()) {
-    if (f.dotted() == dotted) return f.allowed.at(static_cast<size_t>(index));
-  }
-  return "?";
-}
-}  // namespace
-
-std::string name_of(Precision p) { return enum_name("runtime.precision", static_cast<int>(p)); }
-std::string name_of(Sharding s) { return enum_name("fsdp.sharding", static_cast<int>(s)); }
-std::string name_of(LrScheduleKind k) { return enum_name("optim.lr_schedule", static_cast<int>(k)); }
-std::string name_of(OnSaveError e) { return enum_name("checkpoint.on_save_error", static_cast<int>(e)); }
+std::string name_of(Precision p) { return spelling_of(p); }
+std::string name_of(Sharding s) { return spelling_of(s); }
+std::string name_of(LrScheduleKind k) { return spelling_of(k); }
+std::string name_of(OnSaveError e) { return spelling_of(e); }
 
 std::vector<std::string> TrainConfig::keys() {
   std::vector<std::string> out;
@@ -199,7 +360,7 @@ std::vector<std::string> TrainConfig::keys() {
 }
 
 std::vector<TrainConfig::KeyInfo> TrainConfig::describe() {
-  TrainConfig defaults;
+  const TrainConfig defaults;
   std::vector<KeyInfo> out;
   for (const auto& f : schema()) {
     KeyInfo k;
@@ -207,16 +368,13 @@ std::vector<TrainConfig::KeyInfo> TrainConfig::describe() {
     k.flag = f.flag;
     k.help = f.help;
     k.boolean = f.kind == Kind::kBool;
-    k.default_value = value_text(defaults, f);
+    k.default_value = f.text(defaults);
     switch (f.kind) {
       case Kind::kInt: k.type = "INT"; break;
-      case Kind::kDouble: k.type = "FLOAT"; break;
+      case Kind::kNumber: k.type = "FLOAT"; break;
       case Kind::kBool: k.type = "BOOL"; break;
       case Kind::kString: k.type = "TEXT"; break;
-      case Kind::kEnum: {
-        for (const auto& a : f.allowed) k.type += (k.type.empty() ? "" : "|") + a;
-        break;
-      }
+      case Kind::kEnum: k.type = join_words(f.allowed, "|"); break;
     }
     out.push_back(std::move(k));
   }
@@ -261,20 +419,18 @@ std::string key_text(const YAML::Node& key, const std::string& path) {
 
 void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path) {
   if (root.IsNull()) return;
-  FSDP_CHECK(root.IsMap(), path, ": expected sections model, data, optim, runtime, fsdp, checkpoint at the top level");
-  std::set<std::string> sections;
-  for (const auto& f : schema()) sections.insert(f.section);
+  const std::vector<std::string> sections = section_names();
+  FSDP_CHECK(root.IsMap(), path, ": expected sections ", join_words(sections), " at the top level");
   for (const auto& section : root) {
     const auto name = key_text(section.first, path);
-    FSDP_CHECK(sections.count(name) != 0, path, ": unknown section '", name, "'",
-               did_you_mean(name, {sections.begin(), sections.end()}),
-               " (sections: ", join_words({sections.begin(), sections.end()}), ")");
+    FSDP_CHECK(std::find(sections.begin(), sections.end(), name) != sections.end(), path, ": unknown section '", name,
+               "'", did_you_mean(name, sections), " (sections: ", join_words(sections), ")");
     FSDP_CHECK(section.second.IsMap() || section.second.IsNull(), path, ": section '", name,
                "' must be a mapping of keys to values");
     for (const auto& item : section.second) {
       const std::string dotted = name + "." + key_text(item.first, path);
       const Field& f = find_field(dotted, path);
-      FSDP_CHECK(item.second.IsScalar(), path, ": ", dotted, " must be a single value, ", kind_name(f.kind));
+      FSDP_CHECK(item.second.IsScalar(), path, ": ", dotted, " must be a single value, ", expected_text(f.kind, f.allowed));
       assign(*this, f, item.second.Scalar(), path);
     }
   }
@@ -297,12 +453,15 @@ void TrainConfig::validate() const {
   FSDP_CHECK(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio is ", optim.min_lr_ratio,
              ": expected 0..1");
   FSDP_CHECK(optim.grad_clip >= 0, "optim.grad_clip is ", optim.grad_clip, ": expected 0 (off) or a positive norm");
+  FSDP_CHECK(model.vocab_size >= 0, "model.vocab_size is ", model.vocab_size, ": expected 0 (the preset's) or more");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
   FSDP_CHECK(fsdp.sharding != Sharding::kHybridShard || fsdp.fsdp_size >= 1,
              "fsdp.sharding is hybrid_shard but fsdp.fsdp_size is ", fsdp.fsdp_size,
              ": set the shard-group size (--fsdp-size)");
   FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");
+  FSDP_CHECK(checkpoint.resume_from >= 0, "checkpoint.resume_from is ", checkpoint.resume_from,
+             ": expected a step (0: the latest checkpoint)");
   FSDP_CHECK(checkpoint.keep >= 1, "checkpoint.keep is ", checkpoint.keep, ": expected at least 1");
   // A run folder named by --out-dir or --run-name holds its checkpoints in
   // checkpoints/; without either the folder is a new timestamped one.
@@ -323,17 +482,15 @@ void TrainConfig::validate() const {
 }
 
 std::vector<std::string> TrainConfig::differences(const TrainConfig& other) const {
-  TrainConfig a = *this, b = other;
   std::vector<std::string> out;
   for (const auto& f : schema()) {
-    const std::string x = value_text(a, f), y = value_text(b, f);
+    const std::string x = f.text(*this), y = f.text(other);
     if (x != y) out.push_back(f.dotted() + ": " + (x.empty() ? "\"\"" : x) + " -> " + (y.empty() ? "\"\"" : y));
   }
   return out;
 }
 
 std::string TrainConfig::to_yaml() const {
-  TrainConfig copy = *this;
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::string section;
@@ -344,7 +501,7 @@ std::string TrainConfig::to_yaml() const {
       out << YAML::Key << section << YAML::Value << YAML::BeginMap;
     }
     out << YAML::Key << f.key << YAML::Value;
-    const std::string text = value_text(copy, f);
+    const std::string text = f.text(*this);
     if (f.kind == Kind::kString) {
       out << YAML::DoubleQuoted << text;
     } else {

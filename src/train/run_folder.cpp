@@ -26,6 +26,60 @@ std::string default_run_name(const std::string& model, int64_t unix_seconds) {
   return name + "-" + stamp;
 }
 
+RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds) {
+  auto& r = config.runtime;
+  if (r.out_dir.empty()) {
+    if (r.run_name.empty()) {
+      const std::string model =
+          !config.model.init_from.empty() ? fs::path(config.model.init_from).filename().string() : config.model.name;
+      r.run_name = default_run_name(model, started_unix_seconds);
+    }
+    r.out_dir = "out/" + r.run_name;
+  }
+  RunPaths paths;
+  paths.folder.dir = r.out_dir;
+  paths.folder_existed = fs::exists(r.out_dir);
+  paths.metrics_derived = r.metrics.empty();
+  if (paths.metrics_derived) r.metrics = paths.folder.metrics();
+  auto& c = config.checkpoint;
+  const bool asked = !c.dir.empty() || c.save_every > 0;
+  if (c.dir.empty() && (asked || fs::exists(paths.folder.checkpoints() + "/latest"))) {
+    c.dir = paths.folder.checkpoints();
+    paths.ckpt_dir_derived = true;
+  }
+  return paths;
+}
+
+void check_output_paths(const TrainConfig& config, const RunFolder& folder, bool all) {
+  const auto& r = config.runtime;
+  check_writable_dir(folder.dir, "--out-dir");
+  if (!all) return;
+  check_writable_file(r.metrics, "--metrics");
+  if (!config.checkpoint.dir.empty()) check_writable_dir(config.checkpoint.dir, "--ckpt-dir");
+  if (!r.export_hf.empty()) {
+    check_writable_dir(r.export_hf, "--export-hf");
+    for (const char* f : {"config.json", "model.safetensors"}) check_writable_file(r.export_hf + "/" + f, "--export-hf");
+  }
+}
+
+TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths) {
+  TrainConfig recorded = config;
+  recorded.runtime.out_dir.clear();
+  recorded.runtime.run_name.clear();
+  if (paths.metrics_derived) recorded.runtime.metrics.clear();
+  if (paths.ckpt_dir_derived) recorded.checkpoint.dir.clear();
+  return recorded;
+}
+
+void remove_if_holds_no_file(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_directory()) return;
+  }
+  if (!ec) fs::remove_all(dir, ec);
+}
+
 void check_writable_dir(const std::string& path, const std::string& flag) {
   std::error_code ec;
   FSDP_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec), flag, " '", path,

@@ -41,25 +41,42 @@ void MetricsLog::write(const nlohmann::json& line) {
   tensorboard_->scalars(line.at("step").get<int64_t>(), scalars);
 }
 
-Progress::Progress(int64_t first_step, int64_t total_steps, const std::string& log_path)
-    : tty_(::isatty(STDOUT_FILENO) != 0),
-      first_step_(first_step),
-      total_steps_(total_steps),
-      start_(std::chrono::steady_clock::now()) {
-  if (!log_path.empty()) {
-    std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
-    log_.open(log_path, std::ios::app);
-    FSDP_CHECK(log_.good(), "cannot write the log file '", log_path, "'");
-  }
+RunLog::RunLog(int rank)
+    : rank_(rank), tty_(::isatty(STDOUT_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
+
+void RunLog::open(const std::string& log_path, int64_t first_step, int64_t total_steps) {
+  first_step_ = first_step;
+  total_steps_ = total_steps;
+  start_ = std::chrono::steady_clock::now();
+  std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
+  log_.open(log_path, std::ios::app);
+  FSDP_CHECK(log_.good(), "cannot write the log file '", log_path, "'");
+  for (const auto& line : held_) write_file(line);
+  held_.clear();
 }
 
-void Progress::log_only(const std::string& text) {
-  if (!log_.is_open()) return;
+void RunLog::write_file(const std::string& text) {
+  if (!log_.is_open()) {
+    held_.push_back(text);
+    return;
+  }
   log_ << text << "\n";
   log_.flush();
 }
 
-void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm) {
+void RunLog::note(const std::string& text) { write_file(text); }
+
+void RunLog::say(const std::string& text) {
+  if (rank_ != 0) return;
+  if (bar_drawn_) std::printf("\n");
+  bar_drawn_ = false;
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
+  write_file(text);
+}
+
+void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm) {
+  if (rank_ != 0) return;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const int64_t done = step + 1 - first_step_;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step - 1) : 0;
@@ -67,7 +84,7 @@ void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, do
   std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %.0fs",
                 static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
                 tokens_per_s, eta);
-  log_only(line);
+  write_file(line);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
@@ -82,15 +99,7 @@ void Progress::log(int64_t step, double loss, double tokens_per_s, double lr, do
   std::fflush(stdout);
 }
 
-void Progress::message(const std::string& text) {
-  if (bar_drawn_) std::printf("\n");
-  bar_drawn_ = false;
-  std::printf("%s\n", text.c_str());
-  log_only(text);
-  std::fflush(stdout);
-}
-
-void Progress::finish() {
+void RunLog::finish() {
   if (bar_drawn_) std::printf("\n");
   bar_drawn_ = false;
   std::fflush(stdout);

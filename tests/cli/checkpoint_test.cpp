@@ -296,8 +296,8 @@ TEST(Checkpoint, AKillDuringASaveLeavesTheLastCompleteCheckpoint) {
   const auto corpus = small_corpus(dir);
   // Rank 0 is killed (SIGKILL) inside its second save, after the shards and
   // metadata are written but before the checkpoint is published.
-  const auto killed = run_command("env FSDP_FAULT_KILL_IN_SAVE=2 " + kCli + " launch -n 2 -- " + kCli +
-                                  " train --model gpt2-tiny --seq-len 16 --data " + corpus +
+  const auto killed = run_command("env FSDP_FAULT_POINT=checkpoint.before_publish@2 " + kCli + " launch -n 2 -- " +
+                                  kCli + " train --model gpt2-tiny --seq-len 16 --data " + corpus +
                                   " --batch-size 2 --steps 8 --save-every 1 --ckpt-dir " + dir + "/ckpt2");
   EXPECT_NE(killed.exit_code, 0);
   EXPECT_NE(killed.output.find("SIGKILL"), std::string::npos) << killed.output;

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include "fsdp/launch/launcher.h"
+#include "fsdp/dist/launch_env.h"
 #include "run_command.h"
 
 namespace fsdp::testing {
@@ -25,7 +25,7 @@ void expect_clean_failure(const CommandResult& r, const std::string& needle) {
 }
 
 std::string single_rank(const std::string& extra_env) {
-  return "env RANK=0 WORLD_SIZE=1 MASTER_PORT=" + std::to_string(launch::find_free_port()) + " " + extra_env + " ";
+  return "env RANK=0 WORLD_SIZE=1 MASTER_PORT=" + std::to_string(dist::find_free_port()) + " " + extra_env + " ";
 }
 
 TEST(DistErrors, UnknownBackend) {
@@ -95,7 +95,7 @@ TEST(DistErrors, PeerNeverArrives) {
 
 TEST(DistErrors, RankZeroNeverArrives) {
   const auto r = run_command("env RANK=1 WORLD_SIZE=2 FSDP_TIMEOUT=2 MASTER_PORT=" +
-                             std::to_string(launch::find_free_port()) + " " + kCli + " smoke");
+                             std::to_string(dist::find_free_port()) + " " + kCli + " smoke");
   expect_clean_failure(r, "could not reach rank 0");
   EXPECT_LT(r.seconds, 30);
 }
@@ -132,7 +132,7 @@ TEST(Runtime, WarnsWhenTheReferenceBlasIsLoaded) {
   // Put the reference libblas.so.3 first on the loader's path, as an
   // unconfigured machine would have it.
   const auto slow = run_command("env LD_LIBRARY_PATH=" + reference_dir + " RANK=0 WORLD_SIZE=1 MASTER_PORT=" +
-                                std::to_string(launch::find_free_port()) + " " + kCli + " smoke --mib 1");
+                                std::to_string(dist::find_free_port()) + " " + kCli + " smoke --mib 1");
   EXPECT_EQ(slow.exit_code, 0) << slow.output;
   EXPECT_TRUE(contains(slow.output, "warning: the reference BLAS")) << slow.output;
 

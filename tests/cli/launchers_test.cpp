@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdp/launch/launcher.h"
+#include "fsdp/dist/launch_env.h"
 #include "run_command.h"
 
 namespace fsdp::testing {
@@ -19,7 +19,7 @@ CommandResult run_two_ranks(const std::string& env0, const std::string& env1) {
                      " OMP_NUM_THREADS=1 " + smoke + "; b=$?; wait $p; a=$?; exit $((a | b))'");
 }
 
-std::string port() { return std::to_string(launch::find_free_port()); }
+std::string port() { return std::to_string(dist::find_free_port()); }
 
 TEST(Launchers, TorchrunVariables) {
   const std::string common = "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 ROLE_RANK=0 ROLE_NAME=default "

@@ -1,6 +1,7 @@
 // The job survives and explains failures, each injected on purpose: ranks
 // killed at random moments (one inside a save) and restarted by the
-// launcher; ranks that issue different collectives; a rank that hangs.
+// launcher; ranks that issue different collectives; a rank that hangs; a
+// rank killed inside a collective. And a stop on request (SIGINT) is no failure.
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,8 +16,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "fsdp/dist/flight_recorder.h"
+#include "fsdp/dist/launch_env.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/launch/launcher.h"
 #include "run_command.h"
 #include "train_support.h"
 
@@ -26,6 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kCli = FSDP_CLI;
 const std::string kWorker = FSDP_FAULT_WORKER;
+
+// How many times `needle` occurs in `text`.
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
+  return n;
+}
 
 // Every tensor of every rank file of two checkpoints, compared bit for bit.
 void expect_same_weights(const std::string& a, const std::string& b) {
@@ -58,9 +67,9 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
   // metadata are written, before `latest` moves). Kills 2 and 3: a random
   // rank, at a random moment of the restarted attempts.
   const int save_to_die_in = std::uniform_int_distribution<int>(1, 3)(rng);
-  BackgroundCommand job("env FSDP_FAULT_KILL_IN_SAVE=" + std::to_string(save_to_die_in) + " FSDP_TIMEOUT=20 " + kCli +
-                            " launch -n 2 --max-restarts 3 --stop-grace 5 -- " + train + " --out-dir " + dir +
-                            "/restarted",
+  BackgroundCommand job("env FSDP_FAULT_POINT=checkpoint.before_publish@" + std::to_string(save_to_die_in) +
+                            " FSDP_TIMEOUT=20 " + kCli + " launch -n 2 --max-restarts 3 --stop-grace 5 -- " + train +
+                            " --out-dir " + dir + "/restarted",
                         dir + "/restarted.log");
   // The first attempt's ranks: they die by the injected fault.
   std::vector<int> old_ranks = job.wait_for_new_children({}, std::chrono::seconds(60));
@@ -86,7 +95,7 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
 
 TEST(Restarts, EveryNodesLauncherRestartsTogether) {
   const auto dir = make_temp_dir();
-  const int port = launch::find_free_port();
+  const int port = dist::find_free_port();
   // Two launchers on this host as nodes 0 and 1; node 1's rank dies in the
   // first attempt, and node 0 restarts too, from the cause node 1 published.
   const std::string worker = "sh -c 'if [ \"$FSDP_RESTART_ATTEMPT\" = 0 ] && [ \"$RANK\" = 1 ]; then exit 3; fi; exec " +
@@ -172,16 +181,79 @@ TEST(Hang, ATimeoutEndsWithTheLaunchersSummaryOfWhereEachRankWaits) {
     EXPECT_TRUE(contains(r.output, who + " failed in" + what) || contains(r.output, who + " waits in" + what))
         << r.output;
   }
-  // The rank(s) that timed out printed their recent collectives and left
-  // them in a file (the other may have been stopped by the launcher first).
-  EXPECT_TRUE(contains(r.output, "fsdp: the last collectives of this rank (flight recorder):")) << r.output;
-  EXPECT_TRUE(contains(r.output, "]   all_reduce #1 on group 'world' (256 Float, 1.0 KiB): done in")) << r.output;
+  // One account, the launcher's: the rank(s) that timed out left their
+  // recent collectives in a file (the other may have been stopped by the
+  // launcher first) and did not print them too.
+  EXPECT_EQ(occurrences(r.output, "where each rank was"), 1) << r.output;
+  EXPECT_FALSE(contains(r.output, "the last collectives of this rank")) << r.output;
+  EXPECT_TRUE(contains(r.output, "  last collectives of the rank(s) whose collective failed: ")) << r.output;
   const auto where = r.output.find("flight records in ") + 18;
   const std::string folder = r.output.substr(where, r.output.find(')', where) - where);
   const std::string dumps = read_file(folder + "/rank0.txt") + read_file(folder + "/rank1.txt");
+  EXPECT_TRUE(contains(dumps, "all_reduce #1 on group 'world' (256 Float, 1.0 KiB): done in")) << dumps;
   EXPECT_TRUE(contains(dumps, "all_reduce #2 on group '")) << dumps;
   EXPECT_TRUE(contains(dumps, "(256 Float, 1.0 KiB): FAILED")) << dumps;
   fs::remove_all(folder);
+}
+
+TEST(Hang, ARankKilledInACollectiveIsReportedDeadOnceNotWaiting) {
+  // Both ranks wait in all_reduce #2 (on different groups, as in `stall`);
+  // then rank 1 is killed with SIGKILL. Rank 0's all_reduce fails when its
+  // peer's connection goes; the launcher tells, once, that rank 1 died there.
+  const auto dir = make_temp_dir();
+  BackgroundCommand job("env FSDP_TIMEOUT=60 FSDP_FLIGHT_RECORDER_DIR=" + dir + " " + kCli + " launch -n 2 -- " +
+                            kWorker + " stall",
+                        dir + "/launch.log");
+  std::optional<dist::RankRecord> victim;
+  for (int i = 0; i < 600; ++i) {
+    const auto r0 = dist::read_rank_record(dir, 0);
+    const auto r1 = dist::read_rank_record(dir, 1);
+    if (r0 && r1 && r0->entries.size() == 2 && r1->entries.size() == 2 && r1->entries.back().in_flight()) {
+      victim = r1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(victim.has_value()) << "rank 1 never waited in its second all_reduce\n" << job.output();
+  ASSERT_GT(victim->pid, 0);
+  ::kill(victim->pid, SIGKILL);
+  const int status = job.wait(std::chrono::seconds(60));
+  const std::string out = job.output();
+  EXPECT_NE(status, 0) << out;
+  EXPECT_TRUE(contains(out, "was killed by SIGKILL")) << out;
+  EXPECT_TRUE(contains(out, "  rank 1 is dead (killed by signal 9, SIGKILL); its last collective, in flight when it "
+                            "died: all_reduce #2 on group 'side' (256 Float, 1.0 KiB), issued "))
+      << out;
+  EXPECT_FALSE(contains(out, "rank 1 waits in")) << out;
+  // Printed once: one summary, no rank's own dump beside it (rank 0's is in rank0.txt).
+  EXPECT_EQ(occurrences(out, "where each rank was"), 1) << out;
+  EXPECT_FALSE(contains(out, "the last collectives of this rank")) << out;
+  EXPECT_EQ(occurrences(out, "all_reduce #1 on group 'world'"), 0) << "a dump was printed\n" << out;
+  fs::remove_all(dir);
+}
+
+TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExitsZero) {
+  // Ctrl-C (or a scheduler's preemption) is a request: every rank finishes
+  // its step, saves and exits 0, and so does the launcher.
+  const auto dir = make_temp_dir();
+  BackgroundCommand job(kCli + " launch -n 2 -- " + kCli +
+                            " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 "
+                            "--log-every 1 --out-dir " + dir + "/run --metrics " + dir + "/metrics.jsonl --ckpt-dir " +
+                            dir + "/ckpt",
+                        dir + "/launch.log");
+  for (int i = 0; i < 600 && train_losses(read_metrics(dir + "/metrics.jsonl")).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(train_losses(read_metrics(dir + "/metrics.jsonl")).size(), 2u) << job.output();
+  ::kill(job.pid(), SIGINT);
+  const int status = job.wait(std::chrono::seconds(120));
+  const std::string out = job.output();
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(contains(out, "fsdp launch: received SIGINT; forwarding it to the ranks")) << out;
+  EXPECT_TRUE(contains(out, "[rank 0] stopped by SIGINT after step ")) << out;
+  EXPECT_TRUE(contains(out, "fsdp launch: every rank stopped cleanly after SIGINT")) << out;
+  EXPECT_TRUE(exists(dir + "/ckpt/latest")) << "the stop saved no checkpoint\n" << out;
+  fs::remove_all(dir);
 }
 
 }  // namespace

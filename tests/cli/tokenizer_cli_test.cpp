@@ -121,10 +121,10 @@ TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarri
 }
 
 TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
-  // Every `echo "..." | build/fsdp data encode ...  # ids` line of the
-  // README, run as written (from the source directory) and compared with
-  // its comment.
-  std::ifstream readme(std::string(FSDP_SOURCE_DIR) + "/README.md");
+  // Every `echo "..." | build/fsdp data encode ...  # ids` line of
+  // docs/training.md ("Data"), run as written (from the source directory)
+  // and compared with its comment.
+  std::ifstream readme(std::string(FSDP_SOURCE_DIR) + "/docs/training.md");
   ASSERT_TRUE(readme.good());
   const std::regex example(R"re(^(echo "[^"]*" \| )build/fsdp( data encode[^#]*?)\s+# ([0-9,]+)$)re");
   std::string line;
@@ -139,7 +139,7 @@ TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
     EXPECT_EQ(r.output, std::string(m[3]) + "\n") << line;
     ++checked;
   }
-  EXPECT_GE(checked, 2) << "the README's data encode examples were not found";
+  EXPECT_GE(checked, 2) << "the data encode examples of docs/training.md were not found";
 }
 
 }  // namespace

@@ -273,8 +273,9 @@ TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {
     EXPECT_TRUE(contains(r.output, "(" + key.dotted + ")")) << key.dotted;
   }
   for (const char* needle :
-       {"--lr FLOAT=0.0003", "--eval-batches INT=8", "--beta2 FLOAT=0.95", "--precision fp32|bf16|fp16=fp32",
-        "--tensorboard [BOOL]=true", "gpt2-tiny (vocabulary 512)"}) {
+       {"--lr FLOAT ", "(optim.lr) (default 0.0003)", "(runtime.eval_batches) (default 8)",
+        "(optim.beta2) (default 0.95)", "(runtime.precision) (default fp32)", "(runtime.tensorboard) (default true)",
+        "gpt2-tiny (vocabulary 512)"}) {
     EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
   }
   const auto off = run_command(kCli + " train --tensorboard=false --eps 1e-6 --min-lr-ratio 0 --print-config");

@@ -107,27 +107,42 @@ TEST(Launcher, ReportsARankKilledBySignal) {
   EXPECT_TRUE(contains(r.output, "killed by SIGKILL")) << r.output;
 }
 
-TEST(Launcher, ForwardsSigtermAndExitsNonZero) {
-  const std::string dir = make_temp_dir();
+// Starts `fsdp launch -n 2 -- sh -c SCRIPT`, waits until both ranks have
+// touched DIR/up<RANK>, sends SIGTERM to the launcher only, and returns its
+// exit code.
+int sigterm_launcher(const std::string& dir, const std::string& script) {
   const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return -1;
   if (pid == 0) {
-    // Each rank notes that it received SIGTERM, then exits 0.
-    const std::string script =
-        "trap 'echo term > " + dir + "/got$RANK; exit 0' TERM; touch " + dir + "/up$RANK; while true; do sleep 0.1; done";
     ::execl(kCli.c_str(), kCli.c_str(), "launch", "-n", "2", "--", "sh", "-c", script.c_str(), nullptr);
     ::_exit(127);
   }
-  // Wait until both ranks are up, then signal the launcher only.
   for (int i = 0; i < 100; ++i) {
     if (std::ifstream(dir + "/up0") && std::ifstream(dir + "/up1")) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ::kill(pid, SIGTERM);
   int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(Launcher, ForwardsSigtermAndExitsZeroWhenEveryRankStopsCleanly) {
+  const std::string dir = make_temp_dir();
+  // Each rank notes that it received SIGTERM, then exits 0, as `fsdp train` does after saving.
+  const std::string script =
+      "trap 'echo term > " + dir + "/got$RANK; exit 0' TERM; touch " + dir + "/up$RANK; while true; do sleep 0.1; done";
+  EXPECT_EQ(sigterm_launcher(dir, script), 0);
+  EXPECT_TRUE(std::ifstream(dir + "/got0").good()) << "rank 0 did not get SIGTERM";
+  EXPECT_TRUE(std::ifstream(dir + "/got1").good()) << "rank 1 did not get SIGTERM";
+}
+
+TEST(Launcher, ForwardsSigtermAndExitsNonZeroWhenARankDoesNotStopCleanly) {
+  const std::string dir = make_temp_dir();
+  // Rank 1 fails while stopping (exit 3); rank 0 stops cleanly.
+  const std::string script = "trap 'echo term > " + dir + "/got$RANK; [ $RANK = 1 ] && exit 3; exit 0' TERM; touch " +
+                             dir + "/up$RANK; while true; do sleep 0.1; done";
+  EXPECT_EQ(sigterm_launcher(dir, script), 128 + SIGTERM);
   EXPECT_TRUE(std::ifstream(dir + "/got0").good()) << "rank 0 did not get SIGTERM";
   EXPECT_TRUE(std::ifstream(dir + "/got1").good()) << "rank 1 did not get SIGTERM";
 }

@@ -10,7 +10,7 @@ dcp`, which run tools/dcp_convert.py):
   11-20 equal FSDP2's own continuation from the same DCP directory.
 
 W = 2 with 2 rows per rank and W = 4 with 1 read the same 4 rows per step
-(README, "Data"), so the two sides train on the same global batch. Losses
+(docs/training.md, "Data"), so the two sides train on the same global batch. Losses
 agree within 1e-5 relative. Qwen3-MoE's FSDP2 side runs at W = 2 with 2
 rows per rank instead: its load-balancing loss is computed over each
 rank's own tokens (in transformers as in fsdp.cpp), so it depends on how

@@ -4,7 +4,7 @@ CPU device mesh over Gloo, the way `fsdp train` does it:
 
 - data: the llm.c token file, unshuffled; rank r of W at step s, micro-step
   a of A reads B rows starting at sequence ((s*A + a)*W + r)*B, sequence i
-  being the T+1 tokens from position i*T (README, "Data");
+  being the T+1 tokens from position i*T (docs/training.md, "Data");
 - model: `fully_shard` on each block, then on the root; with --hsdp R, a
   2-D mesh (R replicas x W/R shards), as `--sharding hybrid_shard`;
 - loss: mean cross-entropy over the micro-batch's tokens, plus the MoE

@@ -1,6 +1,7 @@
 #include "fsdp/train/config.h"
 
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -82,6 +83,103 @@ TEST(Config, PrintedConfigLoadsBackToTheSameValues) {
   back.load_yaml(write_yaml(c.to_yaml()));
   EXPECT_EQ(back.to_yaml(), c.to_yaml());
   EXPECT_EQ(back.runtime.sample_prompt, "Fellow citizens: \"hi\"");
+}
+
+TEST(Config, NumbersOutOfRangeAreRefusedByName) {
+  TrainConfig c;
+  expect_error([&] { c.set("optim.lr", "1e999", "command line"); }, {"optim.lr is '1e999'", "expected a finite number"});
+  expect_error([&] { c.set("optim.beta1", "nan", "--set"); }, {"optim.beta1 is 'nan'", "expected a finite number"});
+  expect_error([&] { c.set("runtime.steps", "99999999999999999999", "--set"); },
+               {"runtime.steps is '99999999999999999999'", "expected an integer from -2^63 to 2^63-1"});
+  EXPECT_DOUBLE_EQ(c.optim.lr, TrainConfig().optim.lr) << "a refused value leaves the key as it was";
+}
+
+TEST(Config, NumbersPrintExactlyAndShortly) {
+  TrainConfig c;
+  c.set("optim.lr", "1.2345678901234567e-4", "test");
+  TrainConfig back;
+  back.load_yaml_text(c.to_yaml(), "printed");
+  EXPECT_EQ(back.optim.lr, c.optim.lr) << "the printed configuration reads back to the same double";
+  const std::string yaml = TrainConfig().to_yaml();
+  for (const char* line : {"lr: 0.0003\n", "eps: 1e-08\n", "beta2: 0.95\n", "grad_clip: 1\n"}) {
+    EXPECT_NE(yaml.find(line), std::string::npos) << line << " in " << yaml;
+  }
+}
+
+// Every enum key takes each of its spellings and prints it back; name_of
+// reads the same table.
+TEST(Config, EnumKeysTakeAndPrintEachSpelling) {
+  size_t enum_keys = 0;
+  for (const auto& key : TrainConfig::describe()) {
+    if (key.type.find('|') == std::string::npos) continue;
+    ++enum_keys;
+    std::string rest = key.type;
+    while (!rest.empty()) {
+      const auto bar = rest.find('|');
+      const std::string spelling = rest.substr(0, bar);
+      rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
+      TrainConfig c;
+      c.set(key.dotted, spelling, "test");
+      const std::string line = key.dotted.substr(key.dotted.find('.') + 1) + ": " + spelling + "\n";
+      EXPECT_NE(c.to_yaml().find(line), std::string::npos) << line << " in " << c.to_yaml();
+    }
+  }
+  EXPECT_EQ(enum_keys, 4u) << "lr_schedule, precision, sharding, on_save_error";
+  EXPECT_EQ(name_of(Precision::kFp16), "fp16");
+  EXPECT_EQ(name_of(Sharding::kShardGradOp), "shard_grad_op");
+  EXPECT_EQ(name_of(LrScheduleKind::kConstant), "constant");
+  EXPECT_EQ(name_of(OnSaveError::kContinue), "continue");
+  TrainConfig c;
+  expect_error([&] { c.load_yaml_text("runtime:\n  precision: [bf16]\n", "f.yaml"); },
+               {"runtime.precision must be a single value, one of fp32, bf16, fp16"});
+}
+
+// The kind each key shows comes from its field's C++ type.
+TEST(Config, DescribeGivesTypesAndDefaultsFromTheFields) {
+  std::map<std::string, TrainConfig::KeyInfo> by_key;
+  for (const auto& key : TrainConfig::describe()) by_key[key.dotted] = key;
+  EXPECT_EQ(by_key.size(), TrainConfig::keys().size());
+  EXPECT_EQ(by_key["data.seq_len"].type, "INT");
+  EXPECT_EQ(by_key["data.seq_len"].default_value, "64");
+  EXPECT_EQ(by_key["optim.lr"].type, "FLOAT");
+  EXPECT_EQ(by_key["optim.lr"].default_value, "0.0003");
+  EXPECT_EQ(by_key["runtime.tensorboard"].type, "BOOL");
+  EXPECT_TRUE(by_key["runtime.tensorboard"].boolean);
+  EXPECT_EQ(by_key["runtime.tensorboard"].default_value, "true");
+  EXPECT_EQ(by_key["model.name"].type, "TEXT");
+  EXPECT_EQ(by_key["runtime.sample_prompt"].default_value, "\n");
+  EXPECT_EQ(by_key["runtime.precision"].type, "fp32|bf16|fp16");
+  EXPECT_EQ(by_key["runtime.precision"].default_value, "fp32");
+  EXPECT_EQ(by_key["fsdp.sharding"].flag, "--sharding");
+}
+
+TEST(Config, VocabSizeOverridesAPresetsRowsAndIsNotNegative) {
+  TrainConfig c;
+  EXPECT_EQ(c.model.vocab_size, 0) << "0: the preset's own vocabulary";
+  c.load_yaml_text("model:\n  name: gpt2-tiny\n  vocab_size: 1024\n", "f.yaml");
+  EXPECT_EQ(c.model.vocab_size, 1024);
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_NE(c.to_yaml().find("vocab_size: 1024\n"), std::string::npos) << c.to_yaml();
+  c.set("model.vocab_size", "-1", "command line");
+  expect_error([&] { c.validate(); }, {"model.vocab_size is -1", "expected 0"});
+  expect_error([&] { c.set("model.vocab_size", "big", "command line"); },
+               {"model.vocab_size is 'big'", "expected an integer"});
+  bool has_flag = false;
+  for (const auto& key : TrainConfig::describe()) has_flag |= key.dotted == "model.vocab_size" && key.flag == "--vocab-size";
+  EXPECT_TRUE(has_flag);
+}
+
+TEST(Config, DifferencesNameEachChangedKey) {
+  TrainConfig a, b;
+  EXPECT_TRUE(a.differences(b).empty());
+  b.set("optim.lr", "0.001", "test");
+  b.set("runtime.precision", "bf16", "test");
+  b.set("runtime.run_name", "x", "test");
+  const auto d = a.differences(b);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0], "optim.lr: 0.0003 -> 0.001");
+  EXPECT_EQ(d[1], "runtime.precision: fp32 -> bf16");
+  EXPECT_EQ(d[2], "runtime.run_name: \"\" -> x");
 }
 
 TEST(Config, MissingOrInvalidFile) {

@@ -1,6 +1,8 @@
 // The flight recorder's file: a ring of the last K collectives that another
-// process (the launcher) reads back, and the one-line-per-rank summary.
+// process (the launcher) reads back, and the one-line-per-rank summary, in
+// which a rank killed by a signal is dead rather than waiting.
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -46,6 +48,40 @@ TEST(FlightRecorder, TheFileKeepsTheLastKAndTheSummarySaysWhereTheRankWaits) {
   EXPECT_EQ(lines[1], "rank 4 issued no collective");
   EXPECT_FALSE(read_rank_record(dir, 7).has_value());
   std::filesystem::remove_all(dir);
+}
+
+FlightEntry entry(int64_t seq, const char* op, int64_t issued_ns, int64_t completed_ns) {
+  FlightEntry e;
+  e.seq = seq;
+  e.numel = 256;
+  e.bytes = 1024;
+  e.issued_ns = issued_ns;
+  e.completed_ns = completed_ns;
+  e.group_size = 2;
+  std::snprintf(e.op, sizeof(e.op), "%s", op);
+  std::snprintf(e.group, sizeof(e.group), "world");
+  std::snprintf(e.role, sizeof(e.role), "world");
+  std::snprintf(e.dtype, sizeof(e.dtype), "Float");
+  return e;
+}
+
+TEST(FlightRecorder, ARankKilledBySignalIsDeadWithItsLastCollectiveNotWaiting) {
+  const int64_t s = 1'000'000'000;
+  const FlightEntry done = entry(7, "all_reduce", 1 * s, 2 * s);
+  const FlightEntry pending = entry(8, "all_gather_into_tensor", 3 * s, 0);
+  RankRecord in_flight{1, 0, {done, pending}, 9};
+  RankRecord completed{2, 0, {done}, 9};
+  RankRecord silent{3, 0, {}, 6};
+  RankRecord stopped{4, 0, {done, pending}, 0};  // stopped on purpose: it was waiting
+  const auto lines = summarize_ranks({in_flight, completed, silent, stopped}, 5 * s + s / 2);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "rank 1 is dead (killed by signal 9, SIGKILL); its last collective, in flight when it died: "
+                      "all_gather_into_tensor #8 on group 'world' (256 Float, 1.0 KiB), issued 2.5 s ago");
+  EXPECT_EQ(lines[1], "rank 2 is dead (killed by signal 9, SIGKILL); its last collective: all_reduce #7 on group "
+                      "'world' (256 Float, 1.0 KiB), completed 3.5 s ago");
+  EXPECT_EQ(lines[2], "rank 3 is dead (killed by signal 6, SIGABRT) and issued no collective");
+  EXPECT_EQ(lines[3],
+            "rank 4 waits in all_gather_into_tensor #8 on group 'world' (256 Float, 1.0 KiB), issued 2.5 s ago");
 }
 
 }  // namespace

@@ -12,8 +12,11 @@
 //          DIR/step_00000120/metadata.json
 //          DIR/step_00000120/rank_00000.safetensors ...
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -21,10 +24,8 @@
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/common/error.h"
 #include "fsdp/dist/process_group.h"
-#include "fsdp/models/hf/weights.h"
 
 namespace fsdp::checkpoint {
-
 
 // A save that could not be completed (a full disk, an unwritable
 // directory): `latest` still names the previous checkpoint and the partial
@@ -50,12 +51,40 @@ std::optional<std::string> latest(const std::string& dir);
 TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                   dist::World& world);
 
+// What is wrong with a checkpoint (its metadata, a missing file, a
+// checksum that does not hold), or "" when it is intact. Reads every file.
+std::string damage(const std::string& checkpoint);
+
 // `fsdp ckpt inspect`: a summary, and whether every file's checksum holds.
 std::string inspect(const std::string& checkpoint);
 
-// `fsdp ckpt export`: Hugging Face config.json + model.safetensors (or
-// shards with an index), one full parameter at a time, named and
-// configured by the family the checkpoint's recorded config.json names.
-void export_hf(const std::string& checkpoint, const std::string& out_dir, const models::HfExportOptions& options = {});
+namespace detail {
+class RankFiles;
+}
+
+// Whole parameters of a checkpoint, read in this process (no world): each
+// assembled from the pieces the ranks saved, every rank file checksummed on
+// first use. What an export reads (models::export_checkpoint_hf).
+class ParameterReader {
+ public:
+  // Throws fsdp::Error naming the checkpoint when its metadata is missing or damaged.
+  explicit ParameterReader(const std::string& checkpoint);
+  ~ParameterReader();
+  ParameterReader(const ParameterReader&) = delete;
+  ParameterReader& operator=(const ParameterReader&) = delete;
+
+  const std::string& checkpoint() const { return checkpoint_; }
+  const nlohmann::json& metadata() const { return meta_; }
+  // Every saved parameter, name and global shape, in the metadata's order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters() const;
+  // Parameter `name` whole, converted to `dtype`. Throws naming the file
+  // that is missing or damaged, or the parameter the checkpoint lacks.
+  at::Tensor read(const std::string& name, at::ScalarType dtype = at::kFloat);
+
+ private:
+  std::string checkpoint_;
+  nlohmann::json meta_;
+  std::unique_ptr<detail::RankFiles> files_;
+};
 
 }  // namespace fsdp::checkpoint

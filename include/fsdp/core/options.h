@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "fsdp/common/deferred_tensor.h"  // deferred_empty, for param_init
 #include "fsdp/dist/device_mesh.h"
 
 namespace fsdp {
@@ -52,14 +53,6 @@ using ReducedGradHook = std::function<void(at::Tensor& reduced)>;
 // produce the same values). Called for deferred parameters (deferred_empty),
 // one at a time, so a rank never holds more than its shard plus one parameter.
 using ParamInitFn = std::function<void(const std::string& fqn, at::Tensor& full)>;
-
-// A parameter with its full shape but no memory behind it (every element
-// aliases one), to be materialised shard by shard by fully_shard's
-// param_init. LibTorch 1.13 cannot swap a meta tensor's data for CPU
-// memory in place (set_data refuses), so deferred parameters are CPU
-// tensors with zero strides instead.
-at::Tensor deferred_empty(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat);
-bool is_deferred(const at::Tensor& t);
 
 struct FullyShardOptions {
   std::shared_ptr<dist::DeviceMesh> mesh;  // required

@@ -13,6 +13,7 @@
 // seeded permutation of the n windows for epoch e = i / n, computed without
 // state. Either way a run at W=2 sees exactly the global batch of W=1.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,9 @@ struct LoaderOptions {
   bool shuffle = false;
   c10::Device device = c10::Device(c10::DeviceType::CPU);  // where batches go (the world's device)
   std::string flag = "--data";  // names the option in errors
+  // Appended to the error for a token id the vocabulary cannot hold
+  // (given the largest id): what the caller's user can change.
+  std::function<std::string(int64_t max_id)> vocab_advice;
 };
 
 class DataLoader {

@@ -65,4 +65,10 @@ class Tokenizer {
 // Whether DIR holds a tokenizer from_dir reads.
 bool has_tokenizer(const std::string& dir);
 
+// GPT-2's tokenizer as scripts/fetch_data.sh leaves it: data/gpt2 under the
+// current directory, else under the repository the running `fsdp` was
+// built in (its build folder's parent), so a run started elsewhere finds
+// it. The current directory's path when neither holds one.
+std::string default_tokenizer_dir();
+
 }  // namespace fsdp::data

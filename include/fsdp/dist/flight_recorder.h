@@ -10,6 +10,14 @@
 // moment it is written, even if the rank is then killed by SIGKILL, and the
 // launcher reads the files of the ranks it supervised after they stopped.
 // Without the folder it lives in memory and is only printed.
+//
+// [Note: one account of a failure]
+// A rank whose collective fails writes its dump to rank<N>.txt; it prints it
+// (its last 8 entries) on stderr only when no launcher will: `fsdp launch`
+// sets kLauncherReadsRecordsVar and prints, once, one line per rank of
+// where each was, from the files. A rank that died of a signal the launcher
+// did not send (kill -9, a crash) is described as dead, with its last
+// collective, never as waiting in it.
 
 #include <cstdint>
 #include <optional>
@@ -17,6 +25,10 @@
 #include <vector>
 
 namespace fsdp::dist {
+
+// Set to "1" by `fsdp launch` for its ranks: it reads their flight records
+// and reports them itself (see [Note: one account of a failure]).
+inline constexpr const char* kLauncherReadsRecordsVar = "FSDP_LAUNCH_READS_FLIGHT_RECORDS";
 
 // One collective as recorded. Plain bytes: it is the file's record format.
 struct FlightEntry {
@@ -68,6 +80,10 @@ class FlightRecorder {
   std::string dump(size_t n) const;
   // Writes dump() of every entry to rank<N>.txt in the recorder folder, if any.
   void write_text_dump() const;
+  // After collective `seq` failed: marks it failed, writes the text dump
+  // and, the first time in this process and unless the launcher reports the
+  // records, prints the last entries on stderr.
+  void report_failure(int64_t seq);
 
   FlightRecorder(const FlightRecorder&) = delete;
   FlightRecorder& operator=(const FlightRecorder&) = delete;
@@ -93,14 +109,24 @@ class CollectiveLabel {
 // What a rank recorded, read back from its file.
 struct RankRecord {
   int rank = -1;
+  int pid = 0;                       // the process that recorded it
   std::vector<FlightEntry> entries;  // oldest first
+  // Set by the reader: the signal that killed the process when it died of
+  // one nobody sent to stop it (kill -9, a crash); 0 while it runs, after it
+  // exited, or when stopped on purpose.
+  int killed_by_signal = 0;
 };
 // Reads rank<N>.fr from `dir`; nullopt when absent or not a recorder file.
 std::optional<RankRecord> read_rank_record(const std::string& dir, int rank);
+// DIR/rank<N>.txt, where write_text_dump puts rank N's dump.
+std::string text_dump_path(const std::string& dir, int rank);
 
 // One line per rank: where it waits (its oldest collective in flight) or,
 // when none is, the last it completed. "rank 1 waits in all_gather_into_tensor
-// #1234 on group 'shard' (unit 'h.3', 12.1 s)".
+// #1234 on group 'shard' (..., unit 'h.3'), issued 12.1 s ago". A rank killed
+// by a signal is dead, with its last recorded collective: "rank 1 is dead
+// (killed by signal 9, SIGKILL); its last collective, in flight when it died:
+// all_gather_into_tensor #1234 ..., issued 12.1 s ago".
 std::vector<std::string> summarize_ranks(const std::vector<RankRecord>& ranks, int64_t now_ns);
 
 int64_t system_now_ns();

@@ -34,4 +34,16 @@ struct LaunchEnv {
 // inconsistent values (RANK >= WORLD_SIZE, a multi-node job without MASTER_ADDR).
 LaunchEnv parse_launch_env(const EnvMap& env);
 
+// What `fsdp launch` tells its ranks beyond torchrun's variables (see
+// [Note: restarts] in src/launch/launcher.cpp): which attempt this is (0,
+// 1, ... under --max-restarts), and, as "1", that the launcher serves the
+// job's store on MASTER_PORT, so rank 0 joins it instead of serving one.
+inline constexpr const char* kRestartAttemptVar = "FSDP_RESTART_ATTEMPT";
+inline constexpr const char* kAgentStoreVar = "FSDP_AGENT_STORE";
+
+// A TCP port that was free a moment ago, below the kernel's ephemeral range:
+// the rendezvous port `fsdp launch` hands its ranks, or a lone process
+// serves itself.
+int find_free_port();
+
 }  // namespace fsdp::dist

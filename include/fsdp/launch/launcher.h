@@ -48,11 +48,10 @@ void validate(const LaunchOptions& options);
 
 // Starts the ranks and supervises them. Returns 0 when every rank exits 0;
 // otherwise stops the survivors and returns non-zero after printing which rank
-// failed and how. SIGINT/SIGTERM received by the launcher are forwarded.
+// failed and how. SIGINT/SIGTERM received by the launcher are forwarded; then
+// it returns 0 when every rank still exits 0 (`fsdp train` saves and stops
+// cleanly), else 128 + the signal.
 int run(const LaunchOptions& options);
-
-// A TCP port that was free a moment ago (bound to port 0, then released).
-int find_free_port();
 
 // Cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();

@@ -25,9 +25,10 @@ std::vector<std::string> preset_names();
 // "gpt2-tiny (vocabulary 512), ...": every preset with its vocabulary size.
 std::string preset_help();
 
-// A preset with dropout applied where the architecture has it. Throws
+// A preset with dropout applied where the architecture has it, and
+// `vocab_size` embedding rows when not 0 (the preset's otherwise). Throws
 // naming the closest preset for unknown names.
-CausalLM build_preset(const std::string& name, double dropout = 0.0);
+CausalLM build_preset(const std::string& name, double dropout = 0.0, int64_t vocab_size = 0);
 
 // The architecture a Hugging Face config.json describes, including its
 // dropout fields and its torch_dtype (remembered as the export default).

@@ -18,7 +18,8 @@ class Node;
 namespace fsdp::train {
 
 // Enumerated keys are parsed into these once, when the configuration is
-// read; nothing compares their names elsewhere.
+// read; nothing compares their names elsewhere. Each enum's spellings are
+// one table in config.cpp, checked against the enum at compile time.
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Sharding { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class OnSaveError { kStop, kContinue };
@@ -32,6 +33,7 @@ struct TrainConfig {
   struct Model {
     std::string name = "gpt2-tiny";  // a preset; ignored when init_from is set
     std::string init_from;           // a Hugging Face directory (config.json + model.safetensors)
+    int64_t vocab_size = 0;          // embedding rows for a preset; 0: the preset's
     double dropout = 0.0;
     bool activation_checkpoint = false;
     bool chunk_loss = false;
@@ -90,6 +92,7 @@ struct TrainConfig {
     int64_t save_every = 0;  // steps between saves (0: only at the end and on SIGTERM/SIGINT)
     int64_t keep = 3;        // newest checkpoints kept
     bool resume = false;     // insist on resuming (an error if DIR holds no checkpoint)
+    int64_t resume_from = 0;  // resume from DIR/step_N instead of `latest` (0: latest)
     // A save that fails (a full disk): stop the run, or warn and train on
     // (`latest` stays on the last complete checkpoint either way).
     OnSaveError on_save_error = OnSaveError::kStop;
@@ -117,7 +120,7 @@ struct TrainConfig {
     std::string flag;    // --flag
     std::string type;    // INT, FLOAT, BOOL, TEXT, or the allowed values joined by '|'
     std::string help;
-    std::string default_value;  // as --print-config writes it
+    std::string default_value;  // as --print-config writes it, before YAML's quoting
     bool boolean = false;
   };
   static std::vector<KeyInfo> describe();

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/train/config.h"
+
 namespace fsdp::train {
 
 struct RunFolder {
@@ -18,6 +20,36 @@ struct RunFolder {
   std::string log(int rank) const { return dir + "/logs/rank" + std::to_string(rank) + ".log"; }
   std::string trace(int rank) const { return dir + "/traces/rank" + std::to_string(rank) + ".json"; }
 };
+
+// Where a run writes, decided once. `config` is completed in place:
+// runtime.out_dir (out/<run_name>, the name from the model and
+// `started_unix_seconds` when not given), runtime.metrics and
+// checkpoint.dir, derived from the folder when not given. Checkpoints are
+// written when asked for (a directory, or a cadence); a folder that already
+// holds some (a run saved here before) continues them.
+struct RunPaths {
+  RunFolder folder;
+  bool folder_existed = false;     // the folder was there before this start
+  bool metrics_derived = false;    // runtime.metrics came from the folder
+  bool ckpt_dir_derived = false;   // checkpoint.dir came from the folder
+};
+RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds);
+
+// Fails, naming the flag, when an output path cannot be written: a run must
+// not train for hours and then find it cannot write its result. `all`:
+// every path (one rank checks them), else the run folder only.
+void check_output_paths(const TrainConfig& config, const RunFolder& folder, bool all);
+
+// The configuration as config.yaml records it. config.yaml is reused
+// (--config run1/config.yaml) and copied with its folder: paths that name
+// the folder, or were derived from it, are left out, so a reuse writes
+// where its own flags say and never into this run. Paths the user gave
+// (--metrics, --ckpt-dir, --export-hf) stay.
+TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths);
+
+// Removes `dir` when it holds no file (a start that failed before writing
+// anything leaves no empty run folder behind).
+void remove_if_holds_no_file(const std::string& dir);
 
 // "<model>-<YYYYmmdd>-<HHMMSS>" (UTC) for a run started at `unix_seconds`.
 std::string default_run_name(const std::string& model, int64_t unix_seconds);

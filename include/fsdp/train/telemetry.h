@@ -1,11 +1,13 @@
 #pragma once
 // What the trainer reports: one JSON object per line in the metrics file,
-// and on a terminal a progress bar (plain lines when output is not a TTY).
+// the console (a progress bar on a terminal, plain lines otherwise) and
+// each rank's log file.
 
 #include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
@@ -28,21 +30,36 @@ class MetricsLog {
   std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };
 
-class Progress {
+// The run's console and log files: rank 0 speaks (`say`), every rank keeps
+// its own log (`note`), so no caller asks which rank it is. Lines from
+// before the run folder exists (the model, the data, a resume's
+// configuration difference) are held and written when the log opens:
+// logs/rank<N>.log tells the whole start. Output is flushed per line, so
+// lines arrive in order through a launcher's pipes.
+class RunLog {
  public:
-  // Every line shown is also appended to `log_path` (this rank's log) when set.
-  Progress(int64_t first_step, int64_t total_steps, const std::string& log_path = "");
-  // One update per logged step; draws a bar on a terminal, prints a line otherwise.
-  void log(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm);
-  void message(const std::string& text);
+  explicit RunLog(int rank);
+  // Appends to `log_path` from now on (held lines first).
+  void open(const std::string& log_path, int64_t first_step, int64_t total_steps);
+  // Rank 0: printed and logged. Other ranks: nothing.
+  void say(const std::string& text);
+  void warn(const std::string& text) { say("warning: " + text); }
+  // This rank's log file only (errors, the resume marker, its own traces).
+  void note(const std::string& text);
+  // Rank 0: one update per logged step; a bar on a terminal, a line otherwise.
+  void step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm);
+  // Ends the bar's line.
   void finish();
-  // Written to the log file only (errors, the resume marker).
-  void log_only(const std::string& text);
+  bool speaks() const { return rank_ == 0; }
 
  private:
+  void write_file(const std::string& text);
+
+  int rank_;
   bool tty_;
   std::ofstream log_;
-  int64_t first_step_, total_steps_;
+  std::vector<std::string> held_;  // noted before the log file opened
+  int64_t first_step_ = 0, total_steps_ = 0;
   std::chrono::steady_clock::time_point start_;
   bool bar_drawn_ = false;
 };

@@ -1,0 +1,31 @@
+#pragma once
+// Named fault points: places where a failure test has this process die on
+// purpose, as a crash or `kill -9` would. One variable arms them, read once
+// (at the first point reached):
+//
+//   FSDP_FAULT_POINT=NAME[@N][,NAME[@N]...]
+//
+// kills the process with SIGKILL the N-th time (default 1) it reaches point
+// NAME, after one line on stderr saying so. Under `fsdp launch
+// --max-restarts`, only in the first attempt (FSDP_RESTART_ATTEMPT unset or
+// 0), so the restarted job runs through. A name that is not a point below
+// is an error (fsdp::Error naming it), so a test cannot arm nothing by a typo.
+// Unset, as in every real run, a point costs one check of a flag.
+
+namespace fsdp {
+
+inline constexpr const char* kFaultPointVar = "FSDP_FAULT_POINT";
+
+// The points, each with where it is and what has happened when it is reached.
+inline constexpr const char* kFaultPoints[] = {
+    // checkpoint::save, on rank 0: every rank's file and metadata.json are
+    // written and fsynced into step_N.tmp/, not yet renamed to step_N/;
+    // `latest` still names the previous checkpoint.
+    "checkpoint.before_publish",
+};
+
+// Point `name` (one of kFaultPoints) is reached: dies here when armed for
+// this visit.
+void fault_point(const char* name);
+
+}  // namespace fsdp

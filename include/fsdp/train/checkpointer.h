@@ -1,0 +1,66 @@
+#pragma once
+// The trainer's save and resume: where checkpoints go and when they are
+// written, what a failed save does, the finite-weights guard, and what a
+// resume restores and reports (the configuration keys that changed, beside
+// the ones a resume may change).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "fsdp/checkpoint/metadata.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/telemetry.h"
+
+namespace fsdp::train {
+
+class Checkpointer {
+ public:
+  // `config.dir` empty: nothing is saved or resumed.
+  Checkpointer(TrainConfig::Checkpoint config, dist::World& world, RunLog& log);
+
+  bool enabled() const { return !config_.dir.empty(); }
+  const std::string& dir() const { return config_.dir; }
+
+  // Collective. Loads `latest` (or --resume-from's step) into the sharded
+  // model and optimizer when the directory holds one, and reports how
+  // `now` differs from the configuration it was saved with. A checkpoint
+  // that cannot be loaded is an error naming the checkpoints still intact.
+  std::optional<checkpoint::TrainerState> resume(torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                                                 const TrainConfig& now);
+
+  // Every --save-every steps, at the last step, and when the run is asked to stop.
+  bool due(int64_t step, int64_t total_steps, bool stop_requested) const;
+
+  // Collective. Writes `state` unless some rank's weights are not finite
+  // (then `latest` stays the last good one). A failed save stops the run or,
+  // under --on-save-error continue, is counted and reported. `metrics` is
+  // rank 0's (null elsewhere).
+  void save(const checkpoint::TrainerState& state, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+            MetricsLog* metrics);
+  // Later saves go to `dir` (the run folder's, when a run ends without one).
+  void redirect(const std::string& dir) { config_.dir = dir; }
+
+  int64_t last_saved_step() const { return last_saved_step_; }
+  int64_t failed_saves() const { return failed_saves_; }
+
+  // Whether a "key: old -> new" difference is one a resume is expected to
+  // make: where the run writes, how long it runs, how it checkpoints.
+  static bool may_differ(const std::string& difference);
+
+ private:
+  std::string chosen_checkpoint() const;  // "" when there is none to resume
+  std::string intact_checkpoints(const std::string& except) const;
+  void report_differences(const checkpoint::TrainerState& state, const std::string& path, const TrainConfig& now);
+
+  TrainConfig::Checkpoint config_;
+  dist::World& world_;
+  RunLog& log_;
+  int64_t last_saved_step_ = -1;
+  int64_t failed_saves_ = 0;
+};
+
+}  // namespace fsdp::train

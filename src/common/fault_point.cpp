@@ -1,0 +1,88 @@
+#include "fsdp/common/fault_point.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "fsdp/common/env.h"
+#include "fsdp/common/error.h"
+
+namespace fsdp {
+namespace {
+
+bool is_fault_point(const std::string& name) {
+  for (const char* point : kFaultPoints) {
+    if (name == point) return true;
+  }
+  return false;
+}
+
+std::string fault_point_list() {
+  std::string list;
+  for (const char* point : kFaultPoints) list += (list.empty() ? "" : ", ") + std::string(point);
+  return list;
+}
+
+// NAME[@N][,...] -> point: the visit that kills.
+std::map<std::string, long> parse_fault_points(const std::string& text) {
+  std::map<std::string, long> kill_at;
+  for (size_t start = 0; start <= text.size();) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const size_t at = item.find('@');
+    const std::string name = item.substr(0, at);
+    FSDP_CHECK(is_fault_point(name), kFaultPointVar, " names '", name, "', which is not a fault point (",
+               fault_point_list(), "; include/fsdp/common/fault_point.h)");
+    const long n = at == std::string::npos
+                       ? 1
+                       : parse_non_negative(item.substr(at + 1), std::string(kFaultPointVar) + "'s count for " + name);
+    FSDP_CHECK(n >= 1, kFaultPointVar, "=", text, ": the count after '@' is the visit that dies, from 1");
+    kill_at[name] = n;
+  }
+  return kill_at;
+}
+
+struct ArmedPoints {
+  std::map<std::string, long> kill_at;  // fixed once read
+  std::mutex mutex;
+  std::map<std::string, long> visits;
+};
+
+ArmedPoints& armed_points() {
+  static ArmedPoints* points = [] {
+    auto* p = new ArmedPoints;  // never destroyed: a point may be reached during exit
+    const char* text = std::getenv(kFaultPointVar);
+    if (text == nullptr || *text == '\0') return p;
+    auto kill_at = parse_fault_points(text);  // checked in every attempt
+    const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");  // dist::kRestartAttemptVar, set by fsdp launch
+    if (attempt == nullptr || std::atoi(attempt) == 0) p->kill_at = std::move(kill_at);
+    return p;
+  }();
+  return *points;
+}
+
+}  // namespace
+
+void fault_point(const char* name) {
+  FSDP_ASSERT(is_fault_point(name));
+  ArmedPoints& points = armed_points();
+  if (points.kill_at.empty()) return;
+  const auto it = points.kill_at.find(name);
+  if (it == points.kill_at.end()) return;
+  std::lock_guard<std::mutex> lock(points.mutex);
+  if (++points.visits[name] != it->second) return;
+  std::fprintf(stderr, "fsdp: fault point %s reached (%s): killing this process with SIGKILL\n", name,
+               kFaultPointVar);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace fsdp

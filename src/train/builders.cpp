@@ -1,0 +1,165 @@
+#include "fsdp/train/builders.h"
+
+#include <iostream>
+#include <set>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/models/parallelize.h"
+#include "fsdp/models/registry.h"
+
+namespace fsdp::train {
+namespace {
+
+ShardingStrategy strategy_of(Sharding s) {
+  switch (s) {
+    case Sharding::kShardGradOp: return ShardingStrategy::kShardGradOp;
+    case Sharding::kNoShard: return ShardingStrategy::kNoShard;
+    case Sharding::kHybridShard: return ShardingStrategy::kHybridShard;
+    case Sharding::kFullShard: break;
+  }
+  return ShardingStrategy::kFullShard;
+}
+
+// For a token id a preset's vocabulary cannot hold: the flag that resizes
+// it, and the presets whose vocabulary already holds it (the first, the
+// smallest, of each vocabulary).
+std::string preset_vocab_advice(int64_t max_id) {
+  std::string fitting;
+  std::set<int64_t> named;
+  for (const auto& family : models::families()) {
+    for (const auto& preset : family.presets) {
+      const int64_t vocab = family.preset_vocab_size(preset);
+      if (vocab <= max_id || !named.insert(vocab).second) continue;
+      fitting += (fitting.empty() ? "" : ", ") + preset + " (vocabulary " + std::to_string(vocab) + ")";
+    }
+  }
+  const int64_t rows = (max_id + 1 + 63) / 64 * 64;
+  return "give the preset more embedding rows (--vocab-size " + std::to_string(rows) + ")" +
+         (fitting.empty() ? "" : ", or choose a preset that holds it: " + fitting);
+}
+
+}  // namespace
+
+torch::ScalarType precision_dtype(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return torch::kBFloat16;
+    case Precision::kFp16: return torch::kHalf;
+    case Precision::kFp32: break;
+  }
+  return torch::kFloat;
+}
+
+BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, RunLog& log) {
+  BuiltModel built;
+  if (m.init_from.empty()) {
+    built.model = models::build_preset(m.name, m.dropout, m.vocab_size);
+  } else {
+    FSDP_CHECK(m.vocab_size == 0, "--vocab-size resizes a preset; --init-from '", m.init_from,
+               "' takes its vocabulary from its config.json");
+    // Deferred: no rank holds the whole model; fully_shard reads each
+    // parameter from the memory-mapped file and keeps its shard.
+    built.model = models::build_from_hf_dir(m.init_from, /*deferred=*/true);
+    built.init_weights = std::make_shared<models::HfWeights>(m.init_from);
+    built.init_weights->validate(*built.model);
+  }
+  auto& model = *built.model;
+  // The world's device decision; FSDP's buffers follow the parameters.
+  if (!world.device().is_cpu()) model.to(world.device());
+  const int64_t params = models::count_parameters(model);
+  log.say("model " + (m.init_from.empty() ? m.name : m.init_from) + ": " + std::to_string(params) + " parameters (" +
+          model.family() + "), " + std::to_string(model.n_layers()) + " layers, width " + std::to_string(model.dim()) +
+          ", vocabulary " + std::to_string(model.vocab_size()));
+  if (m.print && log.speaks()) {
+    std::cout << model << "\n";
+    for (const auto& item : model.named_parameters()) {
+      std::cout << "  " << item.key() << "  " << item.value().sizes() << "  " << item.value().numel() << "\n";
+    }
+    std::cout << "  total  " << params << " parameters\n";
+  }
+  return built;
+}
+
+std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const models::CausalLMImpl& model,
+                                               const dist::World& world, bool validation, RunLog& log) {
+  const auto& d = config.data;
+  FSDP_CHECK(d.seq_len <= model.max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
+             model.max_seq_len(), " positions");
+  data::LoaderOptions o;
+  o.batch_size = d.batch_size;
+  o.seq_len = d.seq_len;
+  o.rank = world.rank();
+  o.world = world.size();
+  o.device = world.device();
+  o.grad_accum = validation ? 1 : static_cast<int>(d.grad_accum);
+  o.vocab_size = model.vocab_size();
+  o.seed = static_cast<uint64_t>(config.runtime.seed) + (validation ? 7919 : 0);
+  o.shuffle = d.shuffle && !validation;
+  if (validation) o.flag = "--val-data";
+  if (config.model.init_from.empty()) o.vocab_advice = preset_vocab_advice;
+  const std::string& source = validation ? d.val : d.train;
+  auto loader = std::make_unique<data::DataLoader>(source, o);
+  const std::string what =
+      loader->synthetic()
+          ? "synthetic (random tokens, seeded: a smoke test with nothing to learn)"
+          : source + " (" + std::to_string(loader->files()) + " file(s), " + std::to_string(loader->tokens_in_files()) +
+                " tokens)";
+  if (validation) {
+    log.say("validation data: " + what);
+  } else {
+    const int64_t per_step = world.size() * d.grad_accum * d.batch_size * d.seq_len;
+    log.say("data: " + what + "; " + std::to_string(per_step) + " tokens per step, " +
+            std::to_string(per_step * config.runtime.steps) + " in " + std::to_string(config.runtime.steps) + " steps");
+  }
+  return loader;
+}
+
+std::shared_ptr<dist::DeviceMesh> build_mesh(const TrainConfig::Fsdp& f, const std::shared_ptr<dist::World>& world) {
+  return std::make_shared<dist::DeviceMesh>(make_mesh(world, strategy_of(f.sharding), static_cast<int>(f.fsdp_size)));
+}
+
+void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const std::shared_ptr<dist::DeviceMesh>& mesh,
+                const std::shared_ptr<models::HfWeights>& init_weights, RunLog& log) {
+  const auto& f = config.fsdp;
+  models::ParallelizeOptions par;
+  par.activation_checkpoint = config.model.activation_checkpoint;
+  par.explicit_prefetch = f.explicit_prefetch;
+  par.fsdp.mesh = mesh;
+  par.fsdp.strategy = strategy_of(f.sharding);
+  par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
+  if (init_weights) {
+    par.fsdp.param_init = [init_weights](const std::string& fqn, at::Tensor& full) { init_weights->fill(fqn, full); };
+  }
+  const auto dtype = precision_dtype(config.runtime.precision);
+  if (dtype != torch::kFloat) {
+    par.fsdp.mixed_precision.param_dtype = dtype;
+    par.fsdp.mixed_precision.reduce_dtype = torch::kFloat;
+  }
+  par.wrap = models::parse_wrap_policy(f.wrap_policy, "--wrap-policy");
+  const auto units = models::parallelize(model, par);
+  if (!config.model.print) return;
+  log.say("FSDP units (--wrap-policy " + f.wrap_policy + "): " + std::to_string(units.size()));
+  for (const auto& [name, count] : units) {
+    log.say("  " + (name.empty() ? std::string("(root)") : name) + "  " + std::to_string(count) + " parameters");
+  }
+}
+
+DecayGroups choose_decay_groups(const torch::nn::Module& model) {
+  DecayGroups groups;
+  for (const auto& p : unique_parameters(model)) (p.dim() >= 2 ? groups.decay : groups.no_decay).push_back(p);
+  return groups;
+}
+
+std::unique_ptr<optim::FusedAdamW> build_optimizer(const TrainConfig::Optim& o, const DecayGroups& groups) {
+  auto options = [&](double wd) {
+    auto opt = std::make_unique<torch::optim::AdamWOptions>(o.lr);
+    opt->betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd);
+    return opt;
+  };
+  std::vector<torch::optim::OptimizerParamGroup> param_groups;
+  param_groups.emplace_back(groups.decay, options(o.weight_decay));
+  param_groups.emplace_back(groups.no_decay, options(0.0));
+  return std::make_unique<optim::FusedAdamW>(std::move(param_groups), torch::optim::AdamWOptions(o.lr));
+}
+
+}  // namespace fsdp::train

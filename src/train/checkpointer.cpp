@@ -1,0 +1,195 @@
+#include "fsdp/train/checkpointer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/dist/collectives.h"
+
+namespace fsdp::train {
+namespace {
+
+// Whether every rank's parameters are finite (a finite step can still
+// overflow them, with a huge learning rate): a checkpoint is never written
+// from non-finite weights.
+bool parameters_finite(dist::ProcessGroup& group, const torch::nn::Module& model) {
+  bool finite = true;
+  for (const auto& p : unique_parameters(model)) finite = finite && torch::isfinite(p.detach()).all().item<bool>();
+  auto t = torch::full({1}, finite ? 0.0f : 1.0f);
+  dist::all_reduce(group, t, dist::ReduceOp::kMax).wait();
+  return t.item<float>() == 0;
+}
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// The step_N directories under `dir`, oldest first.
+std::vector<std::string> step_dirs(const std::string& dir) {
+  namespace fs = std::filesystem;
+  static const std::regex kStep("step_[0-9]+");
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, kStep)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "key: old -> new" differences a resume is expected to make.
+const char* const kMayDiffer[] = {"runtime.steps:", "runtime.out_dir:", "runtime.run_name:", "runtime.metrics:",
+                                  "checkpoint."};
+
+}  // namespace
+
+Checkpointer::Checkpointer(TrainConfig::Checkpoint config, dist::World& world, RunLog& log)
+    : config_(std::move(config)), world_(world), log_(log) {}
+
+bool Checkpointer::may_differ(const std::string& difference) {
+  return std::any_of(std::begin(kMayDiffer), std::end(kMayDiffer),
+                     [&](const char* prefix) { return difference.rfind(prefix, 0) == 0; });
+}
+
+std::string Checkpointer::intact_checkpoints(const std::string& except) const {
+  std::string intact;
+  for (const auto& name : step_dirs(config_.dir)) {
+    const std::string path = config_.dir + "/" + name;
+    if (path == except || !checkpoint::damage(path).empty()) continue;
+    intact += (intact.empty() ? "" : ", ") + name;
+  }
+  return intact.empty() ? "no intact checkpoint is left in '" + config_.dir + "'"
+                        : "intact: " + intact + " (resume from one with --resume-from STEP)";
+}
+
+std::string Checkpointer::chosen_checkpoint() const {
+  if (config_.resume_from > 0) {
+    const std::string path = config_.dir + "/" + step_dir_name(config_.resume_from);
+    FSDP_CHECK(std::filesystem::is_directory(path), "--resume-from ", config_.resume_from, ": '", config_.dir,
+               "' holds no checkpoint of that step; ", intact_checkpoints(""));
+    return path;
+  }
+  std::optional<std::string> found;
+  try {
+    found = checkpoint::latest(config_.dir);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; " + intact_checkpoints(""));
+  }
+  FSDP_CHECK(found || !config_.resume, "--resume: '", config_.dir, "' holds no checkpoint (no 'latest')");
+  return found.value_or("");
+}
+
+std::optional<checkpoint::TrainerState> Checkpointer::resume(torch::nn::Module& model, torch::optim::AdamW& optimizer,
+                                                             const TrainConfig& now) {
+  if (!enabled()) {
+    FSDP_CHECK(!config_.resume && config_.resume_from == 0,
+               config_.resume ? "--resume" : "--resume-from",
+               ": no checkpoint directory (--ckpt-dir, or checkpoints/ in --out-dir)");
+    return std::nullopt;
+  }
+  const std::string path = chosen_checkpoint();
+  if (path.empty()) return std::nullopt;
+  const auto start = std::chrono::steady_clock::now();
+  checkpoint::TrainerState state;
+  try {
+    state = checkpoint::load(path, model, optimizer, world_);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; " + intact_checkpoints(path));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  FSDP_CHECK(state.step <= now.runtime.steps, "checkpoint '", path, "' is at step ", state.step,
+             ", beyond runtime.steps = ", now.runtime.steps);
+  last_saved_step_ = state.step;
+  const int64_t saved_by = state.mesh.size() == 2 ? state.mesh[0] * state.mesh[1] : 0;
+  char line[1024];
+  std::snprintf(line, sizeof(line), "resumed from %s at step %lld (saved by %lld rank(s) under %s; loaded in %.2f s)",
+                path.c_str(), static_cast<long long>(state.step), static_cast<long long>(saved_by),
+                state.sharding.c_str(), seconds);
+  log_.say(line);
+  report_differences(state, path, now);
+  return state;
+}
+
+void Checkpointer::report_differences(const checkpoint::TrainerState& state, const std::string& path,
+                                      const TrainConfig& now) {
+  if (state.config_yaml.empty()) return;
+  TrainConfig saved;
+  try {
+    saved.load_yaml_text(state.config_yaml, path + "/metadata.json");
+  } catch (const Error&) {
+    return;  // a configuration from another version: nothing to compare
+  }
+  std::vector<std::string> changed;
+  for (const auto& d : saved.differences(now)) {
+    if (!may_differ(d)) changed.push_back(d);
+  }
+  if (!changed.empty()) {
+    log_.say("note: this run's configuration differs from the checkpoint's:");
+    for (const auto& d : changed) log_.say("  " + d);
+  }
+  // The world size is no configuration key, but the global batch follows
+  // it: say when it changes (the learning rate was tuned for the old one).
+  const int64_t saved_world = state.mesh.size() == 2 ? state.mesh[0] * state.mesh[1] : 0;
+  const auto global = [](int64_t world, const TrainConfig& c) {
+    return world * c.data.batch_size * c.data.grad_accum * c.data.seq_len;
+  };
+  const int64_t world = world_.size();
+  if (saved_world > 0 && global(saved_world, saved) != global(world, now)) {
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "note: the global batch changes from %lld tokens per step (%lld ranks x %lld x %lld x %lld) to %lld "
+                  "(%lld ranks x %lld x %lld x %lld: ranks x batch size x accumulation x sequence length)",
+                  static_cast<long long>(global(saved_world, saved)), static_cast<long long>(saved_world),
+                  static_cast<long long>(saved.data.batch_size), static_cast<long long>(saved.data.grad_accum),
+                  static_cast<long long>(saved.data.seq_len), static_cast<long long>(global(world, now)),
+                  static_cast<long long>(world), static_cast<long long>(now.data.batch_size),
+                  static_cast<long long>(now.data.grad_accum), static_cast<long long>(now.data.seq_len));
+    log_.say(line);
+  }
+}
+
+bool Checkpointer::due(int64_t step, int64_t total_steps, bool stop_requested) const {
+  if (!enabled()) return false;
+  const bool last = step + 1 == total_steps;
+  return last || stop_requested || (config_.save_every > 0 && (step + 1) % config_.save_every == 0);
+}
+
+void Checkpointer::save(const checkpoint::TrainerState& state, torch::nn::Module& model,
+                        torch::optim::AdamW& optimizer, MetricsLog* metrics) {
+  const std::string step = std::to_string(state.step);
+  if (!parameters_finite(world_.group(), model)) {
+    log_.say("step " + step + ": weights are not finite; checkpoint not written (the latest stays the last good one)");
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::string path;
+  try {
+    path = checkpoint::save(config_.dir, static_cast<int>(config_.keep), model, optimizer, state, world_);
+  } catch (const checkpoint::SaveError& e) {
+    // Every rank has the same error, so every rank takes the same branch.
+    if (config_.on_save_error == OnSaveError::kStop) {
+      throw Error(std::string(e.what()) + ". Stopping (--on-save-error stop); free space and run again to resume, " +
+                  "or pass --on-save-error continue to train on without this checkpoint");
+    }
+    ++failed_saves_;
+    log_.warn(std::string(e.what()) + "; training on (--on-save-error continue)");
+    if (metrics) metrics->write({{"event", "checkpoint_failed"}, {"step", state.step}, {"error", e.what()}});
+    return;
+  }
+  last_saved_step_ = state.step;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[512];
+  std::snprintf(line, sizeof(line), "saved %s (%.2f s)", path.c_str(), secs);
+  log_.say(line);
+  if (metrics) metrics->write({{"event", "checkpoint"}, {"step", state.step}, {"path", path}, {"seconds", secs}});
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,62 @@
+// Named fault points: FSDP_FAULT_POINT kills the process on the named
+// visit, only in the first attempt, and refuses a name that is no point.
+// Each case runs in a child (a death test), which reads the variable afresh.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/fault_point.h"
+
+namespace fsdp {
+namespace {
+
+constexpr const char* kPoint = "checkpoint.before_publish";
+
+// Reaches kPoint `visits` times under FSDP_FAULT_POINT=`armed` in attempt
+// `attempt`, saying on stderr which visit it survived; exits 0 after the
+// last, 3 on fsdp::Error.
+void visit(const char* armed, const char* attempt, int visits) {
+  ::setenv(kFaultPointVar, armed, 1);
+  ::setenv("FSDP_RESTART_ATTEMPT", attempt, 1);
+  try {
+    for (int i = 1; i <= visits; ++i) {
+      fault_point(kPoint);
+      std::fprintf(stderr, "survived visit %d\n", i);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(3);
+  }
+  std::exit(0);
+}
+
+TEST(FaultPoint, KillsOnTheNamedVisit) {
+  EXPECT_EXIT(visit("checkpoint.before_publish@2", "0", 3), ::testing::KilledBySignal(SIGKILL),
+              "survived visit 1\nfsdp: fault point checkpoint.before_publish reached");
+  EXPECT_EXIT(visit("checkpoint.before_publish", "0", 3), ::testing::KilledBySignal(SIGKILL),
+              "fsdp: fault point checkpoint.before_publish reached");
+}
+
+TEST(FaultPoint, OnlyTheFirstAttemptDies) {
+  EXPECT_EXIT(visit("checkpoint.before_publish@1", "1", 3), ::testing::ExitedWithCode(0), "survived visit 3");
+}
+
+TEST(FaultPoint, UnarmedOrArmedElsewhereItPasses) {
+  EXPECT_EXIT(visit("", "0", 3), ::testing::ExitedWithCode(0), "survived visit 3");
+  EXPECT_EXIT(visit("checkpoint.before_publish@4", "0", 3), ::testing::ExitedWithCode(0), "survived visit 3");
+}
+
+TEST(FaultPoint, ANameThatIsNoPointIsRefused) {
+  EXPECT_EXIT(visit("checkpoint.before_publsh@2", "0", 1), ::testing::ExitedWithCode(3),
+              "FSDP_FAULT_POINT names 'checkpoint.before_publsh', which is not a fault point "
+              "\\(checkpoint.before_publish;");
+  EXPECT_EXIT(visit("checkpoint.before_publish@0", "0", 1), ::testing::ExitedWithCode(3), "from 1");
+}
+
+}  // namespace
+}  // namespace fsdp
