@@ -21,7 +21,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
   data->require_subcommand(1);
 
   auto options = std::make_shared<data::PrepareOptions>();
-  options->tokenizer_dir = "data/gpt2";
+  options->tokenizer_dir = data::default_tokenizer_dir();
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
   prepare->add_option("--input", options->input, "a .txt/.json/.jsonl file ({\"text\": ...} per line) or a directory of them")
       ->required();
@@ -44,7 +44,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
     exit_code = 0;
   });
 
-  auto tokenizer_dir = std::make_shared<std::string>("data/gpt2");
+  auto tokenizer_dir = std::make_shared<std::string>(data::default_tokenizer_dir());
   auto* encode = data->add_subcommand("encode", "print the token ids of standard input, one line");
   encode->add_option("--tokenizer", *tokenizer_dir, kTokenizerHelp)->capture_default_str();
   encode->callback([tokenizer_dir, &exit_code] {

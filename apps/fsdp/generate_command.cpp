@@ -48,7 +48,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
                   "first: fsdp ckpt export " + ckpt + " OUT_DIR, then fsdp generate --from OUT_DIR");
     }
     const std::string tokenizer_dir =
-        !f->tokenizer.empty() ? f->tokenizer : data::has_tokenizer(f->from) ? f->from : "data/gpt2";
+        !f->tokenizer.empty() ? f->tokenizer : data::has_tokenizer(f->from) ? f->from : data::default_tokenizer_dir();
     const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);
     std::fprintf(stderr, "generate: tokenizer %s\n", tokenizer->source().c_str());
     models::CausalLM model{nullptr};

@@ -200,6 +200,9 @@ class HelpFormatter : public CLI::Formatter {
 constexpr int kUsageError = 2;
 
 int main(int argc, char** argv) {
+  // Line by line even into a pipe (a launcher, a log collector): a rank's
+  // lines arrive as they are written and in order with its stderr.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"fsdp.cpp: Fully Sharded Data Parallel training in C++"};
   app.formatter(std::make_shared<HelpFormatter>());  // before the subcommands, which copy it
   app.require_subcommand(0, 1);

@@ -121,18 +121,15 @@ Work::~Work() {
 }
 
 namespace {
-std::atomic<int64_t> g_wait_ns{0};
-
-// Adds the time of its scope to g_wait_ns.
+// Adds the time of its scope to the flight recorder's blocked time.
 struct WaitTimer {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~WaitTimer() {
-    g_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    FlightRecorder::instance().add_blocked(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   }
 };
 }  // namespace
-
-double exposed_comm_seconds() { return static_cast<double>(g_wait_ns.load()) * 1e-9; }
 
 void Work::wait() {
   if (done_) return;

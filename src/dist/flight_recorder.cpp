@@ -93,6 +93,7 @@ struct FlightRecorder::Impl {
   std::string dir;  // empty: in memory only
   int rank = 0;
   uint64_t fingerprint = 1469598103934665603ULL;
+  FlightRecorder::Totals totals;
   std::vector<char> memory;  // backing store when not file-backed
 };
 
@@ -146,7 +147,11 @@ int64_t FlightRecorder::issue(const char* op, const std::string& group, const st
   copy_name(e.group, sizeof(e.group), group.c_str());
   copy_name(e.role, sizeof(e.role), role.c_str());
   copy_name(e.dtype, sizeof(e.dtype), dtype);
-  if (t_unit != nullptr) copy_name(e.unit, sizeof(e.unit), t_unit->c_str());
+  if (t_unit != nullptr) {
+    copy_name(e.unit, sizeof(e.unit), t_unit->c_str());
+    ++impl_->totals.labeled;
+    impl_->totals.labeled_bytes += bytes;
+  }
   e.issued_ns = system_now_ns();
   h.count = seq;
   uint64_t fp = impl_->fingerprint;
@@ -168,6 +173,16 @@ void FlightRecorder::complete(int64_t seq, bool ok) {
 uint64_t FlightRecorder::fingerprint() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->fingerprint & ((1ULL << 52) - 1);
+}
+
+FlightRecorder::Totals FlightRecorder::totals() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->totals;
+}
+
+void FlightRecorder::add_blocked(int64_t ns) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->totals.blocked_ns += ns;
 }
 
 int64_t FlightRecorder::issued() const {

@@ -34,11 +34,13 @@ StepVerdict StepGuard::judge(double loss, double grad_norm) const {
   return {};
 }
 
-void StepGuard::record(int64_t step, double loss, double grad_norm, const StepVerdict& verdict,
-                       const std::string& context) {
+void StepGuard::record(double loss, const StepVerdict& verdict) {
   if (verdict.skip) ++skipped_;
   bad_in_a_row_ = verdict.non_finite ? bad_in_a_row_ + 1 : 0;
   if (!verdict.skip) spikes_.accept(loss);
+}
+
+void StepGuard::stop_if_too_many_bad(int64_t step, double loss, double grad_norm, const std::string& context) const {
   FSDP_CHECK(bad_in_a_row_ < max_bad_steps_, "step ", step + 1, ": loss ", loss, ", gradient norm ", grad_norm, ": ",
              bad_in_a_row_, " non-finite steps in a row (--max-bad-steps ", max_bad_steps_,
              "); stopping. Each was skipped, so the weights are those of the last finite step", context,

@@ -298,8 +298,9 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const auto start = Clock::now();
-  const double comm_before = dist::exposed_comm_seconds();
-  clear_event_log(*model_);
+  // The flight recorder is the one record of collectives: this step's
+  // are the difference of its running totals.
+  const auto comm_before = dist::FlightRecorder::instance().totals();
   const int64_t A = config_.data.grad_accum;
   double loss_sum = 0, aux_sum = 0, data_s = 0, forward_backward_s = 0;
   for (int a = 0; a < A; ++a) {
@@ -345,27 +346,24 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   compat::zero_grad_to_none(*optimizer_);
   const double optimizer_s = seconds_since(optimizer_start);
   tokens_seen_ += tokens_per_step();
-  StepStats stats{loss,        grad_norm, seconds_since(start), dist::exposed_comm_seconds() - comm_before,
-                  data_s,      forward_backward_s, optimizer_s, verdict};
+  const auto comm = dist::FlightRecorder::instance().totals();
+  StepStats stats{loss,   grad_norm,          seconds_since(start), static_cast<double>(comm.blocked_ns - comm_before.blocked_ns) * 1e-9,
+                  data_s, forward_backward_s, optimizer_s,          verdict};
+  stats.collectives = comm.labeled - comm_before.labeled;
+  stats.comm_bytes = comm.labeled_bytes - comm_before.labeled_bytes;
   if (model_->auxiliary_loss().defined()) stats.aux_loss = mean_over_ranks(world_->group(), aux_sum);
-  for (const auto& e : event_log(*model_)) {
-    if (e.kind == FSDPEvent::Kind::kAllGather || e.kind == FSDPEvent::Kind::kReduceScatter ||
-        e.kind == FSDPEvent::Kind::kAllReduce) {
-      ++stats.collectives;
-      stats.comm_bytes += e.bytes;
-    }
-  }
   return stats;
 }
 
 void Trainer::after_step(int64_t step, const StepStats& stats) {
   const int64_t total = config_.runtime.steps;
   summary_.train_losses.push_back(stats.loss);
-  guard_->record(step, stats.loss, stats.grad_norm, stats.verdict,
-                 checkpointer_->enabled() ? " (the latest checkpoint holds them or earlier ones)" : "");
+  guard_->record(stats.loss, stats.verdict);
   if (log_cadence_.due(step, total)) log_step(step, stats);
   if (val_data_ && eval_cadence_.due(step, total)) evaluate_and_log(step + 1);
   if (stats.verdict.skip) {
+    guard_->stop_if_too_many_bad(step, stats.loss, stats.grad_norm,
+                                 checkpointer_->enabled() ? " (the latest checkpoint holds them or earlier ones)" : "");
     log_.say("step " + std::to_string(step + 1) + ": loss " + std::to_string(stats.loss) + ", gradient norm " +
              std::to_string(stats.grad_norm) + ": " + stats.verdict.reason + ", optimizer step skipped");
   }

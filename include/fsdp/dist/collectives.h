@@ -67,9 +67,6 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root);
 
 void barrier(ProcessGroup& group);
 
-// Seconds this process has spent blocked in Work::wait (and barrier) so far:
-// communication that computation did not hide, for telemetry.
-double exposed_comm_seconds();
 
 // Sharding arithmetic: a flat buffer of `numel` elements is padded to a
 // multiple of `world` and split into equal shards.

@@ -72,6 +72,20 @@ class FlightRecorder {
   uint64_t fingerprint() const;
   int64_t issued() const;
 
+  // Running totals since the process started, kept beside the ring (never
+  // dropped with old entries): the collectives issued under a
+  // CollectiveLabel (FSDP's units), the bytes this rank sent into them, and
+  // the time spent blocked waiting for any collective (communication that
+  // computation did not hide). Telemetry takes differences of these.
+  struct Totals {
+    int64_t labeled = 0;
+    int64_t labeled_bytes = 0;
+    int64_t blocked_ns = 0;
+  };
+  Totals totals() const;
+  // Adds time blocked in a collective's wait (Work::wait, barrier).
+  void add_blocked(int64_t ns);
+
   // The recorded entries, oldest first (at most the capacity).
   std::vector<FlightEntry> entries() const;
   // Entry `seq`, if still in the ring.

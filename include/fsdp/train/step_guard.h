@@ -44,10 +44,12 @@ class StepGuard {
       : skip_spikes_(skip_spikes), max_bad_steps_(max_bad_steps), loss_scaler_(loss_scaler) {}
 
   StepVerdict judge(double loss, double grad_norm) const;
-  // Counts the step and learns from a trained-on loss. Throws fsdp::Error
-  // when this step makes max_bad_steps non-finite steps in a row; `context`
+  // Counts the step and learns from a trained-on loss.
+  void record(double loss, const StepVerdict& verdict);
+  // Throws fsdp::Error when the recorded steps end in max_bad_steps
+  // non-finite ones in a row (called after the step was logged); `context`
   // ends that message (what the checkpoints hold).
-  void record(int64_t step, double loss, double grad_norm, const StepVerdict& verdict, const std::string& context);
+  void stop_if_too_many_bad(int64_t step, double loss, double grad_norm, const std::string& context) const;
   // Steps this process skipped (not restored on resume).
   int64_t skipped() const { return skipped_; }
 

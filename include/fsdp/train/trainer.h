@@ -59,7 +59,7 @@ class Trainer {
   struct StepStats {
     double loss, grad_norm, seconds, comm_seconds, data_seconds, forward_backward_seconds, optimizer_seconds;
     StepVerdict verdict;      // skipped or not; every rank agrees
-    int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (its event log)
+    int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (the flight recorder's labeled ones)
     int64_t comm_bytes = 0;   // what this rank sent through them
     std::optional<double> aux_loss;  // the MoE load-balancing loss (scaled), mean over ranks
   };
