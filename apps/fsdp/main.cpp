@@ -1,6 +1,5 @@
 // fsdp: the command-line front end of fsdp.cpp.
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -9,9 +8,9 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "usage.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/common/runtime.h"
-#include "fsdp/common/suggest.h"
 
 namespace {
 
@@ -26,172 +25,6 @@ void print_error(const std::string& message) {
   }
 }
 
-// "did you mean --steps?" for a mistyped flag of the chosen subcommand.
-void suggest_option(const CLI::App& app, const std::string& message) {
-  const auto dash = message.find("--");
-  if (dash == std::string::npos) return;
-  const auto end = message.find_first_of(" ,]\n", dash);
-  const std::string given = message.substr(dash, end == std::string::npos ? std::string::npos : end - dash);
-  std::vector<std::string> names;
-  const CLI::App* command = &app;
-  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
-  for (const auto* option : command->get_options()) {
-    for (const auto& name : option->get_lnames()) names.push_back("--" + name);
-  }
-  const std::string hint = fsdp::did_you_mean(given, names);
-  if (!hint.empty()) std::fprintf(stderr, "%s\n", hint.substr(2).c_str());
-}
-
-// The named subcommands of `command` (not its option groups).
-std::vector<const CLI::App*> commands_of(const CLI::App& command) {
-  return command.get_subcommands([](const CLI::App* sub) { return !sub->get_name().empty(); });
-}
-
-// "unknown command 'trian'; did you mean 'train'? (commands: ...)" when the
-// words before the first flag name a command that does not exist; "" when
-// they all exist. CLI11 itself calls the word an unexpected argument, or
-// says a subcommand is required.
-std::string unknown_command(const CLI::App& app, int argc, char** argv) {
-  const CLI::App* command = &app;
-  std::string path = "fsdp";
-  for (int i = 1; i < argc; ++i) {
-    const std::string word = argv[i];
-    const auto subs = commands_of(*command);
-    const bool takes_words = !command->get_options([](const CLI::Option* o) { return o->get_positional(); }).empty();
-    if (word.empty() || word[0] == '-' || subs.empty() || takes_words) return "";
-    const CLI::App* next = nullptr;
-    std::vector<std::string> names;
-    for (const auto* sub : subs) {
-      if (sub->check_name(word)) next = sub;
-      names.push_back(sub->get_name());
-    }
-    if (next == nullptr) {
-      return "unknown command '" + word + "'" + (command == &app ? "" : " for '" + path + "'") +
-             fsdp::did_you_mean(word, names) + " (commands: " + fsdp::join_words(names) + ")";
-    }
-    command = next;
-    path += " " + word;
-  }
-  return "";
-}
-
-// Whether `text` is a whole number of the kind a type name ("INT", "FLOAT")
-// promises.
-bool is_number(const std::string& text, bool integer) {
-  char* end = nullptr;
-  if (integer) {
-    (void)std::strtoll(text.c_str(), &end, 10);
-  } else {
-    (void)std::strtod(text.c_str(), &end);
-  }
-  return !text.empty() && *end == '\0';
-}
-
-// CLI11 gives an option the next argument as its value even when that is a
-// flag (`--lr --steps 3` sets --lr to "--steps", then finds "3" unexpected),
-// so that `--lr -1` reaches the range check that explains it. Refuse a
-// value that is another flag of the command, or a dashed word where a
-// number belongs: "--lr: expected a number, got the flag '--steps'". The
-// check goes first, before an option's own (a range's "could not be
-// converted").
-void refuse_flags_as_values(CLI::App& command) {
-  std::vector<std::string> flags;
-  for (const auto* option : command.get_options()) {
-    for (const auto& name : option->get_lnames()) flags.push_back("--" + name);
-    for (const auto& name : option->get_snames()) flags.push_back("-" + name);
-  }
-  for (auto* option : command.get_options()) {
-    if (option->get_positional() || option->get_items_expected_min() < 1) continue;
-    const std::string type = option->get_type_name().substr(0, option->get_type_name().find(':'));
-    const bool integer = type == "INT" || type == "UINT";
-    const std::string expected = integer ? "an integer" : type == "FLOAT" ? "a number" : "a value";
-    option->transform(CLI::Validator(
-        [flags, integer, numeric = integer || type == "FLOAT", expected](std::string& value) -> std::string {
-          if (value.empty() || value[0] != '-' || (numeric && is_number(value, integer))) return "";
-          const std::string name = value.substr(0, value.find('='));
-          if (std::find(flags.begin(), flags.end(), name) != flags.end()) {
-            return "expected " + expected + ", got the flag '" + value + "'";
-          }
-          return numeric ? "expected " + expected + ", got '" + value + "'" : "";
-        },
-        ""));
-  }
-  for (auto* sub : command.get_subcommands([](CLI::App*) { return true; })) refuse_flags_as_values(*sub);
-}
-
-// A default as help shows it: quoted, with escapes, when it is empty or
-// holds spaces or control characters (sample_prompt's "\n").
-std::string shown_default(const std::string& text) {
-  bool plain = !text.empty();
-  std::string escaped;
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == ' ' || c == '"' || c == '\\' || byte < 0x20) plain = false;
-    if (c == '\n') {
-      escaped += "\\n";
-    } else if (c == '\t') {
-      escaped += "\\t";
-    } else if (c == '"' || c == '\\') {
-      escaped += std::string("\\") + c;
-    } else if (byte < 0x20) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "\\x%02x", byte);
-      escaped += hex;
-    } else {
-      escaped += c;
-    }
-  }
-  return plain ? text : "\"" + escaped + "\"";
-}
-
-// One look for every command's help: the name, its value's type, then the
-// description ending in "(default X)", the style hand-written help uses
-// where the default is a sentence ("(default: a free port)"). CLI11 would
-// put a captured default after the type ("INT=64") and a flag's own value
-// after its name ("--no-prefix{false}").
-class HelpFormatter : public CLI::Formatter {
- public:
-  std::string make_option_name(const CLI::Option* option, bool positional) const override {
-    std::string name = CLI::Formatter::make_option_name(option, positional);
-    for (auto open = name.find('{'); open != std::string::npos; open = name.find('{')) {
-      const auto close = name.find('}', open);
-      if (close == std::string::npos) break;
-      name.erase(open, close - open + 1);
-    }
-    return name;
-  }
-
-  std::string make_option_opts(const CLI::Option* option) const override {
-    if (!option->get_option_text().empty()) return " " + option->get_option_text();
-    std::string out;
-    if (option->get_type_size() != 0) {
-      if (!option->get_type_name().empty()) out += " " + get_label(option->get_type_name());
-      if (option->get_expected_max() == CLI::detail::expected_max_vector_size) {
-        out += " ...";
-      } else if (option->get_expected_min() > 1) {
-        out += " x " + std::to_string(option->get_expected());
-      }
-      if (option->get_required()) out += " " + get_label("REQUIRED");
-    }
-    if (!option->get_envname().empty()) out += " (" + get_label("Env") + ":" + option->get_envname() + ")";
-    if (!option->get_needs().empty()) {
-      out += " " + get_label("Needs") + ":";
-      for (const auto* other : option->get_needs()) out += " " + other->get_name();
-    }
-    if (!option->get_excludes().empty()) {
-      out += " " + get_label("Excludes") + ":";
-      for (const auto* other : option->get_excludes()) out += " " + other->get_name();
-    }
-    return out;
-  }
-
-  std::string make_option_desc(const CLI::Option* option) const override {
-    const std::string value = option->get_default_str();
-    if (value.empty()) return option->get_description();
-    return option->get_description() + " (default " + shown_default(value) + ")";
-  }
-};
-
 }  // namespace
 
 // Usage errors (an unknown flag, a missing value, no subcommand) exit 2, as
@@ -204,7 +37,7 @@ int main(int argc, char** argv) {
   // lines arrive as they are written and in order with its stderr.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"fsdp.cpp: Fully Sharded Data Parallel training in C++"};
-  app.formatter(std::make_shared<HelpFormatter>());  // before the subcommands, which copy it
+  app.formatter(fsdp::cli::help_formatter());  // before the subcommands, which copy it
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", [] { return fsdp::version_report(); },
                        "print fsdp.cpp's and LibTorch's versions, backends, BLAS and CUDA, and exit");
@@ -216,8 +49,8 @@ int main(int argc, char** argv) {
   fsdp::cli::add_train_command(app, exit_code);
   fsdp::cli::add_generate_command(app, exit_code);
   fsdp::cli::add_ckpt_command(app, exit_code);
-  refuse_flags_as_values(app);
-  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+  fsdp::cli::refuse_flags_as_values(app);
+  if (const std::string unknown = fsdp::cli::unknown_command(app, argc, argv); !unknown.empty()) {
     print_error(unknown);
     return kUsageError;
   }
@@ -226,7 +59,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ExtrasError& e) {
     // CLI11 names the stray argument; add the closest option of the command.
     app.exit(e);
-    suggest_option(app, e.what());
+    fsdp::cli::suggest_option(app, e.what());
     return kUsageError;
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" to CLI11 that exit 0.

@@ -46,7 +46,7 @@ std::vector<std::string> step_dirs(const std::string& dir) {
 }
 
 // "key: old -> new" differences a resume is expected to make.
-const char* const kMayDiffer[] = {"runtime.steps:", "runtime.out_dir:", "runtime.run_name:", "runtime.metrics:",
+const char* const kMayDiffer[] = {"runtime.steps:", "runtime.out_dir:", "runtime.run_name:", "logging.metrics:",
                                   "checkpoint."};
 
 }  // namespace

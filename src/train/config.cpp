@@ -261,6 +261,9 @@ Field make_field(const char* section, const char* key, const char* flag, const c
 // its field's in config.h.
 #define FSDP_FIELD(section, key, flag, help) \
   make_field<&TrainConfig::section, &decltype(TrainConfig::section)::key>(#section, #key, flag, help)
+// A section whose YAML name is a C++ keyword (`export`).
+#define FSDP_FIELD_AS(name, section, key, flag, help) \
+  make_field<&TrainConfig::section, &decltype(TrainConfig::section)::key>(#name, #key, flag, help)
 
 // clang-format off
 const std::vector<Field>& schema() {
@@ -292,21 +295,21 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(runtime, precision, "--precision", "compute dtype (fp16 needs CUDA)"),
       FSDP_FIELD(runtime, out_dir, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
       FSDP_FIELD(runtime, run_name, "--run-name", "names the default run folder (empty: <model>-<date>-<time>)"),
-      FSDP_FIELD(runtime, log_every, "--log-every", "steps between log lines"),
-      FSDP_FIELD(runtime, eval_every, "--eval-every", "steps between evaluations (0: only at the end)"),
-      FSDP_FIELD(runtime, eval_batches, "--eval-batches", "batches per evaluation"),
-      FSDP_FIELD(runtime, metrics, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
-      FSDP_FIELD(runtime, tensorboard, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
-      FSDP_FIELD(runtime, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
-      FSDP_FIELD(runtime, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
-      FSDP_FIELD(runtime, sample_tokens, "--sample-tokens", "tokens to generate at the end"),
-      FSDP_FIELD(runtime, sample_prompt, "--sample-prompt", "prompt for the sample"),
-      FSDP_FIELD(runtime, export_hf, "--export-hf", "write a Hugging Face directory at the end"),
-      FSDP_FIELD(runtime, export_dtype, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
-      FSDP_FIELD(runtime, export_shard_size, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
       FSDP_FIELD(runtime, keep_denormals, "--keep-denormals", "compute with subnormal floats instead of flushing them to zero (slower on x86)"),
-      FSDP_FIELD(runtime, max_bad_steps, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
-      FSDP_FIELD(runtime, skip_spikes, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
+      FSDP_FIELD(logging, every, "--log-every", "steps between log lines"),
+      FSDP_FIELD(logging, metrics, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
+      FSDP_FIELD(logging, tensorboard, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
+      FSDP_FIELD(logging, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
+      FSDP_FIELD(eval, every, "--eval-every", "steps between evaluations (0: only at the end)"),
+      FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation"),
+      FSDP_FIELD(sample, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
+      FSDP_FIELD(sample, tokens, "--sample-tokens", "tokens to generate at the end"),
+      FSDP_FIELD(sample, prompt, "--sample-prompt", "prompt for the sample"),
+      FSDP_FIELD_AS(export, hf_export, dir, "--export-hf", "write a Hugging Face directory at the end"),
+      FSDP_FIELD_AS(export, hf_export, dtype, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
+      FSDP_FIELD_AS(export, hf_export, shard_size, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
+      FSDP_FIELD(guard, max_bad_steps, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
+      FSDP_FIELD(guard, skip_spikes, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
       FSDP_FIELD(fsdp, sharding, "--sharding", "sharding strategy"),
       FSDP_FIELD(fsdp, fsdp_size, "--fsdp-size", "shard-group size for hybrid_shard"),
       FSDP_FIELD(fsdp, prefetch_depth, "--prefetch-depth", "units gathered ahead"),
@@ -323,6 +326,7 @@ const std::vector<Field>& schema() {
 }
 // clang-format on
 #undef FSDP_FIELD
+#undef FSDP_FIELD_AS
 
 // The sections in the order the schema lists them.
 std::vector<std::string> section_names() {
@@ -333,7 +337,30 @@ std::vector<std::string> section_names() {
   return out;
 }
 
-const Field& find_field(const std::string& dotted, const std::string& source) {
+// Keys that moved out of `runtime` into their own sections, under their
+// old names: YAML files and checkpoints written before still load.
+const std::pair<const char*, const char*> kMovedKeys[] = {
+    {"runtime.log_every", "logging.every"},
+    {"runtime.metrics", "logging.metrics"},
+    {"runtime.tensorboard", "logging.tensorboard"},
+    {"runtime.profile_steps", "logging.profile_steps"},
+    {"runtime.eval_every", "eval.every"},
+    {"runtime.eval_batches", "eval.batches"},
+    {"runtime.tokenizer", "sample.tokenizer"},
+    {"runtime.sample_tokens", "sample.tokens"},
+    {"runtime.sample_prompt", "sample.prompt"},
+    {"runtime.export_hf", "export.dir"},
+    {"runtime.export_dtype", "export.dtype"},
+    {"runtime.export_shard_size", "export.shard_size"},
+    {"runtime.max_bad_steps", "guard.max_bad_steps"},
+    {"runtime.skip_spikes", "guard.skip_spikes"},
+};
+
+const Field& find_field(const std::string& key, const std::string& source) {
+  std::string dotted = key;
+  for (const auto& [old_name, new_name] : kMovedKeys) {
+    if (dotted == old_name) dotted = new_name;
+  }
   for (const auto& f : schema()) {
     if (f.dotted() == dotted) return f;
   }
@@ -444,10 +471,10 @@ void TrainConfig::validate() const {
   positive(data.batch_size, "data.batch_size");
   positive(data.grad_accum, "data.grad_accum");
   positive(runtime.steps, "runtime.steps");
-  positive(runtime.log_every, "runtime.log_every");
-  positive(runtime.eval_batches, "runtime.eval_batches");
-  positive(runtime.max_bad_steps, "runtime.max_bad_steps");
-  FSDP_CHECK(runtime.eval_every >= 0, "runtime.eval_every is ", runtime.eval_every, ": expected 0 or more");
+  positive(logging.every, "logging.every");
+  positive(eval.batches, "eval.batches");
+  positive(guard.max_bad_steps, "guard.max_bad_steps");
+  FSDP_CHECK(eval.every >= 0, "eval.every is ", eval.every, ": expected 0 or more");
   FSDP_CHECK(optim.lr > 0, "optim.lr is ", optim.lr, ": expected a positive learning rate");
   FSDP_CHECK(optim.warmup_steps >= 0, "optim.warmup_steps is ", optim.warmup_steps, ": expected 0 or more");
   FSDP_CHECK(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio is ", optim.min_lr_ratio,
@@ -468,13 +495,13 @@ void TrainConfig::validate() const {
   FSDP_CHECK(!checkpoint.resume || !checkpoint.dir.empty() || !runtime.out_dir.empty() || !runtime.run_name.empty(),
              "checkpoint.resume: nothing names where to resume from; give --out-dir (or --run-name) of the run, or "
              "--ckpt-dir");
-  FSDP_CHECK(runtime.skip_spikes >= 0, "runtime.skip_spikes is ", runtime.skip_spikes,
+  FSDP_CHECK(guard.skip_spikes >= 0, "guard.skip_spikes is ", guard.skip_spikes,
              ": expected 0 (off) or a z-score threshold such as 5");
   FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",
              runtime.run_name, "' contains '/': it names one folder under out/ (use --out-dir for a path)");
-  FSDP_CHECK(runtime.sample_tokens >= 0, "runtime.sample_tokens is ", runtime.sample_tokens, ": expected 0 or more");
-  if (!runtime.export_dtype.empty()) models::hf::parse_export_dtype(runtime.export_dtype, "runtime.export_dtype");
-  models::hf::parse_size(runtime.export_shard_size, "runtime.export_shard_size");
+  FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");
+  if (!hf_export.dtype.empty()) models::hf::parse_export_dtype(hf_export.dtype, "export.dtype");
+  models::hf::parse_size(hf_export.shard_size, "export.shard_size");
   const auto wrap = models::parse_wrap_policy(fsdp.wrap_policy, "fsdp.wrap_policy");
   FSDP_CHECK(wrap.kind == models::WrapPolicy::Kind::kBlock || (!model.activation_checkpoint && !fsdp.explicit_prefetch),
              "fsdp.wrap_policy ", fsdp.wrap_policy,

@@ -39,8 +39,8 @@ RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds) {
   RunPaths paths;
   paths.folder.dir = r.out_dir;
   paths.folder_existed = fs::exists(r.out_dir);
-  paths.metrics_derived = r.metrics.empty();
-  if (paths.metrics_derived) r.metrics = paths.folder.metrics();
+  paths.metrics_derived = config.logging.metrics.empty();
+  if (paths.metrics_derived) config.logging.metrics = paths.folder.metrics();
   auto& c = config.checkpoint;
   const bool asked = !c.dir.empty() || c.save_every > 0;
   if (c.dir.empty() && (asked || fs::exists(paths.folder.checkpoints() + "/latest"))) {
@@ -51,14 +51,14 @@ RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds) {
 }
 
 void check_output_paths(const TrainConfig& config, const RunFolder& folder, bool all) {
-  const auto& r = config.runtime;
   check_writable_dir(folder.dir, "--out-dir");
   if (!all) return;
-  check_writable_file(r.metrics, "--metrics");
+  check_writable_file(config.logging.metrics, "--metrics");
   if (!config.checkpoint.dir.empty()) check_writable_dir(config.checkpoint.dir, "--ckpt-dir");
-  if (!r.export_hf.empty()) {
-    check_writable_dir(r.export_hf, "--export-hf");
-    for (const char* f : {"config.json", "model.safetensors"}) check_writable_file(r.export_hf + "/" + f, "--export-hf");
+  const std::string& hf = config.hf_export.dir;
+  if (!hf.empty()) {
+    check_writable_dir(hf, "--export-hf");
+    for (const char* f : {"config.json", "model.safetensors"}) check_writable_file(hf + "/" + f, "--export-hf");
   }
 }
 
@@ -66,7 +66,7 @@ TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths) {
   TrainConfig recorded = config;
   recorded.runtime.out_dir.clear();
   recorded.runtime.run_name.clear();
-  if (paths.metrics_derived) recorded.runtime.metrics.clear();
+  if (paths.metrics_derived) recorded.logging.metrics.clear();
   if (paths.ckpt_dir_derived) recorded.checkpoint.dir.clear();
   return recorded;
 }

@@ -92,8 +92,8 @@ void Trainer::set_up() {
   train_data_ = build_loader(config_, *model_, *world_, /*validation=*/false, log_);
   if (!config_.data.val.empty()) {
     val_data_ = build_loader(config_, *model_, *world_, /*validation=*/true, log_);
-  } else if (config_.runtime.eval_every > 0) {
-    log_.warn("--eval-every " + std::to_string(config_.runtime.eval_every) + " has no effect without --val-data");
+  } else if (config_.eval.every > 0) {
+    log_.warn("--eval-every " + std::to_string(config_.eval.every) + " has no effect without --val-data");
   }
   load_tokenizer();
   const DecayGroups groups = choose_decay_groups(*model_);
@@ -104,16 +104,15 @@ void Trainer::set_up() {
     scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
   }
   resume_if_possible();
-  const auto& r = config_.runtime;
-  schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, r.steps,
+  schedule_ = {config_.optim.lr, config_.optim.min_lr_ratio, config_.optim.warmup_steps, config_.runtime.steps,
                config_.optim.lr_schedule};
-  log_cadence_ = {r.log_every, /*at_first=*/true};
-  eval_cadence_ = {r.eval_every, false};
-  guard_ = std::make_unique<StepGuard>(r.skip_spikes, r.max_bad_steps, scaler_ != nullptr);
-  profile_ = std::make_unique<ProfileWindow>(StepRange::parse(r.profile_steps, "--profile-steps"),
+  log_cadence_ = {config_.logging.every, /*at_first=*/true};
+  eval_cadence_ = {config_.eval.every, false};
+  guard_ = std::make_unique<StepGuard>(config_.guard.skip_spikes, config_.guard.max_bad_steps, scaler_ != nullptr);
+  profile_ = std::make_unique<ProfileWindow>(StepRange::parse(config_.logging.profile_steps, "--profile-steps"),
                                              paths_.folder.trace(world_->rank()), "rank " + std::to_string(world_->rank()));
   warn_about_profile_window();
-  if (!checkpointer_->enabled() && r.export_hf.empty()) {
+  if (!checkpointer_->enabled() && config_.hf_export.dir.empty()) {
     log_.say("note: no checkpoint is written and nothing is exported: the trained weights are not kept "
              "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them)");
   }
@@ -146,17 +145,17 @@ void Trainer::choose_run_folder() {
 
 std::string Trainer::tokenizer_dir() const {
   const auto& init_from = config_.model.init_from;
-  if (!config_.runtime.tokenizer.empty()) return config_.runtime.tokenizer;
+  if (!config_.sample.tokenizer.empty()) return config_.sample.tokenizer;
   return !init_from.empty() && data::has_tokenizer(init_from) ? init_from : data::default_tokenizer_dir();
 }
 
 void Trainer::load_tokenizer() {
-  const auto& r = config_.runtime;
-  if (r.sample_tokens == 0) return;
+  const auto& r = config_.sample;
+  if (r.tokens == 0) return;
   tokenizer_ = data::Tokenizer::from_dir(tokenizer_dir());
   log_.say("samples use the tokenizer " + tokenizer_->source());
   // Checked now, not after training: a prompt the model cannot embed.
-  sample_prompt_ = tokenizer_->encode(r.sample_prompt);
+  sample_prompt_ = tokenizer_->encode(r.prompt);
   if (sample_prompt_.empty()) sample_prompt_.push_back(tokenizer_->document_separator());
   for (const int32_t id : sample_prompt_) {
     FSDP_CHECK(id < model_->vocab_size(), "--sample-prompt encodes to token ", id,
@@ -184,7 +183,7 @@ void Trainer::warn_about_profile_window() {
   const StepRange& range = profile_->range();
   const int64_t first = start_step_ + 1, last = config_.runtime.steps;
   if (range.empty()) return;
-  const std::string window = "--profile-steps " + config_.runtime.profile_steps;
+  const std::string window = "--profile-steps " + config_.logging.profile_steps;
   const std::string steps = " (" + std::to_string(first) + " to " + std::to_string(last) + ")";
   if (range.first > last || range.last < first) {
     log_.warn(window + " lies outside the steps this run trains" + steps + ": no trace will be written");
@@ -203,8 +202,8 @@ void Trainer::open_run_files() {
     const std::string text = recorded_config(config_, paths_).to_yaml();
     yaml.write(text.data(), text.size());
     yaml.commit();
-    metrics_ = std::make_unique<MetricsLog>(config_.runtime.metrics,
-                                            config_.runtime.tensorboard ? paths_.folder.tensorboard() : "", resumed_);
+    metrics_ = std::make_unique<MetricsLog>(config_.logging.metrics,
+                                            config_.logging.tensorboard ? paths_.folder.tensorboard() : "", resumed_);
   }
   dist::barrier(world_->group());  // the earlier run's logs are out of the way
   if (resumed_) log_.note("--- resumed at step " + std::to_string(start_step_) + " ---");
@@ -243,14 +242,14 @@ TrainSummary Trainer::run() {
                      {"peak_source", "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
   }
   catch_stop_signals();
-  if (val_data_ && config_.runtime.eval_every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
+  if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
   const int64_t total = config_.runtime.steps;
   for (int64_t step = start_step_; step < total; ++step) {
     profile_->step_begins(step);
     const StepStats stats = train_step(step);
     if (profile_->step_ends(step, step + 1 == total)) {
       log_.note("profiler trace written: " + profile_->path());
-      log_.say("profiler trace of steps " + config_.runtime.profile_steps + " written: " + profile_->path() +
+      log_.say("profiler trace of steps " + config_.logging.profile_steps + " written: " + profile_->path() +
                (world_->size() > 1 ? " (one per rank beside it)" : ""));
     }
     after_step(step, stats);
@@ -417,13 +416,13 @@ double Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0;
-  for (int64_t e = 0; e < config_.runtime.eval_batches; ++e) {
+  for (int64_t e = 0; e < config_.eval.batches; ++e) {
     const data::Batch batch = val_data_->batch(e, 0);
     // The loss uses the output head: inside the root's call, where it is gathered.
     sum += fsdp::run(model_, [&] { return lm_loss(model_->forward(batch.inputs), batch.targets); }).item<double>();
   }
   model_->train();
-  return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.runtime.eval_batches));
+  return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.eval.batches));
 }
 
 void Trainer::evaluate_and_log(int64_t steps_done) {
@@ -459,8 +458,8 @@ void Trainer::finish_run() {
   }
   // The trained state is on disk before anything that could still fail.
   try {
-    if (config_.runtime.sample_tokens > 0) summary_.sample = sample_text();
-    if (!config_.runtime.export_hf.empty()) export_hf();
+    if (config_.sample.tokens > 0) summary_.sample = sample_text();
+    if (!config_.hf_export.dir.empty()) export_hf();
   } catch (const std::exception& e) {
     if (checkpointer_->last_saved_step() != config_.runtime.steps) {
       checkpointer_->redirect(paths_.folder.checkpoints());
@@ -474,16 +473,16 @@ void Trainer::finish_run() {
 
 std::string Trainer::sample_text() {
   SampleOptions options;
-  options.max_new_tokens = config_.runtime.sample_tokens;
+  options.max_new_tokens = config_.sample.tokens;
   options.seed = static_cast<uint64_t>(config_.runtime.seed);
   const auto ids = generate(model_, sample_prompt_, options);
   std::string text = tokenizer_->decode(ids);
-  log_.say("--- sample (" + std::to_string(ids.size()) + " tokens) ---\n" + config_.runtime.sample_prompt + text + "\n---");
+  log_.say("--- sample (" + std::to_string(ids.size()) + " tokens) ---\n" + config_.sample.prompt + text + "\n---");
   return text;
 }
 
 void Trainer::export_hf() {
-  export_trained_model(*model_, config_.runtime, tokenizer_dir(), tokenizer_.get(), *world_, log_);
+  export_trained_model(*model_, config_.hf_export, tokenizer_dir(), tokenizer_.get(), *world_, log_);
 }
 
 }  // namespace fsdp::train

@@ -90,8 +90,8 @@ TEST(CliUsage, EveryHelpShowsDefaultsOneWayAndNoCli11Internals) {
   const auto train = run_command(kCli + " train --help");
   for (const char* needle :
        {"--lr FLOAT ", "peak learning rate (optim.lr) (default 0.0003)\n", "--precision fp32|bf16|fp16 ",
-        "(runtime.precision) (default fp32)\n", "--tensorboard [BOOL] ", "(runtime.tensorboard) (default true)\n",
-        "(runtime.sample_prompt) (default \"\\n\")\n", "(model.vocab_size) (default 0)\n",
+        "(runtime.precision) (default fp32)\n", "--tensorboard [BOOL] ", "(logging.tensorboard) (default true)\n",
+        "(sample.prompt) (default \"\\n\")\n", "(model.vocab_size) (default 0)\n",
         "sections model, data, optim, runtime, fsdp, checkpoint"}) {
     EXPECT_TRUE(contains(train.output, needle)) << needle << " in " << train.output;
   }

@@ -273,8 +273,8 @@ TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {
     EXPECT_TRUE(contains(r.output, "(" + key.dotted + ")")) << key.dotted;
   }
   for (const char* needle :
-       {"--lr FLOAT ", "(optim.lr) (default 0.0003)", "(runtime.eval_batches) (default 8)",
-        "(optim.beta2) (default 0.95)", "(runtime.precision) (default fp32)", "(runtime.tensorboard) (default true)",
+       {"--lr FLOAT ", "(optim.lr) (default 0.0003)", "(eval.batches) (default 8)",
+        "(optim.beta2) (default 0.95)", "(runtime.precision) (default fp32)", "(logging.tensorboard) (default true)",
         "gpt2-tiny (vocabulary 512)"}) {
     EXPECT_TRUE(contains(r.output, needle)) << needle << " in " << r.output;
   }

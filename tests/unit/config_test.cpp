@@ -78,11 +78,47 @@ TEST(Config, PrintedConfigLoadsBackToTheSameValues) {
   TrainConfig c;
   c.set("model.name", "gpt2", "test");
   c.set("optim.weight_decay", "0.05", "test");
-  c.set("runtime.sample_prompt", "Fellow citizens: \"hi\"", "test");
+  c.set("sample.prompt", "Fellow citizens: \"hi\"", "test");
   TrainConfig back;
   back.load_yaml(write_yaml(c.to_yaml()));
   EXPECT_EQ(back.to_yaml(), c.to_yaml());
-  EXPECT_EQ(back.runtime.sample_prompt, "Fellow citizens: \"hi\"");
+  EXPECT_EQ(back.sample.prompt, "Fellow citizens: \"hi\"");
+}
+
+TEST(Config, KeysThatLeftRuntimeStillLoadUnderTheirOldNames) {
+  // A config.yaml (or a checkpoint's configuration) written when these keys
+  // were all under runtime.
+  TrainConfig old;
+  old.load_yaml(write_yaml(
+      "runtime:\n  steps: 7\n  log_every: 3\n  eval_every: 5\n  eval_batches: 2\n  metrics: m.jsonl\n"
+      "  tensorboard: false\n  profile_steps: '2:3'\n  tokenizer: tok\n  sample_tokens: 9\n  sample_prompt: hi\n"
+      "  export_hf: hf\n  export_dtype: bfloat16\n  export_shard_size: 1GB\n  max_bad_steps: 4\n  skip_spikes: 6\n"));
+  EXPECT_EQ(old.runtime.steps, 7);
+  EXPECT_EQ(old.logging.every, 3);
+  EXPECT_EQ(old.eval.every, 5);
+  EXPECT_EQ(old.eval.batches, 2);
+  EXPECT_EQ(old.logging.metrics, "m.jsonl");
+  EXPECT_FALSE(old.logging.tensorboard);
+  EXPECT_EQ(old.logging.profile_steps, "2:3");
+  EXPECT_EQ(old.sample.tokenizer, "tok");
+  EXPECT_EQ(old.sample.tokens, 9);
+  EXPECT_EQ(old.sample.prompt, "hi");
+  EXPECT_EQ(old.hf_export.dir, "hf");
+  EXPECT_EQ(old.hf_export.dtype, "bfloat16");
+  EXPECT_EQ(old.hf_export.shard_size, "1GB");
+  EXPECT_EQ(old.guard.max_bad_steps, 4);
+  EXPECT_DOUBLE_EQ(old.guard.skip_spikes, 6);
+  // --set takes the old names too; what is written uses the new sections.
+  old.set("runtime.sample_tokens", "11", "--set");
+  EXPECT_EQ(old.sample.tokens, 11);
+  const std::string yaml = old.to_yaml();
+  for (const char* section : {"logging:", "eval:", "sample:", "export:", "guard:"}) {
+    EXPECT_NE(yaml.find(section), std::string::npos) << section << " in " << yaml;
+  }
+  EXPECT_EQ(yaml.find("sample_tokens"), std::string::npos) << yaml;
+  TrainConfig back;
+  back.load_yaml(write_yaml(yaml));
+  EXPECT_EQ(back.to_yaml(), yaml);
 }
 
 TEST(Config, NumbersOutOfRangeAreRefusedByName) {
@@ -143,11 +179,11 @@ TEST(Config, DescribeGivesTypesAndDefaultsFromTheFields) {
   EXPECT_EQ(by_key["data.seq_len"].default_value, "64");
   EXPECT_EQ(by_key["optim.lr"].type, "FLOAT");
   EXPECT_EQ(by_key["optim.lr"].default_value, "0.0003");
-  EXPECT_EQ(by_key["runtime.tensorboard"].type, "BOOL");
-  EXPECT_TRUE(by_key["runtime.tensorboard"].boolean);
-  EXPECT_EQ(by_key["runtime.tensorboard"].default_value, "true");
+  EXPECT_EQ(by_key["logging.tensorboard"].type, "BOOL");
+  EXPECT_TRUE(by_key["logging.tensorboard"].boolean);
+  EXPECT_EQ(by_key["logging.tensorboard"].default_value, "true");
   EXPECT_EQ(by_key["model.name"].type, "TEXT");
-  EXPECT_EQ(by_key["runtime.sample_prompt"].default_value, "\n");
+  EXPECT_EQ(by_key["sample.prompt"].default_value, "\n");
   EXPECT_EQ(by_key["runtime.precision"].type, "fp32|bf16|fp16");
   EXPECT_EQ(by_key["runtime.precision"].default_value, "fp32");
   EXPECT_EQ(by_key["fsdp.sharding"].flag, "--sharding");

@@ -1,7 +1,10 @@
 #pragma once
 // The trainer's configuration: a YAML file laid out in sections (model /
-// data / optim / runtime / fsdp / checkpoint), then command-line overrides, each checked
-// against one schema. Unknown keys and bad values are errors naming the key,
+// data / optim / runtime / logging / eval / sample / export / guard / fsdp /
+// checkpoint), then command-line overrides, each checked against one
+// schema. Keys that moved out of `runtime` are still read under their old
+// names (`runtime.sample_tokens` is `sample.tokens`), so older YAML files
+// and checkpoints load. Unknown keys and bad values are errors naming the key,
 // what was expected and the closest valid key. Light header: no LibTorch.
 
 #include <cstdint>
@@ -62,24 +65,34 @@ struct TrainConfig {
     int64_t steps = 100;
     int64_t seed = 1337;
     Precision precision = Precision::kFp32;
-    int64_t log_every = 10;
-    int64_t eval_every = 0;  // 0: only at the end (when data.val is set)
-    int64_t eval_batches = 8;
-    std::string out_dir;        // the run folder; empty: out/<run_name>
-    std::string run_name;       // empty: <model>-<date>-<time>, agreed by all ranks
+    std::string out_dir;          // the run folder; empty: out/<run_name>
+    std::string run_name;         // empty: <model>-<date>-<time>, agreed by all ranks
+    bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
+  } runtime;
+  struct Logging {
+    int64_t every = 10;         // steps between log lines
     std::string metrics;        // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
     bool tensorboard = true;    // event files in <out_dir>/tensorboard
     std::string profile_steps;  // "A:B": a Chrome trace per rank over steps A..B
+  } logging;
+  struct Eval {
+    int64_t every = 0;  // 0: only at the end (when data.val is set)
+    int64_t batches = 8;
+  } eval;
+  struct Sample {
     std::string tokenizer;  // empty: init_from's tokenizer when it has one, else data/gpt2
-    int64_t sample_tokens = 0;  // generate this many tokens at the end
-    std::string sample_prompt = "\n";
-    std::string export_hf;        // write a Hugging Face directory at the end
-    std::string export_dtype;     // float32, bfloat16, float16; empty: config.json's torch_dtype
-    std::string export_shard_size = "5GB";  // shard exported weights above this (save_pretrained's default)
-    bool keep_denormals = false;  // default: flush subnormal floats to zero (FTZ/DAZ)
-    int64_t max_bad_steps = 3;    // non-finite steps in a row (skipped) before the run stops
-    double skip_spikes = 0;       // skip updates whose loss z-score exceeds this; 0: off
-  } runtime;
+    int64_t tokens = 0;     // generate this many tokens at the end
+    std::string prompt = "\n";
+  } sample;
+  struct HfExport {
+    std::string dir;                 // write a Hugging Face directory at the end
+    std::string dtype;               // float32, bfloat16, float16; empty: config.json's torch_dtype
+    std::string shard_size = "5GB";  // shard exported weights above this (save_pretrained's default)
+  } hf_export;                       // the YAML section `export`
+  struct Guard {
+    int64_t max_bad_steps = 3;  // non-finite steps in a row (skipped) before the run stops
+    double skip_spikes = 0;     // skip updates whose loss z-score exceeds this; 0: off
+  } guard;
   struct Fsdp {
     Sharding sharding = Sharding::kFullShard;
     int64_t fsdp_size = 0;  // shard-group size for hybrid_shard

@@ -15,7 +15,7 @@ namespace fsdp::train {
 
 // Collective (gathers each parameter); rank 0 writes. `tokenizer` is the
 // run's (null when it loaded none); `tokenizer_dir` is where one would come from.
-void export_trained_model(models::CausalLMImpl& model, const TrainConfig::Runtime& config,
+void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExport& config,
                           const std::string& tokenizer_dir, const data::Tokenizer* tokenizer, dist::World& world,
                           RunLog& log);
 

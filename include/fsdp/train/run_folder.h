@@ -23,14 +23,14 @@ struct RunFolder {
 
 // Where a run writes, decided once. `config` is completed in place:
 // runtime.out_dir (out/<run_name>, the name from the model and
-// `started_unix_seconds` when not given), runtime.metrics and
+// `started_unix_seconds` when not given), logging.metrics and
 // checkpoint.dir, derived from the folder when not given. Checkpoints are
 // written when asked for (a directory, or a cadence); a folder that already
 // holds some (a run saved here before) continues them.
 struct RunPaths {
   RunFolder folder;
   bool folder_existed = false;     // the folder was there before this start
-  bool metrics_derived = false;    // runtime.metrics came from the folder
+  bool metrics_derived = false;    // logging.metrics came from the folder
   bool ckpt_dir_derived = false;   // checkpoint.dir came from the folder
 };
 RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds);
