@@ -68,7 +68,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   for (const auto& family : models::families()) families.push_back(family.name);
   auto* cmd = app.add_subcommand("train", "train a model with FSDP (families: " + join_words(families) + ")");
   dist_flags->add_to(*cmd);
-  cmd->add_option("--config", flags->config_path, "YAML file with sections model, data, optim, runtime, fsdp, checkpoint");
+  cmd->add_option("--config", flags->config_path,
+                  "YAML file with sections " + join_words(train::TrainConfig::sections()));
   add_key_flags(cmd, *flags);
   cmd->add_option("--set", flags->sets, "section.key=value, any configuration key (repeatable)");
   cmd->add_flag("--print-config", flags->print_config, "print the effective configuration and exit");

@@ -28,7 +28,7 @@ bool is_number(const std::string& text, bool integer) {
 }
 
 // A default as help shows it: quoted, with escapes, when it is empty or
-// holds spaces or control characters (sample_prompt's "\n").
+// holds spaces or control characters (sample.prompt's "\n").
 std::string shown_default(const std::string& text) {
   bool plain = !text.empty();
   std::string escaped;

@@ -396,7 +396,7 @@ std::string damage(const std::string& checkpoint) {
     const nlohmann::json meta = read_metadata(checkpoint);
     RankFiles files(checkpoint, meta);
     for (const auto& f : meta["files"]) files.get(f["rank"].get<int>());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     return e.what();
   }
   return "";

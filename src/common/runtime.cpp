@@ -19,6 +19,7 @@
 #include <glog/logging.h>
 #endif
 
+#include "fsdp/common/fault_point.h"
 #include "fsdp/common/env.h"
 #include "fsdp/common/flat_buffer.h"
 
@@ -89,6 +90,7 @@ static int default_threads(const EnvMap& env) {
 }
 
 void init_runtime() {
+  check_fault_points();
   quiet_library_logs();
   keep_freed_memory();
   // See [Note: large CPU buffers] in flat_buffer.cpp.

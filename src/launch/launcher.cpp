@@ -110,7 +110,8 @@ class Supervisor {
     }
     if (!failure_ && forwarded_signal_ == 0) wait_for_other_nodes_to_finish();
     const int code = exit_code();
-    if (!failure_ && own_recorder_dir_) std::filesystem::remove_all(recorder_dir_);
+    // The flight records stay for a job that failed or did not stop cleanly.
+    if (code == 0 && own_recorder_dir_) std::filesystem::remove_all(recorder_dir_);
     return code;
   }
 

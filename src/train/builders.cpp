@@ -66,7 +66,8 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
   auto& model = *built.model;
   // The world's device decision; FSDP's buffers follow the parameters.
   if (!world.device().is_cpu()) model.to(world.device());
-  const int64_t params = models::count_parameters(model);
+  built.parameters = models::count_parameters(model);
+  const int64_t params = built.parameters;
   log.say("model " + (m.init_from.empty() ? m.name : m.init_from) + ": " + std::to_string(params) + " parameters (" +
           model.family() + "), " + std::to_string(model.n_layers()) + " layers, width " + std::to_string(model.dim()) +
           ", vocabulary " + std::to_string(model.vocab_size()));
@@ -107,7 +108,7 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   if (validation) {
     log.say("validation data: " + what);
   } else {
-    const int64_t per_step = world.size() * d.grad_accum * d.batch_size * d.seq_len;
+    const int64_t per_step = config.tokens_per_step(world.size());
     log.say("data: " + what + "; " + std::to_string(per_step) + " tokens per step, " +
             std::to_string(per_step * config.runtime.steps) + " in " + std::to_string(config.runtime.steps) + " steps");
   }

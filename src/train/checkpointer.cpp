@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 
@@ -10,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
+#include "fsdp/dist/launch_env.h"
 
 namespace fsdp::train {
 namespace {
@@ -51,8 +53,8 @@ const char* const kMayDiffer[] = {"runtime.steps:", "runtime.out_dir:", "runtime
 
 }  // namespace
 
-Checkpointer::Checkpointer(TrainConfig::Checkpoint config, dist::World& world, RunLog& log)
-    : config_(std::move(config)), world_(world), log_(log) {}
+Checkpointer::Checkpointer(TrainConfig::Checkpoint& config, dist::World& world, RunLog& log)
+    : config_(config), world_(world), log_(log) {}
 
 bool Checkpointer::may_differ(const std::string& difference) {
   return std::any_of(std::begin(kMayDiffer), std::end(kMayDiffer),
@@ -60,6 +62,8 @@ bool Checkpointer::may_differ(const std::string& difference) {
 }
 
 std::string Checkpointer::intact_checkpoints(const std::string& except) const {
+  // Reading every file of every checkpoint once is enough: rank 0 does it.
+  if (world_.rank() != 0) return "rank 0's error names the checkpoints still intact";
   std::string intact;
   for (const auto& name : step_dirs(config_.dir)) {
     const std::string path = config_.dir + "/" + name;
@@ -70,8 +74,23 @@ std::string Checkpointer::intact_checkpoints(const std::string& except) const {
                         : "intact: " + intact + " (resume from one with --resume-from STEP)";
 }
 
+void Checkpointer::set_aside_newer_than(int64_t step) const {
+  namespace fs = std::filesystem;
+  if (world_.rank() != 0) return;
+  for (const auto& name : step_dirs(config_.dir)) {
+    if (name <= step_dir_name(step)) continue;
+    fs::rename(config_.dir + "/" + name, config_.dir + "/superseded-" + name);
+    log_.say("--resume-from " + std::to_string(step) + ": " + config_.dir + "/" + name + " renamed superseded-" + name +
+             " (this run trains those steps again)");
+  }
+}
+
 std::string Checkpointer::chosen_checkpoint() const {
-  if (config_.resume_from > 0) {
+  // A restarted attempt (fsdp launch --max-restarts) continues from what
+  // the failed attempt saved: --resume-from chose where the job began.
+  const char* attempt = std::getenv(dist::kRestartAttemptVar);
+  const bool restarted = attempt != nullptr && std::atoi(attempt) > 0;
+  if (config_.resume_from > 0 && !restarted) {
     const std::string path = config_.dir + "/" + step_dir_name(config_.resume_from);
     FSDP_CHECK(std::filesystem::is_directory(path), "--resume-from ", config_.resume_from, ": '", config_.dir,
                "' holds no checkpoint of that step; ", intact_checkpoints(""));
@@ -108,6 +127,9 @@ std::optional<checkpoint::TrainerState> Checkpointer::resume(torch::nn::Module& 
   FSDP_CHECK(state.step <= now.runtime.steps, "checkpoint '", path, "' is at step ", state.step,
              ", beyond runtime.steps = ", now.runtime.steps);
   last_saved_step_ = state.step;
+  if (config_.resume_from > 0 && path == config_.dir + "/" + step_dir_name(config_.resume_from)) {
+    set_aside_newer_than(state.step);
+  }
   const int64_t saved_by = state.mesh.size() == 2 ? state.mesh[0] * state.mesh[1] : 0;
   char line[1024];
   std::snprintf(line, sizeof(line), "resumed from %s at step %lld (saved by %lld rank(s) under %s; loaded in %.2f s)",
@@ -138,18 +160,16 @@ void Checkpointer::report_differences(const checkpoint::TrainerState& state, con
   // The world size is no configuration key, but the global batch follows
   // it: say when it changes (the learning rate was tuned for the old one).
   const int64_t saved_world = state.mesh.size() == 2 ? state.mesh[0] * state.mesh[1] : 0;
-  const auto global = [](int64_t world, const TrainConfig& c) {
-    return world * c.data.batch_size * c.data.grad_accum * c.data.seq_len;
-  };
+
   const int64_t world = world_.size();
-  if (saved_world > 0 && global(saved_world, saved) != global(world, now)) {
+  if (saved_world > 0 && saved.tokens_per_step(saved_world) != now.tokens_per_step(world)) {
     char line[512];
     std::snprintf(line, sizeof(line),
                   "note: the global batch changes from %lld tokens per step (%lld ranks x %lld x %lld x %lld) to %lld "
                   "(%lld ranks x %lld x %lld x %lld: ranks x batch size x accumulation x sequence length)",
-                  static_cast<long long>(global(saved_world, saved)), static_cast<long long>(saved_world),
+                  static_cast<long long>(saved.tokens_per_step(saved_world)), static_cast<long long>(saved_world),
                   static_cast<long long>(saved.data.batch_size), static_cast<long long>(saved.data.grad_accum),
-                  static_cast<long long>(saved.data.seq_len), static_cast<long long>(global(world, now)),
+                  static_cast<long long>(saved.data.seq_len), static_cast<long long>(now.tokens_per_step(world)),
                   static_cast<long long>(world), static_cast<long long>(now.data.batch_size),
                   static_cast<long long>(now.data.grad_accum), static_cast<long long>(now.data.seq_len));
     log_.say(line);

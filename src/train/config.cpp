@@ -380,6 +380,8 @@ std::string name_of(Sharding s) { return spelling_of(s); }
 std::string name_of(LrScheduleKind k) { return spelling_of(k); }
 std::string name_of(OnSaveError e) { return spelling_of(e); }
 
+std::vector<std::string> TrainConfig::sections() { return section_names(); }
+
 std::vector<std::string> TrainConfig::keys() {
   std::vector<std::string> out;
   for (const auto& f : schema()) out.push_back(f.dotted());

@@ -66,6 +66,9 @@ TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths) {
   TrainConfig recorded = config;
   recorded.runtime.out_dir.clear();
   recorded.runtime.run_name.clear();
+  // Where this run started from is no setting of the next one.
+  recorded.checkpoint.resume = false;
+  recorded.checkpoint.resume_from = 0;
   if (paths.metrics_derived) recorded.logging.metrics.clear();
   if (paths.ckpt_dir_derived) recorded.checkpoint.dir.clear();
   return recorded;

@@ -44,13 +44,14 @@ void MetricsLog::write(const nlohmann::json& line) {
 RunLog::RunLog(int rank)
     : rank_(rank), tty_(::isatty(STDOUT_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
 
-void RunLog::open(const std::string& log_path, int64_t first_step, int64_t total_steps) {
+void RunLog::open(const std::string& log_path, int64_t first_step, int64_t total_steps, const std::string& marker) {
   first_step_ = first_step;
   total_steps_ = total_steps;
   start_ = std::chrono::steady_clock::now();
   std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
   log_.open(log_path, std::ios::app);
   FSDP_CHECK(log_.good(), "cannot write the log file '", log_path, "'");
+  if (!marker.empty()) write_file(marker);
   for (const auto& line : held_) write_file(line);
   held_.clear();
 }

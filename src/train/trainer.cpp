@@ -3,9 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
-#include <cmath>
 #include <csignal>
-#include <filesystem>
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
@@ -16,7 +14,7 @@
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
 #include "fsdp/io/atomic_file.h"
-#include "fsdp/models/hf/config_reader.h"
+#include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 #include "fsdp/train/builders.h"
 #include "fsdp/train/export.h"
@@ -67,7 +65,6 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));
     auto built = build_model(config_.model, *world_, log_);
     apply_fsdp(*built.model, config_, build_mesh(config_.fsdp, world_), built.init_weights, log_);
-    print_only_ = true;
     return;
   }
   try {
@@ -87,7 +84,7 @@ void Trainer::set_up() {
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
   auto built = build_model(config_.model, *world_, log_);
   model_ = built.model;
-  params_ = models::count_parameters(*model_);
+  params_ = built.parameters;
   active_params_ = model_->active_parameter_count();
   train_data_ = build_loader(config_, *model_, *world_, /*validation=*/false, log_);
   if (!config_.data.val.empty()) {
@@ -140,6 +137,8 @@ void Trainer::choose_run_folder() {
   auto t = torch::full({1}, world_->rank() == 0 ? started : 0.0, torch::kDouble);
   dist::all_reduce(world_->group(), t, dist::ReduceOp::kMax).wait();
   paths_ = resolve_run_paths(config_, static_cast<int64_t>(t.item<double>()));
+  // Every rank has seen whether the folder was there before any creates it.
+  dist::barrier(world_->group());
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
 }
 
@@ -170,7 +169,6 @@ void Trainer::resume_if_possible() {
   start_step_ = state->step;
   tokens_seen_ = state->tokens_seen;
   resumed_ = true;
-  finished_already_ = state->step == config_.runtime.steps;
   // The stream continues after the tokens already trained on, whatever the
   // batch size, accumulation or world size is now.
   train_data_->resume_at(state->step, state->tokens_seen);
@@ -206,13 +204,14 @@ void Trainer::open_run_files() {
                                             config_.logging.tensorboard ? paths_.folder.tensorboard() : "", resumed_);
   }
   dist::barrier(world_->group());  // the earlier run's logs are out of the way
-  if (resumed_) log_.note("--- resumed at step " + std::to_string(start_step_) + " ---");
-  log_.open(paths_.folder.log(world_->rank()), start_step_, config_.runtime.steps);
+  // A resumed run appends to its log: the marker goes before this start's lines.
+  log_.open(paths_.folder.log(world_->rank()), start_step_, config_.runtime.steps,
+            resumed_ ? "--- resumed at step " + std::to_string(start_step_) + " ---" : "");
   log_.say("run folder: " + paths_.folder.dir);
 }
 
 TrainSummary Trainer::train() {
-  if (print_only_) return {};
+  if (config_.model.print) return {};  // --print-model: printed, nothing to train
   try {
     return run();
   } catch (const std::exception& e) {
@@ -225,7 +224,7 @@ TrainSummary Trainer::train() {
 }
 
 TrainSummary Trainer::run() {
-  if (finished_already_) {
+  if (resumed_ && start_step_ == config_.runtime.steps) {
     log_.say("the checkpoint is at step " + std::to_string(start_step_) + " = runtime.steps: nothing left to train" +
              " (raise --steps to train further, or use a new --out-dir for a new run)");
     return summary_;
@@ -270,10 +269,7 @@ TrainSummary Trainer::run() {
   return summary_;
 }
 
-int64_t Trainer::tokens_per_step() const {
-  const auto& d = config_.data;
-  return world_->size() * d.grad_accum * d.batch_size * d.seq_len;
-}
+int64_t Trainer::tokens_per_step() const { return config_.tokens_per_step(world_->size()); }
 
 torch::Tensor Trainer::lm_loss(const torch::Tensor& hidden, const torch::Tensor& targets) const {
   return config_.model.chunk_loss ? nn::chunked_lm_loss(hidden, model_->output_weight(), targets)

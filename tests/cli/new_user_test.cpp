@@ -122,6 +122,11 @@ TEST(NewUser, TheRankLogHoldsTheStartTheTerminalShowed) {
     EXPECT_TRUE(contains(log, line)) << line << " missing from rank0.log:\n" << log;
     EXPECT_TRUE(contains(resumed.output, line)) << line << " missing from the terminal:\n" << resumed.output;
   }
+  // The resumed start's lines follow its marker.
+  const auto marker = log.find("--- resumed at step 2 ---");
+  ASSERT_NE(marker, std::string::npos) << log;
+  EXPECT_GT(log.rfind("model gpt2-tiny: "), marker) << log;
+  EXPECT_GT(log.find("note: this run's configuration differs"), marker) << log;
   fs::remove_all(dir);
 }
 
@@ -149,6 +154,13 @@ TEST(NewUser, ADamagedLatestNamesTheIntactCheckpointsAndResumeFromPicksOne) {
   const auto older = train("--steps 8 --resume-from 4" + run);
   ASSERT_EQ(older.exit_code, 0) << older.output;
   EXPECT_TRUE(contains(older.output, "resumed from " + dir + "/ckpt/step_00000004 at step 4")) << older.output;
+  // The damaged step 6 of the run being redone is out of pruning's and
+  // `latest`'s way; the new steps 6 and 8 are the newest.
+  EXPECT_TRUE(fs::is_directory(dir + "/ckpt/superseded-step_00000006")) << older.output;
+  EXPECT_TRUE(fs::is_directory(dir + "/ckpt/step_00000006")) << older.output;
+  EXPECT_EQ(read_file(dir + "/ckpt/latest"), "step_00000008\n");
+  // --resume-from says where this run started: no setting of the next one.
+  EXPECT_TRUE(contains(read_file(dir + "/config.yaml"), "resume_from: 0")) << read_file(dir + "/config.yaml");
   fs::remove_all(dir);
 }
 

@@ -28,4 +28,8 @@ inline constexpr const char* kFaultPoints[] = {
 // this visit.
 void fault_point(const char* name);
 
+// Reads FSDP_FAULT_POINT now, so a name that is no point is an error at
+// start-up (init_runtime), not when the first point is reached.
+void check_fault_points();
+
 }  // namespace fsdp

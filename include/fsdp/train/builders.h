@@ -27,6 +27,7 @@ struct BuiltModel {
   // --init-from: the weights fully_shard reads into each shard (the model's
   // parameters are deferred until then). Null for a preset.
   std::shared_ptr<models::HfWeights> init_weights;
+  int64_t parameters = 0;  // unique parameters, counted once before sharding
 };
 // Says what was built (and, under --print-model, its modules and shapes).
 BuiltModel build_model(const TrainConfig::Model& config, const dist::World& world, RunLog& log);

@@ -19,8 +19,9 @@ namespace fsdp::train {
 
 class Checkpointer {
  public:
-  // `config.dir` empty: nothing is saved or resumed.
-  Checkpointer(TrainConfig::Checkpoint config, dist::World& world, RunLog& log);
+  // `config.dir` empty: nothing is saved or resumed. `config` is the run's
+  // own section (redirect() changes it), and outlives the checkpointer.
+  Checkpointer(TrainConfig::Checkpoint& config, dist::World& world, RunLog& log);
 
   bool enabled() const { return !config_.dir.empty(); }
   const std::string& dir() const { return config_.dir; }
@@ -29,6 +30,8 @@ class Checkpointer {
   // model and optimizer when the directory holds one, and reports how
   // `now` differs from the configuration it was saved with. A checkpoint
   // that cannot be loaded is an error naming the checkpoints still intact.
+  // After --resume-from N, newer checkpoints (of the run being redone) are
+  // renamed superseded-step_M, out of `latest`'s and pruning's way.
   std::optional<checkpoint::TrainerState> resume(torch::nn::Module& model, torch::optim::AdamW& optimizer,
                                                  const TrainConfig& now);
 
@@ -54,9 +57,10 @@ class Checkpointer {
  private:
   std::string chosen_checkpoint() const;  // "" when there is none to resume
   std::string intact_checkpoints(const std::string& except) const;
+  void set_aside_newer_than(int64_t step) const;
   void report_differences(const checkpoint::TrainerState& state, const std::string& path, const TrainConfig& now);
 
-  TrainConfig::Checkpoint config_;
+  TrainConfig::Checkpoint& config_;
   dist::World& world_;
   RunLog& log_;
   int64_t last_saved_step_ = -1;

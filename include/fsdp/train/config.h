@@ -119,6 +119,11 @@ struct TrainConfig {
   // Sets "section.key" from text, as --set does; `source` names where the
   // setting came from in errors.
   void set(const std::string& dotted_key, const std::string& value, const std::string& source);
+  // Tokens one optimizer step trains on: ranks x batch size x accumulation
+  // x sequence length.
+  int64_t tokens_per_step(int64_t world_size) const {
+    return world_size * data.batch_size * data.grad_accum * data.seq_len;
+  }
   // Cross-field checks (allowed values, positive sizes, ...).
   void validate() const;
   std::string to_yaml() const;
@@ -126,6 +131,8 @@ struct TrainConfig {
   std::vector<std::string> differences(const TrainConfig& other) const;
 
   static std::vector<std::string> keys();
+  // The sections, in the order config.yaml writes them.
+  static std::vector<std::string> sections();
 
   // One configuration key as the command line presents it.
   struct KeyInfo {

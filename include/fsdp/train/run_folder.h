@@ -44,7 +44,8 @@ void check_output_paths(const TrainConfig& config, const RunFolder& folder, bool
 // (--config run1/config.yaml) and copied with its folder: paths that name
 // the folder, or were derived from it, are left out, so a reuse writes
 // where its own flags say and never into this run. Paths the user gave
-// (--metrics, --ckpt-dir, --export-hf) stay.
+// (--metrics, --ckpt-dir, --export-hf) stay; --resume and --resume-from,
+// which say where this run started, do not.
 TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths);
 
 // Removes `dir` when it holds no file (a start that failed before writing

@@ -39,8 +39,9 @@ class MetricsLog {
 class RunLog {
  public:
   explicit RunLog(int rank);
-  // Appends to `log_path` from now on (held lines first).
-  void open(const std::string& log_path, int64_t first_step, int64_t total_steps);
+  // Appends to `log_path` from now on: `marker` (when not empty), then the
+  // held lines.
+  void open(const std::string& log_path, int64_t first_step, int64_t total_steps, const std::string& marker = "");
   // Rank 0: printed and logged. Other ranks: nothing.
   void say(const std::string& text);
   void warn(const std::string& text) { say("warning: " + text); }

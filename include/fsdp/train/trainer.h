@@ -13,8 +13,6 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
-#include "fsdp/models/hf/weights.h"
-#include "fsdp/models/registry.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/checkpointer.h"
 #include "fsdp/train/config.h"
@@ -32,7 +30,7 @@ struct TrainSummary {
   std::string sample;                // generated text, if asked for
 };
 
-// "Every N steps, and at the last": when logging, evaluating and saving happen.
+// "Every N steps, and at the last": when logging and evaluating happen.
 struct Cadence {
   int64_t every = 0;  // 0: only at the last step
   bool at_first = false;
@@ -97,9 +95,7 @@ class Trainer {
   std::shared_ptr<dist::World> world_;
   RunLog log_;
   RunPaths paths_;  // the run folder, and which paths were derived from it
-  bool print_only_ = false;  // --print-model: built and printed, nothing to train
   bool resumed_ = false;
-  bool finished_already_ = false;  // resumed from a checkpoint at the last step
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   std::shared_ptr<dist::DeviceMesh> mesh_;
   models::CausalLM model_;
