@@ -259,7 +259,7 @@ void FSDPParamGroup::unshard() {
   }
   if (param_dtype_ != master_dtype_) all_gather_input_.reset(memory::flat_copy(sharded_flat_, param_dtype_));
   const at::Tensor& input = param_dtype_ == master_dtype_ ? sharded_flat_ : all_gather_input_.get();
-  all_gather_event_ = comm_->record(FSDPEvent::Kind::kAllGather, *name_, static_cast<int64_t>(input.nbytes()));
+  all_gather_event_ = comm_->record(FSDPEvent::Kind::kAllGather, *name_);
   dist::CollectiveLabel label(*name_);
   all_gather_work_ = dist::all_gather_into_tensor(*shard_group_, unsharded_flat_, input);
 }
@@ -491,8 +491,7 @@ void FSDPParamGroup::issue_reduce_scatter() {
   RECORD_USER_SCOPE("FSDP::reduce_scatter");
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kReduceScatter);
   reduce_output_.reset(memory::empty_flat(shard_numel_, at::TensorOptions().device(device_).dtype(reduce_dtype_)));
-  reduce_event_ = comm_->record(FSDPEvent::Kind::kReduceScatter, *name_,
-                                static_cast<int64_t>(reduce_input_.get().nbytes()));
+  reduce_event_ = comm_->record(FSDPEvent::Kind::kReduceScatter, *name_);
   dist::CollectiveLabel label(*name_);
   reduce_work_ = dist::reduce_scatter_tensor(*shard_group_, reduce_output_.get(), reduce_input_.get(),
                                              dist::ReduceOp::kAvg);
@@ -548,7 +547,7 @@ void FSDPParamGroup::issue_replica_all_reduce() {
   CommContext::StreamScope on_stream(*comm_, CommContext::Stream::kAllReduce);
   if (partial_reduction_.defined()) reduce_output_.get().add_(partial_reduction_.release());
   const at::Tensor& buffer = in_place() ? grad_flat_ : reduce_output_.get();
-  reduce_event_ = comm_->record(FSDPEvent::Kind::kAllReduce, *name_, static_cast<int64_t>(buffer.nbytes()));
+  reduce_event_ = comm_->record(FSDPEvent::Kind::kAllReduce, *name_);
   dist::CollectiveLabel label(*name_);
   reduce_work_ = dist::all_reduce(*replicate_group_, buffer, dist::ReduceOp::kAvg);
 }

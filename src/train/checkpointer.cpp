@@ -177,9 +177,7 @@ void Checkpointer::report_differences(const checkpoint::TrainerState& state, con
 }
 
 bool Checkpointer::due(int64_t step, int64_t total_steps, bool stop_requested) const {
-  if (!enabled()) return false;
-  const bool last = step + 1 == total_steps;
-  return last || stop_requested || (config_.save_every > 0 && (step + 1) % config_.save_every == 0);
+  return enabled() && (stop_requested || Cadence{config_.save_every}.due(step, total_steps));
 }
 
 void Checkpointer::save(const checkpoint::TrainerState& state, torch::nn::Module& model,

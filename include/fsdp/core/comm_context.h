@@ -25,13 +25,15 @@ namespace fsdp {
 
 class FSDPParamGroup;
 
-// One entry of the event log. Compute boundaries (pre_forward, post_forward,
-// pre_backward, post_backward) have no bytes and equal issue and wait times.
+// One entry of the event log: FSDP's schedule, its hooks and the points
+// where it issued and waited for each collective. What a collective moved
+// is the flight recorder's (dist/flight_recorder.h), the one record of
+// collectives. Compute boundaries (pre_forward, post_forward, pre_backward,
+// post_backward) have equal issue and wait times.
 struct FSDPEvent {
   enum class Kind { kAllGather, kReduceScatter, kAllReduce, kPreForward, kPostForward, kPreBackward, kPostBackward };
   Kind kind;
   std::string unit;      // the unit's name from the root ("h.0"), "<root>" for the root
-  int64_t bytes = 0;     // bytes each rank sends into the collective
   int64_t sequence = 0;  // position in issue order, from 0 at construction
   double issued_s = 0;   // seconds since the log started
   double waited_s = -1;  // when its wait returned; -1 while in flight
@@ -61,7 +63,7 @@ class CommContext {
 
   // Event log, bounded to the last kMaxEvents entries.
   static constexpr size_t kMaxEvents = 8192;
-  size_t record(FSDPEvent::Kind kind, const std::string& unit, int64_t bytes = 0);
+  size_t record(FSDPEvent::Kind kind, const std::string& unit);
   void mark_waited(size_t sequence);
   std::vector<FSDPEvent> events() const { return {events_.begin(), events_.end()}; }
   void clear_events() { events_.clear(); }

@@ -12,6 +12,7 @@
 
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/dist/process_group.h"
+#include "fsdp/train/cadence.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/telemetry.h"
 

@@ -14,6 +14,7 @@
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/optim/fused_adamw.h"
+#include "fsdp/train/cadence.h"
 #include "fsdp/train/checkpointer.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/lr_schedule.h"
@@ -28,16 +29,6 @@ struct TrainSummary {
   std::vector<double> train_losses;  // one per step, averaged over ranks and micro-steps
   std::vector<double> val_losses;    // one per evaluation
   std::string sample;                // generated text, if asked for
-};
-
-// "Every N steps, and at the last": when logging and evaluating happen.
-struct Cadence {
-  int64_t every = 0;  // 0: only at the last step
-  bool at_first = false;
-  bool due(int64_t step, int64_t total) const {
-    const bool last = step + 1 == total;
-    return last || (at_first && step == 0) || (every > 0 && (step + 1) % every == 0);
-  }
 };
 
 class Trainer {
