@@ -8,7 +8,7 @@ q/k norms, routed experts).
 import torch
 import transformers
 
-FAMILIES = ("gpt2", "llama", "qwen3", "qwen3_moe")
+FAMILIES = ("gpt2", "llama", "llama2", "qwen3", "qwen3_moe", "llama4")
 VOCAB = 512
 
 
@@ -30,6 +30,23 @@ def config(family):
             tie_word_embeddings=True, rope_theta=500000.0,
             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                               original_max_position_embeddings=16), **decoder)
+    if family == "llama2":
+        # Llama 2's shape: every head its own key/value (no grouping), no
+        # rope scaling, theta 10000, an untied head.
+        return transformers.LlamaConfig(**{**decoder, "num_key_value_heads": 4}, rope_theta=10000.0,
+                                        tie_word_embeddings=False)
+    if family == "llama4":
+        # Every Llama 4 layer kind in four: MoE every other layer (top-2 of
+        # 4 experts and the shared one), NoPE layers 1 and 3 with
+        # temperature tuning, chunked attention and L2 q/k norms on 0 and 2.
+        # Chunks of 8 and a temperature floor of 4 act within 32 tokens.
+        return transformers.Llama4TextConfig(
+            **{**decoder, "intermediate_size": 32, "num_hidden_layers": 4}, head_dim=16, intermediate_size_mlp=128,
+            num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 0, 1, 0],
+            attention_chunk_size=8, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1, use_qk_norm=True,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=16))
     if family == "qwen3":
         return transformers.Qwen3Config(head_dim=16, tie_word_embeddings=False, **decoder)
     if family == "qwen3_moe":
@@ -52,3 +69,17 @@ def load_model(directory, dtype=torch.float32):
     model, info = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype,
                                                                      output_loading_info=True)
     return model.eval(), info
+
+
+def write_llama4_multimodal(directory, seed=0):
+    """A Llama4ForConditionalGeneration directory around config("llama4")
+    with a one-layer vision tower: the form Llama 4's published checkpoints
+    take. Returns the model; its text logits are what fsdp.cpp must give."""
+    vision = transformers.Llama4VisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                             intermediate_size=64, vision_output_dim=64, image_size=28,
+                                             patch_size=14, projector_input_dim=64, projector_output_dim=64)
+    both = transformers.Llama4Config(text_config=config("llama4").to_dict(), vision_config=vision.to_dict())
+    torch.manual_seed(seed)
+    model = transformers.Llama4ForConditionalGeneration(both)
+    model.save_pretrained(directory)
+    return model.eval()

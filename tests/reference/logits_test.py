@@ -83,6 +83,7 @@ def refused_by_name(args, work):
                                                                      original_max_position_embeddings=32,
                                                                      rope_theta=10000.0), "yarn"),
         "attention_bias": (hf_models.config("qwen3"), "attention_bias", True, "attention_bias"),
+        "router_jitter_noise": (hf_models.config("llama4"), "router_jitter_noise", 0.1, "router_jitter_noise"),
     }
     for name, (config, key, value, expected) in cases.items():
         setattr(config, key, value)
@@ -104,6 +105,11 @@ def main():
         model = hf_models.write_model(family, directory)
         compare(args, family, directory, model, work)
         export_roundtrip(args, family, directory, os.path.join(work, family + "-export"))
+    # The published Llama 4 checkpoints: the language model is loaded from
+    # under language_model., the vision tower's tensors are skipped.
+    directory = os.path.join(work, "llama4-multimodal")
+    compare(args, "llama4 (Llama4ForConditionalGeneration)", directory,
+            hf_models.write_llama4_multimodal(directory), work)
     refused_by_name(args, work)
 
 

@@ -38,6 +38,8 @@ FamilySpec gpt2_family();
 FamilySpec llama_family();
 FamilySpec qwen3_family();
 FamilySpec qwen3_moe_family();
+FamilySpec llama4_text_family();
+FamilySpec llama4_family();
 FamilySpec example_family();
 
 }  // namespace fsdp::models

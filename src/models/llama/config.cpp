@@ -135,10 +135,12 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
     throw Error(r.where() + ": config.json " + source + " " + scaling.dump() +
                 " lacks factor, low_freq_factor, high_freq_factor or original_max_position_embeddings");
   }
-  FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor &&
+  // Equal factors (Llama 4 Scout's) leave no band to blend: every
+  // wavelength is either slowed or kept.
+  FSDP_CHECK(c.rope_scaling.factor > 0 && c.rope_scaling.high_freq_factor >= c.rope_scaling.low_freq_factor &&
                  c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.original_max_position_embeddings >= 1,
              r.where(), ": config.json ", source, " ", scaling.dump(),
-             " needs factor > 0, high_freq_factor > low_freq_factor > 0 and original_max_position_embeddings >= 1");
+             " needs factor > 0, high_freq_factor >= low_freq_factor > 0 and original_max_position_embeddings >= 1");
 }
 }  // namespace
 

@@ -27,6 +27,7 @@ torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s
   const double low_wavelen = context / s.low_freq_factor, high_wavelen = context / s.high_freq_factor;
   const auto wavelen = 2 * M_PI / inv_freq;
   auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  if (s.high_freq_factor == s.low_freq_factor) return scaled;  // no band between (Llama 4 Scout)
   const auto smooth = (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   const auto blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
   const auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);

@@ -1,0 +1,283 @@
+#include "fsdp/models/llama4/model.h"
+
+#include <cmath>
+
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/models/attention.h"
+#include "fsdp/models/family.h"
+#include "fsdp/models/llama/model.h"
+#include "fsdp/models/moe/moe.h"
+#include "fsdp/nn/activation_checkpoint.h"
+
+namespace fsdp::models {
+
+namespace {
+constexpr double kInitStd = 0.02;  // Hugging Face's initializer_range
+
+nn::Linear linear(int64_t in, int64_t out) { return nn::Linear(in, out, /*bias=*/false, kInitStd); }
+
+// x * rsqrt(mean(x^2) + eps) in fp32, no weight (Llama4TextL2Norm).
+torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
+  const auto f = x.to(torch::kFloat);
+  return (f * torch::rsqrt(f.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+}
+
+// Causal attention restricted to aligned windows of `chunk` positions: a
+// query at t sees keys s <= t with s / chunk == t / chunk. Each window is
+// then plain causal attention over its own positions, computed alone.
+torch::Tensor chunked_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                       int64_t chunk, torch::nn::Dropout* dropout) {
+  const int64_t T = q.size(1);
+  if (chunk <= 0 || T <= chunk) return causal_attention(q, k, v, dropout);
+  std::vector<torch::Tensor> windows;
+  for (int64_t start = 0; start < T; start += chunk) {
+    const int64_t n = std::min(chunk, T - start);
+    windows.push_back(causal_attention(q.narrow(1, start, n), k.narrow(1, start, n), v.narrow(1, start, n), dropout));
+  }
+  return torch::cat(windows, 1);
+}
+}  // namespace
+
+torch::Tensor apply_rotary_pairs(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t T = x.size(1), half = x.size(-1) / 2;
+  const auto pairs = x.to(torch::kFloat).reshape({x.size(0), T, x.size(2), half, 2});
+  const auto even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  const auto c = cos.view({1, T, 1, half}), s = sin.view({1, T, 1, half});
+  return torch::stack({even * c - odd * s, even * s + odd * c}, -1).flatten(-2).to(x.scalar_type());
+}
+
+Llama4AttentionImpl::Llama4AttentionImpl(const Llama4Config& c, int64_t layer)
+    : n_heads(c.text.num_attention_heads),
+      n_kv_heads(c.text.num_key_value_heads),
+      head_dim(c.text.head_size()),
+      rope(c.uses_rope(layer)),
+      qk_norm(c.use_qk_norm && rope),
+      temperature_tuning(c.attn_temperature_tuning && !rope),
+      chunk(c.is_chunked(layer) ? c.attention_chunk_size : 0),
+      eps(c.text.rms_norm_eps),
+      floor_scale(c.floor_scale),
+      attn_scale(c.attn_scale) {
+  FSDP_CHECK(n_heads % n_kv_heads == 0 && head_dim % 2 == 0, "Llama 4: num_attention_heads ", n_heads,
+             " must be a multiple of num_key_value_heads ", n_kv_heads, " and head_dim ", head_dim, " even");
+  const int64_t C = c.text.hidden_size;
+  q_proj = register_module("q_proj", linear(C, n_heads * head_dim));
+  k_proj = register_module("k_proj", linear(C, n_kv_heads * head_dim));
+  v_proj = register_module("v_proj", linear(C, n_kv_heads * head_dim));
+  o_proj = register_module("o_proj", linear(n_heads * head_dim, C));
+  dropout = register_module("dropout", torch::nn::Dropout(c.text.attention_dropout));
+}
+
+torch::Tensor Llama4AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj(x).view({B, T, n_heads, head_dim});
+  auto k = k_proj(x).view({B, T, n_kv_heads, head_dim});
+  const auto v = v_proj(x).view({B, T, n_kv_heads, head_dim});
+  if (rope) {
+    q = apply_rotary_pairs(q, cos, sin);
+    k = apply_rotary_pairs(k, cos, sin);
+    if (qk_norm) {
+      q = l2_norm(q, eps);
+      k = l2_norm(k, eps);
+    }
+  }
+  if (temperature_tuning) {
+    // Without positions in q and k, longer contexts would flatten the
+    // softmax; the query's scale grows with the log of its position.
+    const auto positions = torch::arange(T, torch::kFloat);
+    const auto scales = torch::log1p(torch::floor((positions + 1.0) / floor_scale)) * attn_scale + 1.0;
+    q = (q * scales.view({1, T, 1, 1})).to(q.scalar_type());
+  }
+  return o_proj(chunked_causal_attention(q, k, v, chunk, &dropout));
+}
+
+Llama4ExpertsImpl::Llama4ExpertsImpl(int64_t experts, int64_t hidden, int64_t width) {
+  const auto normal = [](torch::Tensor& t) { t.normal_(0.0, kInitStd); };
+  gate_up_proj = register_parameter("gate_up_proj", nn::new_parameter({experts, hidden, 2 * width}, normal));
+  down_proj = register_parameter("down_proj", nn::new_parameter({experts, width, hidden}, normal));
+}
+
+Llama4MoeImpl::Llama4MoeImpl(const Llama4Config& c) : top_k(c.num_experts_per_tok) {
+  const int64_t C = c.text.hidden_size;
+  router = register_module("router", linear(C, c.num_local_experts));
+  experts = register_module("experts", Llama4Experts(c.num_local_experts, C, c.text.intermediate_size));
+  shared_expert = register_module("shared_expert", nn::SwiGLU(C, c.text.intermediate_size, kInitStd));
+}
+
+// Dispatch as SparseMoeBlock's ([Note: expert dispatch] in moe.cpp): each
+// expert computes only the tokens routed to it. What differs is where the
+// router's weight goes: Hugging Face multiplies the expert's input by the
+// sigmoid of the token's router logit, not its output.
+std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Tensor& x) {
+  const int64_t C = x.size(-1);
+  const auto tokens = x.reshape({-1, C});  // (N, C)
+  const auto logits = router(tokens);      // (N, E)
+  const int64_t E = logits.size(-1);
+  const auto [top, chosen] = logits.topk(top_k, -1);
+  const auto scores = torch::sigmoid(top.to(torch::kFloat)).to(x.scalar_type()).reshape({-1});  // per slot
+
+  const auto slot_expert = chosen.reshape({-1});
+  const auto order = std::get<1>(slot_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const auto counts = torch::bincount(slot_expert, {}, E);
+  const auto* count = counts.data_ptr<int64_t>();
+  // Views of each expert's weights; their gradients meet again as one
+  // tensor per fused parameter (unbind's backward stacks them, zeros for
+  // experts no token chose).
+  const auto gate_up = experts->gate_up_proj.unbind(0), down = experts->down_proj.unbind(0);
+  auto routed = torch::zeros_like(tokens);
+  int64_t begin = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (count[e] == 0) continue;
+    const auto slots = order.narrow(0, begin, count[e]);
+    const auto token_ids = slots.div(top_k, "floor");
+    const auto in = tokens.index_select(0, token_ids) * scores.index_select(0, slots).unsqueeze(1);
+    const auto gate_and_up = in.matmul(gate_up[static_cast<size_t>(e)]).chunk(2, -1);
+    routed.index_add_(0, token_ids, (gate_and_up[1] * torch::silu(gate_and_up[0])).matmul(down[static_cast<size_t>(e)]));
+    begin += count[e];
+  }
+  const auto out = shared_expert(tokens) + routed;
+  auto stats = torch::stack({torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(torch::kFloat)});
+  return {out.view(x.sizes()), stats};
+}
+
+Llama4DecoderLayerImpl::Llama4DecoderLayerImpl(const Llama4Config& c, int64_t index) {
+  self_attn = register_module("self_attn", Llama4Attention(c, index));
+  if (c.is_moe(index)) {
+    moe = register_module("feed_forward", Llama4Moe(c));
+  } else {
+    dense = register_module("feed_forward", nn::SwiGLU(c.text.hidden_size, c.intermediate_size_mlp, kInitStd));
+  }
+  const int64_t C = c.text.hidden_size;
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(C, c.text.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(C, c.text.rms_norm_eps));
+}
+
+std::vector<torch::Tensor> Llama4DecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
+                                                                 const torch::Tensor& sin) {
+  auto h = x + fsdp::call(self_attn, input_layernorm(x), cos, sin);
+  if (!moe) return {h + fsdp::call(dense, post_attention_layernorm(h))};
+  auto [y, stats] = fsdp::call(moe, post_attention_layernorm(h));
+  return {h + y, stats};
+}
+
+std::tuple<torch::Tensor, torch::Tensor> Llama4DecoderLayerImpl::forward(const torch::Tensor& x,
+                                                                         const torch::Tensor& cos,
+                                                                         const torch::Tensor& sin) {
+  auto out = checkpoint_activations
+                 ? nn::checkpoint(nn::CheckpointedMultiFn([this, cos, sin](const torch::Tensor& t) {
+                                    return forward_block(t, cos, sin);
+                                  }),
+                                  x)
+                 : forward_block(x, cos, sin);
+  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+}
+
+Llama4TextModelImpl::Llama4TextModelImpl(const Llama4Config& c) {
+  embed_tokens = register_module("embed_tokens", nn::Embedding(c.text.vocab_size, c.text.hidden_size, kInitStd));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.text.num_hidden_layers; ++i) {
+    blocks.emplace_back(c, i);
+    layers->push_back(blocks.back());
+  }
+  norm = register_module("norm", nn::RMSNorm(c.text.hidden_size, c.text.rms_norm_eps));
+}
+
+Llama4ForCausalLMImpl::Llama4ForCausalLMImpl(const Llama4Config& c) : config(c) {
+  FSDP_CHECK(static_cast<int64_t>(c.no_rope_layers.size()) == c.text.num_hidden_layers &&
+                 static_cast<int64_t>(c.chunked_attention.size()) == c.text.num_hidden_layers,
+             "Llama 4: no_rope_layers and layer_types need one entry per layer (", c.text.num_hidden_layers, ")");
+  model = register_module("model", Llama4TextModel(c));
+  if (c.text.tie_word_embeddings) {
+    model->embed_tokens->share_with_output_head();
+  } else {
+    lm_head = register_module("lm_head", linear(c.text.hidden_size, c.text.vocab_size));
+  }
+}
+
+torch::Tensor Llama4ForCausalLMImpl::forward(torch::Tensor tokens) {
+  const auto& t = config.text;
+  const int64_t T = tokens.size(1);
+  FSDP_CHECK(T <= t.max_position_embeddings, "sequence length ", T, " exceeds the model's ", t.max_position_embeddings,
+             " positions (max_position_embeddings)");
+  const auto angles = torch::outer(torch::arange(T, torch::kFloat), rope_inv_freq(t.head_size(), t.rope_theta,
+                                                                                  t.rope_scaling));  // (T, hs/2)
+  const auto cos = angles.cos(), sin = angles.sin();
+  auto x = model->embed_tokens(tokens);
+  std::vector<torch::Tensor> router_stats;
+  for (auto& block : model->blocks) {
+    auto [y, stats] = fsdp::call(block, x, cos, sin);
+    x = y;
+    if (stats.defined()) router_stats.push_back(stats);
+  }
+  aux_loss_ = torch::Tensor();
+  if (config.output_router_logits && config.router_aux_loss_coef > 0 && !router_stats.empty() &&
+      torch::GradMode::is_enabled()) {
+    aux_loss_ = config.router_aux_loss_coef * load_balancing_loss(router_stats, tokens.numel());
+  }
+  return model->norm(x);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> Llama4ForCausalLMImpl::blocks() {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : model->blocks) out.push_back(b.ptr());
+  return out;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> Llama4ForCausalLMImpl::wrap_candidates() {
+  // The whole feed-forward, experts included: every rank calls it, whatever
+  // its tokens chose.
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (auto& b : model->blocks) {
+    out.push_back(b->self_attn.ptr());
+    out.push_back(b->moe ? std::shared_ptr<torch::nn::Module>(b->moe.ptr()) : b->dense.ptr());
+    out.push_back(b.ptr());
+  }
+  return out;
+}
+
+void Llama4ForCausalLMImpl::set_activation_checkpointing(bool enabled) {
+  for (auto& b : model->blocks) b->checkpoint_activations = enabled;
+}
+
+namespace {
+FamilySpec llama4_spec(const std::string& name, Llama4Config (*from_hf)(const nlohmann::json&, const std::string&)) {
+  FamilySpec f;
+  f.name = name;
+  f.from_hf = [from_hf](const nlohmann::json& j, const std::string& where) -> CausalLM {
+    return std::make_shared<Llama4ForCausalLMImpl>(from_hf(j, where));
+  };
+  f.to_hf = [](const CausalLMImpl& m) {
+    return llama4_config_to_hf(dynamic_cast<const Llama4ForCausalLMImpl&>(m).config);
+  };
+  f.ignored_hf_tensor = [](const std::string& key) { return key == "lm_head.weight"; };
+  return f;
+}
+}  // namespace
+
+FamilySpec llama4_text_family() {
+  FamilySpec f = llama4_spec("llama4_text", llama4_text_config_from_hf);
+  f.presets = llama4_preset_names();
+  f.build_preset = [](const std::string& name, double dropout) -> CausalLM {
+    auto c = llama4_preset(name);
+    c.text.attention_dropout = dropout;
+    return std::make_shared<Llama4ForCausalLMImpl>(c);
+  };
+  f.preset_vocab_size = [](const std::string& name) { return llama4_preset(name).text.vocab_size; };
+  f.preset_parameter_count = [](const std::string& name) { return llama4_parameter_count(llama4_preset(name)); };
+  return f;
+}
+
+// Llama4ForConditionalGeneration's directories: the language model's
+// tensors under language_model.; the vision tower's and projector's are
+// not read. A model loaded from one is a llama4_text model from then on.
+FamilySpec llama4_family() {
+  FamilySpec f = llama4_spec("llama4", llama4_config_from_hf);
+  f.hf_keys = [](const std::string& fqn) { return std::vector<std::string>{"language_model." + fqn, fqn}; };
+  f.ignored_hf_tensor = [](const std::string& key) {
+    return key.rfind("vision_model.", 0) == 0 || key.rfind("multi_modal_projector.", 0) == 0 ||
+           key == "language_model.lm_head.weight";
+  };
+  return f;
+}
+
+}  // namespace fsdp::models
