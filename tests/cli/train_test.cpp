@@ -83,7 +83,7 @@ TEST(Train, TwoRanksReproduceOneRankOnTheSameGlobalBatch) {
 TEST(Train, ActivationCheckpointingAndChunkedLossUnderFsdpKeepTheLosses) {
   // Dropout on: recomputation inside FSDP units must replay the same masks.
   const auto dir = make_temp_dir();
-  for (const std::string model : {"gpt2-tiny", "llama-tiny"}) {
+  for (const std::string model : {"gpt2-tiny", "llama-tiny", "llama4-tiny"}) {
     const std::string common = " train --model " + model + " --steps 4 --seq-len 16 --batch-size 2 --log-every 1" +
                                " --dropout 0.1 --metrics " + dir + "/";
     const auto plain = run_command(kCli + " launch -n 2 -- " + kCli + common + model + "-plain.jsonl");

@@ -13,6 +13,7 @@
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/llama4/model.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/qwen3/config.h"
 #include "fsdp/nn/lm_loss.h"
@@ -42,17 +43,26 @@ NamedTensors named(models::CausalLMImpl& model) {
   return out;
 }
 
-NamedTensors train_reference(const models::LlamaConfig& config, int steps, int world,
+// A model of the family under test, initialised from the current seed.
+using ModelFactory = std::function<std::shared_ptr<models::CausalLMImpl>()>;
+
+ModelFactory llama_model(const models::LlamaConfig& config) {
+  return [config] { return std::make_shared<models::LlamaForCausalLMImpl>(config); };
+}
+
+NamedTensors train_reference(const ModelFactory& make, int steps, int world,
                              torch::ScalarType compute_dtype = torch::kFloat) {
   torch::manual_seed(kInitSeed);
-  models::LlamaForCausalLMImpl model(config);
+  const auto model_owner = make();
+  auto& model = *model_owner;
   torch::optim::AdamW optim(model.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0));
   // Mixed precision the classic way: the optimizer's fp32 master copied
   // into a low-precision twin for forward and backward, whose gradients are
   // widened to fp32.
   const bool mixed = compute_dtype != torch::kFloat;
   torch::manual_seed(kInitSeed);
-  models::LlamaForCausalLMImpl twin(config);
+  const auto twin_owner = make();
+  auto& twin = *twin_owner;
   if (mixed) twin.to(compute_dtype);
   auto& compute = mixed ? twin : model;
   const auto master = model.parameters(), low = compute.parameters();
@@ -88,14 +98,14 @@ NamedTensors train_reference(const models::LlamaConfig& config, int steps, int w
   return named(model);
 }
 
-NamedTensors train_sharded(const models::LlamaConfig& config, int steps, std::shared_ptr<models::CausalLMImpl>* out,
+NamedTensors train_sharded(const ModelFactory& make, int steps, std::shared_ptr<models::CausalLMImpl>* out,
                            bool activation_checkpoint = false, models::WrapPolicy wrap = {},
                            std::vector<std::pair<std::string, int64_t>>* units = nullptr,
                            ShardingStrategy strategy = ShardingStrategy::kFullShard,
                            torch::ScalarType compute_dtype = torch::kFloat) {
   auto& world = test_world();
   torch::manual_seed(kInitSeed);
-  auto model = std::make_shared<models::LlamaForCausalLMImpl>(config);
+  auto model = make();
   models::ParallelizeOptions options;
   options.fsdp.mesh = mesh_for(strategy);
   options.fsdp.strategy = strategy;
@@ -121,17 +131,17 @@ NamedTensors train_sharded(const models::LlamaConfig& config, int steps, std::sh
 TEST(Qwen3MoeFsdp, FullShardEqualsOneProcessOverFiveSteps) {
   const auto config = models::qwen3_preset("qwen3-moe-tiny");
   const int world = test_world().size();
-  const auto sharded = train_sharded(config, 5, nullptr);
-  const auto reference = train_reference(config, 5, world);
+  const auto sharded = train_sharded(llama_model(config), 5, nullptr);
+  const auto reference = train_reference(llama_model(config), 5, world);
   std::string worst;
   EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
   // Activation checkpointing recomputes each block, router statistics
   // included (a block with two outputs).
-  const auto checkpointed = train_sharded(config, 5, nullptr, /*activation_checkpoint=*/true);
+  const auto checkpointed = train_sharded(llama_model(config), 5, nullptr, /*activation_checkpoint=*/true);
   EXPECT_LT(max_relative_difference(checkpointed, reference, &worst), 1e-5) << worst;
   // The routers and experts moved: the comparison is of trained weights.
   torch::manual_seed(kInitSeed);
-  const auto initial = named(*std::make_shared<models::LlamaForCausalLMImpl>(config));
+  const auto initial = named(*llama_model(config)());
   EXPECT_GT(max_relative_difference(reference, initial, &worst), 1e-3);
 }
 
@@ -140,10 +150,10 @@ TEST(Qwen3MoeFsdp, ShardGradOpAndHybridShardEqualOneProcess) {
   // router statistics' second backward meets a gathered router; HSDP adds
   // the replica all-reduce (shard groups of 2 at W = 4, of 1 at W = 2).
   const auto config = models::qwen3_preset("qwen3-moe-tiny");
-  const auto reference = train_reference(config, 3, test_world().size());
+  const auto reference = train_reference(llama_model(config), 3, test_world().size());
   for (const auto strategy : {ShardingStrategy::kShardGradOp, ShardingStrategy::kHybridShard}) {
     if (strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) continue;
-    const auto sharded = train_sharded(config, 3, nullptr, false, {}, nullptr, strategy);
+    const auto sharded = train_sharded(llama_model(config), 3, nullptr, false, {}, nullptr, strategy);
     std::string worst;
     EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << to_string(strategy) << ": " << worst;
   }
@@ -153,13 +163,35 @@ TEST(Qwen3MoeFsdp, Bf16ComputeEqualsOneProcessReplayingEachRankInBf16) {
   // bf16 parameters and activations, fp32 reduction and master weights;
   // the router's softmax and top-k stay fp32 inside the block.
   const auto config = models::qwen3_preset("qwen3-moe-tiny");
-  const auto sharded = train_sharded(config, 3, nullptr, false, {}, nullptr, ShardingStrategy::kFullShard,
+  const auto sharded = train_sharded(llama_model(config), 3, nullptr, false, {}, nullptr, ShardingStrategy::kFullShard,
                                      torch::kBFloat16);
-  const auto reference = train_reference(config, 3, test_world().size(), torch::kBFloat16);
+  const auto reference = train_reference(llama_model(config), 3, test_world().size(), torch::kBFloat16);
   std::string worst;
   EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
   // Not the fp32 run: bf16 compute changed the trained weights.
-  EXPECT_GT(max_relative_difference(reference, train_reference(config, 3, test_world().size()), &worst), 1e-4);
+  EXPECT_GT(max_relative_difference(reference, train_reference(llama_model(config), 3, test_world().size()), &worst), 1e-4);
+}
+
+TEST(Llama4Fsdp, FullShardEqualsOneProcessWithAndWithoutActivationCheckpointing) {
+  // Every Llama 4 layer kind (llama4-tiny): the fused experts shard as one
+  // flat unit with their block; the load-balancing loss is per rank, so
+  // the reference replays each rank's micro-batch.
+  const ModelFactory make = [] { return std::make_shared<models::Llama4ForCausalLMImpl>(models::llama4_preset("llama4-tiny")); };
+  const int world = test_world().size();
+  const auto reference = train_reference(make, 4, world);
+  std::string worst;
+  EXPECT_LT(max_relative_difference(train_sharded(make, 4, nullptr), reference, &worst), 1e-5) << worst;
+  const auto checkpointed = train_sharded(make, 4, nullptr, /*activation_checkpoint=*/true);
+  EXPECT_LT(max_relative_difference(checkpointed, reference, &worst), 1e-5) << worst;
+  const auto grad_op = train_sharded(make, 4, nullptr, false, {}, nullptr, ShardingStrategy::kShardGradOp);
+  EXPECT_LT(max_relative_difference(grad_op, reference, &worst), 1e-5) << worst;
+  // Training moved the fused experts (not only the dense weights).
+  torch::manual_seed(kInitSeed);
+  const auto initial = named(*make());
+  for (size_t i = 0; i < initial.size(); ++i) {
+    if (initial[i].first.find("experts.gate_up_proj") == std::string::npos) continue;
+    EXPECT_GT((reference[i].second - initial[i].second).abs().max().item<double>(), 1e-4) << initial[i].first;
+  }
 }
 
 TEST(TiedLlamaFsdp, TrainsLikeOneProcessAndExportsItsHeadAsTheEmbedding) {
@@ -167,8 +199,8 @@ TEST(TiedLlamaFsdp, TrainsLikeOneProcessAndExportsItsHeadAsTheEmbedding) {
   config.tie_word_embeddings = true;
   auto& world = test_world();
   std::shared_ptr<models::CausalLMImpl> model;
-  const auto sharded = train_sharded(config, 3, &model);
-  const auto reference = train_reference(config, 3, world.size());
+  const auto sharded = train_sharded(llama_model(config), 3, &model);
+  const auto reference = train_reference(llama_model(config), 3, world.size());
   std::string worst;
   EXPECT_LT(max_relative_difference(sharded, reference, &worst), 1e-5) << worst;
   EXPECT_EQ(std::count_if(sharded.begin(), sharded.end(), [](const auto& p) { return p.first == "lm_head.weight"; }), 0);
@@ -199,7 +231,7 @@ TEST(WrapPolicyFsdp, SizeMakesEachModuleWithEnoughOwnParametersAUnitAndTrainsThe
   std::vector<std::pair<std::string, int64_t>> units;
   std::shared_ptr<models::CausalLMImpl> model;
   const auto sharded =
-      train_sharded(config, 3, &model, false, models::parse_wrap_policy("size:10000", "test"), &units);
+      train_sharded(llama_model(config), 3, &model, false, models::parse_wrap_policy("size:10000", "test"), &units);
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"model.layers.0.self_attn", 12288}, {"model.layers.0.mlp", 33792},
       {"model.layers.1.self_attn", 12288}, {"model.layers.1.mlp", 33792},
@@ -209,9 +241,9 @@ TEST(WrapPolicyFsdp, SizeMakesEachModuleWithEnoughOwnParametersAUnitAndTrainsThe
   EXPECT_TRUE(is_fully_sharded(*llama.model->blocks[0]->self_attn));
   EXPECT_FALSE(is_fully_sharded(*llama.model->blocks[0]));
   std::string worst;
-  EXPECT_LT(max_relative_difference(sharded, train_reference(config, 3, test_world().size()), &worst), 1e-5) << worst;
+  EXPECT_LT(max_relative_difference(sharded, train_reference(llama_model(config), 3, test_world().size()), &worst), 1e-5) << worst;
   // A limit above every module: the root holds everything.
-  train_sharded(config, 1, nullptr, false, models::parse_wrap_policy("size:1e6", "test"), &units);
+  train_sharded(llama_model(config), 1, nullptr, false, models::parse_wrap_policy("size:1e6", "test"), &units);
   ASSERT_EQ(units.size(), 1u);
   EXPECT_EQ(units[0].second, models::llama_parameter_count(config));
 }
@@ -223,7 +255,7 @@ TEST(WrapPolicyFsdp, SizeOnQwen3MoeWrapsWholeSparseBlocksNeverSingleExperts) {
   const auto config = models::qwen3_preset("qwen3-moe-tiny");
   std::vector<std::pair<std::string, int64_t>> units;
   const auto sharded =
-      train_sharded(config, 3, nullptr, false, models::parse_wrap_policy("size:5000", "test"), &units);
+      train_sharded(llama_model(config), 3, nullptr, false, models::parse_wrap_policy("size:5000", "test"), &units);
   bool sparse_unit = false;
   for (const auto& [name, count] : units) {
     EXPECT_EQ(name.find("experts"), std::string::npos) << name;
@@ -231,7 +263,7 @@ TEST(WrapPolicyFsdp, SizeOnQwen3MoeWrapsWholeSparseBlocksNeverSingleExperts) {
   }
   EXPECT_TRUE(sparse_unit);
   std::string worst;
-  EXPECT_LT(max_relative_difference(sharded, train_reference(config, 3, test_world().size()), &worst), 1e-5) << worst;
+  EXPECT_LT(max_relative_difference(sharded, train_reference(llama_model(config), 3, test_world().size()), &worst), 1e-5) << worst;
 }
 
 }  // namespace

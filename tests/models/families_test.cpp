@@ -14,6 +14,7 @@
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/llama4/config.h"
 #include "fsdp/models/qwen3/config.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/layers.h"
@@ -49,7 +50,8 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 // The tiny preset of each family with a Hugging Face equivalent.
-const std::vector<std::string> kTiny = {"gpt2-tiny", "llama-tiny", "qwen3-tiny", "qwen3-moe-tiny"};
+const std::vector<std::string> kTiny = {"gpt2-tiny", "llama-tiny", "llama2-tiny", "qwen3-tiny", "qwen3-moe-tiny",
+                                        "llama4-tiny"};
 
 class Family : public ::testing::TestWithParam<std::string> {};
 
@@ -93,6 +95,65 @@ TEST(Registry, PublishedParameterCounts) {
   EXPECT_NEAR(llama_active_parameter_count(q30) / 1e9, 3.3, 0.06);
   EXPECT_NEAR((llama_parameter_count(q30) - 2 * q30.vocab_size * q30.hidden_size) / 1e9, 29.9, 0.05);
   EXPECT_EQ(count("qwen3-30b-a3b"), llama_parameter_count(q30));
+  // transformers' LlamaForCausalLM with Llama 2's published config.json,
+  // counted on the meta device: 6.74B, 13.0B, 69.0B.
+  EXPECT_EQ(count("llama2-7b"), 6738415616LL);
+  EXPECT_EQ(count("llama2-13b"), 13015864320LL);
+  EXPECT_EQ(count("llama2-70b"), 68976648192LL);
+  // transformers' Llama4ForCausalLM with the text_config of
+  // Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E, counted the same
+  // way. Meta's "109B total" and "400B total" include the vision tower
+  // (0.46B: 108.23B and 401.17B with it); "17B active" is the text model's
+  // with one routed expert per token.
+  EXPECT_EQ(count("llama4-scout"), 107769861120LL);
+  EXPECT_EQ(count("llama4-maverick"), 400711848960LL);
+  EXPECT_NEAR(llama4_active_parameter_count(llama4_preset("llama4-scout")) / 1e9, 17.0, 0.25);
+  EXPECT_NEAR(llama4_active_parameter_count(llama4_preset("llama4-maverick")) / 1e9, 17.0, 0.25);
+}
+
+TEST(Llama4, ConfigKeysItDoesNotImplementAreRefusedByName) {
+  const auto good = hf_config(*build_preset("llama4-tiny"));
+  EXPECT_EQ(llama4_text_config_from_hf(good, "x").moe_layers, (std::vector<int64_t>{1, 3}));
+  const auto refused = [&](const char* key, const nlohmann::json& value) {
+    auto j = good;
+    j[key] = value;
+    return error_of([&] { llama4_text_config_from_hf(j, "x"); });
+  };
+  EXPECT_NE(refused("layer_types", {"chunked_attention", "sliding_attention", "full_attention", "full_attention"})
+                .find("\"sliding_attention\", which is not implemented"),
+            std::string::npos);
+  EXPECT_NE(refused("no_rope_layers", {1, 2, 1, 0}).find("no_rope_layers holds 2"), std::string::npos);
+  EXPECT_NE(refused("no_rope_layers", {1, 0}).find("has 2 entries for 4 layers"), std::string::npos);
+  EXPECT_NE(refused("moe_layers", {1, 9}).find("moe_layers names layer 9 of 4"), std::string::npos);
+  EXPECT_NE(refused("router_jitter_noise", 0.5).find("router_jitter_noise"), std::string::npos);
+  EXPECT_NE(refused("attention_bias", true).find("attention_bias"), std::string::npos);
+  // The multimodal form: its text_config is read, anything else at the top
+  // level is refused.
+  nlohmann::json both = {{"model_type", "llama4"}, {"text_config", good}, {"vision_config", {{"hidden_size", 8}}}};
+  EXPECT_EQ(llama4_config_from_hf(both, "x").text.hidden_size, 64);
+  both["tie_word_embeddings"] = true;
+  EXPECT_NE(error_of([&] { llama4_config_from_hf(both, "x"); }).find("tie_word_embeddings"), std::string::npos);
+  both.erase("text_config");
+  both.erase("tie_word_embeddings");
+  EXPECT_NE(error_of([&] { llama4_config_from_hf(both, "x"); }).find("no text_config"), std::string::npos);
+}
+
+TEST(Llama4, HuggingFaceNamesAndShapes) {
+  auto model = build_preset("llama4-tiny");
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, t] : params_of(*model)) shapes[name] = t.sizes().vec();
+  // Layers 1 and 3 hold 4 experts of width 32, fused, and a shared expert;
+  // 0 and 2 a dense SwiGLU of width 128.
+  EXPECT_EQ(shapes.at("model.layers.1.feed_forward.experts.gate_up_proj"), (std::vector<int64_t>{4, 64, 64}));
+  EXPECT_EQ(shapes.at("model.layers.3.feed_forward.experts.down_proj"), (std::vector<int64_t>{4, 32, 64}));
+  EXPECT_EQ(shapes.at("model.layers.1.feed_forward.router.weight"), (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(shapes.at("model.layers.1.feed_forward.shared_expert.gate_proj.weight"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(shapes.at("model.layers.0.feed_forward.gate_proj.weight"), (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(shapes.count("model.layers.0.feed_forward.router.weight"), 0u);
+  EXPECT_EQ(shapes.at("model.layers.2.self_attn.k_proj.weight"), (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(shapes.at("lm_head.weight"), (std::vector<int64_t>{512, 64}));
+  // Per token: the shared expert and 2 of 4 routed ones, in 2 layers.
+  EXPECT_EQ(model->active_parameter_count(), count_parameters(*model) - 2 * (4 - 2) * 3 * 64 * 32);
 }
 
 TEST(Registry, ActiveParametersOfTheTinyMoECountTheRoutedExpertsOnly) {
@@ -341,7 +402,7 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
   q["model_type"] = "mistral";
   write_json(dir + "/config.json", q);
   EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); })
-                .find("model_type 'mistral' is not supported (expected gpt2, llama, qwen3, qwen3_moe)"),
+                .find("model_type 'mistral' is not supported (expected gpt2, llama, qwen3, qwen3_moe, llama4_text, llama4)"),
             std::string::npos);
 }
 

@@ -8,7 +8,8 @@ CPU device mesh over Gloo, the way `fsdp train` does it:
 - model: `fully_shard` on each block, then on the root; with --hsdp R, a
   2-D mesh (R replicas x W/R shards), as `--sharding hybrid_shard`;
 - loss: mean cross-entropy over the micro-batch's tokens, plus the MoE
-  load-balancing loss times router_aux_loss_coef; each micro-step's loss
+  load-balancing loss times router_aux_loss_coef where transformers
+  computes one (not for Llama 4); each micro-step's loss
   divided by A, gradients synchronised on the last micro-step only
   (`set_requires_gradient_sync`);
 - optimizer: AdamW, weight decay on parameters of 2 or more dimensions,
@@ -188,7 +189,8 @@ def main():
             lm_loss = F.cross_entropy(output.logits.to(dtype).flatten(0, 1), targets.flatten())
             loss = lm_loss
             if is_moe:
-                loss = loss + model.config.router_aux_loss_coef * output.aux_loss.to(dtype)
+                if output.aux_loss is not None:  # Llama 4's transformers model computes none
+                    loss = loss + model.config.router_aux_loss_coef * output.aux_loss.to(dtype)
                 margin = min(margin, routing_margin(output.router_logits, model.config.num_experts_per_tok))
             (loss / args.grad_accum).backward()
             lm_sum += lm_loss.item() / args.grad_accum

@@ -19,6 +19,14 @@ LlamaConfig llama32(int64_t hidden, int64_t layers, int64_t heads) {
   return c;
 }
 
+// Llama 2: SentencePiece's 32000-token vocabulary, theta 10000, an untied
+// head; grouped keys and values only at 70B.
+LlamaConfig llama2(int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads, int64_t kv_heads) {
+  LlamaConfig c{32000, hidden, intermediate, layers, heads, kv_heads, 4096};
+  c.rope_theta = 10000.0;
+  return c;
+}
+
 const std::map<std::string, LlamaConfig>& presets() {
   static const std::map<std::string, LlamaConfig> p = [] {
     std::map<std::string, LlamaConfig> m = {
@@ -33,6 +41,10 @@ const std::map<std::string, LlamaConfig>& presets() {
     LlamaConfig l31{128256, 4096, 14336, 32, 32, 8, 131072};
     l31.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8192};
     m["llama3.1-8b"] = l31;
+    m["llama2-tiny"] = llama2(64, 176, 2, 4, 4);  // tests, and Llama 2's tokenizer on small machines
+    m["llama2-7b"] = llama2(4096, 11008, 32, 32, 32);
+    m["llama2-13b"] = llama2(5120, 13824, 40, 40, 40);
+    m["llama2-70b"] = llama2(8192, 28672, 80, 64, 8);
     return m;
   }();
   return p;
@@ -48,8 +60,9 @@ bool MoEConfig::is_sparse(int64_t layer) const {
 }
 
 const std::vector<std::string>& llama_preset_names() {
-  static const std::vector<std::string> names = {"llama-tiny",  "llama3-1b",   "llama3-3b",  "llama3-8b",
-                                                 "llama3.2-1b", "llama3.2-3b", "llama3.1-8b"};
+  static const std::vector<std::string> names = {"llama-tiny",  "llama3-1b",   "llama3-3b",   "llama3-8b",
+                                                 "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama2-tiny",
+                                                 "llama2-7b",   "llama2-13b",  "llama2-70b"};
   return names;
 }
 

@@ -64,7 +64,8 @@ struct LlamaConfig {
 
 // llama-tiny (tests), llama3-1b, llama3-3b, llama3-8b (Llama 3 shapes with
 // untied heads), llama3.2-1b, llama3.2-3b (tied, rope-scaled as published),
-// llama3.1-8b (rope-scaled).
+// llama3.1-8b (rope-scaled); llama2-tiny, llama2-7b, llama2-13b, llama2-70b
+// (Llama 2: 32000 tokens, theta 10000, grouped key/value heads only at 70B).
 const std::vector<std::string>& llama_preset_names();
 LlamaConfig llama_preset(const std::string& name);
 bool is_llama_preset(const std::string& name);
