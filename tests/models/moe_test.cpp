@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/llama4/model.h"
 #include "fsdp/models/moe/moe.h"
 #include "fsdp/models/registry.h"
 
@@ -165,6 +166,77 @@ TEST(Qwen3MoeModel, AuxiliaryLossIsTheScaledLossOverTheSparseLayers) {
   // No loss without gradients (evaluation).
   model->forward(tokens);
   EXPECT_FALSE(model->auxiliary_loss().defined());
+}
+
+// Hugging Face's Llama4TextMoe, literally: every expert computes every
+// token, its input multiplied by the sigmoid of the token's router logit
+// for that expert if among the top k, else by sigmoid(-inf) = 0; the
+// shared expert is added.
+torch::Tensor reference_llama4_moe(Llama4MoeImpl& block, const torch::Tensor& x) {
+  const auto tokens = x.reshape({-1, x.size(-1)});
+  const auto logits = torch::matmul(tokens, block.router->weight.t());
+  const auto [top, chosen] = torch::topk(logits, block.top_k, 1);
+  const auto scores = torch::sigmoid(torch::full_like(logits, -INFINITY).scatter(1, chosen, top));  // (N, E)
+  auto out = block.shared_expert(tokens);
+  for (int64_t e = 0; e < logits.size(1); ++e) {
+    const auto in = tokens * scores.select(1, e).unsqueeze(1);
+    const auto gate_up = torch::matmul(in, block.experts->gate_up_proj[e]);
+    const int64_t width = gate_up.size(1) / 2;
+    out = out + torch::matmul(gate_up.narrow(1, width, width) * torch::silu(gate_up.narrow(1, 0, width)),
+                              block.experts->down_proj[e]);
+  }
+  return out.view(x.sizes());
+}
+
+TEST(Llama4Moe, DispatchEqualsEveryExpertOnEveryTokenWithItsGradients) {
+  torch::manual_seed(15);
+  auto c = llama4_preset("llama4-tiny");  // 4 experts of width 32, top 2, hidden 64
+  Llama4Moe block(c);
+  auto xa = torch::randn({3, 5, 64}).requires_grad_(true);
+  auto xb = xa.detach().clone().requires_grad_(true);
+  auto [fast, stats] = block(xa);
+  const auto slow = reference_llama4_moe(*block, xb);
+  EXPECT_TRUE(torch::allclose(fast, slow, 1e-5, 1e-6)) << (fast - slow).abs().max().item<float>();
+  EXPECT_EQ(stats[1].sum().item<double>(), 15 * 2);
+  fast.pow(2).sum().backward();
+  std::vector<torch::Tensor> ours;
+  for (const auto& p : block->parameters()) ours.push_back(p.grad().clone());
+  block->zero_grad();
+  slow.pow(2).sum().backward();
+  const auto params = block->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(ours[i], params[i].grad(), 1e-4, 1e-6)) << i;
+  }
+  EXPECT_TRUE(torch::allclose(xa.grad(), xb.grad(), 1e-4, 1e-6));
+}
+
+TEST(Llama4Moe, AuxiliaryLossOnlyWhenTheConfigAsksForRouterLogits) {
+  torch::manual_seed(16);
+  auto c = llama4_preset("llama4-tiny");
+  const auto tokens = torch::randint(0, 512, {2, 16}, torch::kLong);
+  Llama4ForCausalLMImpl asks(c);
+  asks.forward(tokens);
+  ASSERT_TRUE(asks.auxiliary_loss().defined());
+  // Its router logits, recomputed layer by layer: HF's definition, times the coefficient.
+  std::vector<torch::Tensor> logits;
+  {
+    torch::NoGradGuard no_grad;
+    const auto& t = c.text;
+    const auto angles = torch::outer(torch::arange(16, torch::kFloat), rope_inv_freq(t.head_size(), t.rope_theta,
+                                                                                     t.rope_scaling));
+    auto x = asks.model->embed_tokens(tokens);
+    for (auto& block : asks.model->blocks) {
+      auto h = x + block->self_attn(block->input_layernorm(x), angles.cos(), angles.sin());
+      if (block->moe) logits.push_back(block->moe->router(block->post_attention_layernorm(h)).view({32, 4}));
+      x = std::get<0>(block->forward(x, angles.cos(), angles.sin()));
+    }
+  }
+  ASSERT_EQ(logits.size(), 2u);
+  EXPECT_NEAR(asks.auxiliary_loss().item<double>(), 0.01 * reference_aux_loss(logits, 2).item<double>(), 1e-7);
+  c.output_router_logits = false;  // transformers' default: no load-balancing loss
+  Llama4ForCausalLMImpl quiet(c);
+  quiet.forward(tokens);
+  EXPECT_FALSE(quiet.auxiliary_loss().defined());
 }
 
 }  // namespace
