@@ -15,7 +15,9 @@ agree within 1e-5 relative. Qwen3-MoE's FSDP2 side runs at W = 2 with 2
 rows per rank instead: its load-balancing loss is computed over each
 rank's own tokens (in transformers as in fsdp.cpp), so it depends on how
 the batch is split across ranks, and another split is another loss
-(measured: 1.8e-5 apart after 10 steps). Also: an import into a model of another
+(measured: 1.8e-5 apart after 10 steps). Llama 4's experts, fused 3-D
+tensors, are resharded like any other parameter (transformers' Llama 4
+adds no load-balancing loss, so W = 4 applies). Also: an import into a model of another
 architecture is refused, naming the tensors that differ, and writes
 nothing; an export onto an existing folder is refused.
 """
@@ -30,7 +32,7 @@ import harness
 import hf_models
 import token_files
 
-FAMILIES = ("gpt2", "llama", "qwen3_moe")
+FAMILIES = ("gpt2", "llama", "qwen3_moe", "llama4")
 BOUND = 1e-5
 SAVED_AT, STEPS = 10, 20
 
