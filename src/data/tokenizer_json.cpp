@@ -1,7 +1,9 @@
-// Reading a Hugging Face tokenizer.json into byte-level BPE tables. Every
-// component that changes the ids is either honoured or refused by name: a
-// tokenizer that silently differs from the one a model was trained with
-// would corrupt every token file made with it.
+// Reading a Hugging Face tokenizer.json into BPE tables, byte-level or
+// SentencePiece-style. Every component that changes the ids is either
+// honoured or refused by name: a tokenizer that silently differs from the
+// one a model was trained with would corrupt every token file made with it.
+
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +16,9 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kSupported = "fsdp reads byte-level BPE tokenizers, as GPT-2, Llama 3 and Qwen write them";
+const char* const kSupported =
+    "fsdp reads BPE tokenizers, byte-level as GPT-2, Llama 3 and Qwen write them or SentencePiece-style as Llama 2 "
+    "and Mistral write them";
 
 std::string type_of(const json& component, const std::string& where, const char* what) {
   FSDP_CHECK(component.is_object() && component.contains("type") && component["type"].is_string(), where, ": ", what,
@@ -39,36 +43,103 @@ void require(const json& component, const char* key, const std::vector<json>& al
   throw Error(where + ": " + what + " \"" + key + "\": " + it->dump() + " is not supported (" + kSupported + ")");
 }
 
+// A string field the component must have.
+std::string text(const json& component, const char* key, const std::string& where, const char* what) {
+  const auto it = component.find(key);
+  FSDP_CHECK(it != component.end() && it->is_string(), where, ": ", what, " has no \"", key, "\" string");
+  return it->get<std::string>();
+}
+
+// A field that must be one character (Hugging Face reads it as a Rust char).
+std::string character(const json& component, const char* key, const std::string& where, const char* what) {
+  const auto c = text(component, key, where, what);
+  const auto lead = c.empty() ? 0 : static_cast<unsigned char>(c[0]);
+  const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+  FSDP_CHECK(!c.empty() && c.size() == length, where, ": ", what, " \"", key, "\" is \"", c,
+             "\"; expected one character");
+  return c;
+}
+
+// A boolean field, `fallback` when absent or null.
+bool boolean(const json& component, const char* key, bool fallback, const std::string& where, const char* what) {
+  const auto it = component.find(key);
+  if (it == component.end() || it->is_null()) return fallback;
+  FSDP_CHECK(it->is_boolean(), where, ": ", what, " \"", key, "\" is ", it->dump(), "; expected true or false");
+  return it->get<bool>();
+}
+
+// Replace's {"pattern": {"String": from}, "content": to}.
+std::pair<std::string, std::string> replacement(const json& component, const std::string& where, const char* what) {
+  const auto& pattern = component.value("pattern", json::object());
+  FSDP_CHECK(!(pattern.is_object() && pattern.contains("Regex")), where, ": ", what, " with a \"Regex\" pattern is ",
+             "not supported (a \"String\" pattern is; ", kSupported, ")");
+  FSDP_CHECK(pattern.is_object() && pattern.contains("String") && pattern["String"].is_string() &&
+                 !pattern["String"].get<std::string>().empty(),
+             where, ": ", what, " has no \"pattern\" {\"String\": ...} that is not empty");
+  return {pattern["String"].get<std::string>(), text(component, "content", where, what)};
+}
+
+// Metaspace's prepend_scheme, or its older add_prefix_space, read as
+// Hugging Face reads them (add_prefix_space false must say "never").
+TokenizerTables::Step::Prepend prepend_scheme(const json& component, const std::string& where, const char* what) {
+  using Prepend = TokenizerTables::Step::Prepend;
+  auto scheme = Prepend::kAlways;
+  const auto it = component.find("prepend_scheme");
+  if (it != component.end() && !it->is_null()) {
+    FSDP_CHECK(*it == "always" || *it == "first" || *it == "never", where, ": ", what, " \"prepend_scheme\": ",
+               it->dump(), " is not supported (always, first and never are)");
+    scheme = *it == "always" ? Prepend::kAlways : *it == "first" ? Prepend::kFirst : Prepend::kNever;
+  }
+  FSDP_CHECK(boolean(component, "add_prefix_space", true, where, what) || scheme == Prepend::kNever, where, ": ",
+             what, " sets \"add_prefix_space\": false, which contradicts its \"prepend_scheme\" (absent means "
+             "\"always\"); Hugging Face refuses this file too");
+  return scheme;
+}
+
 void read_normalizer(const json& n, TokenizerTables& t, const std::string& where) {
   if (n.is_null()) return;
   const auto type = type_of(n, where, "normalizer");
+  using Kind = TokenizerTables::Normalizer::Kind;
   if (type == "Sequence") {
     for (const auto& each : n.value("normalizers", json::array())) read_normalizer(each, t, where);
   } else if (type == "NFC") {
-    t.nfc = true;
+    t.normalizers.push_back({Kind::kNfc, "", ""});
+  } else if (type == "Prepend") {
+    t.normalizers.push_back({Kind::kPrepend, text(n, "prepend", where, "Prepend normalizer"), ""});
+  } else if (type == "Replace") {
+    const auto [from, to] = replacement(n, where, "Replace normalizer");
+    t.normalizers.push_back({Kind::kReplace, from, to});
   } else {
-    throw Error(where + ": normalizer '" + type + "' is not supported (NFC is; " + kSupported + ")");
+    throw Error(where + ": normalizer '" + type + "' is not supported (NFC, Prepend, Replace and Sequence are; " +
+                kSupported + ")");
   }
 }
 
-// Returns whether a ByteLevel step was seen.
-bool read_pre_tokenizer(const json& p, TokenizerTables& t, const std::string& where) {
-  FSDP_CHECK(!p.is_null(), where, ": no pre_tokenizer (", kSupported, ": they split text with ByteLevel)");
+// Which steps a pre_tokenizer has that decide the tokenizer's kind.
+struct Seen {
+  bool byte_level = false, metaspace = false;
+};
+
+void read_pre_tokenizer(const json& p, TokenizerTables& t, const std::string& where, Seen& seen) {
+  if (p.is_null()) return;  // SentencePiece-style without Metaspace: the normalizer wrote the "▁"s (Llama 2)
   const auto type = type_of(p, where, "pre_tokenizer");
   using Kind = TokenizerTables::Step::Kind;
   if (type == "Sequence") {
-    bool byte_level = false;
-    for (const auto& each : p.value("pretokenizers", json::array())) byte_level |= read_pre_tokenizer(each, t, where);
-    return byte_level;
-  }
-  if (type == "ByteLevel") {
+    for (const auto& each : p.value("pretokenizers", json::array())) read_pre_tokenizer(each, t, where, seen);
+  } else if (type == "ByteLevel") {
     if (flag(p, "add_prefix_space", false)) t.steps.push_back({Kind::kPrefixSpace, nullptr});
     if (flag(p, "use_regex", true)) {
       t.steps.push_back({Kind::kSplit, compile_split_pattern(kGpt2SplitPattern, false, where)});
     }
-    return true;
-  }
-  if (type == "Split") {
+    seen.byte_level = true;
+  } else if (type == "Metaspace") {
+    TokenizerTables::Step step{Kind::kMetaspace, nullptr};
+    step.replacement = character(p, "replacement", where, "Metaspace pre_tokenizer");
+    step.prepend = prepend_scheme(p, where, "Metaspace pre_tokenizer");
+    step.split = boolean(p, "split", true, where, "Metaspace pre_tokenizer");
+    t.steps.push_back(std::move(step));
+    seen.metaspace = true;
+  } else if (type == "Split") {
     require(p, "behavior", {"Isolated"}, where, "Split pre_tokenizer");
     require(p, "invert", {false}, where, "Split pre_tokenizer");
     const auto& pattern = p.value("pattern", json::object());
@@ -77,9 +148,42 @@ bool read_pre_tokenizer(const json& p, TokenizerTables& t, const std::string& wh
                ": Split pre_tokenizer has no \"pattern\" {\"Regex\": ...} or {\"String\": ...}");
     t.steps.push_back(
         {Kind::kSplit, compile_split_pattern(pattern[regex ? "Regex" : "String"].get<std::string>(), !regex, where)});
-    return false;
+  } else {
+    throw Error(where + ": pre_tokenizer '" + type + "' is not supported (ByteLevel, Metaspace, Split and Sequence " +
+                "are; " + kSupported + ")");
   }
-  throw Error(where + ": pre_tokenizer '" + type + "' is not supported (" + kSupported + ")");
+}
+
+void read_decoder(const json& d, TokenizerTables& t, const std::string& where) {
+  const auto type = type_of(d, where, "decoder");
+  using Decoder = TokenizerTables::Decoder;
+  using Kind = Decoder::Kind;
+  if (type == "Sequence") {
+    for (const auto& each : d.value("decoders", json::array())) read_decoder(each, t, where);
+  } else if (type == "Replace") {
+    const auto [from, to] = replacement(d, where, "Replace decoder");
+    t.decoders.push_back({Kind::kReplace, from, to});
+  } else if (type == "ByteFallback") {
+    t.decoders.push_back({Kind::kByteFallback});
+  } else if (type == "Fuse") {
+    t.decoders.push_back({Kind::kFuse});
+  } else if (type == "Strip") {
+    Decoder strip{Kind::kStrip, character(d, "content", where, "Strip decoder")};
+    for (const auto& [key, count] : {std::pair{"start", &strip.start}, std::pair{"stop", &strip.stop}}) {
+      const auto it = d.find(key);
+      FSDP_CHECK(it != d.end() && it->is_number_unsigned(), where, ": Strip decoder \"", key, "\" is ",
+                 it != d.end() ? it->dump() : "missing", "; expected a count");
+      *count = it->get<size_t>();
+    }
+    t.decoders.push_back(strip);
+  } else if (type == "Metaspace") {
+    Decoder metaspace{Kind::kMetaspace, character(d, "replacement", where, "Metaspace decoder")};
+    metaspace.prepend = prepend_scheme(d, where, "Metaspace decoder") != TokenizerTables::Step::Prepend::kNever;
+    t.decoders.push_back(metaspace);
+  } else {
+    throw Error(where + ": decoder '" + type + "' is not supported (without a ByteLevel pre_tokenizer: Replace, " +
+                "ByteFallback, Fuse, Strip, Metaspace and Sequence are; " + kSupported + ")");
+  }
 }
 
 // A special token named in tokenizer_config.json: a string or {"content": ...}.
@@ -116,7 +220,6 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
   const auto model_type = model.is_object() && model.contains("type") ? model["type"].get<std::string>() : "BPE";
   FSDP_CHECK(model_type == "BPE", where, ": model '", model_type, "' is not supported (", kSupported, ")");
   require(model, "dropout", {0, 0.0}, where, "BPE model");
-  require(model, "byte_fallback", {false}, where, "BPE model");
   require(model, "continuing_subword_prefix", {""}, where, "BPE model");
   require(model, "end_of_word_suffix", {""}, where, "BPE model");
   t->ignore_merges = flag(model, "ignore_merges", false);
@@ -127,7 +230,7 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
   }
   std::vector<std::pair<std::string, std::string>> merges;
   for (const auto& m : model.value("merges", json::array())) {
-    // Two spellings: "a b" (older files) and ["a", "b"].
+    // Two spellings: "a b" (older files, Llama 2's) and ["a", "b"].
     if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
       continue;
@@ -139,6 +242,41 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
     merges.emplace_back(s.substr(0, space), s.substr(space + 1));
   }
 
+  read_normalizer(j.value("normalizer", json()), *t, where);
+  Seen seen;
+  read_pre_tokenizer(j.value("pre_tokenizer", json()), *t, where, seen);
+  FSDP_CHECK(!(seen.byte_level && seen.metaspace), where,
+             ": the pre_tokenizer has both ByteLevel and Metaspace steps, which is not supported (", kSupported, ")");
+  // Without ByteLevel, BPE starts from characters; the file's decoder says
+  // how its tokens become text again.
+  t->byte_level = seen.byte_level;
+  const json decoder = j.value("decoder", json());
+  FSDP_CHECK(!decoder.is_null(), where, ": no decoder (", kSupported, ")");
+  if (t->byte_level) {
+    FSDP_CHECK(type_of(decoder, where, "decoder") == "ByteLevel", where, ": decoder ", decoder.dump(),
+               " is not supported (", kSupported, ": with a ByteLevel pre_tokenizer the decoder is ByteLevel)");
+  } else {
+    FSDP_CHECK(type_of(decoder, where, "decoder") != "ByteLevel", where,
+               ": decoder 'ByteLevel' needs a ByteLevel pre_tokenizer, and the pre_tokenizer has none (", kSupported,
+               ")");
+    read_decoder(decoder, *t, where);
+  }
+  // Byte-level files leave these unused: every character BPE sees there is
+  // a byte's token.
+  t->byte_fallback = boolean(model, "byte_fallback", false, where, "BPE model");
+  t->fuse_unk = boolean(model, "fuse_unk", false, where, "BPE model");
+  const json unk = model.value("unk_token", json());
+  if (!t->byte_level && !unk.is_null()) {
+    FSDP_CHECK(unk.is_string() && t->vocab.count(unk.get<std::string>()), where, ": the BPE model's unk_token ",
+               unk.dump(), " is not in its vocabulary");
+    t->unk = t->vocab.at(unk.get<std::string>());
+  }
+
+  // Matched in the normalised text, an added token would meet the "▁"s a
+  // Prepend or Replace normaliser writes; this code matches in raw text.
+  const bool rewrites = std::any_of(t->normalizers.begin(), t->normalizers.end(), [](const auto& n) {
+    return n.kind != TokenizerTables::Normalizer::Kind::kNfc;
+  });
   for (const auto& a : j.value("added_tokens", json::array())) {
     FSDP_CHECK(a.is_object() && a.contains("content") && a["content"].is_string() && a.contains("id"), where,
                ": added token ", a.dump(), " has no \"content\" and \"id\"");
@@ -148,15 +286,11 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
       FSDP_CHECK(!flag(a, key, false), where, ": added token '", content, "' sets \"", key,
                  "\", which is not supported (", kSupported, ")");
     }
+    FSDP_CHECK(!rewrites || !flag(a, "normalized", false), where, ": added token '", content,
+               "' sets \"normalized\" beside a Prepend or Replace normalizer, which is not supported (", kSupported,
+               ")");
     t->added.push_back({content, token_id(a["id"], where, content)});
   }
-
-  read_normalizer(j.value("normalizer", json()), *t, where);
-  FSDP_CHECK(read_pre_tokenizer(j.value("pre_tokenizer", json()), *t, where), where,
-             ": the pre_tokenizer has no ByteLevel step (", kSupported, ")");
-  const json decoder = j.value("decoder", json());
-  FSDP_CHECK(!decoder.is_null() && type_of(decoder, where, "decoder") == "ByteLevel", where, ": decoder ",
-             decoder.dump(), " is not supported (", kSupported, ": their decoder is ByteLevel)");
   // post_processor only adds template tokens (Hugging Face's
   // add_special_tokens), which encode() never does; truncation and padding
   // concern batches of model inputs, not documents.

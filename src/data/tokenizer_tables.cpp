@@ -1,10 +1,12 @@
 #include "tokenizer_tables.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include <unicode/unistr.h>
+#include <unicode/utf8.h>
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
@@ -51,6 +53,23 @@ std::shared_ptr<const icu::RegexPattern> compile_split_pattern(const std::string
   return compiled;
 }
 
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  size_t at = s.find(from);
+  if (at == std::string::npos) return;
+  // Built anew: replacing in place moves the rest of a document once per space.
+  std::string out;
+  out.reserve(s.size() + s.size() / 4 * (to.size() > from.size() ? to.size() - from.size() : 0));
+  size_t begin = 0;
+  for (; at != std::string::npos; at = s.find(from, begin)) {
+    out.append(s, begin, at - begin);
+    out += to;
+    begin = at + from.size();
+  }
+  out.append(s, begin, std::string::npos);
+  s = std::move(out);
+}
+
 std::string read_tokenizer_file(const std::string& path, const std::string& hint) {
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path, "'", hint.empty() ? "" : " (" + hint + ")");
@@ -59,14 +78,62 @@ std::string read_tokenizer_file(const std::string& path, const std::string& hint
   return ss.str();
 }
 
+namespace {
+
+// [Note: cutting SentencePiece text into words]
+// Without a pre-tokenizer (Llama 2, Mistral) a whole document is one piece
+// for BPE: each document would be merged from scratch, and the cache of
+// pieces would never hit. Cutting the text before each "▁" that follows
+// another character changes no id where (1) no token holds a "▁" after
+// another character: merging only makes tokens, so no merge joins symbols
+// across a cut, and merges on either side are made in the same relative
+// order; (2) "▁" is a token of its own: an unknown character before a cut is
+// never fused with one after it; (3) ignore_merges is off: it looks the
+// whole piece up. The cut words ("▁the", "▁of") then repeat, and the cache
+// makes encoding as fast as the byte-level path's (docs/design-notes.md).
+std::string word_start_of(const TokenizerTables& t, const std::string& candidate) {
+  if (t.ignore_merges || candidate.empty() || !t.vocab.count(candidate)) return "";
+  for (const auto& [token, id] : t.vocab) {
+    for (size_t at = token.find(candidate, 1); at != std::string::npos; at = token.find(candidate, at + 1)) {
+      if (at < candidate.size() || token.compare(at - candidate.size(), candidate.size(), candidate) != 0) return "";
+    }
+  }
+  return candidate;
+}
+
+// The one character `token` spells, or -1.
+UChar32 single_character(const std::string& token) {
+  if (token.empty()) return -1;
+  int32_t i = 0;
+  const auto n = static_cast<int32_t>(token.size());
+  UChar32 c = -1;
+  U8_NEXT(reinterpret_cast<const uint8_t*>(token.data()), i, n, c);
+  return i == n ? c : -1;
+}
+
+}  // namespace
+
 void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, std::string>>& merges,
                    const std::string& bos, const std::string& eos) {
   const auto& alphabet = byte_level_alphabet();
-  for (size_t b = 0; b < 256; ++b) {
-    const auto it = t.vocab.find(alphabet[b]);
-    FSDP_CHECK(it != t.vocab.end(), t.source, ": the vocabulary has no token for byte 0x", std::hex, b, std::dec, " ('",
-               alphabet[b], "'); expected a byte-level BPE vocabulary (GPT-2, Llama 3, Qwen)");
-    t.byte_token[b] = it->second;
+  if (t.byte_level) {
+    for (size_t b = 0; b < 256; ++b) {
+      const auto it = t.vocab.find(alphabet[b]);
+      FSDP_CHECK(it != t.vocab.end(), t.source, ": the vocabulary has no token for byte 0x", std::hex, b, std::dec,
+                 " ('", alphabet[b], "'); expected a byte-level BPE vocabulary (GPT-2, Llama 3, Qwen)");
+      t.byte_token[b] = it->second;
+    }
+  } else {
+    for (const auto& [token, id] : t.vocab) {
+      const UChar32 c = single_character(token);
+      if (c >= 0) t.char_token.emplace(c, id);
+    }
+    for (size_t b = 0; b < 256; ++b) {
+      char spelled[8];
+      std::snprintf(spelled, sizeof(spelled), "<0x%02X>", static_cast<unsigned>(b));
+      const auto it = t.vocab.find(spelled);
+      t.byte_fallback_token[b] = it != t.vocab.end() ? it->second : -1;
+    }
   }
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const std::string& left = merges[rank].first;
@@ -78,9 +145,11 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
       return it->second;
     };
     const int32_t l = find(left), r = find(right), merged = find(left + right);
-    t.merges.emplace(merge_key(l, r),
-                     std::make_pair(static_cast<int32_t>(rank), merged));  // a repeat keeps its first rank
+    // A repeated merge takes its last rank, as in Hugging Face's map and
+    // OpenAI's dict of ranks.
+    t.merges.insert_or_assign(merge_key(l, r), std::make_pair(static_cast<int32_t>(rank), merged));
   }
+  if (!t.byte_level) t.word_start = word_start_of(t, "\xe2\x96\x81");  // "▁"
 
   int32_t size = 0;
   for (const auto& [token, id] : t.vocab) size = std::max(size, id + 1);
@@ -89,6 +158,10 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
   std::unordered_map<std::string, uint8_t> byte_of_char;
   for (size_t b = 0; b < 256; ++b) byte_of_char[alphabet[b]] = static_cast<uint8_t>(b);
   for (const auto& [token, id] : t.vocab) {
+    if (!t.byte_level) {
+      t.bytes_of[static_cast<size_t>(id)] = token;  // the decoders make it text
+      continue;
+    }
     // A character outside the alphabet decodes to itself, as Hugging Face's
     // ByteLevel decoder does.
     std::string bytes;

@@ -472,7 +472,7 @@ std::string Trainer::sample_text() {
   options.max_new_tokens = config_.sample.tokens;
   options.seed = static_cast<uint64_t>(config_.runtime.seed);
   const auto ids = generate(model_, sample_prompt_, options);
-  std::string text = tokenizer_->decode(ids);
+  std::string text = tokenizer_->decode_continuation(sample_prompt_, ids);
   log_.say("--- sample (" + std::to_string(ids.size()) + " tokens) ---\n" + config_.sample.prompt + text + "\n---");
   return text;
 }

@@ -1,21 +1,40 @@
 """`fsdp data prepare` against Hugging Face `tokenizers` (Python) on the
 whole demo corpus (data/sotu, scripts/fetch_data.sh): for GPT-2's, Llama
-3's and Qwen3's tokenizer.json, the token stream `prepare --val-fraction 0`
+3's and Qwen3's tokenizer.json (byte-level) and Mistral's (SentencePiece-
+style, in Llama 2's format), the token stream `prepare --val-fraction 0`
 writes equals, address by address in file-name order, the document
 separator followed by `Tokenizer.encode(text, add_special_tokens=False)`.
+And `fsdp data decode` gives `Tokenizer.decode(ids, skip_special_tokens=
+False)`'s text for the separator and a few whole addresses, and for texts
+whose decoding each kind treats specially.
 """
 import glob
 import json
 import os
+import subprocess
 
 import numpy as np
+import tokenizers
 from tokenizers import Tokenizer
 
 import harness
 import token_files
 
 # (tokenizer directory under data/, the separator's token)
-TOKENIZERS = {"gpt2-hf": "<|endoftext|>", "llama3": "<|begin_of_text|>", "qwen3": "<|endoftext|>"}
+TOKENIZERS = {"gpt2-hf": "<|endoftext|>", "llama3": "<|begin_of_text|>", "qwen3": "<|endoftext|>", "mistral": "<s>"}
+
+# Leading and repeated spaces (the SentencePiece decoders strip one), a
+# character Mistral spells in byte tokens, tabs and newlines, "▁" itself.
+DECODED_TEXTS = ["  two leading spaces,   three inside ", "emoji 👋🏽 and 日本語\t\r\n", " \u2581 x\u2581\u2581"]
+
+
+def decode(args, directory, ids):
+    result = subprocess.run([args.fsdp, "data", "decode", "--tokenizer", directory],
+                            input=",".join(map(str, ids)).encode(), capture_output=True)
+    if result.returncode != 0:
+        harness.fail(f"fsdp data decode exited {result.returncode}: {result.stderr.decode(errors='replace')[-2000:]}")
+    out = result.stdout.decode("utf-8")
+    return out[:-1] if out.endswith("\n") else out
 
 
 def main():
@@ -46,8 +65,22 @@ def main():
             offset += len(expected)
         if offset != len(ours):
             harness.fail(f"{name}: fsdp wrote {len(ours)} tokens, tokenizers {offset}")
-        print(f"{name}: {len(documents)} addresses, {offset:,} tokens, equal to tokenizers "
-              f"{__import__('tokenizers').__version__}", flush=True)
+        print(f"{name}: {len(documents)} addresses, {offset:,} tokens, equal to tokenizers {tokenizers.__version__}",
+              flush=True)
+
+        samples = [[separator_id] + encoded[k].ids for k in (0, len(documents) // 2, len(documents) - 1)]
+        samples += [tokenizer.encode(t, add_special_tokens=False).ids for t in DECODED_TEXTS]
+        characters = 0
+        for ids in samples:
+            expected = tokenizer.decode(ids, skip_special_tokens=False)
+            got = decode(args, directory, ids)
+            if got != expected:
+                first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                harness.fail(f"{name}: data decode differs from character {first}: fsdp {got[first:first + 40]!r}, "
+                             f"tokenizers {expected[first:first + 40]!r}")
+            characters += len(expected)
+        print(f"{name}: data decode of {len(samples)} token lists ({characters:,} characters) equals tokenizers' decode",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 #pragma once
-// Byte-level BPE, the tokenizer of GPT-2, Llama 3 and Qwen: read from a
-// Hugging Face tokenizer.json (vocabulary, merges, the pre-tokenizer's split
-// patterns, added tokens, NFC) or from GPT-2's original encoder.json and
-// vocab.bpe. Pre-tokenisation patterns run on ICU with \s read as Unicode
-// White_Space, as the reference engines (Oniguruma, Python's `regex`) read
-// it. Light header.
+// BPE tokenizers read from a Hugging Face tokenizer.json, or from GPT-2's
+// original encoder.json and vocab.bpe. Two kinds: byte-level (GPT-2, Llama
+// 3, Qwen: vocabulary, merges, the pre-tokenizer's split patterns, added
+// tokens, NFC) and SentencePiece-style (Llama 2, Mistral: "▁" for spaces
+// through the Prepend/Replace normalisers or the Metaspace pre-tokenizer,
+// byte fallback, an unknown token, and the decoders that undo them).
+// Pre-tokenisation patterns run on ICU with \s read as Unicode White_Space,
+// as the reference engines (Oniguruma, Python's `regex`) read it. Light
+// header.
 
 #include <cstdint>
 #include <memory>
@@ -38,16 +41,24 @@ class Tokenizer {
   // Valid UTF-8 text to ids, without the post-processor's template tokens
   // (Hugging Face's add_special_tokens=False): callers place separators.
   std::vector<int32_t> encode(const std::string& text) const;
-  // Ids to bytes (a sample may end inside a multi-byte character); added
-  // tokens decode to their text, ids with no token (a model's padding
-  // rows) to nothing.
+  // Ids to text, as Hugging Face's decode(ids, skip_special_tokens=False):
+  // added tokens decode to their text, ids with no token (a model's padding
+  // rows) to nothing. Byte-level: the tokens' bytes (a sample may end inside
+  // a multi-byte character). SentencePiece-style: the tokenizer's decoders,
+  // which drop the space the encoder put before the text, and turn a run of
+  // byte tokens that is not UTF-8 into one U+FFFD per byte.
   std::string decode(const std::vector<int32_t>& ids) const;
+  // The text `ids` add after `prompt` (a sample's continuation): as decode,
+  // but a space the continuation starts with is kept, unless the prompt
+  // ends with an added token (<s>), after which text starts anew.
+  std::string decode_continuation(const std::vector<int32_t>& prompt, const std::vector<int32_t>& ids) const;
   // One more than the largest id, added tokens included.
   int32_t vocab_size() const;
   // The token `fsdp data prepare` puts before every document and an empty
   // prompt starts from: "<|endoftext|>" when the vocabulary has it (GPT-2,
   // Qwen), else tokenizer_config.json's bos_token (Llama 3:
-  // <|begin_of_text|>), else its eos_token. Throws when there is none.
+  // <|begin_of_text|>; Llama 2, Mistral: <s>), else its eos_token. Throws
+  // when there is none.
   int32_t document_separator() const;
   // What was read, for messages: "tokenizer.json in 'DIR'".
   const std::string& source() const;
@@ -57,6 +68,7 @@ class Tokenizer {
 
  private:
   std::vector<int32_t> encode_piece(const std::string& piece) const;
+  std::string decode_tokens(const std::vector<int32_t>& ids, bool after_text) const;
 
   std::shared_ptr<const TokenizerTables> tables_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
