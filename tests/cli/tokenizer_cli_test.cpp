@@ -42,7 +42,7 @@ std::vector<int64_t> tokens_of(const std::string& path) {
 
 TEST(TokenizerCli, PrepareWithATokenizerJsonWritesTheReferenceIdsAfterEachSeparator) {
   for (const auto& [name, separator] :
-       std::vector<std::pair<std::string, int64_t>>{{"llama3", 128000}, {"qwen3", 151643}}) {
+       std::vector<std::pair<std::string, int64_t>>{{"llama3", 128000}, {"qwen3", 151643}, {"mistral", 1}}) {
     const auto dir = kData + "/" + name;
     if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
     const auto out = make_temp_dir();
@@ -60,8 +60,10 @@ TEST(TokenizerCli, PrepareWithATokenizerJsonWritesTheReferenceIdsAfterEachSepara
       expected.insert(expected.end(), ids.begin(), ids.end());
     }
     EXPECT_EQ(tokens_of(out + "/train.bin"), expected) << name;
-    // llm.c's Llama 3 layout: 256 int32 of header, then uint32 tokens.
-    EXPECT_EQ(fs::file_size(out + "/train.bin"), 1024 + 4 * expected.size()) << name;
+    // llm.c's layouts: 256 int32 of header, then uint32 tokens (Llama 3,
+    // Qwen3), or uint16 for vocabularies up to 65,536 (Mistral's 32,000).
+    const size_t width = name == "mistral" ? 2 : 4;
+    EXPECT_EQ(fs::file_size(out + "/train.bin"), 1024 + width * expected.size()) << name;
 
     std::ofstream(out + "/one.txt") << kDocuments[0];
     const auto encoded = run_command(kCli + " data encode --tokenizer " + dir + " < " + out + "/one.txt");
@@ -118,6 +120,40 @@ TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarri
       << trained.output;
   EXPECT_EQ(read_file(dir + "/export/tokenizer.json"), read_file(qwen + "/tokenizer.json"));
   EXPECT_EQ(read_file(dir + "/export/tokenizer_config.json"), read_file(qwen + "/tokenizer_config.json"));
+}
+
+TEST(TokenizerCli, ALlama2ShapedModelTrainsOnSentencePieceTokensSamplesExportsAndGenerates) {
+  // Llama 2's form end to end: a tokenizer.json in its format (Mistral's
+  // file, data/mistral) prepares the data, llama2-tiny (32,000 rows)
+  // trains on it and samples, the export generates text from a prompt.
+  const auto tokenizer = kData + "/mistral";
+  if (const auto why = reference_missing("hf", tokenizer); !why.empty()) GTEST_SKIP() << why;
+  const auto dir = make_temp_dir();
+  {
+    std::ofstream jsonl(dir + "/docs.jsonl");
+    for (int i = 0; i < 20; ++i) jsonl << nlohmann::json({{"text", kDocuments[static_cast<size_t>(i % 3)]}}).dump() << "\n";
+  }
+  const auto prepared = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir +
+                                    "/tokens --val-fraction 0 --tokenizer " + tokenizer);
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  const auto trained = run_command(kCli + " train --model llama2-tiny --data " + dir + "/tokens/train.bin --tokenizer " +
+                                   tokenizer + " --seq-len 16 --batch-size 2 --steps 2 --sample-tokens 3" +
+                                   " --sample-prompt 'Hello' --out-dir " + dir + "/run --export-hf " + dir + "/export");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_TRUE(contains(trained.output, "--- sample (3 tokens) ---\nHello")) << trained.output;
+
+  const std::string prompt = "Hello world, café";
+  const auto reference = reference_ids("hf", tokenizer, {prompt});
+  ASSERT_EQ(reference.size(), 1u);
+  train::SampleOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 5;
+  const auto continuation = train::generate(models::load_hf_pretrained(dir + "/export"), reference[0], greedy);
+  const auto generated = run_command(kCli + " generate --from " + dir + "/export --tokenizer " + tokenizer +
+                                     " --prompt '" + prompt + "' --temperature 0 --max-new-tokens 5");
+  ASSERT_EQ(generated.exit_code, 0) << generated.output;
+  const auto text = data::Tokenizer::from_dir(tokenizer)->decode_continuation(reference[0], continuation);
+  EXPECT_TRUE(contains(generated.output, prompt + text + "\n")) << generated.output << " vs " << text;
 }
 
 TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
