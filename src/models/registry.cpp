@@ -15,9 +15,10 @@ namespace fsdp::models {
 
 const std::vector<FamilySpec>& families() {
   // One line per family; each is defined in its folder under models/.
-  static const std::vector<FamilySpec> table = {gpt2_family(),        llama_family(),   qwen3_family(),
-                                                qwen3_moe_family(),   llama4_text_family(), llama4_family(),
-                                                example_family()};
+  static const std::vector<FamilySpec> table = {
+      gpt2_family(),        llama_family(),  qwen3_family(), qwen3_moe_family(),
+      llama4_text_family(), llama4_family(), example_family(),
+  };
   return table;
 }
 

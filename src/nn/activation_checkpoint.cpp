@@ -67,4 +67,10 @@ torch::Tensor checkpoint(const CheckpointedFn& fn, const torch::Tensor& input) {
                     input)[0];
 }
 
+std::tuple<torch::Tensor, torch::Tensor> maybe_checkpoint(bool enabled, const CheckpointedMultiFn& fn,
+                                                          const torch::Tensor& input) {
+  const auto out = enabled ? checkpoint(fn, input) : fn(input);
+  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+}
+
 }  // namespace fsdp::nn

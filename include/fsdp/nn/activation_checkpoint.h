@@ -5,6 +5,7 @@
 // recomputation, so dropout draws the same masks both times.
 
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include <torch/torch.h>
@@ -20,5 +21,11 @@ torch::Tensor checkpoint(const CheckpointedFn& fn, const torch::Tensor& input);
 // The same for a function with several outputs (a block that also returns
 // router statistics); each output may receive a gradient.
 std::vector<torch::Tensor> checkpoint(const CheckpointedMultiFn& fn, const torch::Tensor& input);
+
+// A transformer block's forward, checkpointed when `enabled`: its first
+// output and its second (a MoE block's router statistics), undefined when
+// `fn` returns one tensor.
+std::tuple<torch::Tensor, torch::Tensor> maybe_checkpoint(bool enabled, const CheckpointedMultiFn& fn,
+                                                          const torch::Tensor& input);
 
 }  // namespace fsdp::nn

@@ -102,13 +102,8 @@ std::vector<torch::Tensor> LlamaDecoderLayerImpl::forward_block(const torch::Ten
 std::tuple<torch::Tensor, torch::Tensor> LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
                                                                         const torch::Tensor& cos,
                                                                         const torch::Tensor& sin) {
-  auto out = checkpoint_activations
-                 ? nn::checkpoint(nn::CheckpointedMultiFn([this, cos, sin](const torch::Tensor& t) {
-                                    return forward_block(t, cos, sin);
-                                  }),
-                                  x)
-                 : forward_block(x, cos, sin);
-  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+  return nn::maybe_checkpoint(
+      checkpoint_activations, [this, cos, sin](const torch::Tensor& t) { return forward_block(t, cos, sin); }, x);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {

@@ -117,7 +117,8 @@ const std::vector<std::string>& llama4_preset_names() {
 
 Llama4Config llama4_preset(const std::string& name) {
   const auto it = presets().find(name);
-  FSDP_CHECK(it != presets().end(), "unknown Llama 4 preset '", name, "': expected ", join_words(llama4_preset_names()));
+  FSDP_CHECK(it != presets().end(), "unknown Llama 4 preset '", name, "': expected ",
+             join_words(llama4_preset_names()));
   return it->second;
 }
 
@@ -166,7 +167,8 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   const auto& tuning = r.raw("attn_temperature_tuning");
   FSDP_CHECK(tuning.is_null() || tuning.is_boolean() || tuning.is_number(), where,
              ": config.json attn_temperature_tuning is ", tuning.dump(), " (expected true or false)");
-  c.attn_temperature_tuning = tuning.is_null() || (tuning.is_boolean() ? tuning.get<bool>() : tuning.get<double>() != 0);
+  c.attn_temperature_tuning =
+      tuning.is_null() || (tuning.is_boolean() ? tuning.get<bool>() : tuning.get<double>() != 0);
   c.floor_scale = r.get_or<double>("floor_scale", 8192.0);
   c.attn_scale = r.get_or<double>("attn_scale", 0.1);
   FSDP_CHECK(c.floor_scale > 0, where, ": config.json floor_scale must be positive");

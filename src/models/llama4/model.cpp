@@ -132,7 +132,8 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
     const auto token_ids = slots.div(top_k, "floor");
     const auto in = tokens.index_select(0, token_ids) * scores.index_select(0, slots).unsqueeze(1);
     const auto gate_and_up = in.matmul(gate_up[static_cast<size_t>(e)]).chunk(2, -1);
-    routed.index_add_(0, token_ids, (gate_and_up[1] * torch::silu(gate_and_up[0])).matmul(down[static_cast<size_t>(e)]));
+    routed.index_add_(0, token_ids,
+                      (gate_and_up[1] * torch::silu(gate_and_up[0])).matmul(down[static_cast<size_t>(e)]));
     begin += count[e];
   }
   const auto out = shared_expert(tokens) + routed;
@@ -163,13 +164,8 @@ std::vector<torch::Tensor> Llama4DecoderLayerImpl::forward_block(const torch::Te
 std::tuple<torch::Tensor, torch::Tensor> Llama4DecoderLayerImpl::forward(const torch::Tensor& x,
                                                                          const torch::Tensor& cos,
                                                                          const torch::Tensor& sin) {
-  auto out = checkpoint_activations
-                 ? nn::checkpoint(nn::CheckpointedMultiFn([this, cos, sin](const torch::Tensor& t) {
-                                    return forward_block(t, cos, sin);
-                                  }),
-                                  x)
-                 : forward_block(x, cos, sin);
-  return {out[0], out.size() > 1 ? out[1] : torch::Tensor()};
+  return nn::maybe_checkpoint(
+      checkpoint_activations, [this, cos, sin](const torch::Tensor& t) { return forward_block(t, cos, sin); }, x);
 }
 
 Llama4TextModelImpl::Llama4TextModelImpl(const Llama4Config& c) {

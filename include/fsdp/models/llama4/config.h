@@ -22,7 +22,7 @@ struct Llama4Config {
   int64_t intermediate_size_mlp = 16384;  // the dense layers' SwiGLU width
   int64_t num_local_experts = 16;
   int64_t num_experts_per_tok = 1;
-  std::vector<int64_t> moe_layers;     // layer indices with experts
+  std::vector<int64_t> moe_layers;      // layer indices with experts
   std::vector<int64_t> no_rope_layers;  // one per layer: 1 rotates q/k, 0 is a NoPE layer
   std::vector<bool> chunked_attention;  // one per layer: local attention within chunks
   int64_t attention_chunk_size = 8192;  // 0: no chunked layers
