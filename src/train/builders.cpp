@@ -71,6 +71,9 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
   log.say("model " + (m.init_from.empty() ? m.name : m.init_from) + ": " + std::to_string(params) + " parameters (" +
           model.family() + "), " + std::to_string(model.n_layers()) + " layers, width " + std::to_string(model.dim()) +
           ", vocabulary " + std::to_string(model.vocab_size()));
+  if (built.init_weights && !built.init_weights->family().partial_load_note.empty()) {
+    log.say("note: '" + m.init_from + "' " + built.init_weights->family().partial_load_note);
+  }
   if (m.print && log.speaks()) {
     std::cout << model << "\n";
     for (const auto& item : model.named_parameters()) {

@@ -110,6 +110,14 @@ def main():
     directory = os.path.join(work, "llama4-multimodal")
     compare(args, "llama4 (Llama4ForConditionalGeneration)", directory,
             hf_models.write_llama4_multimodal(directory), work)
+    # Training from it says what it leaves out.
+    started = harness.run([args.fsdp, "train", "--init-from", directory, "--data", "synthetic", "--steps", "1",
+                           "--seq-len", "16", "--batch-size", "1", "--out-dir", directory + "-run",
+                           "--sample-tokens", "0"])
+    if "the vision tower and projector (vision_model., multi_modal_projector.) are not read" not in started.stdout:
+        harness.fail(f"training from a Llama4ForConditionalGeneration directory did not say the vision tower is "
+                     f"left out:\n{started.stdout}")
+    print("llama4 (Llama4ForConditionalGeneration): training says the vision tower is not read")
     refused_by_name(args, work)
 
 

@@ -32,6 +32,9 @@ struct FamilySpec {
   // Tensors a Hugging Face file may hold that are not parameters here
   // (buffers such as rotary tables, a tied head saved twice).
   std::function<bool(const std::string& key)> ignored_hf_tensor = [](const std::string&) { return false; };
+  // Said when training starts from such a directory, where part of what it
+  // holds is not read (Llama 4's vision tower); empty for most families.
+  std::string partial_load_note;
 };
 
 FamilySpec gpt2_family();

@@ -273,6 +273,9 @@ FamilySpec llama4_family() {
     return key.rfind("vision_model.", 0) == 0 || key.rfind("multi_modal_projector.", 0) == 0 ||
            key == "language_model.lm_head.weight";
   };
+  f.partial_load_note =
+      "is Llama4ForConditionalGeneration: its language model is trained; the vision tower and projector "
+      "(vision_model., multi_modal_projector.) are not read, and --export-hf writes Llama4ForCausalLM";
   return f;
 }
 

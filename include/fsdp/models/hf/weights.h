@@ -32,6 +32,8 @@ class HfWeights {
   // Fills `full` with the weights of parameter `fqn`, converted to its dtype.
   void fill(const std::string& fqn, torch::Tensor& full) const;
   const std::string& config_path() const { return config_path_; }
+  // The adapter its config.json selected.
+  const FamilySpec& family() const { return *family_; }
   // The weight files mapped so far (file names inside the directory).
   std::vector<std::string> mapped_files() const;
 
