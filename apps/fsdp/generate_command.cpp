@@ -65,7 +65,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
                  "; is it the model's?)");
     }
     const auto ids = train::generate(model, prompt, f->sample);
-    std::printf("%s%s\n", f->prompt.c_str(), tokenizer->decode_continuation(prompt, ids).c_str());
+    // fwrite: a byte-fallback token may decode to a NUL byte.
+    const std::string text = f->prompt + tokenizer->decode_continuation(prompt, ids) + "\n";
+    std::fwrite(text.data(), 1, text.size(), stdout);
     exit_code = 0;
   });
 }

@@ -138,6 +138,90 @@ TEST(Llama4, ConfigKeysItDoesNotImplementAreRefusedByName) {
   EXPECT_NE(error_of([&] { llama4_config_from_hf(both, "x"); }).find("no text_config"), std::string::npos);
 }
 
+// text_config of meta-llama/Llama-4-Scout-17B-16E's config.json as Meta
+// published it (transformers 4.51), keys and values as written there.
+const char* kScoutTextConfig = R"({
+  "attention_bias": false, "attention_chunk_size": 8192, "attention_dropout": 0.0, "attn_scale": 0.1,
+  "attn_temperature_tuning": 4, "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008],
+  "floor_scale": 8192, "for_llm_compressor": false, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+  "initializer_range": 0.02, "interleave_moe_layer_step": 1, "intermediate_size": 8192,
+  "intermediate_size_mlp": 16384, "max_position_embeddings": 262144, "model_type": "llama4_text",
+  "moe_layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+                 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47],
+  "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0,
+                     1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0],
+  "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+  "num_local_experts": 16, "output_router_logits": false, "pad_token_id": 200018, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_qk_norm": true, "vocab_size": 202048})";
+
+TEST(Llama4, MetasPublishedConfigsAreRead) {
+  nlohmann::json scout = {{"architectures", {"Llama4ForConditionalGeneration"}},
+                          {"boi_token_index", 200080},
+                          {"eoi_token_index", 200081},
+                          {"image_token_index", 200092},
+                          {"model_type", "llama4"},
+                          {"text_config", nlohmann::json::parse(kScoutTextConfig)},
+                          {"tie_word_embeddings", false},
+                          {"transformers_version", "4.51.0"},
+                          {"vision_config", {{"hidden_size", 1408}, {"num_hidden_layers", 34}}}};
+  const auto c = llama4_config_from_hf(scout, "scout");
+  EXPECT_EQ(c.text.hidden_size, 5120);
+  EXPECT_TRUE(c.attn_temperature_tuning) << "written as the number 4";
+  EXPECT_TRUE(c.is_moe(0) && c.is_moe(47));
+  EXPECT_TRUE(c.uses_rope(2) && !c.uses_rope(3));
+  EXPECT_TRUE(c.is_chunked(2) && !c.is_chunked(3)) << "RoPE layers attend in chunks by default";
+  EXPECT_EQ(c.attention_chunk_size, 8192);
+  EXPECT_EQ(c.text.rope_scaling.factor, 8.0);
+  // The later revision: rope factor 16 with equal band factors, 10M
+  // positions, no_rope_layers left to its default, a hybrid cache.
+  auto later = scout;
+  auto& t = later["text_config"];
+  t["rope_scaling"] = {{"factor", 16.0}, {"high_freq_factor", 1.0}, {"low_freq_factor", 1.0},
+                       {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
+  t["max_position_embeddings"] = 10485760;
+  t["no_rope_layers"] = nlohmann::json::array();
+  t["cache_implementation"] = "hybrid";
+  const auto l = llama4_config_from_hf(later, "scout");
+  EXPECT_EQ(l.no_rope_layers, c.no_rope_layers) << "an empty list is the default, a NoPE layer every 4th";
+  EXPECT_EQ(l.text.rope_scaling.high_freq_factor, 1.0);
+  // Maverick's (as TensorRT-LLM's tests copy it): experts every other
+  // layer, no rope scaling, no q/k norm.
+  auto maverick = t;
+  maverick.erase("moe_layers");
+  maverick.erase("cache_implementation");
+  maverick["interleave_moe_layer_step"] = 2;
+  maverick["num_local_experts"] = 128;
+  maverick["rope_scaling"] = nullptr;
+  maverick["use_qk_norm"] = false;
+  maverick["_attn_implementation_autoset"] = true;
+  const auto m = llama4_text_config_from_hf(maverick, "maverick");
+  EXPECT_TRUE(!m.is_moe(0) && m.is_moe(1) && !m.is_moe(46) && m.is_moe(47));
+  EXPECT_EQ(m.text.rope_scaling.rope_type, "");
+  EXPECT_EQ(llama4_parameter_count(m), llama4_parameter_count(llama4_preset("llama4-maverick")));
+}
+
+TEST(Llama4, DefaultsAreTransformersOnes) {
+  auto j = hf_config(*build_preset("llama4-tiny"));
+  for (const char* key : {"rms_norm_eps", "rope_theta", "head_dim", "attention_chunk_size", "rope_scaling"}) {
+    j.erase(key);
+  }
+  j["moe_layers"] = nlohmann::json::array();  // explicitly none
+  const auto c = llama4_text_config_from_hf(j, "x");
+  EXPECT_EQ(c.text.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.text.rope_theta, 500000.0);
+  EXPECT_EQ(c.text.head_dim, 128);
+  EXPECT_EQ(c.attention_chunk_size, 8192);
+  EXPECT_FALSE(c.is_moe(1)) << "moe_layers: [] means no MoE layers";
+  j["attention_chunk_size"] = nullptr;
+  EXPECT_EQ(llama4_text_config_from_hf(j, "x").attention_chunk_size, 0);
+  j["layer_types"] = "chunked_attention";
+  EXPECT_NE(error_of([&] { llama4_text_config_from_hf(j, "x"); }).find("layer_types is \"chunked_attention\""),
+            std::string::npos);
+}
+
 TEST(Llama4, HuggingFaceNamesAndShapes) {
   auto model = build_preset("llama4-tiny");
   std::map<std::string, std::vector<int64_t>> shapes;

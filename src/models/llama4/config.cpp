@@ -17,12 +17,15 @@ constexpr int64_t kMaxLayers = 65536;
 // Hugging Face's defaults for the per-layer lists a config.json may leave
 // out: a NoPE layer every `no_rope_interval`-th, experts every
 // `moe_step`-th, and chunked attention on the RoPE layers.
-void default_layer_lists(Llama4Config& c, int64_t no_rope_interval, int64_t moe_step) {
+// An explicit empty moe_layers means no MoE layers (transformers tests it
+// against None); an empty no_rope_layers means the default (it tests
+// truthiness).
+void default_layer_lists(Llama4Config& c, int64_t no_rope_interval, int64_t moe_step, bool moe_layers_given) {
   const int64_t layers = c.text.num_hidden_layers;
   if (c.no_rope_layers.empty()) {
     for (int64_t i = 0; i < layers; ++i) c.no_rope_layers.push_back((i + 1) % no_rope_interval != 0 ? 1 : 0);
   }
-  if (c.moe_layers.empty()) {
+  if (!moe_layers_given) {
     for (int64_t i = moe_step - 1; i < layers; i += moe_step) c.moe_layers.push_back(i);
   }
   if (c.chunked_attention.empty()) {
@@ -43,7 +46,7 @@ Llama4Config shape(int64_t vocab, int64_t hidden, int64_t expert_width, int64_t 
   c.num_local_experts = experts;
   c.num_experts_per_tok = top_k;
   c.use_qk_norm = qk_norm;
-  default_layer_lists(c, 4, moe_step);
+  default_layer_lists(c, 4, moe_step, false);
   return c;
 }
 
@@ -129,8 +132,16 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   hf::ConfigReader r(j, where, "llama4_text");
   Llama4Config c;
   auto& t = c.text;
+  // Llama4TextConfig's defaults where they differ from the Llama decoder's.
+  const bool has_eps = r.has("rms_norm_eps"), has_head_dim = r.has("head_dim");
+  const bool has_theta = r.has("rope_theta") || r.has("rope_parameters");
   read_decoder_keys(r, t);
+  if (!has_eps) t.rms_norm_eps = 1e-5;
+  if (!has_head_dim) t.head_dim = 128;
+  if (!has_theta) t.rope_theta = 500000.0;
   t.family = "llama4_text";
+  // Written by Meta's and transformers' tools; none changes the model.
+  r.ignore({"for_llm_compressor", "_attn_implementation_autoset", "cache_implementation", "attn_implementation"});
   c.intermediate_size_mlp = r.get_size("intermediate_size_mlp");
   c.num_local_experts = r.get_size("num_local_experts");
   c.num_experts_per_tok = r.get_size("num_experts_per_tok");
@@ -139,6 +150,7 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   const int64_t layers = t.num_hidden_layers;
   // Per-layer lists are built below: a bound before allocating them.
   FSDP_CHECK(layers <= kMaxLayers, where, ": config.json num_hidden_layers ", layers, " is more than ", kMaxLayers);
+  const bool moe_layers_given = r.has("moe_layers");
   c.moe_layers = r.get_or<std::vector<int64_t>>("moe_layers", {});
   for (const int64_t layer : c.moe_layers) {
     FSDP_CHECK(layer >= 0 && layer < layers, where, ": config.json moe_layers names layer ", layer, " of ", layers);
@@ -150,7 +162,10 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
                " (expected 1 for a RoPE layer, 0 for a NoPE layer)");
   }
   const int64_t no_rope_interval = r.get_size_or("no_rope_layer_interval", 4);
-  if (const auto& types = r.raw("layer_types"); types.is_array()) {
+  const auto& types = r.raw("layer_types");
+  FSDP_CHECK(types.is_null() || types.is_array(), where, ": config.json layer_types is ", types.dump(),
+             " (expected a list, one entry per layer)");
+  if (types.is_array()) {
     FSDP_CHECK(static_cast<int64_t>(types.size()) >= layers, where, ": config.json layer_types has ", types.size(),
                " entries for ", layers, " layers");
     for (int64_t i = 0; i < layers; ++i) {
@@ -160,8 +175,14 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
       c.chunked_attention.push_back(type == "chunked_attention");
     }
   }
-  default_layer_lists(c, no_rope_interval, moe_step);
-  c.attention_chunk_size = r.get_size_or("attention_chunk_size", 0);  // null: no chunking
+  default_layer_lists(c, no_rope_interval, moe_step, moe_layers_given);
+  // Absent: transformers' default, 8192; null: no layer attends in chunks.
+  if (r.has("attention_chunk_size")) {
+    c.attention_chunk_size = r.get_size("attention_chunk_size");
+  } else {
+    c.attention_chunk_size = j.contains("attention_chunk_size") ? 0 : 8192;
+    r.raw("attention_chunk_size");
+  }
   c.use_qk_norm = r.get_or<bool>("use_qk_norm", true);
   // Early checkpoints wrote attn_temperature_tuning as a number (4): any nonzero value enables it.
   const auto& tuning = r.raw("attn_temperature_tuning");

@@ -84,7 +84,7 @@ torch::Tensor Llama4AttentionImpl::forward(const torch::Tensor& x, const torch::
   if (temperature_tuning) {
     // Without positions in q and k, longer contexts would flatten the
     // softmax; the query's scale grows with the log of its position.
-    const auto positions = torch::arange(T, torch::kFloat);
+    const auto positions = torch::arange(T, q.options().dtype(torch::kFloat));
     const auto scales = torch::log1p(torch::floor((positions + 1.0) / floor_scale)) * attn_scale + 1.0;
     q = (q * scales.view({1, T, 1, 1})).to(q.scalar_type());
   }
@@ -118,7 +118,7 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
 
   const auto slot_expert = chosen.reshape({-1});
   const auto order = std::get<1>(slot_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const auto counts = torch::bincount(slot_expert, {}, E);
+  const auto counts = torch::bincount(slot_expert, {}, E).cpu();  // read on the host
   const auto* count = counts.data_ptr<int64_t>();
   // Views of each expert's weights; their gradients meet again as one
   // tensor per fused parameter (unbind's backward stacks them, zeros for
