@@ -103,7 +103,7 @@ TEST(Registry, PublishedParameterCounts) {
   // transformers' Llama4ForCausalLM with the text_config of
   // Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E, counted the same
   // way. Meta's "109B total" and "400B total" include the vision tower
-  // (0.46B: 108.23B and 401.17B with it); "17B active" is the text model's
+  // (0.87B with Scout's vision_config: 108.64B and 401.58B in all); "17B active" is the text model's
   // with one routed expert per token.
   EXPECT_EQ(count("llama4-scout"), 107769861120LL);
   EXPECT_EQ(count("llama4-maverick"), 400711848960LL);
