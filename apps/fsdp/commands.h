@@ -13,5 +13,6 @@ void add_data_command(CLI::App& app, int& exit_code);
 void add_train_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
 void add_ckpt_command(CLI::App& app, int& exit_code);
+void add_plan_command(CLI::App& app, int& exit_code);
 
 }  // namespace fsdp::cli

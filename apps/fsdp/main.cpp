@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   fsdp::cli::add_train_command(app, exit_code);
   fsdp::cli::add_generate_command(app, exit_code);
   fsdp::cli::add_ckpt_command(app, exit_code);
+  fsdp::cli::add_plan_command(app, exit_code);
   fsdp::cli::refuse_flags_as_values(app);
   if (const std::string unknown = fsdp::cli::unknown_command(app, argc, argv); !unknown.empty()) {
     print_error(unknown);

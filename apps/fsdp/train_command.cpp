@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "dist_flags.h"
+#include "train_flags.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/suggest.h"
 #include "fsdp/models/registry.h"
@@ -11,55 +12,6 @@
 #include "fsdp/train/trainer.h"
 
 namespace fsdp::cli {
-namespace {
-
-struct TrainFlags {
-  std::string config_path;
-  std::vector<std::pair<std::string, std::string>> overrides;  // (section.key, value) from named flags
-  std::vector<std::string> sets;                               // section.key=value
-  bool print_config = false;
-};
-
-// One flag per configuration key, from the config's own table: the flag's
-// type and default in --help are the ones the YAML schema checks.
-void add_key_flags(CLI::App* cmd, TrainFlags& flags) {
-  for (const auto& key : train::TrainConfig::describe()) {
-    std::string help = key.help + " (" + key.dotted + ")";
-    if (key.dotted == "model.name") help += "; presets: " + models::preset_help();
-    const std::string dotted = key.dotted;
-    const bool boolean = key.boolean;
-    auto* option = cmd->add_option_function<std::string>(
-        key.flag,
-        [&flags, dotted, boolean](const std::string& v) {
-          // `--flag` alone means true; `--flag=false` turns a default-on key off.
-          flags.overrides.emplace_back(dotted, boolean && v.empty() ? "true" : v);
-        },
-        help);
-    option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // argparse's rule: the last one wins
-    // Help ends in "(default X)" (main.cpp's HelpFormatter), an empty default shows none.
-    if (boolean) {
-      // Not as default_str: CLI11 would hand a bare `--flag` that instead of "".
-      option->expected(0, 1)->type_name("[BOOL]")->description(help + " (default " + key.default_value + ")");
-    } else {
-      option->type_name(key.type)->default_str(key.default_value);
-    }
-  }
-}
-
-train::TrainConfig resolve(const TrainFlags& flags) {
-  train::TrainConfig config;
-  if (!flags.config_path.empty()) config.load_yaml(flags.config_path);
-  for (const auto& [key, value] : flags.overrides) config.set(key, value, "command line");
-  for (const auto& s : flags.sets) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos) throw Error("--set '" + s + "': expected section.key=value");
-    config.set(s.substr(0, eq), s.substr(eq + 1), "--set");
-  }
-  config.validate();
-  return config;
-}
-
-}  // namespace
 
 void add_train_command(CLI::App& app, int& exit_code) {
   auto flags = std::make_shared<TrainFlags>();
@@ -68,10 +20,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   for (const auto& family : models::families()) families.push_back(family.name);
   auto* cmd = app.add_subcommand("train", "train a model with FSDP (families: " + join_words(families) + ")");
   dist_flags->add_to(*cmd);
-  cmd->add_option("--config", flags->config_path,
-                  "YAML file with sections " + join_words(train::TrainConfig::sections()));
-  add_key_flags(cmd, *flags);
-  cmd->add_option("--set", flags->sets, "section.key=value, any configuration key (repeatable)");
+  add_train_flags(cmd, *flags);
   cmd->add_flag("--print-config", flags->print_config, "print the effective configuration and exit");
   cmd->callback([flags, dist_flags, &exit_code] {
     const train::TrainConfig config = resolve(*flags);

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -14,6 +15,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include "fsdp/common/allocation_log.h"
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 
@@ -157,18 +159,35 @@ class BlockCache {
 // One deleter for every CPU pointer this allocator hands out, small ones
 // (from LibTorch's default allocator) included: LibTorch's raw_allocate /
 // raw_deallocate need the context to be the pointer and one deleter.
+std::atomic<bool> g_counting{false};
+std::atomic<bool> g_cache_general{false};
+
 void free_cpu(void* ptr) {
+  if (g_counting.load(std::memory_order_relaxed)) on_free(ptr);
   if (!BlockCache::get().give_back(ptr)) c10::GetDefaultCPUAllocator()->raw_deleter()(ptr);
 }
 
 class LargeBlockAllocator final : public c10::Allocator {
  public:
-  explicit LargeBlockAllocator(c10::DeviceType type) : type_(type) {}
+  // `caches`: large blocks come from the cache (null: only while
+  // cache_large_cpu_allocations has set it).
+  LargeBlockAllocator(c10::DeviceType type, const std::atomic<bool>* caches) : type_(type), caches_(caches) {}
 
   c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
-    if (type_ != c10::DeviceType::CPU || nbytes < kCachedFrom) return base()->allocate(nbytes);
-    const size_t size = size_class(nbytes);
-    void* ptr = BlockCache::get().take(size, nbytes);
+    if (type_ != c10::DeviceType::CPU) return base()->allocate(nbytes);
+    void* ptr = nullptr;
+    if (nbytes >= kCachedFrom && (caches_ == nullptr || caches_->load(std::memory_order_relaxed))) {
+      ptr = BlockCache::get().take(size_class(nbytes), nbytes);
+    } else {
+      c10::DataPtr small = base()->allocate(nbytes);
+      ptr = small.get();
+      // Counted, the block takes free_cpu as its deleter (which hands it
+      // to the default's), so that its free is seen too.
+      if (ptr == nullptr || !g_counting.load(std::memory_order_relaxed)) return small;
+      FSDP_CHECK(small.get_context() == ptr, "LibTorch's CPU allocator returned a block with a context");
+      small.release_context();
+    }
+    if (g_counting.load(std::memory_order_relaxed)) on_allocate(ptr, static_cast<int64_t>(nbytes));
     return {ptr, ptr, &free_cpu, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -188,11 +207,12 @@ class LargeBlockAllocator final : public c10::Allocator {
     return type_ == c10::DeviceType::CPU ? c10::GetDefaultCPUAllocator() : c10::GetAllocator(type_);
   }
   c10::DeviceType type_;
+  const std::atomic<bool>* caches_;
 };
 
-LargeBlockAllocator flat_cpu(c10::DeviceType::CPU);
-LargeBlockAllocator flat_cuda(c10::DeviceType::CUDA);
-LargeBlockAllocator general_cpu(c10::DeviceType::CPU);
+LargeBlockAllocator flat_cpu(c10::DeviceType::CPU, nullptr);
+LargeBlockAllocator flat_cuda(c10::DeviceType::CUDA, nullptr);
+LargeBlockAllocator general_cpu(c10::DeviceType::CPU, &g_cache_general);
 
 c10::Allocator* flat_allocator(c10::DeviceType type) {
   if (type == c10::DeviceType::CPU) return &flat_cpu;
@@ -223,8 +243,14 @@ bool is_flat_buffer(const at::Tensor& t) {
 }
 
 void cache_large_cpu_allocations() {
+  g_cache_general = true;
   // Priority above LibTorch's own registration (0), so it stays.
   c10::SetAllocator(c10::DeviceType::CPU, &general_cpu, /*priority=*/1);
+}
+
+void count_cpu_allocations() {
+  c10::SetAllocator(c10::DeviceType::CPU, &general_cpu, /*priority=*/1);
+  g_counting = true;
 }
 
 int64_t large_cpu_bytes_in_use() { return BlockCache::get().used_bytes(); }

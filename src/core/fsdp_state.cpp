@@ -11,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/collectives.h"
+#include "fsdp/common/allocation_log.h"
 
 namespace fsdp {
 
@@ -223,6 +224,7 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
   if (frame.in_backward) {
     // Recomputed inside backward: gathered for the backward that follows.
+    memory::set_phase("recompute " + name_);
     if (group_) {
       group_->wait_for_unshard();
       if (frame.grad_enabled) group_->prepare_gradients();
@@ -237,6 +239,7 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     return frame;
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
+  memory::set_phase("forward " + name_);
   if (is_root_ && frame.grad_enabled) {
     // A new iteration unless an earlier forward's graph still awaits its
     // backward (two forwards, one backward); a graph that was dropped
@@ -309,6 +312,7 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
   }
   const detail::CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
+  memory::set_phase("forward");
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
   cast_outputs();
@@ -406,6 +410,7 @@ void FSDPState::pre_backward() {
     });
   }
   tree_->comm.record(FSDPEvent::Kind::kPreBackward, name_);
+  memory::set_phase("backward " + name_);
   enter(TrainingState::kPreBackward);
   if (group_) {
     group_->wait_for_unshard();
@@ -422,6 +427,7 @@ void FSDPState::on_inputs_grad() {
 void FSDPState::post_backward() {
   if (training_state_ == TrainingState::kPostBackward) return;  // once per backward
   tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
+  memory::set_phase("post-backward " + name_);
   enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();
 }

@@ -299,6 +299,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(logging, every, "--log-every", "steps between log lines"),
       FSDP_FIELD(logging, metrics, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
       FSDP_FIELD(logging, tensorboard, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
+      FSDP_FIELD(logging, memory_snapshot, "--memory-snapshot", "record every CPU allocation and free over this start's first N steps into <run folder>/memory/rank<N>.pickle, for PyTorch's memory viewer (0: off)"),
       FSDP_FIELD(logging, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
       FSDP_FIELD(eval, every, "--eval-every", "steps between evaluations (0: only at the end)"),
       FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation"),
@@ -501,6 +502,8 @@ void TrainConfig::validate() const {
              ": expected 0 (off) or a z-score threshold such as 5");
   FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",
              runtime.run_name, "' contains '/': it names one folder under out/ (use --out-dir for a path)");
+  FSDP_CHECK(logging.memory_snapshot >= 0, "logging.memory_snapshot is ", logging.memory_snapshot,
+             ": expected 0 (off) or a number of steps");
   FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");
   if (!hf_export.dtype.empty()) models::hf::parse_export_dtype(hf_export.dtype, "export.dtype");
   models::hf::parse_size(hf_export.shard_size, "export.shard_size");

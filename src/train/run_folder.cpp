@@ -101,7 +101,7 @@ void check_writable_file(const std::string& path, const std::string& flag) {
 }
 
 std::string set_aside_earlier_run(const RunFolder& folder) {
-  const char* entries[] = {"config.yaml", "metrics.jsonl", "tensorboard", "logs", "traces"};
+  const char* entries[] = {"config.yaml", "metrics.jsonl", "tensorboard", "logs", "traces", "memory"};
   bool any = false;
   for (const char* e : entries) any = any || fs::exists(fs::path(folder.dir) / e);
   if (!any) return "";

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
@@ -14,6 +15,9 @@
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/common/allocation_log.h"
+#include "fsdp/common/flat_buffer.h"
+#include "fsdp/io/memory_snapshot.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 #include "fsdp/train/builders.h"
@@ -59,6 +63,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   // second moments of rarely-hit embedding rows drift there, and x86 takes
   // microcode assists on every subnormal operand (PyTorch's peer slows ~8x).
   at::globalContext().setFlushDenormal(!config_.runtime.keep_denormals);
+  // Tensor memory is counted from here on (allocated_peak_mb, --memory-snapshot).
+  memory::count_cpu_allocations();
   if (config_.model.print) {
     // --print-model prints and exits, as --print-config does: no run
     // folder, no data, no step.
@@ -243,9 +249,14 @@ TrainSummary Trainer::run() {
   catch_stop_signals();
   if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
   const int64_t total = config_.runtime.steps;
+  memory::reset_allocated_peak();  // the steps' peak, not initialisation's
   for (int64_t step = start_step_; step < total; ++step) {
     profile_->step_begins(step);
+    if (step == start_step_ && config_.logging.memory_snapshot > 0) memory::start_recording();
     const StepStats stats = train_step(step);
+    if (memory::recording() && (step + 1 == start_step_ + config_.logging.memory_snapshot || step + 1 == total)) {
+      write_memory_snapshot(step);
+    }
     if (profile_->step_ends(step, step + 1 == total)) {
       log_.note("profiler trace written: " + profile_->path());
       log_.say("profiler trace of steps " + config_.logging.profile_steps + " written: " + profile_->path() +
@@ -278,7 +289,10 @@ torch::Tensor Trainer::lm_loss(const torch::Tensor& hidden, const torch::Tensor&
 
 Trainer::Losses Trainer::loss_of(const data::Batch& batch) {
   Losses losses;
-  losses.lm = lm_loss(fsdp::call(model_, batch.inputs), batch.targets);
+  memory::set_phase("forward");
+  const torch::Tensor hidden = fsdp::call(model_, batch.inputs);
+  memory::set_phase("loss");
+  losses.lm = lm_loss(hidden, batch.targets);
   // The MoE load-balancing loss trains the routers; "loss" reports the
   // language-model loss alone, comparable across models and with val loss.
   const torch::Tensor aux = model_->auxiliary_loss();
@@ -302,6 +316,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     // Reduce gradients once per optimizer step, on the last micro-step.
     set_requires_gradient_sync(*model_, a == A - 1);
     auto t = Clock::now();
+    memory::set_phase("data");
     const data::Batch batch = train_data_->batch(step, a);
     data_s += seconds_since(t);
     t = Clock::now();
@@ -313,6 +328,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     }
     {
       RECORD_USER_SCOPE("train::backward");
+      memory::set_phase("backward");
       const torch::Tensor loss = losses.trained / static_cast<double>(A);
       (scaler_ ? scaler_->scale(loss) : loss).backward();
     }
@@ -322,6 +338,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   }
   const auto optimizer_start = Clock::now();
   RECORD_USER_SCOPE("train::optimizer");
+  memory::set_phase("optimizer");
   if (scaler_) scaler_->unscale_(*optimizer_);
   // Clipping's factor is applied by the optimizer as it reads each
   // gradient (one pass fewer over them), or in place before the scaler.
@@ -348,6 +365,21 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   stats.comm_bytes = comm.labeled_bytes - comm_before.labeled_bytes;
   if (model_->auxiliary_loss().defined()) stats.aux_loss = mean_over_ranks(world_->group(), aux_sum);
   return stats;
+}
+
+void Trainer::write_memory_snapshot(int64_t step) {
+  const memory::Recording recording = memory::stop_recording();
+  const std::string path = paths_.folder.memory_snapshot(world_->rank());
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  memory::write_memory_snapshot(recording, world_->rank(), path);
+  const std::string peak_phase =
+      recording.peak_event >= 0 ? recording.phases[static_cast<size_t>(recording.events[static_cast<size_t>(recording.peak_event)].phase)]
+                                : "before the first step";
+  char peak[64];
+  std::snprintf(peak, sizeof(peak), "%.1f MiB", static_cast<double>(recording.peak_bytes) / (1 << 20));
+  log_.say("memory snapshot of steps " + std::to_string(start_step_ + 1) + " to " + std::to_string(step + 1) + ": " +
+           path + (world_->size() > 1 ? " (one per rank beside it)" : "") + "; peak " + peak + " of tensors, in '" +
+           peak_phase + "' (python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html, or pytorch.org/memory_viz)");
 }
 
 void Trainer::after_step(int64_t step, const StepStats& stats) {
@@ -402,6 +434,7 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                          {"sharded_state_mb", static_cast<double>(mem.sharded_param_bytes + mem.grad_bytes +
                                                                   mem.optimizer_state_bytes) / (1 << 20)},
                          {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
+                         {"allocated_peak_mb", static_cast<double>(memory::peak_allocated_bytes()) / (1 << 20)},
                          {"tokens_seen", tokens_seen_}};
   if (s.aux_loss) line["aux_loss"] = *s.aux_loss;
   metrics_->write(line);

@@ -40,6 +40,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "models": ("common", "io", "dist", "core", "kernels", "nn", "checkpoint"),
     "bench": ("common", "io", "dist", "core", "optim", "nn", "data", "models"),
     "train": ("common", "io", "dist", "core", "optim", "nn", "data", "checkpoint", "models"),
+    # Predicting a run's memory from the model's shapes (fsdp plan).
+    "plan": ("common", "io", "dist", "core", "nn", "models", "train"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"(?:fsdp/([a-z_]+)/|(kernels)/)')

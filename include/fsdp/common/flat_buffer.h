@@ -25,6 +25,12 @@ bool is_flat_buffer(const at::Tensor& t);
 // (init_runtime does, unless FSDP_CPU_CACHE=0). Idempotent.
 void cache_large_cpu_allocations();
 
+// From now on every CPU tensor's block, large or small, FSDP's flat buffers
+// included, is reported to allocation_log.h (installing this allocator
+// without its cache when FSDP_CPU_CACHE=0 left it out). Blocks allocated
+// before the call are not counted. Idempotent.
+void count_cpu_allocations();
+
 // Bytes of large CPU blocks in use, and freed but kept for reuse; handing
 // the kept ones back to the system (as CUDA's empty_cache does).
 int64_t large_cpu_bytes_in_use();

@@ -74,6 +74,7 @@ struct TrainConfig {
     std::string metrics;        // JSON-lines file written by rank 0; empty: <out_dir>/metrics.jsonl
     bool tensorboard = true;    // event files in <out_dir>/tensorboard
     std::string profile_steps;  // "A:B": a Chrome trace per rank over steps A..B
+    int64_t memory_snapshot = 0;  // steps recorded into <run folder>/memory/rank<N>.pickle (0: off)
   } logging;
   struct Eval {
     int64_t every = 0;  // 0: only at the end (when data.val is set)

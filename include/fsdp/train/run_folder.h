@@ -19,6 +19,7 @@ struct RunFolder {
   std::string checkpoints() const { return dir + "/checkpoints"; }
   std::string log(int rank) const { return dir + "/logs/rank" + std::to_string(rank) + ".log"; }
   std::string trace(int rank) const { return dir + "/traces/rank" + std::to_string(rank) + ".json"; }
+  std::string memory_snapshot(int rank) const { return dir + "/memory/rank" + std::to_string(rank) + ".pickle"; }
 };
 
 // Where a run writes, decided once. `config` is completed in place:
@@ -62,7 +63,7 @@ void check_writable_dir(const std::string& path, const std::string& flag);
 void check_writable_file(const std::string& path, const std::string& flag);
 
 // Moves the files an earlier, finished or abandoned run left in the folder
-// (config.yaml, metrics.jsonl, tensorboard/, logs/, traces/) into
+// (config.yaml, metrics.jsonl, tensorboard/, logs/, traces/, memory/) into
 // DIR/earlier-<n>/. Returns that folder, or "" when there was nothing.
 std::string set_aside_earlier_run(const RunFolder& folder);
 

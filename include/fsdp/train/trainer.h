@@ -65,6 +65,7 @@ class Trainer {
   void load_tokenizer();
   void resume_if_possible();
   void warn_about_profile_window();
+  void write_memory_snapshot(int64_t step);
   void open_run_files();
 
   // The loop.

@@ -32,6 +32,8 @@ const std::map<std::string, LlamaConfig>& presets() {
     std::map<std::string, LlamaConfig> m = {
         // (vocab, hidden, intermediate, layers, heads, kv heads, positions)
         {"llama-tiny", {512, 64, 176, 2, 4, 2, 128}},
+        // gpt2-d6's size in Llama's form, for benchmarks and memory validation on a CPU.
+        {"llama-d6", {32000, 384, 1024, 6, 6, 2, 1024}},
         {"llama3-1b", {128256, 2048, 8192, 16, 32, 8, 8192}},
         {"llama3-3b", {128256, 3072, 8192, 28, 24, 8, 8192}},
         {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 8192}},
@@ -60,7 +62,7 @@ bool MoEConfig::is_sparse(int64_t layer) const {
 }
 
 const std::vector<std::string>& llama_preset_names() {
-  static const std::vector<std::string> names = {"llama-tiny",  "llama3-1b",   "llama3-3b",   "llama3-8b",
+  static const std::vector<std::string> names = {"llama-tiny",  "llama-d6", "llama3-1b",   "llama3-3b",   "llama3-8b",
                                                  "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama2-tiny",
                                                  "llama2-7b",   "llama2-13b",  "llama2-70b"};
   return names;

@@ -1,0 +1,155 @@
+// `fsdp plan`: predicted per-rank memory for a training job, by part, and
+// with --budget (or --device) the configuration that fits.
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "train_flags.h"
+#include "fsdp/common/error.h"
+#include "fsdp/models/hf/shard_index.h"
+#include "fsdp/plan/devices.h"
+#include "fsdp/plan/model_shape.h"
+#include "fsdp/plan/runtime_overhead.h"
+#include "fsdp/plan/search.h"
+
+namespace fsdp::cli {
+namespace {
+
+struct PlanFlags {
+  int world_size = 1;
+  std::string budget;
+  std::string device;
+  std::string overhead;
+  bool selective_ac = false;
+  bool json = false;
+};
+
+std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, int world) {
+  char text[512];
+  std::snprintf(text, sizeof(text),
+                "%s model, %lld layers, width %lld, vocabulary %lld; %d rank%s, %s; %s; micro-batch %lld x %lld "
+                "tokens, %lld micro-step%s; prefetch %lld; activation checkpointing %s; chunked loss %s",
+                m.family.c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
+                static_cast<long long>(m.vocab), world, world == 1 ? "" : "s",
+                (train::name_of(job.fsdp.sharding) +
+                 (job.fsdp.sharding == train::Sharding::kHybridShard ? " " + std::to_string(job.fsdp.fsdp_size) : ""))
+                    .c_str(),
+                train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
+                static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),
+                job.data.grad_accum == 1 ? "" : "s", static_cast<long long>(job.fsdp.prefetch_depth),
+                job.model.activation_checkpoint ? "on" : "off", job.model.chunk_loss ? "on" : "off");
+  return text;
+}
+
+void print_table(const plan::Prediction& p, int64_t overhead, const std::string& overhead_source) {
+  std::printf("per-rank memory at the peak (%s):\n", p.peak.phase.c_str());
+  for (const auto& part : p.peak.parts) {
+    std::printf("  %-42s %12s\n", part.name.c_str(), plan::format_bytes(part.bytes).c_str());
+  }
+  std::printf("  %-42s %12s\n", "tensors", plan::format_bytes(p.peak.total()).c_str());
+  std::printf("  %-42s %12s\n", ("runtime overhead (" + overhead_source + ")").c_str(),
+              plan::format_bytes(overhead).c_str());
+  std::printf("  %-42s %12s\n", "total", plan::format_bytes(p.peak.total() + overhead).c_str());
+}
+
+nlohmann::json to_json(const plan::Prediction& p, int64_t overhead) {
+  nlohmann::json parts = nlohmann::json::object();
+  for (const auto& part : p.peak.parts) parts[part.name] = part.bytes;
+  nlohmann::json timeline = nlohmann::json::array();
+  for (const auto& m : p.timeline) timeline.push_back({{"phase", m.phase}, {"bytes", m.total()}});
+  return {{"peak_phase", p.peak.phase},   {"tensor_peak_bytes", p.peak.total()}, {"overhead_bytes", overhead},
+          {"peak_bytes", p.peak.total() + overhead}, {"state_bytes", p.state_bytes}, {"parts", parts},
+          {"timeline", timeline}};
+}
+
+int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
+  const train::TrainConfig job = resolve(flags);
+  FSDP_CHECK(pf.world_size >= 1, "--world-size ", pf.world_size, ": expected at least 1");
+  const plan::Device* device = pf.device.empty() ? nullptr : &plan::find_device(pf.device);
+  plan::Target target;
+  target.flash_attention = target.composite_loss = device != nullptr;
+  target.selective_checkpointing = pf.selective_ac;
+  const plan::ModelShape shape = plan::model_shape(job.model);
+  const plan::Prediction prediction = plan::predict(shape, job, pf.world_size, target);
+
+  int64_t overhead = 0;
+  std::string overhead_source;
+  if (!pf.overhead.empty()) {
+    overhead = models::hf::parse_size(pf.overhead, "--overhead");
+    overhead_source = "--overhead";
+  } else if (device != nullptr) {
+    overhead_source = "not counted: CUDA context, NCCL";
+  } else {
+    overhead = plan::measure_runtime_overhead(job.runtime.precision == train::Precision::kBf16);
+    overhead_source = "measured here";
+  }
+  int64_t budget = 0;
+  if (!pf.budget.empty()) budget = models::hf::parse_size(pf.budget, "--budget");
+  else if (device != nullptr) budget = device->memory_bytes;
+
+  if (pf.json) {
+    nlohmann::json out = to_json(prediction, overhead);
+    if (budget > 0) {
+      const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead);
+      out["budget_bytes"] = budget;
+      out["fits"] = prediction.peak.total() + overhead <= budget;
+      if (choice.best) out["chosen"] = plan::train_flags(choice.best->job);
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s\n", job_line(shape, job, pf.world_size).c_str());
+  if (device != nullptr) {
+    std::printf("device: %s, %s; flash attention and PyTorch's composite loss assumed%s\n", device->description.c_str(),
+                plan::format_bytes(device->memory_bytes).c_str(), pf.selective_ac ? ", selective (op) checkpointing" : "");
+  }
+  print_table(prediction, overhead, overhead_source);
+  std::printf("sharded state (parameters, gradients, AdamW): %s\n", plan::format_bytes(prediction.state_bytes).c_str());
+  if (budget == 0) return 0;
+
+  const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead);
+  std::printf("\nbudget %s: this configuration %s\n", plan::format_bytes(budget).c_str(),
+              prediction.peak.total() + overhead <= budget ? "fits" : "does not fit");
+  if (!choice.best) {
+    throw Error("no configuration fits " + plan::format_bytes(budget) + " per rank: the smallest (" +
+                plan::train_flags(choice.smallest.job) + ") needs " + plan::format_bytes(choice.smallest.peak_bytes) +
+                "; add ranks, shorten --seq-len, or raise the budget");
+  }
+  const std::string launch = pf.world_size > 1 ? "fsdp launch -n " + std::to_string(pf.world_size) + " -- " : "";
+  std::printf("chosen (%s): %sfsdp train %s%s %s\n", plan::format_bytes(choice.best->peak_bytes).c_str(),
+              launch.c_str(),
+              job.model.init_from.empty() ? ("--model " + job.model.name).c_str()
+                                          : ("--init-from " + job.model.init_from).c_str(),
+              "", plan::train_flags(choice.best->job).c_str());
+  std::printf("the others, each at its best micro-batch:\n");
+  for (const auto& c : choice.groups) {
+    if (plan::train_flags(c.job) == plan::train_flags(choice.best->job)) continue;
+    std::printf("  %-10s %s: %s\n", plan::format_bytes(c.peak_bytes).c_str(), plan::train_flags(c.job).c_str(),
+                plan::why_not(c, *choice.best, budget).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  auto flags = std::make_shared<TrainFlags>();
+  auto pf = std::make_shared<PlanFlags>();
+  auto* cmd = app.add_subcommand(
+      "plan", "predict a training job's memory per rank, by part, and choose a configuration that fits (--budget)");
+  add_train_flags(cmd, *flags);
+  cmd->add_option("--world-size,-n", pf->world_size, "ranks the job runs on")->default_str("1");
+  cmd->add_option("--budget", pf->budget, "memory per rank to fit (8GiB, 500MB); chooses a configuration");
+  cmd->add_option("--device", pf->device,
+                  "plan for a GPU by name (h100, h200, a100-80gb, ...): its memory is the budget");
+  cmd->add_option("--overhead", pf->overhead,
+                  "memory per rank beside the tensors (default: measured here on CPU, not counted for a GPU)");
+  cmd->add_flag("--selective-ac", pf->selective_ac,
+                "plan torchtitan's selective (op-level) activation checkpointing instead of the job's");
+  cmd->add_flag("--json", pf->json, "print the prediction as JSON");
+  cmd->callback([flags, pf, &exit_code] { exit_code = run_plan(*flags, *pf); });
+}
+
+}  // namespace fsdp::cli

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""fsdp plan against measured runs: for each configuration of a grid (GPT-2
+and Llama-style models; W = 1, 2, 4; every sharding strategy; fp32 and
+bf16; activation checkpointing and chunked loss on and off) this predicts
+the per-rank peak with `fsdp plan --json` and trains 3 steps with the same
+flags, then compares:
+
+- the tensors' peak: predicted against the trainer's own accounting
+  (`allocated_peak_mb` in metrics.jsonl: every CPU tensor block, FSDP's
+  buffers included, counted by the allocator), the figure the prediction
+  targets;
+- the total: predicted tensors plus the runtime overhead `fsdp plan`
+  measures, against peak RSS (`peak_rss_mb`, VmHWM).
+
+Both from rank 0. Writes out/bench/memory_validation.{json,md}.
+
+    python3 bench/memory_validation.py [--only NAME] [--steps 3]
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FSDP = os.path.join(ROOT, "build", "fsdp")
+DATA = "--data synthetic --seq-len 256 --batch-size 4"
+
+# (name, world size, flags): the grid.
+GRID = [
+    ("gpt2-d6 W1 fp32", 1, "--model gpt2-d6"),
+    ("gpt2-d6 W1 fp32 +AC", 1, "--model gpt2-d6 --activation-checkpoint"),
+    ("gpt2-d6 W1 fp32 chunked loss", 1, "--model gpt2-d6 --chunk-loss"),
+    ("gpt2-d6 W1 bf16", 1, "--model gpt2-d6 --precision bf16"),
+    ("gpt2-d6 W2 full_shard fp32", 2, "--model gpt2-d6 --sharding full_shard"),
+    ("gpt2-d6 W2 shard_grad_op fp32", 2, "--model gpt2-d6 --sharding shard_grad_op"),
+    ("gpt2-d6 W2 no_shard fp32", 2, "--model gpt2-d6 --sharding no_shard"),
+    ("gpt2-d6 W2 full_shard bf16 +AC", 2, "--model gpt2-d6 --precision bf16 --activation-checkpoint"),
+    ("gpt2-d6 W4 full_shard fp32", 4, "--model gpt2-d6 --sharding full_shard"),
+    ("gpt2-d6 W4 hybrid 2x2 fp32", 4, "--model gpt2-d6 --sharding hybrid_shard --fsdp-size 2"),
+    ("llama-d6 W1 fp32", 1, "--model llama-d6"),
+    ("llama-d6 W1 bf16 +AC", 1, "--model llama-d6 --precision bf16 --activation-checkpoint"),
+    ("llama-d6 W2 full_shard bf16", 2, "--model llama-d6 --precision bf16"),
+    ("llama-d6 W2 full_shard fp32 +AC chunked loss", 2, "--model llama-d6 --activation-checkpoint --chunk-loss"),
+    ("llama-d6 W4 shard_grad_op fp32", 4, "--model llama-d6 --sharding shard_grad_op"),
+    ("llama-d6 W4 hybrid 2x2 bf16", 4, "--model llama-d6 --sharding hybrid_shard --fsdp-size 2 --precision bf16"),
+]
+
+MIB = 1 << 20
+
+
+def predict(world, flags):
+    out = subprocess.run([FSDP, "plan", "--json", "--world-size", str(world), *shlex.split(DATA), *shlex.split(flags)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def measure(world, flags, steps, folder):
+    train = [FSDP, "train", *shlex.split(DATA), *shlex.split(flags), "--steps", str(steps), "--log-every", "1",
+             "--out-dir", folder, "--tensorboard=false"]
+    command = train if world == 1 else [FSDP, "launch", "-n", str(world), "--", *train]
+    env = dict(os.environ)
+    if world == 1:
+        env["OMP_NUM_THREADS"] = "2"
+    subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f if '"allocated_peak_mb"' in line]
+    return lines[-1]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="run the configurations whose name contains this")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), "?")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, world, flags in GRID:
+            if args.only and args.only not in name:
+                continue
+            plan = predict(world, flags)
+            got = measure(world, flags, args.steps, os.path.join(tmp, str(len(rows))))
+            row = {
+                "name": name,
+                "world": world,
+                "flags": flags,
+                "predicted_tensor_mib": plan["tensor_peak_bytes"] / MIB,
+                "measured_tensor_mib": got["allocated_peak_mb"],
+                "predicted_phase": plan["peak_phase"],
+                "overhead_mib": plan["overhead_bytes"] / MIB,
+                "predicted_total_mib": plan["peak_bytes"] / MIB,
+                "peak_rss_mib": got["peak_rss_mb"],
+            }
+            row["tensor_error"] = row["predicted_tensor_mib"] / row["measured_tensor_mib"] - 1
+            row["rss_error"] = row["predicted_total_mib"] / row["peak_rss_mib"] - 1
+            rows.append(row)
+            print(f"{name}: tensors predicted {row['predicted_tensor_mib']:.1f} MiB, measured "
+                  f"{row['measured_tensor_mib']:.1f} ({row['tensor_error']:+.1%}); total predicted "
+                  f"{row['predicted_total_mib']:.1f}, peak RSS {row['peak_rss_mib']:.1f} ({row['rss_error']:+.1%})",
+                  flush=True)
+    out_dir = os.path.join(ROOT, "out", "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "memory_validation.json"), "w") as f:
+        json.dump({"cpu": model_name, "rows": rows}, f, indent=2)
+    lines = [f"CPU: {model_name}. Tokens: 4 x 256 per rank per micro-step. Rank 0.", "",
+             "| configuration | tensors predicted MiB | tensors measured MiB | error | predicted peak at | "
+             "total predicted MiB | peak RSS MiB | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['predicted_tensor_mib']:.1f} | {r['measured_tensor_mib']:.1f} | "
+                     f"{r['tensor_error']:+.1%} | {r['predicted_phase']} | {r['predicted_total_mib']:.1f} | "
+                     f"{r['peak_rss_mib']:.1f} | {r['rss_error']:+.1%} |")
+    worst = max(abs(r["tensor_error"]) for r in rows) if rows else 0
+    lines += ["", f"Largest tensor error: {worst:.1%}."]
+    with open(os.path.join(out_dir, "memory_validation.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

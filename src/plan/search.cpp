@@ -1,0 +1,129 @@
+#include "fsdp/plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+namespace fsdp::plan {
+namespace {
+
+// Collectives per step, least first: replicas all-reduce once; keeping
+// units gathered through backward saves their second all-gather.
+int communication_rank(train::Sharding s) {
+  switch (s) {
+    case train::Sharding::kNoShard: return 0;
+    case train::Sharding::kShardGradOp: return 1;
+    case train::Sharding::kHybridShard: return 2;
+    default: return 3;
+  }
+}
+
+// Smaller is preferred.
+auto preference(const Candidate& c) {
+  const auto& j = c.job;
+  return std::make_tuple(!c.fits, j.model.activation_checkpoint, -j.data.batch_size, j.model.chunk_loss,
+                         communication_rank(j.fsdp.sharding), -j.fsdp.fsdp_size, -j.fsdp.prefetch_depth);
+}
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= (1LL << 30)) {
+    std::snprintf(text, sizeof(text), "%.2f GiB", b / (1LL << 30));
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", b / (1LL << 20));
+  }
+  return text;
+}
+
+Choice choose(const ModelShape& model, const train::TrainConfig& job, int world, const Target& target,
+              int64_t budget_bytes, int64_t overhead_bytes) {
+  std::vector<std::pair<train::Sharding, int64_t>> meshes = {{train::Sharding::kFullShard, 0}};
+  if (world > 1) {
+    meshes.push_back({train::Sharding::kShardGradOp, 0});
+    meshes.push_back({train::Sharding::kNoShard, 0});
+    for (int64_t f : divisors(world)) {
+      if (f > 1 && f < world) meshes.push_back({train::Sharding::kHybridShard, f});
+    }
+  } else {
+    meshes.push_back({train::Sharding::kNoShard, 0});
+  }
+  const int64_t sequences = job.data.batch_size * job.data.grad_accum;  // per rank per step, kept
+  std::vector<int64_t> depths = {job.fsdp.prefetch_depth};
+  for (int64_t d : {int64_t{1}, int64_t{0}}) {
+    if (std::find(depths.begin(), depths.end(), d) == depths.end()) depths.push_back(d);
+  }
+  Choice choice;
+  std::vector<std::vector<Candidate>> groups;
+  for (const auto& [sharding, fsdp_size] : meshes) {
+    for (bool ac : {false, true}) {
+      for (bool chunk : {false, true}) {
+        std::vector<Candidate> group;
+        for (int64_t depth : depths) {
+          for (int64_t micro : divisors(sequences)) {
+            Candidate c{job};
+            c.job.fsdp.sharding = sharding;
+            c.job.fsdp.fsdp_size = fsdp_size;
+            c.job.fsdp.prefetch_depth = depth;
+            c.job.model.activation_checkpoint = ac;
+            c.job.model.chunk_loss = chunk;
+            c.job.data.batch_size = micro;
+            c.job.data.grad_accum = sequences / micro;
+            c.peak_bytes = predict(model, c.job, world, target).peak.total() + overhead_bytes;
+            c.fits = c.peak_bytes <= budget_bytes;
+            if (choice.smallest.peak_bytes == 0 || c.peak_bytes < choice.smallest.peak_bytes) choice.smallest = c;
+            group.push_back(std::move(c));
+          }
+        }
+        const bool any_fits = std::any_of(group.begin(), group.end(), [](const Candidate& c) { return c.fits; });
+        const auto best = std::min_element(group.begin(), group.end(), [&](const Candidate& a, const Candidate& b) {
+          return any_fits ? preference(a) < preference(b) : a.peak_bytes < b.peak_bytes;
+        });
+        choice.groups.push_back(*best);
+      }
+    }
+  }
+  std::stable_sort(choice.groups.begin(), choice.groups.end(),
+                   [](const Candidate& a, const Candidate& b) { return preference(a) < preference(b); });
+  if (!choice.groups.empty() && choice.groups.front().fits) choice.best = choice.groups.front();
+  return choice;
+}
+
+std::string why_not(const Candidate& other, const Candidate& best, int64_t budget_bytes) {
+  if (!other.fits) return "over the budget by " + format_bytes(other.peak_bytes - budget_bytes);
+  const auto &o = other.job, &b = best.job;
+  if (o.model.activation_checkpoint != b.model.activation_checkpoint) return "recomputes every block in backward";
+  if (o.data.batch_size != b.data.batch_size) {
+    return "fits only with micro-batch " + std::to_string(o.data.batch_size) + " (more, smaller matmuls)";
+  }
+  if (o.model.chunk_loss != b.model.chunk_loss) return "recomputes the logits in backward (chunked loss)";
+  if (communication_rank(o.fsdp.sharding) != communication_rank(b.fsdp.sharding) ||
+      o.fsdp.fsdp_size != b.fsdp.fsdp_size) {
+    return "communicates more per step";
+  }
+  return "prefetches less";
+}
+
+std::string train_flags(const train::TrainConfig& job) {
+  std::string flags = "--sharding " + train::name_of(job.fsdp.sharding);
+  if (job.fsdp.sharding == train::Sharding::kHybridShard) flags += " --fsdp-size " + std::to_string(job.fsdp.fsdp_size);
+  flags += " --batch-size " + std::to_string(job.data.batch_size) + " --grad-accum " +
+           std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) +
+           " --precision " + train::name_of(job.runtime.precision) + " --prefetch-depth " +
+           std::to_string(job.fsdp.prefetch_depth);
+  if (job.model.activation_checkpoint) flags += " --activation-checkpoint";
+  if (job.model.chunk_loss) flags += " --chunk-loss";
+  return flags;
+}
+
+}  // namespace fsdp::plan
