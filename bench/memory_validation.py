@@ -14,11 +14,19 @@ flags, then compares:
 
 Both from rank 0. Writes out/bench/memory_validation.{json,md}.
 
-    python3 bench/memory_validation.py [--only NAME] [--steps 3]
+With --moments NAME, one configuration is also recorded with
+--memory-snapshot and every moment of the predicted timeline (forward
+block i, the loss, its backward, backward block i, the root's
+post-backward, the optimizer) is compared with the most tensor memory held
+during the matching phases of the recording (step 3).
+
+    python3 bench/memory_validation.py [--only NAME] [--steps 3] [--moments NAME]
 """
 import argparse
 import json
 import os
+import pickle
+import re
 import shlex
 import subprocess
 import sys
@@ -70,10 +78,65 @@ def measure(world, flags, steps, folder):
     return lines[-1]
 
 
+def phase_maxima(snapshot_path, step_start_us):
+    """{plan moment: most bytes held during its phases} from a recording, after step_start_us."""
+    with open(snapshot_path, "rb") as f:
+        snapshot = pickle.load(f)
+    trace = snapshot["device_traces"][0]
+    live = sum(seg["total_size"] for seg in snapshot["segments"])
+    live -= sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
+    maxima = {}
+    for e in trace:
+        live += e["size"] if e["action"] == "alloc" else -e["size"]
+        if e["time_us"] < step_start_us:
+            continue
+        phase = e["frames"][0]["name"]
+        index = re.search(r"\.(\d+)$", phase)
+        if phase.startswith("forward ") and index:
+            moment = f"forward block {index.group(1)}"
+        elif phase.split(" ")[0] in ("backward", "post-backward", "recompute") and index:
+            moment = f"backward block {index.group(1)}"
+        elif phase == "post-backward <root>":
+            moment = "backward root"
+        elif phase == "backward":
+            moment = "loss backward"
+        elif phase in ("loss", "optimizer"):
+            moment = phase
+        else:
+            continue
+        maxima[moment] = max(maxima.get(moment, 0), live)
+    return maxima
+
+
+def moments(name, world, flags, folder):
+    plan = predict(world, flags)
+    train = [FSDP, "train", *shlex.split(DATA), *shlex.split(flags), "--steps", "3", "--memory-snapshot", "3",
+             "--out-dir", folder, "--tensorboard=false"]
+    command = train if world == 1 else [FSDP, "launch", "-n", str(world), "--", *train]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    # Step 3: after the last optimizer phase of step 2.
+    with open(os.path.join(folder, "memory", "rank0.pickle"), "rb") as f:
+        trace = pickle.load(f)["device_traces"][0]
+    optimizer_times = [e["time_us"] for e in trace if e["frames"][0]["name"] == "optimizer"]
+    starts = [t for prev, t in zip(optimizer_times, optimizer_times[1:]) if t - prev > 1000]
+    step3 = starts[1] if len(starts) > 1 else 0
+    measured = phase_maxima(os.path.join(folder, "memory", "rank0.pickle"), step3)
+    rows = []
+    for m in plan["timeline"]:
+        if m["phase"] in measured:
+            got = measured[m["phase"]]
+            rows.append((m["phase"], m["bytes"] / MIB, got / MIB, m["bytes"] / got - 1))
+    lines = ["", f"Moments of {name} (step 3 of a recording; predicted against the most held in the matching phases):",
+             "", "| moment | predicted MiB | measured MiB | error |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p} | {a:.1f} | {b:.1f} | {e:+.1%} |" for p, a, b, e in rows]
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="run the configurations whose name contains this")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--moments", help="also compare every moment of this configuration's timeline")
     args = parser.parse_args()
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name")), "?")
@@ -116,6 +179,13 @@ def main():
                      f"{r['peak_rss_mib']:.1f} | {r['rss_error']:+.1%} |")
     worst = max(abs(r["tensor_error"]) for r in rows) if rows else 0
     lines += ["", f"Largest tensor error: {worst:.1%}."]
+    if args.moments:
+        chosen = [g for g in GRID if g[0] == args.moments]
+        if not chosen:
+            print(f"error: --moments '{args.moments}' is not a configuration of the grid", file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory() as tmp:
+            lines += moments(*chosen[0], tmp)
     with open(os.path.join(out_dir, "memory_validation.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

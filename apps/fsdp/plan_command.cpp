@@ -77,7 +77,7 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   int64_t overhead = 0;
   std::string overhead_source;
   if (!pf.overhead.empty()) {
-    overhead = models::hf::parse_size(pf.overhead, "--overhead");
+    overhead = pf.overhead == "0" ? 0 : models::hf::parse_size(pf.overhead, "--overhead");
     overhead_source = "--overhead";
   } else if (device != nullptr) {
     overhead_source = "not counted: CUDA context, NCCL";

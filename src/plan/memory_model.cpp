@@ -37,13 +37,15 @@ int64_t selective_kept(const ModelShape& m, const Sizes& s) {
 }
 
 // One RMSNorm (nn::RMSNorm, composite ops) over `rows` x `width`: what
-// autograd keeps. fp32: the normalised rows and the output; in bf16 also
-// the fp32 copy of the input and the bf16 cast of the normalised rows.
+// autograd keeps besides its input. fp32: the normalised rows and the
+// output (the input, being its own fp32 form, is kept too: counted by the
+// caller). bf16: the input's fp32 copy, the normalised rows cast back to
+// bf16 and the output. Both keep rsqrt's per-row output.
 int64_t rms_norm_saved(int64_t rows, int64_t width, const Sizes& s) {
   const int64_t elems = rows * width;
-  const int64_t per_row = rows * 4;  // rsqrt's output
+  const int64_t per_row = rows * 4;
   if (s.compute == 4) return elems * (4 + 4) + per_row;
-  return elems * (4 + 4 + 2 + 2) + per_row;
+  return elems * (4 + 2 + 2) + per_row;
 }
 
 // One LayerNorm: the output and per-row mean and rstd (and, in bf16, the
@@ -64,14 +66,18 @@ int64_t block_activations(const ModelShape& m, const Sizes& s) {
     return N * C * c + 2 * layer_norm_saved(N, C, s) + N * (3 * C + C + C + 2 * m.ffn) * c + probs;
   }
   const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
-  // Rotary embedding keeps its input, the rotated half-swap and its output.
-  int64_t qk = 3 * N * (q + kv) * c;
-  if (m.qk_norm) qk += rms_norm_saved(N, q, s) + rms_norm_saved(N, kv, s) - N * (q + kv) * c;
+  // The rotation's tables need no gradient, so it keeps nothing: q and k
+  // after it are kept by the attention. Qwen3's per-head norms keep their
+  // own (in fp32 with the projections' outputs, their input).
+  int64_t qk = N * (q + kv) * c;
+  if (m.qk_norm) {
+    qk += rms_norm_saved(N, q, s) + rms_norm_saved(N, kv, s) + (s.compute == 4 ? N * (q + kv) * 4 : 0);
+  }
   return N * C * c                // input
          + rms_norm_saved(N, C, s)  // input_layernorm
-         + qk + N * kv * c          // q and k through the rotation, v
+         + qk + N * kv * c          // q and k after the rotation, v
          + probs + N * q * c        // attention probabilities and output
-         + N * C * c                // residual h
+         + N * C * c                // residual h (post_attention_layernorm's input)
          + rms_norm_saved(N, C, s)  // post_attention_layernorm
          + 4 * N * m.ffn * c;       // gate, silu(gate), up, their product
 }
