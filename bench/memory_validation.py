@@ -46,6 +46,7 @@ GRID = [
     ("gpt2-d6 W2 shard_grad_op fp32", 2, "--model gpt2-d6 --sharding shard_grad_op"),
     ("gpt2-d6 W2 no_shard fp32", 2, "--model gpt2-d6 --sharding no_shard"),
     ("gpt2-d6 W2 full_shard bf16 +AC", 2, "--model gpt2-d6 --precision bf16 --activation-checkpoint"),
+    ("gpt2-d6 W2 full_shard fp32, 2 micro-steps", 2, "--model gpt2-d6 --grad-accum 2"),
     ("gpt2-d6 W4 full_shard fp32", 4, "--model gpt2-d6 --sharding full_shard"),
     ("gpt2-d6 W4 hybrid 2x2 fp32", 4, "--model gpt2-d6 --sharding hybrid_shard --fsdp-size 2"),
     ("llama-d6 W1 fp32", 1, "--model llama-d6"),
@@ -76,6 +77,15 @@ def measure(world, flags, steps, folder):
     with open(os.path.join(folder, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f if '"allocated_peak_mb"' in line]
     return lines[-1]
+
+
+def step_start(trace, step):
+    """The time of step `step`'s first event (1-based): steps begin with "data" after an "optimizer"."""
+    starts = [trace[0]["time_us"]] if trace else [0]
+    for prev, e in zip(trace, trace[1:]):
+        if prev["frames"][0]["name"] == "optimizer" and e["frames"][0]["name"] == "data":
+            starts.append(e["time_us"])
+    return starts[step - 1] if len(starts) >= step else starts[-1]
 
 
 def phase_maxima(snapshot_path, step_start_us):
@@ -114,12 +124,9 @@ def moments(name, world, flags, folder):
              "--out-dir", folder, "--tensorboard=false"]
     command = train if world == 1 else [FSDP, "launch", "-n", str(world), "--", *train]
     subprocess.run(command, check=True, capture_output=True, text=True)
-    # Step 3: after the last optimizer phase of step 2.
+    # Step 3: its first event is the first "data" one after step 2's optimizer.
     with open(os.path.join(folder, "memory", "rank0.pickle"), "rb") as f:
-        trace = pickle.load(f)["device_traces"][0]
-    optimizer_times = [e["time_us"] for e in trace if e["frames"][0]["name"] == "optimizer"]
-    starts = [t for prev, t in zip(optimizer_times, optimizer_times[1:]) if t - prev > 1000]
-    step3 = starts[1] if len(starts) > 1 else 0
+        step3 = step_start(pickle.load(f)["device_traces"][0], 3)
     measured = phase_maxima(os.path.join(folder, "memory", "rank0.pickle"), step3)
     rows = []
     for m in plan["timeline"]:

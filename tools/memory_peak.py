@@ -4,10 +4,11 @@
 blocks at the moment of the most tensor bytes, summed by the phase that
 allocated them. Standard library only.
 
-    python3 tools/memory_peak.py RUN/memory/rank0.pickle [--top 10]
+    python3 tools/memory_peak.py RUN/memory/rank0.pickle [--top 10] [--json]
 """
 import argparse
 import collections
+import json
 import pickle
 import sys
 
@@ -45,6 +46,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("snapshot")
     parser.add_argument("--top", type=int, default=12, help="phases listed")
+    parser.add_argument("--json", action="store_true", help="print bytes as JSON")
     args = parser.parse_args()
     try:
         with open(args.snapshot, "rb") as f:
@@ -54,6 +56,14 @@ def main():
         print(f"error: {args.snapshot}: not a memory snapshot ({e})", file=sys.stderr)
         return 1
     peak, held, phase, start = replay(snapshot)
+    if args.json:
+        by = collections.Counter()
+        for size, p in held.values():
+            by[p] += size
+        print(json.dumps({"peak_bytes": peak, "peak_phase": phase, "bytes_at_start": start,
+                          "recorded_peak_bytes": snapshot.get("fsdp_cpp", {}).get("peak_bytes"),
+                          "by_phase": dict(by.most_common())}))
+        return 0
     mib = 1 << 20
     print(f"peak {peak / mib:.1f} MiB of tensors, reached in '{phase}' (held at the start: {start / mib:.1f} MiB)")
     by_phase = collections.Counter()

@@ -22,11 +22,12 @@ struct PlanFlags {
   std::string budget;
   std::string device;
   std::string overhead;
+  double headroom = -1;  // negative: the target's default
   bool selective_ac = false;
   bool json = false;
 };
 
-std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, int world) {
+std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, int world, bool selective) {
   char text[512];
   std::snprintf(text, sizeof(text),
                 "%s model, %lld layers, width %lld, vocabulary %lld; %d rank%s, %s; %s; micro-batch %lld x %lld "
@@ -39,19 +40,24 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
                 static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),
                 job.data.grad_accum == 1 ? "" : "s", static_cast<long long>(job.fsdp.prefetch_depth),
-                job.model.activation_checkpoint ? "on" : "off", job.model.chunk_loss ? "on" : "off");
+                selective ? "selective (op)" : job.model.activation_checkpoint ? "on" : "off",
+                job.model.chunk_loss ? "on" : "off");
   return text;
 }
 
-void print_table(const plan::Prediction& p, int64_t overhead, const std::string& overhead_source) {
+void print_table(const plan::Prediction& p, int64_t overhead, const std::string& overhead_source, double headroom,
+                 const std::string& headroom_source) {
   std::printf("per-rank memory at the peak (%s):\n", p.peak.phase.c_str());
-  for (const auto& part : p.peak.parts) {
-    std::printf("  %-42s %12s\n", part.name.c_str(), plan::format_bytes(part.bytes).c_str());
-  }
-  std::printf("  %-42s %12s\n", "tensors", plan::format_bytes(p.peak.total()).c_str());
-  std::printf("  %-42s %12s\n", ("runtime overhead (" + overhead_source + ")").c_str(),
-              plan::format_bytes(overhead).c_str());
-  std::printf("  %-42s %12s\n", "total", plan::format_bytes(p.peak.total() + overhead).c_str());
+  const auto row = [](const std::string& name, int64_t bytes) {
+    std::printf("  %-52s %12s\n", name.c_str(), plan::format_bytes(bytes).c_str());
+  };
+  for (const auto& part : p.peak.parts) row(part.name, part.bytes);
+  row("tensors", p.peak.total());
+  char margin[96];
+  std::snprintf(margin, sizeof(margin), "allocator headroom, %.0f%% (%s)", headroom * 100, headroom_source.c_str());
+  row(margin, plan::with_headroom(p.peak.total(), headroom) - p.peak.total());
+  row("runtime overhead (" + overhead_source + ")", overhead);
+  row("total", plan::with_headroom(p.peak.total(), headroom) + overhead);
 }
 
 nlohmann::json to_json(const plan::Prediction& p, int64_t overhead) {
@@ -85,6 +91,11 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
     overhead = plan::measure_runtime_overhead(job.runtime.precision == train::Precision::kBf16);
     overhead_source = "measured here";
   }
+  // Measured here: peak RSS ran up to 38% above the tensors' peak plus the
+  // overhead in bench/memory_validation.py's grid (docs/memory.md).
+  const double headroom = pf.headroom >= 0 ? pf.headroom / 100 : device != nullptr ? 0.10 : 0.40;
+  const std::string headroom_source =
+      pf.headroom >= 0 ? "--headroom" : device != nullptr ? "assumed for CUDA's allocator" : "this CPU cache's, measured";
   int64_t budget = 0;
   if (!pf.budget.empty()) budget = models::hf::parse_size(pf.budget, "--budget");
   else if (device != nullptr) budget = device->memory_bytes;
@@ -92,37 +103,39 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   if (pf.json) {
     nlohmann::json out = to_json(prediction, overhead);
     if (budget > 0) {
-      const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead);
+      const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);
       out["budget_bytes"] = budget;
-      out["fits"] = prediction.peak.total() + overhead <= budget;
+      out["fits"] = plan::with_headroom(prediction.peak.total(), headroom) + overhead <= budget;
       if (choice.best) out["chosen"] = plan::train_flags(choice.best->job);
     }
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("%s\n", job_line(shape, job, pf.world_size).c_str());
+  std::printf("%s\n", job_line(shape, job, pf.world_size, pf.selective_ac).c_str());
   if (device != nullptr) {
     std::printf("device: %s, %s; flash attention and PyTorch's composite loss assumed%s\n", device->description.c_str(),
                 plan::format_bytes(device->memory_bytes).c_str(), pf.selective_ac ? ", selective (op) checkpointing" : "");
   }
-  print_table(prediction, overhead, overhead_source);
+  print_table(prediction, overhead, overhead_source, headroom, headroom_source);
   std::printf("sharded state (parameters, gradients, AdamW): %s\n", plan::format_bytes(prediction.state_bytes).c_str());
   if (budget == 0) return 0;
 
-  const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead);
+  const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);
   std::printf("\nbudget %s: this configuration %s\n", plan::format_bytes(budget).c_str(),
-              prediction.peak.total() + overhead <= budget ? "fits" : "does not fit");
+              plan::with_headroom(prediction.peak.total(), headroom) + overhead <= budget ? "fits" : "does not fit");
   if (!choice.best) {
     throw Error("no configuration fits " + plan::format_bytes(budget) + " per rank: the smallest (" +
                 plan::train_flags(choice.smallest.job) + ") needs " + plan::format_bytes(choice.smallest.peak_bytes) +
                 "; add ranks, shorten --seq-len, or raise the budget");
   }
   const std::string launch = pf.world_size > 1 ? "fsdp launch -n " + std::to_string(pf.world_size) + " -- " : "";
-  std::printf("chosen (%s): %sfsdp train %s%s %s\n", plan::format_bytes(choice.best->peak_bytes).c_str(),
-              launch.c_str(),
-              job.model.init_from.empty() ? ("--model " + job.model.name).c_str()
-                                          : ("--init-from " + job.model.init_from).c_str(),
-              "", plan::train_flags(choice.best->job).c_str());
+  const std::string model = job.model.init_from.empty() ? "--model " + job.model.name : "--init-from " + job.model.init_from;
+  std::printf("chosen (%s): %sfsdp train %s %s\n", plan::format_bytes(choice.best->peak_bytes).c_str(), launch.c_str(),
+              model.c_str(), plan::train_flags(choice.best->job).c_str());
+  if (pf.selective_ac) {
+    std::printf("(planned with torchtitan's selective checkpointing, which fsdp train does not have: its "
+                "--activation-checkpoint recomputes whole blocks)\n");
+  }
   std::printf("the others, each at its best micro-batch:\n");
   for (const auto& c : choice.groups) {
     if (plan::train_flags(c.job) == plan::train_flags(choice.best->job)) continue;
@@ -146,6 +159,10 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "plan for a GPU by name (h100, h200, a100-80gb, ...): its memory is the budget");
   cmd->add_option("--overhead", pf->overhead,
                   "memory per rank beside the tensors (default: measured here on CPU, not counted for a GPU)");
+  cmd->add_option("--headroom", pf->headroom,
+                  "percent added to the tensors' peak for what the allocator keeps beyond them (default: 40 on CPU, "
+                  "the most measured here; 10 for a GPU)")
+      ->check(CLI::Range(0.0, 1000.0));
   cmd->add_flag("--selective-ac", pf->selective_ac,
                 "plan torchtitan's selective (op-level) activation checkpointing instead of the job's");
   cmd->add_flag("--json", pf->json, "print the prediction as JSON");

@@ -67,12 +67,12 @@ int64_t block_activations(const ModelShape& m, const Sizes& s) {
   }
   const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   // The rotation's tables need no gradient, so it keeps nothing: q and k
-  // after it are kept by the attention. Qwen3's per-head norms keep their
-  // own (in fp32 with the projections' outputs, their input).
+  // after it are kept by the attention. Qwen3's per-head norms keep the
+  // input's fp32 form (in fp32, the projection's output itself) and the
+  // normalised rows (in the compute dtype), and rsqrt's output per head
+  // and token; their output is not kept (the rotation does not need it).
   int64_t qk = N * (q + kv) * c;
-  if (m.qk_norm) {
-    qk += rms_norm_saved(N, q, s) + rms_norm_saved(N, kv, s) + (s.compute == 4 ? N * (q + kv) * 4 : 0);
-  }
+  if (m.qk_norm) qk += N * (q + kv) * (4 + c) + N * (m.heads + m.kv_heads) * 4;
   return N * C * c                // input
          + rms_norm_saved(N, C, s)  // input_layernorm
          + qk + N * kv * c          // q and k after the rotation, v
@@ -126,6 +126,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   const int S = shard_group_size(job, world);
   FSDP_CHECK(S >= 1 && world % S == 0, "fsdp plan: a shard group of ", S, " ranks does not divide ", world,
              " ranks (--fsdp-size)");
+  FSDP_CHECK(m.max_seq_len <= 0 || job.data.seq_len <= m.max_seq_len, "data.seq_len ", job.data.seq_len,
+             " exceeds the model's ", m.max_seq_len, " positions");
   FSDP_CHECK(job.fsdp.wrap_policy == "block", "fsdp plan: only --wrap-policy block is modelled");
   Sizes s;
   s.B = job.data.batch_size;
@@ -163,6 +165,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   const int64_t head_act = head_activations(m, s);
   const int64_t head_weight = m.vocab * m.hidden;
   const int64_t chunk_rows = std::min<int64_t>(1024, s.N);
+  // nn::chunked_lm_loss chunks on a CPU only; elsewhere it is lm_loss.
+  const bool chunked = job.model.chunk_loss && !target.composite_loss;
   // A unit's post-backward, at its largest: FSDP's flat gradient buffer
   // (compute dtype) beside autograd's fresh gradients being copied in (and
   // `gathered`, the unit's parameters, freed next), or beside their cast
@@ -183,6 +187,15 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
     return aliased ? 0 : root.padded * s.compute + (full_shard ? 0 : blocks * block.padded * s.compute);
   };
 
+  // With accumulation, each unit keeps its unsharded gradient (reduce
+  // dtype) between micro-steps instead of reducing it (no sync); the last
+  // micro-step, whose moments these are, holds all of them until each
+  // unit's post-backward adds it in. In place, they accumulate in the
+  // gradient buffers already counted.
+  const bool accumulates = job.data.grad_accum > 1 && !aliased;
+  const auto unsynced = [&](int64_t blocks) {
+    return accumulates ? (root.padded + blocks * block.padded) * s.reduce : int64_t{0};
+  };
   const auto moment = [&](std::string phase, std::vector<Part> parts) {
     Moment mo{std::move(phase), {{"sharded parameters", params_bytes}, {"optimizer state", optimizer_bytes}}};
     for (auto& p : parts) {
@@ -209,30 +222,40 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
     moment("forward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(held)},
             {"activations", i * kept_per_block + act_block},
-            {"gradients", aliased ? sharded_grads(i + 1, true) : 0}});
+            {"gradients", aliased ? sharded_grads(i + 1, true) : 0},
+            {"gradients kept between micro-steps", unsynced(L)}});
   }
   // The loss: logits kept (or one chunk at a time), then its backward.
   const int64_t blocks_kept = L * kept_per_block + head_act;
   const int64_t gathered_after_forward = gathered_root + (full_shard ? 0 : gathered_blocks(L));
   const int64_t grads_after_forward = aliased ? sharded_grads(L, true) : 0;
-  // Composite (GPU): bf16 logits, their fp32 copy, the kept log-softmax.
+  // Composite (GPU): bf16 logits, their fp32 copy and the log-softmax
+  // while the loss runs; the log-softmax alone is kept for backward.
   const int64_t logits_row = target.composite_loss ? m.vocab * (s.logits + 4 + 4) : m.vocab * s.logits;
-  const int64_t logits = job.model.chunk_loss ? chunk_rows * logits_row : s.N * logits_row;
+  const int64_t logits = chunked ? chunk_rows * logits_row : s.N * logits_row;
   moment("loss", {{"gathered units", gathered_after_forward},
                   {"activations", blocks_kept},
                   {"logits and loss", logits},
                   {"unsharded gradients and reduce-scatter", kept_grad_buffers(L)},
-                  {"gradients", grads_after_forward}});
+                  {"gradients", grads_after_forward},
+                  {"gradients kept between micro-steps", unsynced(L)}});
   // Loss backward: the hidden rows' gradient and the head's (vocab x C);
   // chunked, also an fp32 sum of the head's gradient and a chunk's logits.
   int64_t loss_backward = s.N * m.hidden * s.compute + head_weight * s.compute;
-  if (job.model.chunk_loss) loss_backward += head_weight * 4 + chunk_rows * m.vocab * s.logits;
-  else loss_backward += logits;
+  if (chunked) {
+    loss_backward += head_weight * 4 + chunk_rows * m.vocab * s.logits;
+  } else if (target.composite_loss) {
+    // The kept log-softmax, its gradient and the logits' gradient (fp32).
+    loss_backward += s.N * m.vocab * (4 + 4 + 4);
+  } else {
+    loss_backward += logits;  // the fused kernel left the gradient in the logits' buffer
+  }
   moment("loss backward", {{"gathered units", gathered_after_forward},
                            {"activations", blocks_kept},
                            {"logits and loss", loss_backward},
                            {"unsharded gradients and reduce-scatter", kept_grad_buffers(L)},
-                           {"gradients", grads_after_forward}});
+                           {"gradients", grads_after_forward},
+                           {"gradients kept between micro-steps", unsynced(L)}});
   // Backward, last block first: its activations (recomputed under
   // checkpointing), its gradients, the head's gradient held by the root
   // until the root's turn, and the reduced gradients of the blocks done.
@@ -243,7 +266,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
            {{"gathered units", gathered_root + gathered_blocks(held)},
             {"activations", i * kept_per_block + act_block + block_backward_transient(m, s)},
             {"unsharded gradients and reduce-scatter", reduction(block, 0) + root_grads + kept_grad_buffers(i)},
-            {"gradients", aliased ? grads_after_forward : sharded_grads(L - 1 - i, false)}});
+            {"gradients", aliased ? grads_after_forward : sharded_grads(L - 1 - i, false)},
+            {"gradients kept between micro-steps", unsynced(i + 1)}});
   }
   // The root's, its own gathered parameters and its fresh gradients (the
   // head's and the embedding's) inside.

@@ -35,6 +35,10 @@ std::vector<int64_t> divisors(int64_t n) {
 
 }  // namespace
 
+int64_t with_headroom(int64_t tensor_bytes, double headroom) {
+  return tensor_bytes + static_cast<int64_t>(static_cast<double>(tensor_bytes) * headroom);
+}
+
 std::string format_bytes(int64_t bytes) {
   char text[32];
   const double b = static_cast<double>(bytes);
@@ -47,7 +51,7 @@ std::string format_bytes(int64_t bytes) {
 }
 
 Choice choose(const ModelShape& model, const train::TrainConfig& job, int world, const Target& target,
-              int64_t budget_bytes, int64_t overhead_bytes) {
+              int64_t budget_bytes, int64_t overhead_bytes, double headroom) {
   std::vector<std::pair<train::Sharding, int64_t>> meshes = {{train::Sharding::kFullShard, 0}};
   if (world > 1) {
     meshes.push_back({train::Sharding::kShardGradOp, 0});
@@ -66,8 +70,11 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
   Choice choice;
   std::vector<std::vector<Candidate>> groups;
   for (const auto& [sharding, fsdp_size] : meshes) {
-    for (bool ac : {false, true}) {
-      for (bool chunk : {false, true}) {
+    // Under torchtitan's selective checkpointing (Target) the job's own
+    // setting is not used: one value suffices.
+    for (bool ac : target.selective_checkpointing ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
+      // The chunked loss is the CPU kernel's; elsewhere lm_loss runs.
+      for (bool chunk : target.composite_loss ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
         std::vector<Candidate> group;
         for (int64_t depth : depths) {
           for (int64_t micro : divisors(sequences)) {
@@ -79,7 +86,7 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
             c.job.model.chunk_loss = chunk;
             c.job.data.batch_size = micro;
             c.job.data.grad_accum = sequences / micro;
-            c.peak_bytes = predict(model, c.job, world, target).peak.total() + overhead_bytes;
+            c.peak_bytes = with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
             c.fits = c.peak_bytes <= budget_bytes;
             if (choice.smallest.peak_bytes == 0 || c.peak_bytes < choice.smallest.peak_bytes) choice.smallest = c;
             group.push_back(std::move(c));

@@ -40,7 +40,7 @@ struct Target {
   bool flash_attention = false;
   // The loss as PyTorch's composite runs it (a GPU): bf16 logits, their
   // fp32 copy and the kept log-softmax, instead of the fused CPU kernel's
-  // one buffer.
+  // one buffer. The chunked loss is the CPU kernel's: off here.
   bool composite_loss = false;
   // torchtitan's selective (op-level) activation checkpointing instead of
   // the job's: each block keeps its input, every other matmul's output and

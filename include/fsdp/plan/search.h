@@ -17,7 +17,7 @@ namespace fsdp::plan {
 
 struct Candidate {
   train::TrainConfig job;
-  int64_t peak_bytes = 0;  // tensors at the peak plus the runtime overhead
+  int64_t peak_bytes = 0;  // tensors at the peak with the headroom, plus the runtime overhead
   bool fits = false;
 };
 
@@ -30,8 +30,14 @@ struct Choice {
   Candidate smallest;  // the least memory of all
 };
 
+// A candidate fits when its tensors' peak times (1 + headroom), plus the
+// overhead, is within the budget: the headroom stands for what an allocator
+// keeps beyond live tensors (this project's CPU block cache, CUDA's
+// reserved-over-allocated).
 Choice choose(const ModelShape& model, const train::TrainConfig& job, int world, const Target& target,
-              int64_t budget_bytes, int64_t overhead_bytes);
+              int64_t budget_bytes, int64_t overhead_bytes, double headroom);
+
+int64_t with_headroom(int64_t tensor_bytes, double headroom);
 
 // Why `other` ranks below `best` (both fit), or by how much it is over
 // the budget: one phrase.
