@@ -178,7 +178,7 @@ def main():
         json.dump({"cpu": model_name, "rows": rows}, f, indent=2)
     lines = [f"CPU: {model_name}. Tokens: 4 x 256 per rank per micro-step. Rank 0.", "",
              "| configuration | tensors predicted MiB | tensors measured MiB | error | predicted peak at | "
-             "total predicted MiB | peak RSS MiB | error |",
+             "tensors + overhead MiB | peak RSS MiB | difference |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['predicted_tensor_mib']:.1f} | {r['measured_tensor_mib']:.1f} | "

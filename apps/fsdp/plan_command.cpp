@@ -6,13 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "train_flags.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/plan/devices.h"
 #include "fsdp/plan/model_shape.h"
 #include "fsdp/plan/runtime_overhead.h"
 #include "fsdp/plan/search.h"
+#include "train_flags.h"
 
 namespace fsdp::cli {
 namespace {
@@ -40,7 +40,9 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
                 static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),
                 job.data.grad_accum == 1 ? "" : "s", static_cast<long long>(job.fsdp.prefetch_depth),
-                selective ? "selective (op)" : job.model.activation_checkpoint ? "on" : "off",
+                selective                         ? "selective (op)"
+                : job.model.activation_checkpoint ? "on"
+                                                  : "off",
                 job.model.chunk_loss ? "on" : "off");
   return text;
 }
@@ -65,8 +67,9 @@ nlohmann::json to_json(const plan::Prediction& p, int64_t overhead) {
   for (const auto& part : p.peak.parts) parts[part.name] = part.bytes;
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& m : p.timeline) timeline.push_back({{"phase", m.phase}, {"bytes", m.total()}});
-  return {{"peak_phase", p.peak.phase},   {"tensor_peak_bytes", p.peak.total()}, {"overhead_bytes", overhead},
-          {"peak_bytes", p.peak.total() + overhead}, {"state_bytes", p.state_bytes}, {"parts", parts},
+  return {{"peak_phase", p.peak.phase},   {"tensor_peak_bytes", p.peak.total()},
+          {"overhead_bytes", overhead},   {"peak_bytes", p.peak.total() + overhead},
+          {"state_bytes", p.state_bytes}, {"parts", parts},
           {"timeline", timeline}};
 }
 
@@ -94,11 +97,14 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   // Measured here: peak RSS ran up to 38% above the tensors' peak plus the
   // overhead in bench/memory_validation.py's grid (docs/memory.md).
   const double headroom = pf.headroom >= 0 ? pf.headroom / 100 : device != nullptr ? 0.10 : 0.40;
-  const std::string headroom_source =
-      pf.headroom >= 0 ? "--headroom" : device != nullptr ? "assumed for CUDA's allocator" : "this CPU cache's, measured";
+  const std::string headroom_source = pf.headroom >= 0    ? "--headroom"
+                                      : device != nullptr ? "assumed for CUDA's allocator"
+                                                          : "this CPU cache's, measured";
   int64_t budget = 0;
-  if (!pf.budget.empty()) budget = models::hf::parse_size(pf.budget, "--budget");
-  else if (device != nullptr) budget = device->memory_bytes;
+  if (!pf.budget.empty())
+    budget = models::hf::parse_size(pf.budget, "--budget");
+  else if (device != nullptr)
+    budget = device->memory_bytes;
 
   if (pf.json) {
     nlohmann::json out = to_json(prediction, overhead);
@@ -114,9 +120,11 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   std::printf("%s\n", job_line(shape, job, pf.world_size, pf.selective_ac).c_str());
   if (device != nullptr) {
     std::printf("device: %s, %s; flash attention and PyTorch's composite loss assumed%s\n", device->description.c_str(),
-                plan::format_bytes(device->memory_bytes).c_str(), pf.selective_ac ? ", selective (op) checkpointing" : "");
+                plan::format_bytes(device->memory_bytes).c_str(),
+                pf.selective_ac ? ", selective (op) checkpointing" : "");
   }
   print_table(prediction, overhead, overhead_source, headroom, headroom_source);
+  if (job.model.dropout > 0) std::printf("note: dropout's masks (--dropout) are not counted\n");
   std::printf("sharded state (parameters, gradients, AdamW): %s\n", plan::format_bytes(prediction.state_bytes).c_str());
   if (budget == 0) return 0;
 
@@ -129,12 +137,14 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
                 "; add ranks, shorten --seq-len, or raise the budget");
   }
   const std::string launch = pf.world_size > 1 ? "fsdp launch -n " + std::to_string(pf.world_size) + " -- " : "";
-  const std::string model = job.model.init_from.empty() ? "--model " + job.model.name : "--init-from " + job.model.init_from;
+  const std::string model =
+      job.model.init_from.empty() ? "--model " + job.model.name : "--init-from " + job.model.init_from;
   std::printf("chosen (%s): %sfsdp train %s %s\n", plan::format_bytes(choice.best->peak_bytes).c_str(), launch.c_str(),
               model.c_str(), plan::train_flags(choice.best->job).c_str());
   if (pf.selective_ac) {
-    std::printf("(planned with torchtitan's selective checkpointing, which fsdp train does not have: its "
-                "--activation-checkpoint recomputes whole blocks)\n");
+    std::printf(
+        "(planned with torchtitan's selective checkpointing, which fsdp train does not have: its "
+        "--activation-checkpoint recomputes whole blocks)\n");
   }
   std::printf("the others, each at its best micro-batch:\n");
   for (const auto& c : choice.groups) {

@@ -32,8 +32,8 @@ const Device& find_device(const std::string& name) {
     if (d.name == name) return d;
     names.push_back(d.name);
   }
-  throw Error("--device '" + name + "' is not known" + did_you_mean(name, names) + "; known devices: " +
-              join_words(names));
+  throw Error("--device '" + name + "' is not known" + did_you_mean(name, names) +
+              "; known devices: " + join_words(names));
 }
 
 }  // namespace fsdp::plan

@@ -73,7 +73,7 @@ int64_t block_activations(const ModelShape& m, const Sizes& s) {
   // and token; their output is not kept (the rotation does not need it).
   int64_t qk = N * (q + kv) * c;
   if (m.qk_norm) qk += N * (q + kv) * (4 + c) + N * (m.heads + m.kv_heads) * 4;
-  return N * C * c                // input
+  return N * C * c                  // input
          + rms_norm_saved(N, C, s)  // input_layernorm
          + qk + N * kv * c          // q and k after the rotation, v
          + probs + N * q * c        // attention probabilities and output
@@ -113,9 +113,12 @@ int64_t Moment::total() const {
 
 int shard_group_size(const train::TrainConfig& job, int world) {
   switch (job.fsdp.sharding) {
-    case train::Sharding::kNoShard: return 1;
-    case train::Sharding::kHybridShard: return static_cast<int>(job.fsdp.fsdp_size);
-    default: return world;
+    case train::Sharding::kNoShard:
+      return 1;
+    case train::Sharding::kHybridShard:
+      return static_cast<int>(job.fsdp.fsdp_size);
+    default:
+      return world;
   }
 }
 
@@ -138,8 +141,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   if (bf16) s.compute = s.logits = 2;
   s.flash = target.flash_attention;
   const bool aliased = S == 1 && !bf16;  // the shard is the unit: no gathered copy
-  const bool full_shard = job.fsdp.sharding == train::Sharding::kFullShard ||
-                          job.fsdp.sharding == train::Sharding::kHybridShard;
+  const bool full_shard =
+      job.fsdp.sharding == train::Sharding::kFullShard || job.fsdp.sharding == train::Sharding::kHybridShard;
   const int64_t depth = job.fsdp.prefetch_depth;
 
   const auto unit = [&](std::string name, int64_t params) {
@@ -219,11 +222,10 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   // shard_grad_op), activations of blocks before it kept.
   for (int64_t i = 0; i < L; ++i) {
     const int64_t held = full_shard ? 1 + std::min(depth, L - 1 - i) : i + 1 + std::min(depth, L - 1 - i);
-    moment("forward block " + std::to_string(i),
-           {{"gathered units", gathered_root + gathered_blocks(held)},
-            {"activations", i * kept_per_block + act_block},
-            {"gradients", aliased ? sharded_grads(i + 1, true) : 0},
-            {"gradients kept between micro-steps", unsynced(L)}});
+    moment("forward block " + std::to_string(i), {{"gathered units", gathered_root + gathered_blocks(held)},
+                                                  {"activations", i * kept_per_block + act_block},
+                                                  {"gradients", aliased ? sharded_grads(i + 1, true) : 0},
+                                                  {"gradients kept between micro-steps", unsynced(L)}});
   }
   // The loss: logits kept (or one chunk at a time), then its backward.
   const int64_t blocks_kept = L * kept_per_block + head_act;

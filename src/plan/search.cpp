@@ -11,10 +11,14 @@ namespace {
 // units gathered through backward saves their second all-gather.
 int communication_rank(train::Sharding s) {
   switch (s) {
-    case train::Sharding::kNoShard: return 0;
-    case train::Sharding::kShardGradOp: return 1;
-    case train::Sharding::kHybridShard: return 2;
-    default: return 3;
+    case train::Sharding::kNoShard:
+      return 0;
+    case train::Sharding::kShardGradOp:
+      return 1;
+    case train::Sharding::kHybridShard:
+      return 2;
+    default:
+      return 3;
   }
 }
 
@@ -125,9 +129,8 @@ std::string train_flags(const train::TrainConfig& job) {
   std::string flags = "--sharding " + train::name_of(job.fsdp.sharding);
   if (job.fsdp.sharding == train::Sharding::kHybridShard) flags += " --fsdp-size " + std::to_string(job.fsdp.fsdp_size);
   flags += " --batch-size " + std::to_string(job.data.batch_size) + " --grad-accum " +
-           std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) +
-           " --precision " + train::name_of(job.runtime.precision) + " --prefetch-depth " +
-           std::to_string(job.fsdp.prefetch_depth);
+           std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) + " --precision " +
+           train::name_of(job.runtime.precision) + " --prefetch-depth " + std::to_string(job.fsdp.prefetch_depth);
   if (job.model.activation_checkpoint) flags += " --activation-checkpoint";
   if (job.model.chunk_loss) flags += " --chunk-loss";
   return flags;

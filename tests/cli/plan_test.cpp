@@ -37,8 +37,8 @@ nlohmann::json plan_json(const std::string& flags) {
 nlohmann::json train_metrics(const std::string& name, const std::string& flags, int world = 1,
                              const std::string& extra = "") {
   const std::string dir = temp_dir(name);
-  const std::string train = kCli + " train " + flags + " --steps 3 --log-every 1 --tensorboard=false --out-dir " +
-                            dir + "/run " + extra;
+  const std::string train =
+      kCli + " train " + flags + " --steps 3 --log-every 1 --tensorboard=false --out-dir " + dir + "/run " + extra;
   const auto r = run_command(world == 1 ? "OMP_NUM_THREADS=1 " + train
                                         : kCli + " launch -n " + std::to_string(world) + " -- " + train);
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -70,8 +70,9 @@ TEST_P(PlanAgainstAccounting, TensorPeakWithinTenPercentAndShardedStateExactly) 
       << measured_mib << " MiB";
   // Gradients are dropped after each step (zero_grad to None): what stays
   // is the shards and AdamW's two moments.
-  const double state = (predicted["parts"]["sharded parameters"].get<double>() +
-                        predicted["parts"]["optimizer state"].get<double>()) / kMiB;
+  const double state =
+      (predicted["parts"]["sharded parameters"].get<double>() + predicted["parts"]["optimizer state"].get<double>()) /
+      kMiB;
   EXPECT_NEAR(state, measured["sharded_state_mb"].get<double>(), 0.01) << c.name;
 }
 
@@ -97,11 +98,12 @@ TEST(MemorySnapshot, RecordedPeakEqualsTheAccountingPeak) {
   const std::string dir = temp_dir("snapshot");
   const auto r = run_command("OMP_NUM_THREADS=1 " + kCli +
                              " train --model llama-tiny --seq-len 64 --batch-size 4 --steps 3 --log-every 1 "
-                             "--tensorboard=false --memory-snapshot 3 --out-dir " + dir + "/run");
+                             "--tensorboard=false --memory-snapshot 3 --out-dir " +
+                             dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "memory snapshot of steps 1 to 3: " + dir + "/run/memory/rank0.pickle")) << r.output;
-  const auto replay = run_command("python3 " FSDP_SOURCE_DIR "/tools/memory_peak.py --json " + dir +
-                                  "/run/memory/rank0.pickle");
+  const auto replay =
+      run_command("python3 " FSDP_SOURCE_DIR "/tools/memory_peak.py --json " + dir + "/run/memory/rank0.pickle");
   ASSERT_EQ(replay.exit_code, 0) << replay.output;
   const auto peak = nlohmann::json::parse(replay.output);
   const auto metrics = read_metrics(dir + "/run/metrics.jsonl").back();
@@ -112,9 +114,10 @@ TEST(MemorySnapshot, RecordedPeakEqualsTheAccountingPeak) {
   for (const char* phase : {"forward model.layers.0", "backward model.layers.1", "optimizer", "loss"}) {
     bool seen = false;
     for (const auto& [name, bytes] : peak["by_phase"].items()) seen = seen || name == phase;
-    const auto all = run_command("python3 -c \"import pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); "
-                                 "print(sorted({e['frames'][0]['name'] for e in s['device_traces'][0]}))\" " +
-                                 dir + "/run/memory/rank0.pickle");
+    const auto all = run_command(
+        "python3 -c \"import pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); "
+        "print(sorted({e['frames'][0]['name'] for e in s['device_traces'][0]}))\" " +
+        dir + "/run/memory/rank0.pickle");
     EXPECT_TRUE(contains(all.output, std::string("'") + phase + "'")) << phase << ": " << all.output;
   }
 }
@@ -125,8 +128,8 @@ TEST(PlanBudget, TheChosenConfigurationFitsWhenRun) {
   const std::string job = "--model gpt2-tiny --seq-len 64 --batch-size 16";
   const auto asked = plan_json(job);
   const auto smaller = plan_json(job + " --activation-checkpoint --chunk-loss --batch-size 2 --grad-accum 8");
-  const auto budget = static_cast<int64_t>(
-      (asked["tensor_peak_bytes"].get<double>() + smaller["tensor_peak_bytes"].get<double>()) / 2);
+  const auto budget =
+      static_cast<int64_t>((asked["tensor_peak_bytes"].get<double>() + smaller["tensor_peak_bytes"].get<double>()) / 2);
   const auto r = run_command(kCli + " plan " + job + " --headroom 0 --overhead 0 --budget " + std::to_string(budget));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "this configuration does not fit")) << r.output;
@@ -172,7 +175,8 @@ TEST(PlanErrors, ModelsWithoutFormulasAndBadSizesAreRefusedByName) {
 }
 
 TEST(PlanDevice, AGpuPlanUsesItsMemoryAsTheBudget) {
-  const auto r = run_command(kCli + " plan --model llama3-8b --world-size 8 --batch-size 1 --seq-len 4096 "
+  const auto r = run_command(kCli +
+                             " plan --model llama3-8b --world-size 8 --batch-size 1 --seq-len 4096 "
                              "--precision bf16 --activation-checkpoint --device h100");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "NVIDIA H100 SXM 80GB")) << r.output;

@@ -30,8 +30,9 @@ TEST(PickleWriter, WritesProtocolTwoOpcodesByHand) {
   w.end_dict();
   // PROTO 2, EMPTY_DICT MARK, BINUNICODE "a", EMPTY_LIST MARK, BININT1 7,
   // BININT2 300, BININT -2, LONG1 8 bytes 2^40, NEWTRUE, APPENDS, SETITEMS, STOP.
-  const std::string expected = bytes({0x80, 2, '}', '(', 'X', 1, 0, 0, 0, 'a', ']', '(', 'K', 7, 'M', 0x2c, 1, 'J',
-                                      0xfe, 0xff, 0xff, 0xff, 0x8a, 8, 0, 0, 0, 0, 0, 1, 0, 0, 0x88, 'e', 'u', '.'});
+  const std::string expected =
+      bytes({0x80, 2,    '}',  '(',  'X',  1, 0, 0, 0, 'a', ']', '(', 'K', 7, 'M',  0x2c, 1,   'J',
+             0xfe, 0xff, 0xff, 0xff, 0x8a, 8, 0, 0, 0, 0,   0,   1,   0,   0, 0x88, 'e',  'u', '.'});
   EXPECT_EQ(w.finish(), expected);
 }
 

@@ -16,7 +16,7 @@ namespace fsdp::memory {
 struct AllocationEvent {
   int64_t time_us = 0;  // since the recording started
   uint64_t addr = 0;
-  int64_t size = 0;  // bytes; negative for a free
+  int64_t size = 0;   // bytes; negative for a free
   int32_t phase = 0;  // index into Recording::phases
 };
 

@@ -13,7 +13,7 @@ struct Device {
   std::string name;         // as --device spells it
   std::string description;  // the product
   int64_t memory_bytes = 0;
-  double bf16_tflops = 0;   // dense, without sparsity
+  double bf16_tflops = 0;  // dense, without sparsity
 };
 
 const std::vector<Device>& known_devices();

@@ -17,13 +17,13 @@ namespace fsdp::plan {
 // What the prediction needs of a model: read from a built (deferred) model
 // by model_shape.h, or written by hand in tests.
 struct ModelShape {
-  std::string family;      // gpt2, llama, qwen3 (the families with activation formulas)
+  std::string family;  // gpt2, llama, qwen3 (the families with activation formulas)
   int64_t layers = 0;
-  int64_t hidden = 0;      // C
+  int64_t hidden = 0;  // C
   int64_t heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t ffn = 0;         // the MLP's inner width (GPT-2: 4C)
+  int64_t ffn = 0;  // the MLP's inner width (GPT-2: 4C)
   int64_t vocab = 0;
   int64_t max_seq_len = 0;
   int64_t block_params = 0;  // parameters of one block (every block alike)
@@ -61,9 +61,9 @@ struct Moment {
 };
 
 struct Prediction {
-  Moment peak;                    // the largest moment
-  std::vector<Moment> timeline;   // every moment walked, in order
-  int64_t state_bytes = 0;        // sharded parameters + gradients + optimizer state
+  Moment peak;                   // the largest moment
+  std::vector<Moment> timeline;  // every moment walked, in order
+  int64_t state_bytes = 0;       // sharded parameters + gradients + optimizer state
 };
 
 // `world` ranks run `job` (its model, data, fsdp and runtime sections).
