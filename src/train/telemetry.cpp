@@ -106,14 +106,22 @@ void RunLog::finish() {
   std::fflush(stdout);
 }
 
-int64_t peak_rss_bytes() {
+namespace {
+
+// A "Name:  N kB" line of /proc/self/status, in bytes; 0 if absent.
+int64_t status_bytes(const std::string& name) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(name, 0) == 0) return std::stoll(line.substr(name.size())) * 1024;
   }
   return 0;
 }
+
+}  // namespace
+
+int64_t peak_rss_bytes() { return status_bytes("VmHWM:"); }
+int64_t rss_bytes() { return status_bytes("VmRSS:"); }
 
 double measured_cpu_peak_flops(at::ScalarType dtype) {
   static std::mutex mutex;

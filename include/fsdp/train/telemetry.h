@@ -67,6 +67,8 @@ class RunLog {
 
 // Peak resident memory of this process (VmHWM), in bytes.
 int64_t peak_rss_bytes();
+// Resident memory now.
+int64_t rss_bytes();
 
 // The matmul rate this process reaches with its threads (FLOP/s) in
 // `dtype` (the run's compute dtype: bf16 matmuls can run faster than fp32
