@@ -92,7 +92,7 @@ def phase_maxima(snapshot_path, step_start_us):
     """{plan moment: most bytes held during its phases} from a recording, after step_start_us."""
     with open(snapshot_path, "rb") as f:
         snapshot = pickle.load(f)
-    trace = snapshot["device_traces"][0]
+    trace = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
     live = sum(seg["total_size"] for seg in snapshot["segments"])
     live -= sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
     maxima = {}
@@ -162,7 +162,7 @@ def main():
                 "measured_tensor_mib": got["allocated_peak_mb"],
                 "predicted_phase": plan["peak_phase"],
                 "overhead_mib": plan["overhead_bytes"] / MIB,
-                "predicted_total_mib": plan["peak_bytes"] / MIB,
+                "predicted_total_mib": plan["tensors_plus_overhead_bytes"] / MIB,
                 "peak_rss_mib": got["peak_rss_mb"],
             }
             row["tensor_error"] = row["predicted_tensor_mib"] / row["measured_tensor_mib"] - 1

@@ -15,7 +15,8 @@ import sys
 
 def replay(snapshot):
     """(bytes at the peak, {addr: (size, phase)} live then, peak event's phase, bytes at start)."""
-    trace = snapshot["device_traces"][0]
+    # alloc and free_completed are the blocks; segment_* mirror them.
+    trace = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
     live = {}
     for seg in snapshot["segments"]:
         for block in seg["blocks"]:

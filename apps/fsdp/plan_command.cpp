@@ -2,6 +2,7 @@
 // with --budget (or --device) the configuration that fits.
 
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,7 @@ struct PlanFlags {
   bool json = false;
 };
 
-std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, int world, bool selective) {
+std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, int world, bool selective, bool gpu) {
   char text[512];
   std::snprintf(text, sizeof(text),
                 "%s model, %lld layers, width %lld, vocabulary %lld; %d rank%s, %s; %s; micro-batch %lld x %lld "
@@ -43,7 +44,9 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 selective                         ? "selective (op)"
                 : job.model.activation_checkpoint ? "on"
                                                   : "off",
-                job.model.chunk_loss ? "on" : "off");
+                gpu                    ? "off (a CPU kernel)"
+                : job.model.chunk_loss ? "on"
+                                       : "off");
   return text;
 }
 
@@ -62,14 +65,21 @@ void print_table(const plan::Prediction& p, int64_t overhead, const std::string&
   row("total", plan::with_headroom(p.peak.total(), headroom) + overhead);
 }
 
-nlohmann::json to_json(const plan::Prediction& p, int64_t overhead) {
+nlohmann::json to_json(const plan::Prediction& p, int64_t overhead, double headroom) {
   nlohmann::json parts = nlohmann::json::object();
   for (const auto& part : p.peak.parts) parts[part.name] = part.bytes;
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& m : p.timeline) timeline.push_back({{"phase", m.phase}, {"bytes", m.total()}});
-  return {{"peak_phase", p.peak.phase},   {"tensor_peak_bytes", p.peak.total()},
-          {"overhead_bytes", overhead},   {"peak_bytes", p.peak.total() + overhead},
-          {"state_bytes", p.state_bytes}, {"parts", parts},
+  return {{"block_activation_bytes", p.block_activation_bytes},
+          {"block_checkpointed_bytes", p.block_checkpointed_bytes},
+          {"peak_phase", p.peak.phase},
+          {"tensor_peak_bytes", p.peak.total()},
+          {"overhead_bytes", overhead},
+          {"tensors_plus_overhead_bytes", p.peak.total() + overhead},
+          {"headroom", headroom},
+          {"total_bytes", plan::with_headroom(p.peak.total(), headroom) + overhead},
+          {"state_bytes", p.state_bytes},
+          {"parts", parts},
           {"timeline", timeline}};
 }
 
@@ -86,7 +96,12 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   int64_t overhead = 0;
   std::string overhead_source;
   if (!pf.overhead.empty()) {
-    overhead = pf.overhead == "0" ? 0 : models::hf::parse_size(pf.overhead, "--overhead");
+    // Zero in any unit means none (parse_size takes positive sizes: the
+    // unit is checked on a 1 of it).
+    const std::string number = pf.overhead.substr(0, pf.overhead.find_first_not_of("0123456789"));
+    const bool zero = !number.empty() && number.find_first_not_of('0') == std::string::npos;
+    overhead = zero ? 0 * models::hf::parse_size("1" + pf.overhead.substr(number.size()), "--overhead")
+                    : models::hf::parse_size(pf.overhead, "--overhead");
     overhead_source = "--overhead";
   } else if (device != nullptr) {
     overhead_source = "not counted: CUDA context, NCCL";
@@ -96,31 +111,38 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   }
   // On CPU, the largest gap between peak RSS and tensors plus overhead in
   // bench/memory_validation.py's grid, as a share of the tensors, by
-  // precision (docs/memory.md): 31% in fp32, 84% in bf16, rounded up.
+  // precision (docs/memory.md): 32% in fp32, 84% in bf16, rounded up.
   const bool bf16 = job.runtime.precision == train::Precision::kBf16;
   const double cpu_headroom = bf16 ? 0.85 : 0.35;
   const double headroom = pf.headroom >= 0 ? pf.headroom / 100 : device != nullptr ? 0.10 : cpu_headroom;
-  const std::string headroom_source = pf.headroom >= 0         ? "--headroom"
-                                      : device != nullptr      ? "assumed for CUDA's allocator"
-                                                               : "the most measured here";
+  const std::string headroom_source = pf.headroom >= 0    ? "--headroom"
+                                      : device != nullptr ? "assumed for CUDA's allocator"
+                                                          : "the most measured here";
   int64_t budget = 0;
   if (!pf.budget.empty())
     budget = models::hf::parse_size(pf.budget, "--budget");
   else if (device != nullptr)
     budget = device->memory_bytes;
 
+  const auto nothing_fits = [&](const plan::Choice& choice) {
+    return Error("no configuration fits " + plan::format_bytes(budget) + " per rank: the smallest (" +
+                 plan::train_flags(choice.smallest.job) + ") needs " + plan::format_bytes(choice.smallest.peak_bytes) +
+                 "; add ranks, shorten --seq-len, or raise the budget");
+  };
   if (pf.json) {
-    nlohmann::json out = to_json(prediction, overhead);
+    nlohmann::json out = to_json(prediction, overhead, headroom);
+    std::optional<plan::Choice> choice;
     if (budget > 0) {
-      const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);
+      choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);
       out["budget_bytes"] = budget;
       out["fits"] = plan::with_headroom(prediction.peak.total(), headroom) + overhead <= budget;
-      if (choice.best) out["chosen"] = plan::train_flags(choice.best->job);
+      out["chosen"] = choice->best ? nlohmann::json(plan::train_flags(choice->best->job)) : nlohmann::json();
     }
     std::printf("%s\n", out.dump(2).c_str());
+    if (choice && !choice->best) throw nothing_fits(*choice);
     return 0;
   }
-  std::printf("%s\n", job_line(shape, job, pf.world_size, pf.selective_ac).c_str());
+  std::printf("%s\n", job_line(shape, job, pf.world_size, pf.selective_ac, device != nullptr).c_str());
   if (device != nullptr) {
     std::printf("device: %s, %s; flash attention and PyTorch's composite loss assumed%s\n", device->description.c_str(),
                 plan::format_bytes(device->memory_bytes).c_str(),
@@ -129,16 +151,17 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   print_table(prediction, overhead, overhead_source, headroom, headroom_source);
   if (job.model.dropout > 0) std::printf("note: dropout's masks (--dropout) are not counted\n");
   std::printf("sharded state (parameters, gradients, AdamW): %s\n", plan::format_bytes(prediction.state_bytes).c_str());
+  std::printf("activations per block: %s kept without checkpointing, %s with it (%s)\n",
+              plan::format_bytes(prediction.block_activation_bytes).c_str(),
+              plan::format_bytes(prediction.block_checkpointed_bytes).c_str(),
+              pf.selective_ac ? "selective: the input, every other matmul's output, the attention's"
+                              : "the input; the block being recomputed holds all of its own");
   if (budget == 0) return 0;
 
   const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);
   std::printf("\nbudget %s: this configuration %s\n", plan::format_bytes(budget).c_str(),
               plan::with_headroom(prediction.peak.total(), headroom) + overhead <= budget ? "fits" : "does not fit");
-  if (!choice.best) {
-    throw Error("no configuration fits " + plan::format_bytes(budget) + " per rank: the smallest (" +
-                plan::train_flags(choice.smallest.job) + ") needs " + plan::format_bytes(choice.smallest.peak_bytes) +
-                "; add ranks, shorten --seq-len, or raise the budget");
-  }
+  if (!choice.best) throw nothing_fits(choice);
   const std::string launch = pf.world_size > 1 ? "fsdp launch -n " + std::to_string(pf.world_size) + " -- " : "";
   const std::string model =
       job.model.init_from.empty() ? "--model " + job.model.name : "--init-from " + job.model.init_from;

@@ -51,22 +51,28 @@ void on_allocate(const void* addr, int64_t size) {
   auto& l = log();
   const auto key = reinterpret_cast<uint64_t>(addr);
   std::lock_guard<std::mutex> lock(l.mutex);
-  l.live[key] = {size, l.phase};
+  auto [it, added] = l.live.try_emplace(key, Block{size, l.phase});
+  if (!added) {
+    // Its free was never seen (it went another way): it is gone now.
+    l.bytes -= it->second.size;
+    it->second = {size, l.phase};
+  }
   l.bytes += size;
   l.peak = std::max(l.peak, l.bytes);
   if (l.recording) record(l, key, size, l.phase);
 }
 
-void on_free(const void* addr) {
+int64_t on_free(const void* addr) {
   auto& l = log();
   const auto key = reinterpret_cast<uint64_t>(addr);
   std::lock_guard<std::mutex> lock(l.mutex);
   const auto it = l.live.find(key);
-  if (it == l.live.end()) return;
+  if (it == l.live.end()) return -1;
   const int64_t size = it->second.size;
   l.live.erase(it);
   l.bytes -= size;
   if (l.recording) record(l, key, -size, l.phase);
+  return size;
 }
 
 int64_t allocated_bytes() {

@@ -163,7 +163,15 @@ std::atomic<bool> g_counting{false};
 std::atomic<bool> g_cache_general{false};
 
 void free_cpu(void* ptr) {
-  if (g_counting.load(std::memory_order_relaxed)) on_free(ptr);
+  if (g_counting.load(std::memory_order_relaxed)) {
+    // A counted block below the cache's size came from the default
+    // allocator: no need to ask the cache.
+    const int64_t size = on_free(ptr);
+    if (size >= 0 && static_cast<size_t>(size) < kCachedFrom) {
+      c10::GetDefaultCPUAllocator()->raw_deleter()(ptr);
+      return;
+    }
+  }
   if (!BlockCache::get().give_back(ptr)) c10::GetDefaultCPUAllocator()->raw_deleter()(ptr);
 }
 
@@ -210,9 +218,11 @@ class LargeBlockAllocator final : public c10::Allocator {
   const std::atomic<bool>* caches_;
 };
 
-LargeBlockAllocator flat_cpu(c10::DeviceType::CPU, nullptr);
-LargeBlockAllocator flat_cuda(c10::DeviceType::CUDA, nullptr);
-LargeBlockAllocator general_cpu(c10::DeviceType::CPU, &g_cache_general);
+// Never destroyed: c10's table of allocators, and tensors freed during
+// static destruction, may still reach them.
+LargeBlockAllocator& flat_cpu = *new LargeBlockAllocator(c10::DeviceType::CPU, nullptr);
+LargeBlockAllocator& flat_cuda = *new LargeBlockAllocator(c10::DeviceType::CUDA, nullptr);
+LargeBlockAllocator& general_cpu = *new LargeBlockAllocator(c10::DeviceType::CPU, &g_cache_general);
 
 c10::Allocator* flat_allocator(c10::DeviceType type) {
   if (type == c10::DeviceType::CPU) return &flat_cpu;

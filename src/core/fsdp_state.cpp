@@ -430,6 +430,7 @@ void FSDPState::post_backward() {
   memory::set_phase("post-backward " + name_);
   enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();
+  memory::set_phase("backward");  // what runs next belongs to no unit until one's pre-backward
 }
 
 void FSDPState::issue_unshard(FSDPState* s) const {

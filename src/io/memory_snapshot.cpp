@@ -51,10 +51,10 @@ void segment(io::PickleWriter& w, const LiveBlock& b, const std::string& phase) 
   w.end_dict();
 }
 
-void trace_entry(io::PickleWriter& w, const AllocationEvent& e, const std::string& phase) {
+void trace_entry(io::PickleWriter& w, const AllocationEvent& e, const char* action, const std::string& phase) {
   w.begin_dict();
   w.value("action");
-  w.value(e.size > 0 ? "alloc" : "free_completed");
+  w.value(action);
   w.value("addr");
   w.value(static_cast<int64_t>(e.addr));
   w.value("size");
@@ -81,7 +81,18 @@ std::string memory_snapshot_pickle(const Recording& r, int rank) {
   w.value("device_traces");
   w.begin_list();
   w.begin_list();
-  for (const auto& e : r.events) trace_entry(w, e, phase(e.phase));
+  // The CPU allocator's block is its own segment: each allocation maps one
+  // (segment_alloc, then alloc) and each free unmaps it (free_completed,
+  // then segment_free), so the viewer's segment views follow them.
+  for (const auto& e : r.events) {
+    if (e.size > 0) {
+      trace_entry(w, e, "segment_alloc", phase(e.phase));
+      trace_entry(w, e, "alloc", phase(e.phase));
+    } else {
+      trace_entry(w, e, "free_completed", phase(e.phase));
+      trace_entry(w, e, "segment_free", phase(e.phase));
+    }
+  }
   w.end_list();
   w.end_list();
   // What this file is, for readers that look: a CPU rank's recording.

@@ -20,19 +20,40 @@ PickleWriter::PickleWriter() {
   out_.push_back('\x02');
 }
 
+void PickleWriter::item() {
+  if (open_.empty()) return;
+  Open& o = open_.back();
+  ++o.items;
+  // A dict's batch ends after a value, never between a key and its value.
+  if (o.items < (o.list ? kBatch : 2 * kBatch)) return;
+  out_.push_back(o.list ? kAppends : kSetItems);
+  out_.push_back(kMark);
+  o.items = 0;
+}
+
 void PickleWriter::begin_dict() {
   out_.push_back(kEmptyDict);
   out_.push_back(kMark);
+  open_.push_back({false});
 }
 
-void PickleWriter::end_dict() { out_.push_back(kSetItems); }
+void PickleWriter::end_dict() {
+  out_.push_back(kSetItems);
+  open_.pop_back();
+  item();
+}
 
 void PickleWriter::begin_list() {
   out_.push_back(kEmptyList);
   out_.push_back(kMark);
+  open_.push_back({true});
 }
 
-void PickleWriter::end_list() { out_.push_back(kAppends); }
+void PickleWriter::end_list() {
+  out_.push_back(kAppends);
+  open_.pop_back();
+  item();
+}
 
 void PickleWriter::value(int64_t v) {
   if (v >= 0 && v < 256) {
@@ -50,6 +71,7 @@ void PickleWriter::value(int64_t v) {
     out_.push_back('\x08');
     put_le(out_, static_cast<uint64_t>(v), 8);
   }
+  item();
 }
 
 void PickleWriter::value(double v) {
@@ -57,14 +79,19 @@ void PickleWriter::value(double v) {
   std::memcpy(&bits, &v, sizeof bits);
   out_.push_back(kBinFloat);
   for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));  // big-endian
+  item();
 }
 
-void PickleWriter::value(bool v) { out_.push_back(v ? kNewTrue : kNewFalse); }
+void PickleWriter::value(bool v) {
+  out_.push_back(v ? kNewTrue : kNewFalse);
+  item();
+}
 
 void PickleWriter::value(const std::string& v) {
   out_.push_back(kBinUnicode);
   put_le(out_, v.size(), 4);
   out_ += v;
+  item();
 }
 
 std::string PickleWriter::finish() {

@@ -132,18 +132,31 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   FSDP_CHECK(m.max_seq_len <= 0 || job.data.seq_len <= m.max_seq_len, "data.seq_len ", job.data.seq_len,
              " exceeds the model's ", m.max_seq_len, " positions");
   FSDP_CHECK(job.fsdp.wrap_policy == "block", "fsdp plan: only --wrap-policy block is modelled");
+  // Every part below is a product of these sizes, or a sum of such
+  // products: bounded first, in floating point, so that no int64 overflows.
+  {
+    const long double B = job.data.batch_size, T = job.data.seq_len, N = B * T, L = m.layers, C = m.hidden, V = m.vocab,
+                      I = m.ffn, H = m.heads, D = (m.heads + m.kv_heads) * m.head_dim,
+                      P = m.root_params + L * m.block_params;
+    const long double bound =
+        64 * P + L * (B * H * T * T * 4 + N * (80 * C + 32 * I + 32 * D)) + 16 * N * V + 16 * V * C + 16 * N * C;
+    FSDP_CHECK(bound < 1e18L, "fsdp plan: this job needs more than an exabyte per rank (", m.layers, " layers, ",
+               job.data.batch_size, " x ", job.data.seq_len, " tokens): too large to plan");
+  }
   Sizes s;
   s.B = job.data.batch_size;
   s.T = job.data.seq_len;
   s.N = s.B * s.T;
   const bool bf16 = job.runtime.precision == train::Precision::kBf16;
-  FSDP_CHECK(job.runtime.precision != train::Precision::kFp16, "fsdp plan: fp16 is a CUDA precision; plan bf16");
+  FSDP_CHECK(job.runtime.precision != train::Precision::kFp16,
+             "fsdp plan: fp16 is not modelled (bf16 is: the same sizes, without the loss scaler's state)");
   if (bf16) s.compute = s.logits = 2;
   s.flash = target.flash_attention;
   const bool aliased = S == 1 && !bf16;  // the shard is the unit: no gathered copy
   const bool full_shard =
       job.fsdp.sharding == train::Sharding::kFullShard || job.fsdp.sharding == train::Sharding::kHybridShard;
-  const int64_t depth = job.fsdp.prefetch_depth;
+  // Explicit prefetch gathers exactly the next block, whatever the depth.
+  const int64_t depth = job.fsdp.explicit_prefetch ? 1 : job.fsdp.prefetch_depth;
 
   const auto unit = [&](std::string name, int64_t params) {
     Unit u{std::move(name), params, ceil_div(params, S), 0};
@@ -165,6 +178,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   const int64_t act_input = s.N * m.hidden * s.compute;
   const int64_t kept_per_block =
       target.selective_checkpointing ? selective_kept(m, s) : (job.model.activation_checkpoint ? act_input : act_block);
+  out.block_activation_bytes = act_block;
+  out.block_checkpointed_bytes = target.selective_checkpointing ? selective_kept(m, s) : act_input;
   const int64_t head_act = head_activations(m, s);
   const int64_t head_weight = m.vocab * m.hidden;
   const int64_t chunk_rows = std::min<int64_t>(1024, s.N);
@@ -222,10 +237,13 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   // shard_grad_op), activations of blocks before it kept.
   for (int64_t i = 0; i < L; ++i) {
     const int64_t held = full_shard ? 1 + std::min(depth, L - 1 - i) : i + 1 + std::min(depth, L - 1 - i);
-    moment("forward block " + std::to_string(i), {{"gathered units", gathered_root + gathered_blocks(held)},
-                                                  {"activations", i * kept_per_block + act_block},
-                                                  {"gradients", aliased ? sharded_grads(i + 1, true) : 0},
-                                                  {"gradients kept between micro-steps", unsynced(L)}});
+    // Under shard_grad_op each block done made its gradient buffer.
+    moment("forward block " + std::to_string(i),
+           {{"gathered units", gathered_root + gathered_blocks(held)},
+            {"activations", i * kept_per_block + act_block},
+            {"unsharded gradients and reduce-scatter", full_shard || aliased ? 0 : i * block.padded * s.compute},
+            {"gradients", aliased ? sharded_grads(i + 1, true) : 0},
+            {"gradients kept between micro-steps", unsynced(L)}});
   }
   // The loss: logits kept (or one chunk at a time), then its backward.
   const int64_t blocks_kept = L * kept_per_block + head_act;
@@ -274,6 +292,7 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   // The root's, its own gathered parameters and its fresh gradients (the
   // head's and the embedding's) inside.
   moment("backward root", {{"unsharded gradients and reduce-scatter", reduction(root, gathered_root)},
+                           {"gradients kept between micro-steps", unsynced(0)},
                            {"gradients", sharded_grads(L, aliased)}});
   moment("optimizer", {{"gradients", params_bytes}});
 

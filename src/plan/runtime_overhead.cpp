@@ -4,6 +4,7 @@
 
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/flat_buffer.h"
+#include "fsdp/common/runtime.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 #include "fsdp/train/telemetry.h"
@@ -11,6 +12,7 @@
 namespace fsdp::plan {
 
 int64_t measure_runtime_overhead(bool bf16) {
+  init_runtime();  // as a training process starts: its allocator, glibc's settings, its threads
   memory::count_cpu_allocations();
   auto model = models::build_preset("gpt2-tiny");
   if (bf16) model->to(torch::kBFloat16);

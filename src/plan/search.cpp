@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <tuple>
+
+#include "fsdp/common/error.h"
 
 namespace fsdp::plan {
 namespace {
@@ -40,7 +43,10 @@ std::vector<int64_t> divisors(int64_t n) {
 }  // namespace
 
 int64_t with_headroom(int64_t tensor_bytes, double headroom) {
-  return tensor_bytes + static_cast<int64_t>(static_cast<double>(tensor_bytes) * headroom);
+  // Tensors stay below 10^18 (predict's bound); the sum is kept far from
+  // int64's limit however large the headroom.
+  const long double total = static_cast<long double>(tensor_bytes) * (1 + static_cast<long double>(headroom));
+  return total < 4e18L ? static_cast<int64_t>(total) : int64_t{4'000'000'000'000'000'000};
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -90,8 +96,14 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
             c.job.model.chunk_loss = chunk;
             c.job.data.batch_size = micro;
             c.job.data.grad_accum = sequences / micro;
-            c.peak_bytes = with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
-            c.fits = c.peak_bytes <= budget_bytes;
+            try {
+              c.peak_bytes =
+                  with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
+              c.fits = c.peak_bytes <= budget_bytes;
+            } catch (const Error&) {
+              c.peak_bytes = std::numeric_limits<int64_t>::max();  // too large to plan: never fits
+              c.fits = false;
+            }
             if (choice.smallest.peak_bytes == 0 || c.peak_bytes < choice.smallest.peak_bytes) choice.smallest = c;
             group.push_back(std::move(c));
           }

@@ -224,6 +224,15 @@ TrainSummary Trainer::train() {
     // The rank's log keeps the reason the run ended, and the collectives
     // it had issued last (the flight recorder).
     log_.note(std::string("error: ") + e.what());
+    // What was recorded up to the failure is what explains it (an
+    // out-of-memory error, say): written, as far as it got.
+    if (memory::recording()) {
+      try {
+        write_memory_snapshot(-1);
+      } catch (const std::exception& write_error) {
+        log_.note(std::string("the memory snapshot could not be written: ") + write_error.what());
+      }
+    }
     log_.note("last collectives of this rank (flight recorder):\n" + dist::FlightRecorder::instance().dump(16));
     throw;
   }
@@ -254,7 +263,7 @@ TrainSummary Trainer::run() {
     profile_->step_begins(step);
     if (step == start_step_ && config_.logging.memory_snapshot > 0) memory::start_recording();
     const StepStats stats = train_step(step);
-    if (memory::recording() && (step + 1 == start_step_ + config_.logging.memory_snapshot || step + 1 == total)) {
+    if (memory::recording() && (step + 1 - start_step_ == config_.logging.memory_snapshot || step + 1 == total)) {
       write_memory_snapshot(step);
     }
     if (profile_->step_ends(step, step + 1 == total)) {
@@ -264,6 +273,7 @@ TrainSummary Trainer::run() {
     }
     after_step(step, stats);
     if (stop_requested_ && step + 1 < total) {
+      if (memory::recording()) write_memory_snapshot(step);  // the steps recorded so far
       log_.say("stopped by " + std::string(g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
                std::to_string(step + 1) +
                (checkpointer_->enabled() ? "; resume with the same --out-dir (or --ckpt-dir)"
@@ -367,6 +377,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   return stats;
 }
 
+// `step` is the last one recorded; -1: the run failed during a step.
 void Trainer::write_memory_snapshot(int64_t step) {
   const memory::Recording recording = memory::stop_recording();
   const std::string path = paths_.folder.memory_snapshot(world_->rank());
@@ -377,8 +388,9 @@ void Trainer::write_memory_snapshot(int64_t step) {
                                 : "before the first step";
   char peak[64];
   std::snprintf(peak, sizeof(peak), "%.1f MiB", static_cast<double>(recording.peak_bytes) / (1 << 20));
-  log_.say("memory snapshot of steps " + std::to_string(start_step_ + 1) + " to " + std::to_string(step + 1) + ": " +
-           path + (world_->size() > 1 ? " (one per rank beside it)" : "") + "; peak " + peak + " of tensors, in '" +
+  const std::string steps = "steps " + std::to_string(start_step_ + 1) +
+                            (step >= 0 ? " to " + std::to_string(step + 1) : " until the error");
+  log_.say("memory snapshot of " + steps + ": " + path + (world_->size() > 1 ? " (one per rank beside it)" : "") + "; peak " + peak + " of tensors, in '" +
            peak_phase + "' (python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html, or pytorch.org/memory_viz)");
 }
 

@@ -16,7 +16,7 @@ import harness
 
 
 def replayed_peak(snapshot):
-    trace = snapshot["device_traces"][0]
+    trace = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
     live = sum(seg["total_size"] for seg in snapshot["segments"])
     live -= sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
     peak = live

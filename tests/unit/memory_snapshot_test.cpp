@@ -42,6 +42,22 @@ TEST(PickleWriter, FloatsAreBigEndianDoubles) {
   EXPECT_EQ(w.finish(), bytes({0x80, 2, 'G', 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, '.'}));
 }
 
+// Long lists go out 1000 items per APPENDS, as CPython's pickler writes
+// them: ints 0..2000 (opcodes K and M, whose bytes never form "e(") make
+// two full batches and one of a single item.
+TEST(PickleWriter, AppendsLongListsInBatchesOfAThousand) {
+  io::PickleWriter w;
+  w.begin_list();
+  for (int64_t i = 0; i <= 2000; ++i) w.value(i);
+  w.end_list();
+  const std::string p = w.finish();
+  size_t batches = 0;
+  for (size_t at = p.find("e("); at != std::string::npos; at = p.find("e(", at + 1)) ++batches;
+  EXPECT_EQ(batches, 2u);
+  EXPECT_EQ(p.substr(p.size() - 5), bytes({'M', 0xd0, 0x07, 'e'}) + ".");
+  EXPECT_EQ(p.size(), 2 + 2 + 256 * 2 + 1745 * 3 + 2 * 2 + 1 + 1);
+}
+
 // The log is process-wide: each test uses addresses of its own and
 // measures differences.
 TEST(AllocationLog, CountsBytesAndThePeakAndIgnoresUnknownFrees) {

@@ -35,9 +35,11 @@ struct Recording {
   int64_t peak_event = -1;             // the event that reached it (-1: the start)
 };
 
-// Called by the allocator hook for every block it hands out or takes back.
+// Called by the allocator for every block it hands out or takes back.
+// on_free returns the block's size, or -1 for a block not counted (allocated
+// before counting began).
 void on_allocate(const void* addr, int64_t size);
-void on_free(const void* addr);
+int64_t on_free(const void* addr);
 
 // Tensor bytes held now, and at most since the last reset.
 int64_t allocated_bytes();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp::io {
 
@@ -25,7 +26,16 @@ class PickleWriter {
   std::string finish();
 
  private:
+  // Items are appended 1000 at a time, as CPython's pickler does: a reader
+  // may pass one batch's items as a function's arguments (MemoryViz.js).
+  static constexpr int kBatch = 1000;
+  struct Open {
+    bool list;
+    int items = 0;  // in the current batch (a dict's keys and values both count)
+  };
+  void item();
   std::string out_;
+  std::vector<Open> open_;
 };
 
 }  // namespace fsdp::io

@@ -64,6 +64,8 @@ struct Prediction {
   Moment peak;                   // the largest moment
   std::vector<Moment> timeline;  // every moment walked, in order
   int64_t state_bytes = 0;       // sharded parameters + gradients + optimizer state
+  int64_t block_activation_bytes = 0;    // what one block keeps for backward, without checkpointing
+  int64_t block_checkpointed_bytes = 0;  // ... and with the job's checkpointing (its input; selective: more)
 };
 
 // `world` ranks run `job` (its model, data, fsdp and runtime sections).

@@ -75,6 +75,7 @@ int64_t parse_size(const std::string& value, const std::string& flag) {
              "' is not a size (expected a number with an optional unit: 5GB, 500MB, 2GiB, 100KB)");
   const int64_t n = std::stoll(value.substr(0, digits));
   FSDP_CHECK(n > 0, flag, " must be positive (got '", value, "')");
+  FSDP_CHECK(n <= (int64_t{1} << 50) / it->second, flag, " '", value, "' is more than a pebibyte");
   return n * it->second;
 }
 
