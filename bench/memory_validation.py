@@ -104,8 +104,10 @@ def phase_maxima(snapshot_path, step_start_us):
         index = re.search(r"\.(\d+)$", phase)
         if phase.startswith("forward ") and index:
             moment = f"forward block {index.group(1)}"
-        elif phase.split(" ")[0] in ("backward", "post-backward", "recompute") and index:
+        elif phase.split(" ")[0] in ("backward", "recompute") and index:
             moment = f"backward block {index.group(1)}"
+        elif phase.startswith("post-backward ") and index:
+            moment = f"post-backward block {index.group(1)}"
         elif phase == "post-backward <root>":
             moment = "backward root"
         elif phase == "backward":

@@ -277,16 +277,26 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
                            {"gradients", grads_after_forward},
                            {"gradients kept between micro-steps", unsynced(L)}});
   // Backward, last block first: its activations (recomputed under
-  // checkpointing), its gradients, the head's gradient held by the root
-  // until the root's turn, and the reduced gradients of the blocks done.
-  const int64_t root_grads = aliased ? 0 : head_weight * s.compute;
+  // checkpointing) with the gradients it makes (its flat gradient buffer
+  // and autograd's fresh gradients), then its post-backward, its own
+  // activations gone; the reduced gradients of the blocks done. The head's
+  // gradient went into the root's buffer at the root's pre-backward,
+  // right after the loss's backward.
+  const int64_t block_grads = aliased ? 0 : block.padded * s.compute + block.params * s.compute;
   for (int64_t i = L - 1; i >= 0; --i) {
     const int64_t held = full_shard ? 1 + std::min(depth, i) : i + 1;
+    const int64_t gradients = aliased ? grads_after_forward : sharded_grads(L - 1 - i, false);
     moment("backward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(held)},
             {"activations", i * kept_per_block + act_block + block_backward_transient(m, s)},
-            {"unsharded gradients and reduce-scatter", reduction(block, 0) + root_grads + kept_grad_buffers(i)},
-            {"gradients", aliased ? grads_after_forward : sharded_grads(L - 1 - i, false)},
+            {"unsharded gradients and reduce-scatter", block_grads + kept_grad_buffers(i)},
+            {"gradients", gradients},
+            {"gradients kept between micro-steps", unsynced(i + 1)}});
+    moment("post-backward block " + std::to_string(i),
+           {{"gathered units", gathered_root + gathered_blocks(held)},
+            {"activations", i * kept_per_block},
+            {"unsharded gradients and reduce-scatter", reduction(block, 0) + kept_grad_buffers(i)},
+            {"gradients", gradients},
             {"gradients kept between micro-steps", unsynced(i + 1)}});
   }
   // The root's, its own gathered parameters and its fresh gradients (the
