@@ -156,12 +156,12 @@ class BlockCache {
   size_t used_bytes_ = 0;
 };
 
+std::atomic<bool> g_counting{false};       // count_cpu_allocations was called
+std::atomic<bool> g_cache_general{false};  // cache_large_cpu_allocations was called
+
 // One deleter for every CPU pointer this allocator hands out, small ones
 // (from LibTorch's default allocator) included: LibTorch's raw_allocate /
 // raw_deallocate need the context to be the pointer and one deleter.
-std::atomic<bool> g_counting{false};
-std::atomic<bool> g_cache_general{false};
-
 void free_cpu(void* ptr) {
   if (g_counting.load(std::memory_order_relaxed)) {
     // A counted block below the cache's size came from the default
