@@ -96,12 +96,7 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   int64_t overhead = 0;
   std::string overhead_source;
   if (!pf.overhead.empty()) {
-    // Zero in any unit means none (parse_size takes positive sizes: the
-    // unit is checked on a 1 of it).
-    const std::string number = pf.overhead.substr(0, pf.overhead.find_first_not_of("0123456789"));
-    const bool zero = !number.empty() && number.find_first_not_of('0') == std::string::npos;
-    overhead = zero ? 0 * models::hf::parse_size("1" + pf.overhead.substr(number.size()), "--overhead")
-                    : models::hf::parse_size(pf.overhead, "--overhead");
+    overhead = models::hf::parse_size(pf.overhead, "--overhead", /*allow_zero=*/true);
     overhead_source = "--overhead";
   } else if (device != nullptr) {
     overhead_source = "not counted: CUDA context, NCCL";

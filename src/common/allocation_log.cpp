@@ -93,13 +93,21 @@ void reset_allocated_peak() {
   l.peak = l.bytes;
 }
 
-void set_phase(const std::string& name) {
+int32_t phase_id(const std::string& name) {
   auto& l = log();
   std::lock_guard<std::mutex> lock(l.mutex);
   const auto [it, added] = l.phase_ids.emplace(name, static_cast<int32_t>(l.phases.size()));
   if (added) l.phases.push_back(name);
-  l.phase = it->second;
+  return it->second;
 }
+
+void set_phase(int32_t id) {
+  auto& l = log();
+  std::lock_guard<std::mutex> lock(l.mutex);
+  l.phase = id;
+}
+
+void set_phase(const std::string& name) { set_phase(phase_id(name)); }
 
 void start_recording() {
   auto& l = log();

@@ -8,10 +8,10 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include "fsdp/common/allocation_log.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/collectives.h"
-#include "fsdp/common/allocation_log.h"
 
 namespace fsdp {
 
@@ -188,6 +188,9 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   tree_ = tree;
   is_root_ = is_root;
   name_ = name.empty() ? "<root>" : name;
+  phases_ = {memory::phase_id("forward " + name_), memory::phase_id("recompute " + name_),
+             memory::phase_id("backward " + name_), memory::phase_id("post-backward " + name_),
+             memory::phase_id("forward"), memory::phase_id("backward")};
   if (group_) group_->attach(&tree_->comm, &name_);
 }
 
@@ -224,7 +227,7 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
   if (frame.in_backward) {
     // Recomputed inside backward: gathered for the backward that follows.
-    memory::set_phase("recompute " + name_);
+    memory::set_phase(phases_.recompute);
     if (group_) {
       group_->wait_for_unshard();
       if (frame.grad_enabled) group_->prepare_gradients();
@@ -239,7 +242,7 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     return frame;
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
-  memory::set_phase("forward " + name_);
+  memory::set_phase(phases_.forward);
   if (is_root_ && frame.grad_enabled) {
     // A new iteration unless an earlier forward's graph still awaits its
     // backward (two forwards, one backward); a graph that was dropped
@@ -312,7 +315,7 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
   }
   const detail::CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
-  memory::set_phase("forward");
+  memory::set_phase(phases_.between_forward);
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
   cast_outputs();
@@ -410,7 +413,7 @@ void FSDPState::pre_backward() {
     });
   }
   tree_->comm.record(FSDPEvent::Kind::kPreBackward, name_);
-  memory::set_phase("backward " + name_);
+  memory::set_phase(phases_.backward);
   enter(TrainingState::kPreBackward);
   if (group_) {
     group_->wait_for_unshard();
@@ -427,10 +430,10 @@ void FSDPState::on_inputs_grad() {
 void FSDPState::post_backward() {
   if (training_state_ == TrainingState::kPostBackward) return;  // once per backward
   tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
-  memory::set_phase("post-backward " + name_);
+  memory::set_phase(phases_.post_backward);
   enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();
-  memory::set_phase("backward");  // what runs next belongs to no unit until one's pre-backward
+  memory::set_phase(phases_.between_backward);  // no unit's until the next pre-backward
 }
 
 void FSDPState::issue_unshard(FSDPState* s) const {

@@ -156,22 +156,24 @@ TEST(PlanErrors, AnUnknownDeviceListsTheKnownOnes) {
   EXPECT_TRUE(contains(r.output, "known devices: h100, ")) << r.output;
 }
 
+// `fsdp ARGS` fails with `exit_code` (0: any failure), saying `message`.
+void expect_refused(const std::string& args, const std::string& message, int exit_code) {
+  const auto r = run_command(kCli + " " + args);
+  if (exit_code == 0) {
+    EXPECT_NE(r.exit_code, 0) << args << ": " << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, exit_code) << args << ": " << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, message)) << args << ": " << r.output;
+}
+
 TEST(PlanErrors, ModelsWithoutFormulasAndBadSizesAreRefusedByName) {
-  auto r = run_command(kCli + " plan --model qwen3-moe-tiny");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "qwen3_moe model")) << r.output;
-  r = run_command(kCli + " plan --model gpt2-tiny --budget lots");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "--budget")) << r.output;
-  r = run_command(kCli + " plan --model gpt2-tiny --sharding hybrid_shard --fsdp-size 3 --world-size 4");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "does not divide 4 ranks")) << r.output;
-  r = run_command(kCli + " plan --model gpt2-tiny --seq-len 65");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "data.seq_len 65 exceeds the model's 64 positions")) << r.output;
-  r = run_command(kCli + " train --model gpt2-tiny --memory-snapshot -1 --steps 1");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "logging.memory_snapshot is -1")) << r.output;
+  expect_refused("plan --model qwen3-moe-tiny", "qwen3_moe model", 1);
+  expect_refused("plan --model gpt2-tiny --budget lots", "--budget", 0);
+  expect_refused("plan --model gpt2-tiny --sharding hybrid_shard --fsdp-size 3 --world-size 4",
+                 "does not divide 4 ranks", 1);
+  expect_refused("plan --model gpt2-tiny --seq-len 65", "data.seq_len 65 exceeds the model's 64 positions", 1);
+  expect_refused("train --model gpt2-tiny --memory-snapshot -1 --steps 1", "logging.memory_snapshot is -1", 0);
 }
 
 TEST(PlanDevice, AGpuPlanUsesItsMemoryAsTheBudget) {

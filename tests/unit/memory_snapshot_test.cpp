@@ -63,13 +63,13 @@ TEST(PickleWriter, AppendsLongListsInBatchesOfAThousand) {
 TEST(AllocationLog, CountsBytesAndThePeakAndIgnoresUnknownFrees) {
   const int64_t before = memory::allocated_bytes();
   memory::reset_allocated_peak();
-  int a, b;
+  int a = 0, b = 0;
   memory::on_allocate(&a, 1000);
   memory::on_allocate(&b, 500);
   EXPECT_EQ(memory::allocated_bytes() - before, 1500);
   memory::on_free(&a);
   memory::on_free(&a);  // twice: the second is unknown, ignored
-  int unknown;
+  int unknown = 0;
   memory::on_free(&unknown);
   EXPECT_EQ(memory::allocated_bytes() - before, 500);
   EXPECT_EQ(memory::peak_allocated_bytes() - before, 1500);
@@ -78,7 +78,7 @@ TEST(AllocationLog, CountsBytesAndThePeakAndIgnoresUnknownFrees) {
 }
 
 TEST(AllocationLog, ARecordingHoldsEventsPhasesThePeakAndTheLiveBlocks) {
-  int held_before, x, y;
+  int held_before = 0, x = 0, y = 0;
   memory::on_allocate(&held_before, 64);
   const int64_t start = memory::allocated_bytes();
   memory::start_recording();

@@ -47,7 +47,10 @@ int64_t peak_allocated_bytes();
 void reset_allocated_peak();
 
 // The phase events are labelled with until the next call; process-wide
-// (collectives and intra-op threads allocate on other threads).
+// (collectives and intra-op threads allocate on other threads). A caller
+// that sets the same phase every step interns its name once.
+int32_t phase_id(const std::string& name);
+void set_phase(int32_t id);
 void set_phase(const std::string& name);
 
 void start_recording();

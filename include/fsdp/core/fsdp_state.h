@@ -166,6 +166,11 @@ class FSDPState {
   std::shared_ptr<FSDPTree> tree_;
   bool is_root_ = false;
   std::string name_;
+  // Allocation-log phases this unit labels its hooks with, interned once
+  // (common/allocation_log.h).
+  struct Phases {
+    int32_t forward = 0, recompute = 0, backward = 0, post_backward = 0, between_forward = 0, between_backward = 0;
+  } phases_;
   std::vector<const torch::nn::Module*> modules_;
 
   UnitCalls calls_;

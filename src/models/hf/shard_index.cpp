@@ -63,7 +63,7 @@ std::map<std::string, std::string> read_index(const std::string& path) {
   return out;
 }
 
-int64_t parse_size(const std::string& value, const std::string& flag) {
+int64_t parse_size(const std::string& value, const std::string& flag, bool allow_zero) {
   size_t digits = 0;
   while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits]))) ++digits;
   const std::string unit = value.substr(digits);
@@ -74,7 +74,7 @@ int64_t parse_size(const std::string& value, const std::string& flag) {
   FSDP_CHECK(digits > 0 && digits <= 12 && it != units.end(), flag, " '", value,
              "' is not a size (expected a number with an optional unit: 5GB, 500MB, 2GiB, 100KB)");
   const int64_t n = std::stoll(value.substr(0, digits));
-  FSDP_CHECK(n > 0, flag, " must be positive (got '", value, "')");
+  FSDP_CHECK(n > 0 || allow_zero, flag, " must be positive (got '", value, "')");
   FSDP_CHECK(n <= (int64_t{1} << 50) / it->second, flag, " '", value, "' is more than a pebibyte");
   return n * it->second;
 }

@@ -36,7 +36,7 @@ std::string index_json(const std::vector<std::string>& names, const ShardPlan& p
 std::map<std::string, std::string> read_index(const std::string& path);
 
 // "5GB" (10^9), "500MB", "2GiB" (2^30), "100KB", "12345" (bytes); throws
-// naming `flag` otherwise.
-int64_t parse_size(const std::string& value, const std::string& flag);
+// naming `flag` otherwise, and for zero unless `allow_zero`.
+int64_t parse_size(const std::string& value, const std::string& flag, bool allow_zero = false);
 
 }  // namespace fsdp::models::hf
