@@ -81,7 +81,9 @@ def main():
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     with open(args.trace) as f:
-        times = self_times(json.load(f))
+        trace = json.load(f)
+    # LibTorch 2.x writes {"traceEvents": [...], ...}; 1.13 a bare list.
+    times = self_times(trace["traceEvents"] if isinstance(trace, dict) else trace)
     columns = ("train::forward", "train::backward", "train::optimizer", "other")
     table = collections.defaultdict(float)
     per_op = collections.Counter()

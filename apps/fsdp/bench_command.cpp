@@ -1,10 +1,18 @@
 // `fsdp bench comm`: collective bandwidth across sizes, nccl-tests style.
+// `fsdp bench step`: the cost of FSDP on a step of the example transformer.
+// `fsdp bench matmul`: the GEMM rate at a training job's own shapes.
 
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "dist_flags.h"
 #include "fsdp/bench/comm_bench.h"
+#include "fsdp/bench/matmul_bench.h"
+#include "fsdp/common/runtime.h"
+#include "fsdp/plan/model_shape.h"
+#include "train_flags.h"
 #include "fsdp/bench/step_bench.h"
 
 namespace fsdp::cli {
@@ -49,6 +57,40 @@ void add_bench_command(CLI::App& app, int& exit_code) {
     step->strategy = parse_sharding_strategy(*strategy);
     const auto world = step_flags->init_world();
     bench::run_step_bench(world, *step, &std::cout);
+    exit_code = 0;
+  });
+
+  auto matmul_flags = std::make_shared<TrainFlags>();
+  auto matmul_seconds = std::make_shared<double>(0.3);
+  auto matmul_json = std::make_shared<bool>(false);
+  auto matmul_dtypes = std::make_shared<std::vector<std::string>>();
+  auto* matmul = bench->add_subcommand(
+      "matmul",
+      "time every matmul shape of a training job's step (fsdp train's flags): the sustained GEMM rate and the "
+      "step's matmul-limited time");
+  add_train_flags(matmul, *matmul_flags);
+  matmul->add_option("--seconds", *matmul_seconds, "timing per product (default 0.3)")->check(CLI::Range(0.01, 60.0));
+  matmul->add_option("--dtypes", *matmul_dtypes, "fp32, bf16 or both (default: the job's --precision)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  matmul->add_flag("--json", *matmul_json, "one JSON object per dtype");
+  matmul->callback([matmul_flags, matmul_seconds, matmul_json, matmul_dtypes, &exit_code] {
+    const train::TrainConfig job = resolve(*matmul_flags);
+    init_runtime();  // the trainer's threads and allocator
+    const auto shape = plan::model_shape(job.model);
+    const auto gemms = bench::step_gemms(shape, job.data.batch_size, job.data.seq_len,
+                                         job.model.activation_checkpoint);
+    std::vector<std::string> dtypes = *matmul_dtypes;
+    if (dtypes.empty()) dtypes.push_back(job.runtime.precision == train::Precision::kBf16 ? "bf16" : "fp32");
+    for (const auto& name : dtypes) {
+      const auto result =
+          bench::run_matmul_bench(gemms, name == "bf16" ? at::kBFloat16 : at::kFloat, *matmul_seconds);
+      if (*matmul_json) {
+        std::cout << bench::matmul_bench_json(result).dump() << "\n";
+      } else {
+        bench::print_matmul_bench(result, std::cout);
+      }
+    }
     exit_code = 0;
   });
 }

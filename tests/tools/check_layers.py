@@ -38,7 +38,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "checkpoint": ("common", "io", "dist", "core"),
     # Models and their Hugging Face adapters, including a checkpoint's export.
     "models": ("common", "io", "dist", "core", "kernels", "nn", "checkpoint"),
-    "bench": ("common", "io", "dist", "core", "optim", "nn", "data", "models"),
+    # plan: the model shapes (plan/memory_model.h) a step's matmuls are read from.
+    "bench": ("common", "io", "dist", "core", "optim", "nn", "data", "models", "plan"),
     "train": ("common", "io", "dist", "core", "optim", "nn", "data", "checkpoint", "models"),
     # Predicting a run's memory from the model's shapes (fsdp plan).
     "plan": ("common", "io", "dist", "core", "nn", "models", "train"),

@@ -38,6 +38,11 @@ const std::map<std::string, LlamaConfig>& presets() {
         {"llama3-3b", {128256, 3072, 8192, 28, 24, 8, 8192}},
         {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 8192}},
     };
+    // Llama 3.2's form (tied head, grouped keys and values) at 768 wide:
+    // wide enough that matmuls dominate a CPU step; for benchmarks.
+    LlamaConfig w768{32000, 768, 2048, 6, 12, 4, 1024};
+    w768.tie_word_embeddings = true;
+    m["llama-w768"] = w768;
     m["llama3.2-1b"] = llama32(2048, 16, 32);
     m["llama3.2-3b"] = llama32(3072, 28, 24);
     LlamaConfig l31{128256, 4096, 14336, 32, 32, 8, 131072};
@@ -62,7 +67,7 @@ bool MoEConfig::is_sparse(int64_t layer) const {
 }
 
 const std::vector<std::string>& llama_preset_names() {
-  static const std::vector<std::string> names = {"llama-tiny",  "llama-d6", "llama3-1b",   "llama3-3b",   "llama3-8b",
+  static const std::vector<std::string> names = {"llama-tiny",  "llama-d6", "llama-w768", "llama3-1b",   "llama3-3b",   "llama3-8b",
                                                  "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama2-tiny",
                                                  "llama2-7b",   "llama2-13b",  "llama2-70b"};
   return names;
