@@ -79,6 +79,32 @@ TEST(CausalAttention, Fp32MatchesTheReferenceWithGroupedQueryHeads) {
   }
 }
 
+TEST(CausalAttention, Fp32MatchesTheReferenceAcrossQueryBlocks) {
+  // Longer than one 64-row block of queries, with a ragged last block, and
+  // exactly two blocks: the skipped future and the block edges.
+  for (int64_t T : {128, 150}) {
+    const auto in = inputs(2, T, 4, 2, 16);
+    expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 5e-6);
+  }
+}
+
+TEST(CausalAttention, QueriesNeverTouchKeyBlocksAfterTheirOwn) {
+  // fp32 runs in blocks of 64 query rows. A NaN in the last value row
+  // reaches an output row only through a product that includes it: with
+  // the whole T x T square multiplied, the zero weights of the future still
+  // make 0 * NaN = NaN in every row. The rows of earlier blocks must stay
+  // finite, in forward and in q's gradient (k's takes every later query's
+  // row, and with it the NaN).
+  const int64_t T = 150, last_block = 128;
+  const auto in = inputs(1, T, 2, 2, 8);
+  auto v = in.v.to(torch::kFloat);
+  v.select(1, T - 1).fill_(std::numeric_limits<float>::quiet_NaN());
+  const auto r = run(attend, in.q, in.k, v, in.dy, torch::kFloat);
+  EXPECT_TRUE(torch::isfinite(r.y.narrow(1, 0, last_block)).all().item<bool>());
+  EXPECT_TRUE(torch::isnan(r.y.narrow(1, last_block, T - last_block)).any().item<bool>());
+  EXPECT_TRUE(torch::isfinite(r.dq.narrow(1, 0, last_block)).all().item<bool>());
+}
+
 TEST(CausalAttention, Fp32TakesStridedHeadViewsAsTheyCome) {
   // Heads as the models pass them: token-major views into wider tensors
   // (every other column of a (B, T, 2 * nh * hs) buffer) and transposed
@@ -113,9 +139,11 @@ TEST(CausalAttention, PackedProjectionMatchesTheReference) {
 
 TEST(CausalAttention, Bf16IsWithinBf16RoundingOfTheReference) {
   // bf16 keeps 8 bits: inputs, scores, weights and outputs each round once
-  // (2^-8 relative), and the products sum a few dozen of them.
-  const auto in = inputs(2, 40, 4, 2, 16);
-  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), exact(in), 3e-2);
+  // (2^-8 relative), and the products sum up to a hundred or so of them.
+  for (int64_t T : {40, 150}) {
+    const auto in = inputs(2, T, 4, 2, 16);
+    expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), exact(in), 3e-2);
+  }
 }
 
 TEST(CausalAttention, OtherDtypesTakeTheCompositePathWithTheSameLayout) {
