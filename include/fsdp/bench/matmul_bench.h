@@ -26,6 +26,9 @@ struct Gemm {
   int64_t batch = 1;
   bool transpose_a = false, transpose_b = false;
   int64_t count = 0;
+  // Also timed as C^T = op(B)^T op(A)^T into padded rows, the faster kept:
+  // the head's wide output runs at a different rate each way round.
+  bool either_way = false;
 
   double flops() const { return 2.0 * static_cast<double>(batch * m * k) * static_cast<double>(n); }
 };
@@ -38,7 +41,8 @@ std::vector<Gemm> step_gemms(const plan::ModelShape& shape, int64_t batch, int64
 
 struct GemmTiming {
   Gemm gemm;
-  double seconds = 0;  // one product, the best of several bursts
+  double seconds = 0;       // one product, the best of several bursts
+  bool transposed = false;  // either_way, and C^T was the faster
   double flops_per_s() const { return gemm.flops() / seconds; }
 };
 
@@ -46,8 +50,8 @@ struct MatmulBenchResult {
   at::ScalarType dtype = at::kFloat;
   int threads = 1;
   std::vector<GemmTiming> rows;
-  double step_flops = 0;      // sum of count x flops
-  double step_seconds = 0;    // sum of count x seconds: the matmul-limited step time
+  double step_flops = 0;                                     // sum of count x flops
+  double step_seconds = 0;                                   // sum of count x seconds: the matmul-limited step time
   double rate() const { return step_flops / step_seconds; }  // sustained FLOP/s over the step's mix
 };
 
