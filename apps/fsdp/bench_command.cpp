@@ -1,6 +1,7 @@
 // `fsdp bench comm`: collective bandwidth across sizes, nccl-tests style.
 // `fsdp bench step`: the cost of FSDP on a step of the example transformer.
 // `fsdp bench matmul`: the GEMM rate at a training job's own shapes.
+// `fsdp bench kernels`: our CPU kernels against LibTorch's operators.
 
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "commands.h"
 #include "dist_flags.h"
 #include "fsdp/bench/comm_bench.h"
+#include "fsdp/bench/kernel_bench.h"
 #include "fsdp/bench/matmul_bench.h"
 #include "fsdp/common/runtime.h"
 #include "fsdp/plan/model_shape.h"
@@ -91,6 +93,24 @@ void add_bench_command(CLI::App& app, int& exit_code) {
         bench::print_matmul_bench(result, std::cout);
       }
     }
+    exit_code = 0;
+  });
+
+  auto kernel_flags = std::make_shared<TrainFlags>();
+  auto kernel_seconds = std::make_shared<double>(1.0);
+  auto* kernels = bench->add_subcommand(
+      "kernels",
+      "time this project's attention and AdamW against LibTorch's scaled_dot_product_attention and "
+      "_fused_adamw_ at a training job's shapes (fsdp train's flags)");
+  add_train_flags(kernels, *kernel_flags);
+  kernels->add_option("--seconds", *kernel_seconds, "timing per kernel and side (default 1)")
+      ->check(CLI::Range(0.01, 60.0));
+  kernels->callback([kernel_flags, kernel_seconds, &exit_code] {
+    const train::TrainConfig job = resolve(*kernel_flags);
+    init_runtime();
+    const auto shape = plan::model_shape(job.model);
+    bench::print_kernel_bench(bench::run_kernel_bench(shape, job.data.batch_size, job.data.seq_len, *kernel_seconds),
+                              std::cout);
     exit_code = 0;
   });
 }

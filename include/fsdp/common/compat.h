@@ -75,7 +75,10 @@ constexpr bool kGlooMayHaveFlatAllGather = FSDP_TORCH_VERSION >= 200;
 // from rank order, and AdamW's first steps magnify that on gradients that
 // nearly cancel (measured: Qwen3-MoE at W = 3, 3.9e-4 from one process
 // after 5 steps). Ours sums in rank order on every version; see
-// [Note: reduce-scatter on Gloo].
+// [Note: reduce-scatter on Gloo]. It is also the faster: 9.1 ms against
+// Gloo's 20.1 ms for 16 MiB at W = 2 on LibTorch 2.13 (AMD EPYC, 2 cores,
+// one thread a rank; all_to_all_single plus a sum against
+// reduce_scatter_tensor, timed from Python).
 constexpr bool kGlooMayHaveFlatReduceScatter = false;
 
 #ifdef FSDP_WITH_CUDA
