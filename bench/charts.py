@@ -37,3 +37,24 @@ def bars(path, values, ylabel, title, spread=None):
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def grouped_bars(path, groups, series, ylabel, title, reference=None):
+    """groups: [label, ...] along x; series: {name: [value per group]};
+    reference: a value drawn as a dashed line (1.0 for ratios)."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, values, width, label=name, color=f"C{i}")
+        for x, v in zip(xs, values):
+            ax.annotate(f"{v:.2f}", (x, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    if reference is not None:
+        ax.axhline(reference, color="black", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, fontsize=9)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -192,13 +192,20 @@ def draw_charts(results, out_dir):
     except ImportError:
         print("run_benchmarks: no matplotlib (scripts/setup.sh installs python3-matplotlib); charts skipped")
         return
-    for r in results["rows"]:
-        name = f"{r['model']}_{r['case'].split()[0].replace('=', '')}_{r['case'].split()[-1]}"
-        values = [(side, s["tokens_per_s"]) for side, s in r["sides"].items()]
-        values.append(("matmul limit", r["world"] * 4 * 256 / r["matmul_limited_s"]))
-        spread = [(s["tokens_per_s_min"], s["tokens_per_s_max"]) for s in r["sides"].values()] + [(values[-1][1],) * 2]
-        charts.bars(os.path.join(out_dir, f"{name}.svg"), values, "tokens/s", f"{r['model']}, {r['case']}",
-                    spread=spread)
+    # One chart per model: fsdp.cpp's tokens/s over each peer's, and over
+    # the matmul limit's, case by case (above 1: fsdp.cpp is faster).
+    for model in dict.fromkeys(r["model"] for r in results["rows"]):
+        rows = [r for r in results["rows"] if r["model"] == model]
+        limit = "matmul-limited time over step time (1: at the limit)"
+        series = {"over PyTorch eager (FSDP2 at W=2)": [], "over torch.compile": [], limit: []}
+        for r in rows:
+            sides = list(r["sides"].values())
+            series["over PyTorch eager (FSDP2 at W=2)"].append(sides[1]["ours_over_this"])
+            series["over torch.compile"].append(sides[2]["ours_over_this"])
+            series[limit].append(r["matmul_limited_s"] / sides[0]["step_s"])
+        charts.grouped_bars(os.path.join(out_dir, f"speed_{model}.svg"), [r["case"] for r in rows], series,
+                            "fsdp.cpp tokens/s ratio", f"{model}: fsdp.cpp against PyTorch {results['torch']}, "
+                            f"{results['cpu']}", reference=1.0)
 
 
 if __name__ == "__main__":
