@@ -39,7 +39,13 @@ MODELS = {
 
 def attention(q, k, v):
     """q (B, heads, T, hs), k and v (B, kv heads, T, hs): causal attention."""
-    if k.shape[1] != q.shape[1]:
+    grouped = k.shape[1] != q.shape[1]
+    if HAS_SDPA and grouped and "enable_gqa" in F.scaled_dot_product_attention.__doc__:
+        # torch >= 2.5: grouped heads without copies (fwd+bwd of one
+        # llama-w768 layer, 2 threads: 20.4-21.1 ms against 22.6-23.1 with
+        # repeat_interleave).
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if grouped:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     if HAS_SDPA:

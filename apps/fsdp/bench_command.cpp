@@ -12,6 +12,7 @@
 #include "fsdp/bench/comm_bench.h"
 #include "fsdp/bench/kernel_bench.h"
 #include "fsdp/bench/matmul_bench.h"
+#include "fsdp/common/error.h"
 #include "fsdp/common/runtime.h"
 #include "fsdp/plan/model_shape.h"
 #include "train_flags.h"
@@ -78,6 +79,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   matmul->add_flag("--json", *matmul_json, "one JSON object per dtype");
   matmul->callback([matmul_flags, matmul_seconds, matmul_json, matmul_dtypes, &exit_code] {
     const train::TrainConfig job = resolve(*matmul_flags);
+    FSDP_CHECK(job.runtime.precision != train::Precision::kFp16,
+               "bench matmul: --precision fp16 is not timed; use --dtypes fp32,bf16");
     init_runtime();  // the trainer's threads and allocator
     const auto shape = plan::model_shape(job.model);
     const auto gemms = bench::step_gemms(shape, job.data.batch_size, job.data.seq_len,

@@ -49,7 +49,7 @@ KernelTiming time_attention(const plan::ModelShape& s, int64_t batch, int64_t se
                             q.mutable_grad() = k.mutable_grad() = v.mutable_grad() = at::Tensor();
                           },
                           seconds);
-#if FSDP_TORCH_VERSION >= 200
+#if FSDP_BENCH_HAS_ATEN_KERNELS
   t.aten_operator = "at::scaled_dot_product_attention";
   const bool gqa = s.kv_heads != s.heads;
   t.aten_s =
@@ -85,7 +85,7 @@ KernelTiming time_adamw(const plan::ModelShape& s, double seconds) {
   }
   optim::FusedAdamW ours(ours_params, options);
   t.ours_s = best_seconds([&] { ours.step(); }, seconds);
-#if FSDP_TORCH_VERSION >= 200
+#if FSDP_BENCH_HAS_ATEN_KERNELS
   t.aten_operator = "at::_fused_adamw_";
   std::vector<at::Tensor> exp_avg, exp_avg_sq, steps;
   for (const auto& p : params) {
@@ -127,8 +127,9 @@ void print_kernel_bench(const std::vector<KernelTiming>& rows, std::ostream& out
   std::snprintf(line, sizeof(line), "%-52s %10s %10s  %s\n", "kernel", "ours ms", "ATen ms", "ATen operator");
   out << line;
   for (const auto& r : rows) {
-    const std::string aten = r.aten_s < 0 ? "-" : std::to_string(r.aten_s * 1e3).substr(0, 7);
-    std::snprintf(line, sizeof(line), "%-52s %10.2f %10s  %s\n", r.kernel.c_str(), r.ours_s * 1e3, aten.c_str(),
+    char aten[32] = "-";
+    if (r.aten_s >= 0) std::snprintf(aten, sizeof(aten), "%.2f", r.aten_s * 1e3);
+    std::snprintf(line, sizeof(line), "%-52s %10.2f %10s  %s\n", r.kernel.c_str(), r.ours_s * 1e3, aten,
                   r.aten_operator.empty() ? "(none in this LibTorch)" : r.aten_operator.c_str());
     out << line;
   }

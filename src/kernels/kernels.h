@@ -50,7 +50,8 @@ double softmax_cross_entropy_row_bf16(uint16_t* row, float* scratch, int64_t n, 
 // token: columns [0, width) of `logits`, width <= kColumns, their targets
 // and their losses (width of each). 64 columns a block: on gpt2-d6's
 // logits (50257 x 1024) the kernel took 53 ms a step with 32, 40 with 64,
-// 37 with 128 (fewer, larger blocks share less well between threads).
+// 37 with 128, the last two within this machine's run-to-run spread; 64
+// leaves twice the blocks to share between threads at small batches.
 constexpr int64_t kColumns = 64;
 void softmax_cross_entropy_columns(float* logits, int64_t stride, int64_t n, int64_t width, const int64_t* targets,
                                    float grad_scale, double* losses);

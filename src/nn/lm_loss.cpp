@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/nn/logits_layout.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::nn {
@@ -127,11 +128,8 @@ struct LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy>
     double total = 0;
     at::Tensor logits;
     if (transposed_logits(hidden)) {
-      // Rows padded past a multiple of 4 KiB: the column passes read one
-      // short piece of every row, and at a 4 KiB stride all of them would
-      // fall in the same cache sets.
       const int64_t n = hidden.size(0);
-      logits = at::empty({weight.size(0), n + kernels::kColumns}, hidden.options()).narrow(1, 0, n);
+      logits = at::empty({weight.size(0), transposed_logits_stride(n)}, hidden.options()).narrow(1, 0, n);
       at::mm_out(logits, weight, hidden.t());
       total = loss_and_gradient_columns_(logits, targets, grad_scale);
     } else {

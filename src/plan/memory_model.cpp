@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "fsdp/common/error.h"
+#include "fsdp/nn/logits_layout.h"
 
 namespace fsdp::plan {
 namespace {
@@ -252,7 +253,10 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   // Composite (GPU): bf16 logits, their fp32 copy and the log-softmax
   // while the loss runs; the log-softmax alone is kept for backward.
   const int64_t logits_row = target.composite_loss ? m.vocab * (s.logits + 4 + 4) : m.vocab * s.logits;
-  const int64_t logits = chunked ? chunk_rows * logits_row : s.N * logits_row;
+  // The fused CPU kernel keeps fp32 logits transposed, in padded rows.
+  const bool transposed = !target.composite_loss && s.logits == 4;
+  const int64_t logits =
+      chunked ? chunk_rows * logits_row : (transposed ? nn::transposed_logits_stride(s.N) : s.N) * logits_row;
   moment("loss", {{"gathered units", gathered_after_forward},
                   {"activations", blocks_kept},
                   {"logits and loss", logits},

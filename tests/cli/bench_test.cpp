@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/bench/kernel_bench.h"
 #include "run_command.h"
 
 namespace fsdp::testing {
@@ -72,6 +73,9 @@ TEST(BenchErrors, UnknownDtypesAndModelsWithoutShapesAreRefused) {
   auto r = run_command(kCli + " bench matmul --model gpt2-tiny --dtypes fp16");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--dtypes"), std::string::npos) << r.output;
+  r = run_command(kCli + " bench matmul --model gpt2-tiny --precision fp16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--precision fp16 is not timed"), std::string::npos) << r.output;
   r = run_command(kCli + " bench matmul --model qwen3-moe-tiny");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("qwen3_moe model"), std::string::npos) << r.output;
@@ -87,7 +91,7 @@ TEST(BenchKernels, TimesOursBesideLibTorchsOperators) {
                           "AdamW step, fp32"}) {
     EXPECT_NE(r.output.find(row), std::string::npos) << row << " missing:\n" << r.output;
   }
-#if TORCH_VERSION_MAJOR >= 2
+#if FSDP_BENCH_HAS_ATEN_KERNELS
   EXPECT_NE(r.output.find("at::scaled_dot_product_attention"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at::_fused_adamw_"), std::string::npos) << r.output;
 #endif

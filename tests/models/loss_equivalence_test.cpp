@@ -137,6 +137,25 @@ TEST(FusedLmLoss, EqualsCrossEntropyOfTheLogitsWithIgnoredRows) {
   }
 }
 
+TEST(FusedLmLoss, Fp32ColumnBlocksWithARaggedEndAndAWhollyIgnoredBlock) {
+  // fp32 logits go transposed through blocks of 64 columns (one per row of
+  // hidden): 150 rows make two full blocks and a ragged one, and the whole
+  // second block is ignored.
+  torch::manual_seed(7);
+  HeadCase c;
+  c.hidden = (torch::randn({150, 24}) * 3).requires_grad_();
+  c.weight = (torch::randn({1000, 24}) * torch::rand({1000, 1}) * 2).requires_grad_();
+  c.targets = torch::randint(0, 1000, {150}, torch::kLong);
+  c.targets.narrow(0, 64, 64).fill_(-100);
+  const auto exact = reference({c.hidden.to(torch::kDouble), c.weight.to(torch::kDouble), c.targets});
+  const auto torch_fp32 = reference(c);
+  const auto ours = run_head(c, [](const HeadCase& m) { return nn::lm_loss(m.hidden, m.weight, m.targets); });
+  EXPECT_NEAR(ours.loss, exact.loss, 1e-6 * exact.loss);
+  EXPECT_LE(max_gap(ours.grad_hidden, exact.grad_hidden), 2 * max_gap(torch_fp32.grad_hidden, exact.grad_hidden));
+  EXPECT_LE(max_gap(ours.grad_weight, exact.grad_weight), 2 * max_gap(torch_fp32.grad_weight, exact.grad_weight));
+  EXPECT_TRUE(ours.grad_hidden.narrow(0, 64, 64).eq(0).all().item<bool>()) << "ignored rows get no gradient";
+}
+
 TEST(FusedLmLoss, InBf16TheGradientsKeepTheirDtypeAndAgreeToBf16Precision) {
   const auto c = head_case(torch::kBFloat16);
   const auto expected = reference(c);

@@ -3,13 +3,17 @@
 // operators that do the same work, at a training job's shapes, side by
 // side in one process: causal attention (forward and backward) against
 // at::scaled_dot_product_attention, FusedAdamW against at::_fused_adamw_.
-// The ATen side exists from LibTorch 2.0; on 1.13 only ours is timed.
+// The ATen side needs LibTorch 2.5 (scaled_dot_product_attention's
+// enable_gqa; the CPU _fused_adamw_ is 2.4's); before it only ours is timed.
 
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/plan/memory_model.h"
+
+#define FSDP_BENCH_HAS_ATEN_KERNELS (FSDP_TORCH_VERSION >= 205)
 
 namespace fsdp::bench {
 

@@ -62,7 +62,8 @@ struct LlamaConfig {
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };
 
-// llama-tiny (tests), llama3-1b, llama3-3b, llama3-8b (Llama 3 shapes with
+// llama-tiny (tests), llama-d6 and llama-w768 (benchmarks and memory
+// validation on a CPU; llama-w768 in Llama 3.2's form, tied), llama3-1b, llama3-3b, llama3-8b (Llama 3 shapes with
 // untied heads), llama3.2-1b, llama3.2-3b (tied, rope-scaled as published),
 // llama3.1-8b (rope-scaled); llama2-tiny, llama2-7b, llama2-13b, llama2-70b
 // (Llama 2: 32000 tokens, theta 10000, grouped key/value heads only at 70B).
