@@ -66,6 +66,12 @@ void CommContext::reduce(FSDPParamGroup& group) {
   reduce_scatter_in_flight_ = &group;
 }
 
+void CommContext::finish(const FSDPParamGroup& group) {
+  // The reduce-scatter may hand the group on to the all-reduce stage.
+  if (reduce_scatter_in_flight_ == &group) finish_reduce_scatter();
+  if (all_reduce_in_flight_ == &group) finish_all_reduce();
+}
+
 void CommContext::finish_all_reduce() {
   FSDPParamGroup* group = all_reduce_in_flight_;
   if (group == nullptr) return;

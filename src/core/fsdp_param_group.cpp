@@ -575,8 +575,9 @@ void FSDPParamGroup::assign_gradients() {
   for (auto& p : params_) {
     if (!p.requires_grad()) continue;
     at::Tensor& grad = p.param.mutable_grad();
-    p.grad_existed_before = grad.defined();
-    p.grad_existence_recorded = true;
+    // The first reduction of this backward sees the gradient from before
+    // it; a second one (a unit recomputed again) sees the first's.
+    record_grad_existence(p);
     if (grad.defined()) {
       grad.add_(reduced.narrow(0, p.local.begin_in_shard, p.local.numel));  // accumulates unless set to none
     } else {

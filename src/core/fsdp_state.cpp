@@ -57,11 +57,36 @@ namespace fsdp {
 //   (2) one pre-backward per call: a unit called twice gets two;
 //   (3) at the end of backward, a unit without parameters of its own.
 //
-// Forward recomputed inside backward (activation checkpointing) leaves the
-// state alone. The state carries weight: post-backward runs once per
-// backward because it is entered once (a unit in post_backward is skipped
-// by the end of backward), and a transition outside the table is a bug in
-// fsdp.cpp, reported with both states named. The tree's phase (TreePhase)
+//   post_backward -> pre_backward (4): a unit recomputed in backward after
+//   its post-backward ran (see [Note: a unit used again in backward]).
+//
+// A forward recomputed inside backward (activation checkpointing) enters
+// pre_backward from idle or post_backward, and stays there from
+// pre_backward. The state carries weight: post-backward runs once per
+// gathering in backward because it is entered once from pre_backward or
+// idle (a unit in post_backward is skipped by the end of backward), and a
+// transition outside the table is a bug in fsdp.cpp, reported with both
+// states named.
+
+// [Note: a unit used again in backward]
+// Activation checkpointing recomputes a unit inside backward, once per
+// checkpointed region that called it: two forwards before one backward
+// (DPO-style losses), or one unit called in two checkpointed regions, gather
+// it once per region, and the regions' backwards run one after the other.
+// Each recomputation puts its own post-backward node on its inputs; each
+// time the nodes pending for the unit have run, post-backward reduces the
+// gradients of the uses so far and reshards. A later recomputation in the
+// same backward re-enters pre_backward from post_backward (4): it first
+// finishes the unit's reduction still in flight (its buffers and, on the
+// in-place path, the gradient buffer autograd is about to add into), then
+// gathers again, and its gradients get a post-backward and a reduction of
+// their own, summed into the sharded gradients (the reductions are linear,
+// so the sum of per-use reductions is the reduction of the sum). This is
+// FSDP2's rule too: one reduction per gathering, never more than one
+// unit's gradients held unsharded at a time, and each rank issues the same
+// collectives because each recomputes the same regions. Calls in one
+// forward outside checkpointing keep their gathered parameters to backward
+// anyway, so they are still reduced once, after the last of them. The tree's phase (TreePhase)
 // says whether an iteration is open and whether a backward runs; what the
 // iteration recorded lives in TreeIteration and each unit's UnitCalls, each
 // emptied by one reset().
@@ -95,7 +120,7 @@ bool is_transition(TrainingState from, TrainingState to) {
   switch (to) {
     case TrainingState::kIdle: return true;
     case TrainingState::kForward: return from == TrainingState::kIdle;
-    case TrainingState::kPreBackward:
+    case TrainingState::kPreBackward: return from != TrainingState::kForward;
     case TrainingState::kPostBackward: return from == TrainingState::kIdle || from == TrainingState::kPreBackward;
   }
   return false;
@@ -226,8 +251,11 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
   frame.in_backward = tree_->iteration.phase == TreePhase::kBackward;
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
   if (frame.in_backward) {
-    // Recomputed inside backward: gathered for the backward that follows.
+    // Recomputed inside backward (activation checkpointing): gathered for
+    // the backward that follows. See [Note: a unit used again in backward].
     memory::set_phase(phases_.recompute);
+    if (training_state_ == TrainingState::kPostBackward && group_) tree_->comm.finish(*group_);
+    if (training_state_ != TrainingState::kPreBackward) enter(TrainingState::kPreBackward);
     if (group_) {
       group_->wait_for_unshard();
       if (frame.grad_enabled) group_->prepare_gradients();
@@ -280,8 +308,11 @@ void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tens
     if (t->defined() && t->requires_grad()) *t = wrapped[i++];
   }
   frame.wrapped_inputs = true;
-  if (modules_.size() > 1) calls_.round_frame.wrapped_inputs = true;
   ++calls_.pending_backward;
+  // A recomputation's node belongs to this backward only; another backward
+  // through a retained graph recomputes, and registers, again.
+  if (frame.in_backward) return;
+  if (modules_.size() > 1) calls_.round_frame.wrapped_inputs = true;
   ++calls_.registered;
 }
 
@@ -428,7 +459,7 @@ void FSDPState::on_inputs_grad() {
 }
 
 void FSDPState::post_backward() {
-  if (training_state_ == TrainingState::kPostBackward) return;  // once per backward
+  if (training_state_ == TrainingState::kPostBackward) return;  // once per gathering in backward
   tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
   memory::set_phase(phases_.post_backward);
   enter(TrainingState::kPostBackward);

@@ -1,15 +1,18 @@
 #pragma once
 // A small residual network for the tests of FSDP off the happy path: frozen
 // parameters beside trainable adapters (LoRA-style), a block applied twice,
-// a parameter used only in some steps, and blocks that throw in forward or
-// backward on request. Single-device code: blocks go through fsdp::call,
-// which is plain forward when FSDP is not applied.
+// a parameter used only in some steps, blocks that throw in forward or
+// backward on request, and blocks run in checkpointed regions.
+// Single-device code: blocks (and their base projections, units of their
+// own in the nested tests) go through fsdp::call, which is plain forward
+// when FSDP is not applied.
 
 #include <stdexcept>
 
 #include <torch/torch.h>
 
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/nn/activation_checkpoint.h"
 
 namespace fsdp::testing {
 
@@ -20,6 +23,7 @@ struct AdapterNetConfig {
   bool adapters = false;    // lora_a/lora_b beside each block's base projection
   bool gate = false;        // a per-block gate vector, used only when use_gate
   int twice_block = -1;     // this block is applied twice in a row
+  bool checkpoint = false;  // each block call is a checkpointed region of its own
 };
 
 // Fails in backward: autograd surfaces the exception from loss.backward().
@@ -46,7 +50,7 @@ struct AdapterBlockImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {  // (B, C)
     if (throw_in_forward) throw std::runtime_error("injected failure in forward");
     torch::Tensor h = norm(x);
-    torch::Tensor y = base(h);
+    torch::Tensor y = fsdp::call(base, h);
     if (lora_a) y = y + lora_b(lora_a(h));
     if (gate.defined() && use_gate) y = y * gate;
     if (throw_in_backward) y = ThrowInBackward::apply(y);
@@ -75,10 +79,15 @@ struct AdapterNetImpl : torch::nn::Module {
     torch::Tensor h = fsdp::call(in_proj, x);  // units of their own in the list-form tests
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (static_cast<int>(i) == skipped_block) continue;
-      h = fsdp::call(blocks[i], h);
-      if (static_cast<int>(i) == config.twice_block) h = fsdp::call(blocks[i], h);
+      h = call_block(i, h);
+      if (static_cast<int>(i) == config.twice_block) h = call_block(i, h);
     }
     return fsdp::call(head, h);
+  }
+
+  torch::Tensor call_block(size_t i, const torch::Tensor& h) {
+    if (!config.checkpoint) return fsdp::call(blocks[i], h);
+    return fsdp::nn::checkpoint([this, i](const torch::Tensor& x) { return fsdp::call(blocks[i], x); }, h);
   }
 
   // Freezes every block's norm and base projection (the adapters and the

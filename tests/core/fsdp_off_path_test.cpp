@@ -1,8 +1,12 @@
 // FSDP2's guarantees off the happy path, each against one process running
 // the same global batch: frozen parameters (LoRA-style and whole units), a
 // block applied twice, two forwards before one backward, exceptions in
-// forward and backward, a parameter unused in some steps, and a no-grad
-// forward between backward and the optimizer step.
+// forward and backward, a parameter unused in some steps, a no-grad
+// forward between backward and the optimizer step, and units recomputed
+// more than once in one backward (activation checkpointing).
+
+#include <iterator>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -35,6 +39,7 @@ struct Scenario {
   int prefetch_depth = 1;
   bool prefetch_skipped_explicitly = false;  // its neighbours name it in explicit prefetch lists
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  bool nest_base = false;          // each block's base projection is a unit of its own, inside the block's
   int steps = 5;
 };
 
@@ -95,7 +100,10 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
   options.prefetch_depth = s.prefetch_depth;
-  for (auto& b : net->blocks) fully_shard(b, options);
+  for (auto& b : net->blocks) {
+    if (s.nest_base) fully_shard(b->base, options);
+    fully_shard(b, options);
+  }
   fully_shard(net, options);
   if (s.prefetch_skipped_explicitly) {
     const auto k = static_cast<size_t>(s.skip_block_on_odd_steps);
@@ -158,12 +166,15 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
 
 // One process: the whole global batch in fp32; under bf16, each rank's rows
 // replayed through a bf16 copy and the widened gradients averaged in fp32.
+// Without activation checkpointing: the same function, its activations kept.
 NamedTensors train_reference(const Scenario& s, RunLog* log) {
   const int w = test_world().size();
   auto net = build(s);
+  net->config.checkpoint = false;
   auto master = trainable(*net, s);
   torch::optim::AdamW optimizer(master, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   AdapterNet compute = s.bf16 ? build(s) : net;
+  compute->config.checkpoint = false;
   if (s.bf16) compute->to(torch::kBFloat16);
   auto compute_params = trainable(*compute, s);
   const int64_t rows = kRowsPerRank * w;
@@ -444,6 +455,92 @@ TEST(OffPath, SecondBackwardThroughARetainedGraphAccumulates) {
     EXPECT_TRUE(torch::allclose(shard.param.grad(), want, 1e-5, 1e-6)) << shard.fqn;
   }
 }
+
+// A unit used more than once in one backward. Under activation
+// checkpointing each checkpointed region that called a unit recomputes it
+// in backward, gathering it again: two forwards before one backward
+// (DPO-style), one unit called in two regions of one forward, units nested
+// inside a checkpointed block, and all of it under gradient accumulation.
+// Each gathering in backward gets its own post-backward and reduction (see
+// [Note: a unit used again in backward]); calls outside checkpointing keep
+// one reduction for all of them.
+struct Reuse {
+  const char* name;
+  int forwards;     // forwards summed into one backward
+  int twice_block;  // block 1 called twice per forward (-1: once)
+  bool checkpoint;
+  bool nest_base;
+  int micro_steps;
+  int gatherings;   // times block 1 is gathered in each micro-step's backward
+};
+const Reuse kReuses[] = {
+    {"TwoForwardsCheckpointed", 2, -1, true, false, 1, 2},
+    {"TwoRegionsOneForward", 1, 1, true, false, 1, 2},
+    {"NestedUnitsTwoForwardsCheckpointed", 2, -1, true, true, 1, 2},
+    {"TwoForwardsCheckpointedAccumulated", 2, -1, true, false, 2, 2},
+    {"TwiceOutsideCheckpointing", 1, 1, false, false, 1, 1},
+};
+
+using ReuseParam = std::tuple<size_t, ShardingStrategy, int>;  // case, strategy, prefetch depth
+class UsedAgainInBackward : public ::testing::TestWithParam<ReuseParam> {};
+
+// Block `unit`'s post-backwards and reductions in order, e.g. "PRAPRA".
+std::string reduction_trace(const std::vector<FSDPEvent>& events, const std::string& unit) {
+  std::string out;
+  for (const auto& e : events) {
+    if (e.unit != unit) continue;
+    if (e.kind == FSDPEvent::Kind::kPostBackward) out += 'P';
+    if (e.kind == FSDPEvent::Kind::kReduceScatter) out += 'R';
+    if (e.kind == FSDPEvent::Kind::kAllReduce) out += 'A';
+  }
+  return out;
+}
+
+TEST_P(UsedAgainInBackward, MatchesOneProcessWithOneReductionPerGathering) {
+  const auto& [index, strategy, prefetch] = GetParam();
+  const Reuse& r = kReuses[index];
+  const int w = test_world().size();
+  Scenario s;
+  s.strategy = strategy;
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(w) == 0) GTEST_SKIP();
+  s.forwards_per_step = r.forwards;
+  s.net.twice_block = r.twice_block;
+  s.net.checkpoint = r.checkpoint;
+  s.nest_base = r.nest_base;
+  s.micro_steps = r.micro_steps;
+  s.prefetch_depth = prefetch;
+  RunLog log;
+  expect_matches_reference(s, &log);
+
+  // The expected trace from the mesh alone: each gathering's post-backward,
+  // then (synchronised micro-steps only) its reduce-scatter when the shard
+  // group has several ranks and its all-reduce when there are replicas.
+  int shard = w;
+  if (strategy == ShardingStrategy::kNoShard) shard = 1;
+  if (strategy == ShardingStrategy::kHybridShard) shard = hybrid_fsdp_size(w);
+  const int replicas = w / shard;
+  std::string want;
+  for (int m = 0; m < r.micro_steps; ++m) {
+    const bool sync = m == r.micro_steps - 1;
+    for (int g = 0; g < r.gatherings; ++g) {
+      want += 'P';
+      if (sync && shard > 1) want += 'R';
+      if (sync && replicas > 1) want += 'A';
+    }
+  }
+  EXPECT_EQ(reduction_trace(log.last_step_events, "b1"), want);
+  if (r.nest_base) EXPECT_EQ(reduction_trace(log.last_step_events, "b1.base"), want);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Patterns, UsedAgainInBackward,
+    ::testing::Combine(::testing::Range<size_t>(0, std::size(kReuses)),
+                       ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                         ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                       ::testing::Values(0, 1)),
+    [](const ::testing::TestParamInfo<ReuseParam>& info) {
+      return std::string(kReuses[std::get<0>(info.param)].name) + "_" + to_string(std::get<1>(info.param)) +
+             "_prefetch" + std::to_string(std::get<2>(info.param));
+    });
 
 }  // namespace
 }  // namespace fsdp::testing

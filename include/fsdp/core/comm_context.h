@@ -55,6 +55,10 @@ class CommContext {
   // Starts `group`'s reduction (it has collected its gradients), first
   // finishing the one issued before it.
   void reduce(FSDPParamGroup& group);
+  // Finishes the reductions in flight if one of them is `group`'s: before
+  // a unit gathers again in the backward that reduced it (a recomputation
+  // after its post-backward), whose next reduction reuses its buffers.
+  void finish(const FSDPParamGroup& group);
   // End of backward: finishes every reduction still in flight.
   void drain();
   // After an error: finishes what was issued (the peers issued it too),

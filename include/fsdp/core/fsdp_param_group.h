@@ -78,8 +78,10 @@ class FSDPParamGroup {
   void prepare_gradients();
   // The unit's backward is done: collects its gradients into the reduce
   // input, reshards, and hands the reduction to the CommContext (or keeps
-  // accumulating, without gradient sync). Once per backward; FSDPState
-  // guarantees it.
+  // accumulating, without gradient sync). Once per gathering in backward
+  // (FSDPState guarantees it): a unit recomputed after its post-backward
+  // runs it again, once its earlier reduction is finished, and the
+  // reductions add up.
   void post_backward();
   // Reduction stages, run by CommContext in this order.
   void issue_reduce_scatter();

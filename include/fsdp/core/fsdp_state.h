@@ -29,8 +29,8 @@ namespace fsdp {
 enum class TrainingState {
   kIdle,          // between calls, and after the end of backward
   kForward,       // inside a call through fsdp::call / fsdp::run
-  kPreBackward,   // a call's outputs got their gradient: gathered, gradients attached
-  kPostBackward,  // its backward is done: resharded, reduction handed over (once per backward)
+  kPreBackward,   // a call's outputs got their gradient, or a recomputation in backward: gathered
+  kPostBackward,  // its backward is done: resharded, reduction handed over (once per gathering)
 };
 const char* to_string(TrainingState state);
 
@@ -56,8 +56,8 @@ struct TreeIteration {
 
 // One unit's calls in the open iteration, back to empty with one reset().
 struct UnitCalls {
-  int pending_backward = 0;  // calls whose post-backward node has not run in this backward
-  int registered = 0;        // calls carrying such a node
+  int pending_backward = 0;  // calls (and recomputations) whose post-backward node has not run in this backward
+  int registered = 0;        // forward calls carrying such a node
   // A call needing backward had no input to carry the node: its backward's
   // end is only known at the end of backward.
   bool unsignalled = false;
