@@ -1,11 +1,19 @@
 # Which LibTorch fsdp.cpp builds against, chosen by FSDP_TORCH:
-#   venv    (default) the torch in the project's .venv/ (scripts/setup.sh
-#           makes it from requirements.txt): PyTorch 2.13, as users have it;
-#   system  Debian's libtorch-dev (LibTorch 1.13);
+#   venv    (default when built on its own) the torch in the project's
+#           .venv/ (scripts/setup.sh makes it from requirements.txt):
+#           PyTorch 2.13, as users have it;
+#   system  find_package(Torch) as any LibTorch project does: Torch_DIR,
+#           CMAKE_PREFIX_PATH, then the system (Debian's libtorch-dev,
+#           LibTorch 1.13). The default inside another project, which then
+#           shares that project's Torch;
 #   DIR     any other LibTorch: the unzipped download from PyTorch's site
 #           (DIR/share/cmake/Torch) or a pip-installed torch package
 #           (its site-packages/torch directory).
-set(FSDP_TORCH "venv" CACHE STRING "LibTorch to build against: venv, system, or a LibTorch directory")
+if(FSDP_TOP_LEVEL)
+  set(FSDP_TORCH "venv" CACHE STRING "LibTorch to build against: venv, system, or a LibTorch directory")
+else()
+  set(FSDP_TORCH "system" CACHE STRING "LibTorch to build against: venv, system, or a LibTorch directory")
+endif()
 
 if(FSDP_TORCH STREQUAL "venv")
   set(_fsdp_venv_torch_glob "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/torch")
@@ -47,6 +55,11 @@ if(_fsdp_torch_root)
   set(CMAKE_PREFIX_PATH "${_fsdp_prefix_path}")
 else()
   find_package(Torch REQUIRED)
+  # Where it was found, for what is looked up beside it below (Gloo's
+  # headers, the bundled OpenMP runtime, the nvidia-* packages).
+  if(EXISTS "${TORCH_INSTALL_PREFIX}/share/cmake/Torch/TorchConfig.cmake")  # a LibTorch or pip torch, not a distribution's
+    set(_fsdp_torch_root "${TORCH_INSTALL_PREFIX}")
+  endif()
 endif()
 
 # A LibTorch may be built with c10d's Gloo (USE_C10D_GLOO) but ship no Gloo

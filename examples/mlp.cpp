@@ -6,13 +6,14 @@
 #include "fsdp/common/runtime.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/memory.h"
+#include "fsdp/core/module_holder.h"
 
 struct MyModelImpl : torch::nn::Module {
   torch::nn::Linear layer1{register_module("layer1", torch::nn::Linear(1024, 4096))};
   torch::nn::Linear layer2{register_module("layer2", torch::nn::Linear(4096, 1024))};
   torch::Tensor forward(torch::Tensor x) { return layer2(torch::relu(layer1(x))); }
 };
-TORCH_MODULE(MyModel);
+FSDP_MODULE(MyModel);  // model(x) runs FSDP's hooks (TORCH_MODULE's would not)
 
 int main() {
   fsdp::init_runtime();
@@ -31,7 +32,7 @@ int main() {
     auto inputs = torch::randn({16, 1024});
     auto labels = torch::randn({16, 1024});
     optimizer.zero_grad();
-    auto loss = torch::mse_loss(fsdp::call(model, inputs), labels);
+    auto loss = torch::mse_loss(model(inputs), labels);
     loss.backward();
     optimizer.step();
     if (world->rank() == 0) std::printf("Step %d, Loss: %.4f\n", step, loss.item<float>());

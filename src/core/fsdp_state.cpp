@@ -50,15 +50,16 @@ namespace fsdp {
 //   idle             yes        yes            yes (1)        yes
 //   forward          -          -              -              yes
 //   pre_backward     -          yes (2)        yes            yes (3)
-//   post_backward    -          -              -              yes
+//   post_backward    -          yes (4)        -              yes
 //
 //   (1) at the end of backward, a unit that owes a reduction (or is still
 //       gathered) without having run a backward here;
 //   (2) one pre-backward per call: a unit called twice gets two;
 //   (3) at the end of backward, a unit without parameters of its own.
 //
-//   post_backward -> pre_backward (4): a unit recomputed in backward after
-//   its post-backward ran (see [Note: a unit used again in backward]).
+//   (4) only for a unit recomputed in backward after its post-backward ran
+//       (see [Note: a unit used again in backward]); a pre-backward hook
+//       there would be a bug.
 //
 // A forward recomputed inside backward (activation checkpointing) enters
 // pre_backward from idle or post_backward, and stays there from
@@ -116,11 +117,13 @@ bool TreeIteration::has_live_graph() const {
 
 namespace {
 
-bool is_transition(TrainingState from, TrainingState to) {
+bool is_transition(TrainingState from, TrainingState to, bool recomputing) {
   switch (to) {
     case TrainingState::kIdle: return true;
     case TrainingState::kForward: return from == TrainingState::kIdle;
-    case TrainingState::kPreBackward: return from != TrainingState::kForward;
+    case TrainingState::kPreBackward:
+      return from == TrainingState::kIdle || from == TrainingState::kPreBackward ||
+             (recomputing && from == TrainingState::kPostBackward);
     case TrainingState::kPostBackward: return from == TrainingState::kIdle || from == TrainingState::kPreBackward;
   }
   return false;
@@ -228,8 +231,8 @@ void FSDPState::set_reshard_after_forward(bool reshard) {
   reshard_after_forward_explicit_ = true;
 }
 
-void FSDPState::enter(TrainingState next) {
-  FSDP_CHECK(is_transition(training_state_, next), "fsdp.cpp internal error: unit ", name_, " went from ",
+void FSDPState::enter(TrainingState next, bool recomputing) {
+  FSDP_CHECK(is_transition(training_state_, next, recomputing), "fsdp.cpp internal error: unit ", name_, " went from ",
              to_string(training_state_), " to ", to_string(next), " (tree phase ", to_string(tree_->iteration.phase),
              "), which the state machine does not allow; please report it with the model code");
   training_state_ = next;
@@ -255,7 +258,7 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     // the backward that follows. See [Note: a unit used again in backward].
     memory::set_phase(phases_.recompute);
     if (training_state_ == TrainingState::kPostBackward && group_) tree_->comm.finish(*group_);
-    if (training_state_ != TrainingState::kPreBackward) enter(TrainingState::kPreBackward);
+    if (training_state_ != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
     if (group_) {
       group_->wait_for_unshard();
       if (frame.grad_enabled) group_->prepare_gradients();
@@ -326,7 +329,6 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
 }
 
 void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tensor>& outputs) {
-  if (call.in_backward) return;
   const auto cast_outputs = [&] {
     if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
       for (auto& t : outputs) {
@@ -334,6 +336,16 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
       }
     }
   };
+  if (call.in_backward) {
+    // Recomputed as the forward ran, and gathered until its backward ends:
+    // a recomputation with no node on its inputs (none needs a gradient)
+    // cannot tell when that is, so the unit waits for the end of backward.
+    cast_outputs();
+    const bool needs_backward = std::any_of(outputs.begin(), outputs.end(),
+                                            [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+    if (needs_backward && !call.wrapped_inputs) calls_.unsignalled = true;
+    return;
+  }
   if (modules_.size() > 1) {
     // The round's last module to finish runs the post-forward of them all;
     // the others only cast their outputs, as a unit of one module would.

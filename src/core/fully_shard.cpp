@@ -167,6 +167,24 @@ void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
   state_.post_forward(frame_, outputs);
 }
 
+void explain_forward_error(const torch::nn::Module& module, const c10::Error& error) {
+  std::string sharded;
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    const FSDPState* s = state_of(*child);
+    if (s == nullptr || s->group() == nullptr || s->group()->sharded_state() != ShardedState::kSharded) continue;
+    sharded += (sharded.empty() ? "" : ", ") + s->name();
+  }
+  if (sharded.empty()) return;
+  std::string what = error.what_without_backtrace();
+  what = what.substr(0, what.find('\n'));
+  throw Error(concat(
+      "the forward of ", module.name(), " failed: ", what, "\n  Units under it held their parameters' 1-D shards ",
+      "at that moment, not the parameters: ", sharded, ". A sharded module called as block->forward(x), or as ",
+      "block(x) through a TORCH_MODULE holder, skips FSDP's hooks and reads its shards: call it as ",
+      "fsdp::call(block, x), or declare its holder with FSDP_MODULE(Block) instead of TORCH_MODULE(Block) ",
+      "(fsdp/core/module_holder.h) so that block(x) gathers it"));
+}
+
 }  // namespace detail
 
 namespace {

@@ -1,5 +1,6 @@
 // fully_shard beyond equivalence: bad input, memory, initialisation,
-// ignored parameters and fp16 loss scaling.
+// ignored parameters, fp16 loss scaling, and sharded modules called as
+// modules (FSDP_MODULE) or, wrongly, around their hooks.
 
 #include <malloc.h>
 
@@ -16,6 +17,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"
+#include "fsdp/core/module_holder.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
 
@@ -353,6 +355,87 @@ TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepEverywhere) {
   EXPECT_EQ(scaler.get_scale(), 512.0);
   const auto after = full_parameters(*model);
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(after[i].second.equal(before[i].second)) << after[i].first;
+}
+
+// A residual block, held by an FSDP_MODULE holder (block(x) runs its
+// hooks) or by LibTorch's own (block(x) is block->forward(x)).
+struct CalledBlockImpl : torch::nn::Module {
+  explicit CalledBlockImpl(int64_t dim)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        fc(register_module("fc", torch::nn::Linear(dim, dim))) {}
+  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(fc(norm(x))); }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc;
+};
+FSDP_MODULE(CalledBlock);
+TORCH_MODULE_IMPL(PlainBlock, CalledBlockImpl);
+
+template <typename Block>
+struct CalledNetImpl : torch::nn::Module {
+  explicit CalledNetImpl(int64_t dim) : head(register_module("head", torch::nn::Linear(dim, 1))) {
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(dim)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& block : blocks) x = block(x);
+    return head(x);
+  }
+  std::vector<Block> blocks;
+  torch::nn::Linear head;
+};
+template <typename Block>
+using CalledNet = torch::nn::ModuleHolder<CalledNetImpl<Block>>;
+
+TEST(ModuleHolder, BlocksCalledAsModulesRunTheirHooksAndMatchOneProcess) {
+  const int w = test_world().size();
+  const int rank = test_world().rank();
+  constexpr int64_t kDim = 13, kRows = 3;
+  torch::manual_seed(kInitSeed);
+  CalledNet<CalledBlock> net(kDim);
+  torch::manual_seed(kInitSeed);
+  CalledNet<CalledBlock> reference(kDim);  // not sharded: block(x) is plain forward
+  for (auto& block : net->blocks) fully_shard(block, default_options());
+  fully_shard(net, default_options());
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW reference_optimizer(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(40 + step);
+    const torch::Tensor x = torch::randn({kRows * w, kDim}, gen);
+    const torch::Tensor y = torch::randn({kRows * w, 1}, gen);
+    clear_event_log(*net);
+    optimizer.zero_grad();
+    torch::mse_loss(fsdp::call(net, x.narrow(0, rank * kRows, kRows)), y.narrow(0, rank * kRows, kRows)).backward();
+    optimizer.step();
+    reference_optimizer.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    reference_optimizer.step();
+    std::vector<std::string> pre_forwards;
+    for (const auto& e : event_log(*net)) {
+      if (e.kind == FSDPEvent::Kind::kPreForward) pre_forwards.push_back(e.unit);
+    }
+    EXPECT_EQ(pre_forwards, (std::vector<std::string>{"<root>", "block0", "block1", "block2"}));
+  }
+  std::string worst;
+  NamedTensors expected;
+  for (const auto& item : reference->named_parameters()) expected.emplace_back(item.key(), item.value().detach());
+  EXPECT_LE(max_relative_difference(full_parameters(*net), expected, &worst), 1e-5) << worst;
+}
+
+TEST(ModuleHolder, ABlockCalledAroundItsHooksFailsNamingItAndTheFix) {
+  torch::manual_seed(kInitSeed);
+  CalledNet<PlainBlock> net(8);  // TORCH_MODULE holders: block(x) skips the hooks
+  for (auto& block : net->blocks) fully_shard(block, default_options());
+  fully_shard(net, default_options());
+  expect_error_on_every_rank([&] { fsdp::call(net, torch::randn({2, 8})); },
+                             {"the forward of", "block0", "fsdp::call(block, x)", "FSDP_MODULE(Block)"});
+  EXPECT_EQ(memory::gathered_bytes(), 0) << "the failed forward left units gathered";
+  // The same blocks through fsdp::call still train: the error left nothing behind.
+  torch::Tensor h = torch::randn({2, 8});
+  torch::Tensor out = fsdp::run(net, [&] {
+    for (auto& block : net->blocks) h = fsdp::call(block, h);
+    return net->head(h);
+  });
+  out.sum().backward();
+  for (const auto& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
 }  // namespace

@@ -147,7 +147,8 @@ class FSDPState {
 
  private:
   // Checked transition (see TrainingState); any state may go back to idle.
-  void enter(TrainingState next);
+  // `recomputing`: the unit is recomputed inside backward.
+  void enter(TrainingState next, bool recomputing = false);
   void begin_iteration();
   // A unit of several modules whose round is still open (one of its modules
   // did not run) finishes it: idle, and either ending at the end of

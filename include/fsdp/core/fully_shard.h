@@ -11,8 +11,9 @@
 //
 // LibTorch modules have no forward hooks, so a unit's hooks run when it is
 // called through fsdp::call (the C++ counterpart of Python's module(x), which
-// runs hooks, versus module.forward(x), which does not). Model code calls its
-// blocks with fsdp::call too; without FSDP applied it is plain forward.
+// runs hooks, versus module.forward(x), which does not), or as block(x) when
+// its holder is declared with FSDP_MODULE (core/module_holder.h). Model code
+// calls its blocks the same way; without FSDP applied it is plain forward.
 
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -86,7 +88,10 @@ void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool re
 // of the in-place buffer ([Note: gradients in place]); call it between steps.
 void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse = true);
 // Called on each unit's reduced gradient shard before the optimizer sees it
-// (see ReducedGradHook); an empty function removes it.
+// (see ReducedGradHook); an empty function removes it. Once per reduction:
+// a unit gathered several times in one backward (activation checkpointing,
+// [Note: a unit used again in backward]) calls it on each reduction's shard,
+// and the shards add up, as in FSDP2.
 void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse = true);
 
 // Explicit gather and release of a unit's parameters, outside the hooks
@@ -232,6 +237,22 @@ R CallScope::finish(R out) {
   }
 }
 
+// `module`'s forward threw a LibTorch error while units below it held
+// their 1-D shards (the sign of one called as block->forward(x), or through
+// a TORCH_MODULE holder, both of which skip its hooks): throws fsdp::Error
+// naming them and what to call instead. Returns otherwise, for a rethrow.
+void explain_forward_error(const torch::nn::Module& module, const c10::Error& error);
+
+template <typename Fn>
+auto forward_explained(const torch::nn::Module& module, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    explain_forward_error(module, e);
+    throw;
+  }
+}
+
 inline void collect_tensor(at::Tensor& t, std::vector<at::Tensor*>& out) { out.push_back(&t); }
 template <typename T>
 void collect_tensor(T& /*not a tensor*/, std::vector<at::Tensor*>& /*out*/) {}
@@ -257,7 +278,9 @@ auto call(M& module, Args&&... args) {
   std::vector<at::Tensor*> tensors;
   std::apply([&](auto&... a) { (detail::collect_tensor(a, tensors), ...); }, inputs);
   scope.wrap_inputs(tensors);
-  auto out = std::apply([&](auto&&... a) { return impl.forward(std::forward<decltype(a)>(a)...); }, std::move(inputs));
+  auto out = detail::forward_explained(impl, [&] {
+    return std::apply([&](auto&&... a) { return impl.forward(std::forward<decltype(a)>(a)...); }, std::move(inputs));
+  });
   return scope.finish(std::move(out));
 }
 

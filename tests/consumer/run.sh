@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds tests/consumer/ (a LibTorch project outside fsdp.cpp's tree) one
+# way and runs it at W = 2 under `fsdp launch`.
+#   run.sh package WORK_DIR        cmake --install of FSDP_BUILD_DIR into a
+#                                  prefix, then find_package(fsdp) from it
+#   run.sh subdirectory WORK_DIR   add_subdirectory of this source tree, with
+#                                  LibTorch on CMAKE_PREFIX_PATH as a user has it
+# Environment (set by CTest): FSDP_BUILD_DIR, the build to install from;
+# FSDP_CLI, the launcher; FSDP_TORCH_PREFIX, the LibTorch to put on
+# CMAKE_PREFIX_PATH for the subdirectory build.
+set -euo pipefail
+way=$1
+work=$2
+src=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$work"
+mkdir -p "$work"
+start=$SECONDS
+case $way in
+  package)
+    cmake --install "$FSDP_BUILD_DIR" --prefix "$work/prefix" >"$work/install.log"
+    # Every header the installed ones include is installed too.
+    missing=$(cd "$work/prefix/include" && grep -rhoE '#include "fsdp/[^"]+"' fsdp | sort -u |
+              sed -E 's/#include "(.*)"/\1/' | while read -r h; do [[ -f $h ]] || echo "$h"; done)
+    if [[ -n $missing ]]; then
+      echo "consumer: installed headers include headers that are not installed: $missing" >&2
+      exit 1
+    fi
+    # Nothing but the prefix: the package finds its own LibTorch.
+    cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DFSDP_CONSUMER_WAY=package -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log"
+    ;;
+  subdirectory)
+    # No build type and no fsdp.cpp options: the defaults a new user gets.
+    cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja \
+      -DFSDP_CONSUMER_WAY=subdirectory -DFSDP_SOURCE_DIR="$src" -DCMAKE_PREFIX_PATH="$FSDP_TORCH_PREFIX" \
+      >"$work/configure.log"
+    # Only the library is built: no trainer, models, CLI, benches or tests.
+    extra=$(ninja -C "$work/build" -t targets all | grep -E -o '^(fsdp_cli|fsdp_models|fsdp_train|fsdp_light|fsdp_dist_tests|fsdp_example_mlp)[:.]' || true)
+    if [[ -n $extra ]]; then
+      echo "consumer: the subproject defines targets beyond the library: $extra" >&2
+      exit 1
+    fi
+    ;;
+  *)
+    echo "usage: run.sh package|subdirectory WORK_DIR" >&2
+    exit 2
+    ;;
+esac
+cmake --build "$work/build" -j "$(nproc)" >"$work/build.log" || { tail -40 "$work/build.log"; exit 1; }
+compiled=$(grep -c 'Building CXX object' "$work/build.log" || true)
+echo "consumer ($way): configured and built in $((SECONDS - start)) s, $compiled translation units compiled"
+"$FSDP_CLI" launch -n 2 -- "$work/build/consumer"
