@@ -80,16 +80,6 @@ std::vector<std::pair<std::string, FSDPState*>> units_under(const torch::nn::Mod
   return out;
 }
 
-// root.named_parameters() with tied parameters once, under their first name.
-std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(key_of(item.value())).second) out.emplace_back(item.key(), item.value());
-  }
-  return out;
-}
-
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
@@ -375,6 +365,8 @@ void for_each_group(torch::nn::Module& module, bool recurse, const char* what, F
 }  // namespace
 
 void set_requires_gradient_sync(torch::nn::Module& module, bool sync, bool recurse) {
+  // A replicated module (core/replicate.h) takes the same switch.
+  if (detail::set_replicated_gradient_sync(module, sync)) return;
   for_each_group(module, recurse, "set_requires_gradient_sync",
                  [&](FSDPParamGroup& g) { g.requires_gradient_sync = sync; });
 }
@@ -543,6 +535,15 @@ int64_t sharded_param_bytes(const torch::nn::Module& module) {
     if (state->group() != nullptr) total += state->group()->sharded_param_bytes();
   }
   return total;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    if (seen.insert(key_of(item.value())).second) out.emplace_back(item.key(), item.value());
+  }
+  return out;
 }
 
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {

@@ -153,6 +153,8 @@ int64_t sharded_param_bytes(const torch::nn::Module& module);
 // Module::parameters() lists a tied parameter once per module holding it,
 // which an optimizer would step twice.
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
+// The same with names: root.named_parameters() with tied parameters once, under their first name.
+std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root);
 
 // One collective or compute boundary FSDP recorded for `root`'s tree (see
 // comm_context.h): the last CommContext::kMaxEvents, oldest first.
@@ -162,6 +164,14 @@ void clear_event_log(const torch::nn::Module& root);
 namespace detail {
 
 FSDPState* state_of(const torch::nn::Module& module);
+
+// A module replicated by fsdp::replicate (core/replicate.h): its call hooks
+// the outputs, so that their first gradient starts its backward.
+class Replicator;
+Replicator* replicator_of(const torch::nn::Module& module);
+void replicated_post_forward(Replicator& replicator, const std::vector<at::Tensor>& outputs);
+// set_requires_gradient_sync for a replicated module; false when `module` is not one.
+bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync);
 
 // What one call of a unit found and did, for its post-forward.
 struct CallFrame {
@@ -263,16 +273,38 @@ M& module_of(torch::nn::ModuleHolder<M>& m) { return *m; }
 template <typename M>
 M& module_of(const std::shared_ptr<M>& m) { return *m; }
 
+// The tensors of a forward's output (a tensor, a vector or a tuple of them).
+template <typename R>
+std::vector<at::Tensor> output_tensors(const R& out) {
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    return {out};
+  } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+    return out;
+  } else if constexpr (is_tensor_tuple<R>::value) {
+    return std::apply([](const auto&... t) { return std::vector<at::Tensor>{t...}; }, out);
+  } else {
+    static_assert(sizeof(R) == 0, "fsdp::call: a module's forward must return a Tensor, a vector or a tuple of Tensors");
+  }
+}
+
 }  // namespace detail
 
 // Calls module's forward with FSDP's hooks when it is a unit: gather before;
 // after, reshard, and hook the outputs (pre-backward) and the tensor inputs
-// (post-backward, see [Note: when a unit's backward ends]).
+// (post-backward, see [Note: when a unit's backward ends]). For a module
+// replicated by fsdp::replicate, hooks the outputs for its backward.
 template <typename M, typename... Args>
 auto call(M& module, Args&&... args) {
   auto& impl = detail::module_of(module);
   FSDPState* state = detail::state_of(impl);
-  if (state == nullptr) return impl.forward(std::forward<Args>(args)...);
+  if (state == nullptr) {
+    if (detail::Replicator* replicator = detail::replicator_of(impl)) {
+      auto out = impl.forward(std::forward<Args>(args)...);
+      detail::replicated_post_forward(*replicator, detail::output_tensors(out));
+      return out;
+    }
+    return impl.forward(std::forward<Args>(args)...);
+  }
   detail::CallScope scope(*state, impl);
   std::tuple<decltype(scope.cast_arg(std::forward<Args>(args)))...> inputs(scope.cast_arg(std::forward<Args>(args))...);
   std::vector<at::Tensor*> tensors;

@@ -1,0 +1,350 @@
+#include "fsdp/core/replicate.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <c10/util/strides.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+#include "fsdp/core/fully_shard.h"
+#include "fsdp/dist/collectives.h"
+
+namespace fsdp {
+
+// [Note: replicate's buckets]
+// As DDP: the trainable parameters, in reverse registration order (the
+// order backward usually meets them), fill buckets of at most
+// bucket_cap_mb bytes, one dtype and device each. A post-hook on each
+// parameter's AccumulateGrad node marks it ready; when every parameter of
+// the next bucket in order is ready, its gradients are copied into one flat
+// buffer and all-reduced (averaged) asynchronously, while backward goes on.
+// Buckets start strictly in order, so every rank issues the same
+// collectives in the same order whatever order its gradients arrive in.
+//
+// The end of backward is a callback queued on the autograd engine by the
+// first gradient that reaches an output of the module's call (fsdp::call
+// hooks them), so it is the outer backward's end even when activation
+// checkpointing runs backwards inside it. There the buckets not started
+// (a parameter without a gradient on this rank) start with zeros in its
+// place, and every all-reduce is waited for. A parameter recomputed in
+// several checkpointed regions gets a gradient from each region's inner
+// backward, possibly after its bucket started: the ranks agree (one small
+// all-reduce of a flag per bucket) on which buckets saw that, and those
+// are averaged again from the gradients as they stand. Then the averages
+// are written back.
+// Each buffer ends with one flag per parameter (1 where this rank had a
+// gradient), averaged with the rest: a parameter no rank had a gradient for
+// keeps none, as in one process. A backward that throws never runs the
+// callback; the guard the callback holds, destroyed with the engine's
+// graph task, finishes what was started and drops the backward's buckets.
+
+namespace detail {
+
+class Replicator : public std::enable_shared_from_this<Replicator> {
+ public:
+  Replicator(torch::nn::Module& module, const ReplicateOptions& options);
+  void post_forward(const std::vector<at::Tensor>& outputs);
+  void on_grad_ready(size_t index);
+  void end_backward();
+  void abandon() noexcept;
+
+  bool requires_gradient_sync = true;
+  ReplicateStats stats;
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;  // indices into params_
+    int64_t numel = 0;
+    size_t ready = 0;
+    at::Tensor flat;  // gradients, then one flag per parameter; while reduced
+    std::optional<dist::Work> work;
+    bool stale = false;  // a parameter got another gradient after the all-reduce started
+  };
+  void begin_backward();
+  void start_ready_buckets();
+  void start(Bucket& bucket);
+  void write_back(Bucket& bucket);
+  void reset_backward();
+
+  std::string name_;
+  std::shared_ptr<dist::World> world_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<compat::AutogradNodePtr> accumulators_;
+  std::vector<size_t> bucket_of_;
+  std::vector<uint8_t> ready_;
+  std::vector<Bucket> buckets_;
+  size_t next_bucket_ = 0;
+  bool in_backward_ = false;
+  int64_t backward_count_ = 0;
+};
+
+namespace {
+
+constexpr const char* kReplicateChild = "_replicate";
+
+struct ReplicatorHolder : torch::nn::Module {
+  explicit ReplicatorHolder(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& /*device*/) const override {
+    throw Error("clone: a module with replicate applied cannot be cloned; clone the model before replicating it");
+  }
+  std::shared_ptr<Replicator> replicator;
+};
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(Replicator* replicator, size_t index) : replicator_(replicator), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    replicator_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  Replicator* replicator_;
+  size_t index_;
+};
+
+// Held by the end-of-backward callback: a backward that throws never runs it.
+struct BackwardGuard {
+  std::shared_ptr<Replicator> replicator;
+  bool completed = false;
+  explicit BackwardGuard(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
+  BackwardGuard(const BackwardGuard&) = delete;
+  BackwardGuard& operator=(const BackwardGuard&) = delete;
+  ~BackwardGuard() {
+    if (!completed) replicator->abandon();
+  }
+};
+
+}  // namespace
+
+Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& options)
+    : name_(module.name()), world_(options.world) {
+  FSDP_CHECK(world_ != nullptr, "replicate: ReplicateOptions::world is required");
+  FSDP_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be positive, got ", options.bucket_cap_mb);
+  dist::ProcessGroup& group = world_->group();
+  if (options.sync_module_states && world_->size() > 1) {
+    at::NoGradGuard no_grad;
+    for (const auto& p : module.parameters()) dist::broadcast(group, p.detach(), 0).wait();
+    for (const auto& b : module.buffers()) {
+      if (b.defined()) dist::broadcast(group, b.detach(), 0).wait();
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> trainable;
+  for (const auto& [name, p] : unique_named_parameters(module)) {
+    if (p.requires_grad()) trainable.emplace_back(name, p);
+  }
+  std::reverse(trainable.begin(), trainable.end());
+  const auto cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
+  for (const auto& [name, p] : trainable) {
+    const bool fits = !buckets_.empty() &&
+                      params_[buckets_.back().params.front()].scalar_type() == p.scalar_type() &&
+                      params_[buckets_.back().params.front()].device() == p.device() &&
+                      (buckets_.back().numel + p.numel()) * static_cast<int64_t>(p.element_size()) <= cap;
+    if (!fits) buckets_.emplace_back();
+    const size_t index = params_.size();
+    buckets_.back().params.push_back(index);
+    buckets_.back().numel += p.numel();
+    bucket_of_.push_back(buckets_.size() - 1);
+    params_.push_back(p);
+    names_.push_back(name);
+    auto accumulator = torch::autograd::impl::grad_accumulator(p);
+    accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
+    accumulators_.push_back(std::move(accumulator));
+  }
+  ready_.assign(params_.size(), 0);
+  stats.buckets = static_cast<int64_t>(buckets_.size());
+}
+
+void Replicator::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (!at::GradMode::is_enabled()) return;
+  auto self = shared_from_this();
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    at::Tensor t = out;
+    t.register_hook([self](const at::Tensor& grad) {
+      self->begin_backward();
+      return grad;
+    });
+  }
+}
+
+void Replicator::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  if (requires_gradient_sync) stats.reduced_during_backward = 0;
+  auto guard = std::make_shared<BackwardGuard>(shared_from_this());
+  torch::autograd::Engine::get_default_engine().queue_callback([guard] {
+    guard->replicator->end_backward();
+    guard->completed = true;
+  });
+}
+
+void Replicator::on_grad_ready(size_t index) {
+  if (!requires_gradient_sync) return;
+  FSDP_CHECK(in_backward_, "replicate: parameter '", names_[index], "' of ", name_,
+             " got a gradient in a backward that did not start at the outputs of a call of ", name_,
+             ": call the replicated module as fsdp::call(model, x), or as model(x) with an FSDP_MODULE holder; "
+             "model->forward(x) skips the hooks that average its gradients over the ranks");
+  Bucket& bucket = buckets_[bucket_of_[index]];
+  if (ready_[index] != 0) {
+    // Another gradient in this backward, from a backward run inside it
+    // (a checkpointed region recomputed): averaged again at the end.
+    if (bucket.work) bucket.stale = true;
+    return;
+  }
+  ready_[index] = 1;
+  ++bucket.ready;
+  start_ready_buckets();
+}
+
+void Replicator::start_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].params.size()) {
+    start(buckets_[next_bucket_++]);
+    ++stats.reduced_during_backward;
+  }
+}
+
+void Replicator::start(Bucket& bucket) {
+  RECORD_USER_SCOPE("replicate::all_reduce");
+  const at::Tensor& first = params_[bucket.params.front()];
+  const auto n = static_cast<int64_t>(bucket.params.size());
+  bucket.flat = at::empty({bucket.numel + n}, first.options().requires_grad(false));
+  std::vector<float> flags(static_cast<size_t>(n), 0.0f);
+  int64_t offset = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const at::Tensor& p = params_[bucket.params[static_cast<size_t>(k)]];
+    at::Tensor slice = bucket.flat.narrow(0, offset, p.numel());
+    if (p.grad().defined()) {
+      slice.copy_(p.grad().reshape({-1}));
+      flags[static_cast<size_t>(k)] = 1.0f;
+    } else {
+      slice.zero_();
+    }
+    offset += p.numel();
+  }
+  bucket.flat.narrow(0, bucket.numel, n).copy_(at::from_blob(flags.data(), {n}, at::kFloat));
+  bucket.work = dist::all_reduce(world_->group(), bucket.flat, dist::ReduceOp::kAvg);
+}
+
+void Replicator::write_back(Bucket& bucket) {
+  bucket.work->wait();
+  const auto n = static_cast<int64_t>(bucket.params.size());
+  const at::Tensor used = bucket.flat.narrow(0, bucket.numel, n).to(at::kFloat).cpu().contiguous();
+  const auto* used_anywhere = used.data_ptr<float>();
+  int64_t begin = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    at::Tensor& p = params_[bucket.params[static_cast<size_t>(k)]];
+    const int64_t at = begin;
+    begin += p.numel();
+    if (used_anywhere[k] == 0.0f) continue;  // no rank had a gradient: none stays none
+    // The gradient becomes the buffer's memory instead of a copy of it: a
+    // tensor over its storage that autograd does not treat as a view
+    // (optimizers' zero_grad calls detach_(), which views refuse).
+    p.mutable_grad() = at::empty({0}, bucket.flat.options())
+                           .set_(bucket.flat.storage(), bucket.flat.storage_offset() + at, p.sizes(),
+                                 c10::contiguous_strides(p.sizes()));
+  }
+}
+
+void Replicator::end_backward() {
+  RECORD_USER_SCOPE("replicate::end_of_backward");
+  if (requires_gradient_sync) {
+    // Buckets with a parameter this rank had no gradient for start now, in order.
+    while (next_bucket_ < buckets_.size()) start(buckets_[next_bucket_++]);
+    for (Bucket& bucket : buckets_) bucket.work->wait();
+    // Buckets any rank saw a gradient arrive in after their all-reduce
+    // started are averaged again, from the gradients as they stand now.
+    std::vector<float> stale(buckets_.size());
+    for (size_t b = 0; b < buckets_.size(); ++b) stale[b] = buckets_[b].stale ? 1.0f : 0.0f;
+    at::Tensor agreed = at::from_blob(stale.data(), {static_cast<int64_t>(stale.size())}, at::kFloat);
+    dist::all_reduce(world_->group(), agreed, dist::ReduceOp::kMax).wait();
+    stats.reduced_again = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (stale[b] == 0.0f) continue;
+      start(buckets_[b]);
+      ++stats.reduced_again;
+    }
+    for (Bucket& bucket : buckets_) write_back(bucket);
+    ++stats.synchronised_backwards;
+  }
+  reset_backward();
+}
+
+void Replicator::reset_backward() {
+  for (Bucket& bucket : buckets_) {
+    bucket.ready = 0;
+    bucket.flat = at::Tensor();
+    bucket.work.reset();
+    bucket.stale = false;
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_bucket_ = 0;
+  in_backward_ = false;
+  ++backward_count_;
+}
+
+void Replicator::abandon() noexcept {
+  for (Bucket& bucket : buckets_) {
+    if (!bucket.work) continue;
+    try {
+      bucket.work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+  reset_backward();
+  stats.reduced_during_backward = 0;
+}
+
+Replicator* replicator_of(const torch::nn::Module& module) {
+  const auto children = module.named_children();
+  const auto* child = children.find(kReplicateChild);
+  if (child == nullptr) return nullptr;
+  const auto* holder = (*child)->as<ReplicatorHolder>();
+  return holder != nullptr ? holder->replicator.get() : nullptr;
+}
+
+void replicated_post_forward(Replicator& replicator, const std::vector<at::Tensor>& outputs) {
+  replicator.post_forward(outputs);
+}
+
+bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync) {
+  Replicator* r = replicator_of(module);
+  if (r == nullptr) return false;
+  r->requires_gradient_sync = sync;
+  return true;
+}
+
+}  // namespace detail
+
+void replicate(torch::nn::Module& module, const ReplicateOptions& options) {
+  FSDP_CHECK(!is_replicated(module), "replicate: module ", module.name(), " is replicated already");
+  FSDP_CHECK(!is_fully_sharded(module), "replicate: module ", module.name(),
+             " is sharded by fully_shard; use one of the two (fully_shard with ShardingStrategy::kNoShard is "
+             "replication with FSDP's units)");
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    FSDP_CHECK(!is_fully_sharded(*item.value()), "replicate: submodule ", item.key(), " of ", module.name(),
+               " is sharded by fully_shard; a replicated module holds no sharded units");
+  }
+  auto replicator = std::make_shared<detail::Replicator>(module, options);
+  module.register_module(detail::kReplicateChild, std::make_shared<detail::ReplicatorHolder>(replicator));
+}
+
+bool is_replicated(const torch::nn::Module& module) { return detail::replicator_of(module) != nullptr; }
+
+ReplicateStats replicate_stats(const torch::nn::Module& module) {
+  const detail::Replicator* r = detail::replicator_of(module);
+  FSDP_CHECK(r != nullptr, "replicate_stats: module ", module.name(), " is not replicated; apply replicate first");
+  return r->stats;
+}
+
+}  // namespace fsdp
