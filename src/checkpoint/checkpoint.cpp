@@ -202,6 +202,7 @@ nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::T
           {"config", state.config_yaml},
           {"hf_config", state.hf_config},
           {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
+          {"extra", state.extra},
           {"params", params},
           {"files", files}};
 }

@@ -71,6 +71,7 @@ json parse_metadata(const std::string& text, const std::string& path) {
   if (!trainer.is_object()) c.fail("trainer", "must be an object");
   if (trainer.contains("tokens_seen")) c.integer(trainer["tokens_seen"], "trainer.tokens_seen", 0, INT64_MAX);
   if (trainer.contains("loss_scale") && !trainer["loss_scale"].is_number()) c.fail("trainer.loss_scale", "must be a number");
+  if (meta.contains("extra") && !meta["extra"].is_object()) c.fail("extra", "must be an object");
 
   const json& params = c.member(meta, "params", "");
   if (!params.is_object()) c.fail("params", "must be an object");
@@ -133,6 +134,7 @@ TrainerState trainer_state(const json& meta) {
   state.hf_config = meta.value("hf_config", "");
   state.sharding = meta.value("sharding", "");
   state.mesh = meta.value("mesh", std::vector<int64_t>{});
+  state.extra = meta.value("extra", json::object());
   return state;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds tests/consumer/ (a LibTorch project outside fsdp.cpp's tree) one
-# way and runs it at W = 2 under `fsdp launch`.
+# way and runs it under `fsdp launch`: at W = 2, then saving its own
+# checkpoint at W = 2 and resuming it at W = 3.
 #   run.sh package WORK_DIR        cmake --install of FSDP_BUILD_DIR into a
 #                                  prefix, then find_package(fsdp) from it
 #   run.sh subdirectory WORK_DIR   add_subdirectory of this source tree, with
@@ -50,3 +51,6 @@ cmake --build "$work/build" -j "$(nproc)" >"$work/build.log" || { tail -40 "$wor
 compiled=$(grep -c 'Building CXX object' "$work/build.log" || true)
 echo "consumer ($way): configured and built in $((SECONDS - start)) s, $compiled translation units compiled"
 "$FSDP_CLI" launch -n 2 -- "$work/build/consumer"
+# Its own sharded checkpoint, saved at W = 2 and resumed at W = 3.
+"$FSDP_CLI" launch -n 2 -- "$work/build/consumer" save "$work/checkpoints"
+"$FSDP_CLI" launch -n 3 -- "$work/build/consumer" resume "$work/checkpoints"

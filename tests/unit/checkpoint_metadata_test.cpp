@@ -35,6 +35,15 @@ TEST(CheckpointMetadata, ARealOneIsAccepted) {
   EXPECT_EQ(state.step, 5);
   EXPECT_EQ(state.sharding, "full_shard");
   EXPECT_EQ(meta["world_size"].get<int>(), 2);
+  EXPECT_TRUE(state.extra.is_object() && state.extra.empty()) << "a checkpoint without extra state reads as {}";
+}
+
+TEST(CheckpointMetadata, AProgramsOwnStateComesBackAsSaved) {
+  auto m = real_metadata();
+  m["extra"] = {{"next_step", 5}, {"data", {{"shard", 3}, {"offset", 4096}}}};
+  const TrainerState state = trainer_state(parse_metadata(m.dump(), "ckpt/metadata.json"));
+  EXPECT_EQ(state.extra.at("next_step").get<int>(), 5);
+  EXPECT_EQ(state.extra.at("data").at("offset").get<int>(), 4096);
 }
 
 TEST(CheckpointMetadata, HostileEditsAreRefusedNamingTheField) {
@@ -65,6 +74,10 @@ TEST(CheckpointMetadata, HostileEditsAreRefusedNamingTheField) {
   m = real_metadata();
   m["params"][name]["shape"][0] = -3;
   EXPECT_NE(refusal(m).find("params['" + name + "'].shape[] is -3"), std::string::npos) << refusal(m);
+
+  m = real_metadata();
+  m["extra"] = "next_step=5";
+  EXPECT_EQ(refusal(m), "'ckpt/metadata.json': extra must be an object (a damaged or foreign checkpoint)");
 
   m = real_metadata();
   m.erase("trainer");

@@ -27,6 +27,9 @@ struct TrainerState {
   std::string hf_config;     // the architecture, as Hugging Face config.json
   std::string sharding;      // strategy name at save time
   std::vector<int64_t> mesh; // (replicate, shard) at save time
+  // Whatever else the program records (a JSON object): its own counters,
+  // where its data stands. The trainer leaves it empty.
+  nlohmann::json extra = nlohmann::json::object();
 };
 
 // Parses and validates metadata text; `path` names it in errors. Throws

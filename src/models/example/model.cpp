@@ -50,7 +50,7 @@ torch::Tensor ExampleTransformerImpl::hidden(torch::Tensor tokens) {
               " positions");
   auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
   auto x = dropout(tok_embeddings(tokens) + pos_embeddings(positions));
-  for (auto& block : blocks) x = fsdp::call(block, x);
+  for (auto& block : blocks) x = block(x);
   return norm(x);
 }
 

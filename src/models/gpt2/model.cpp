@@ -53,9 +53,10 @@ GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
 }
 
 torch::Tensor GPT2BlockImpl::forward_block(const torch::Tensor& x) {
-  // Through fsdp::call: a size-based wrap policy may make them units.
-  auto h = x + fsdp::call(attn, ln_1(x));
-  return h + fsdp::call(mlp, ln_2(h));
+  // Called through their hooks (FSDP_MODULE holders): a size-based wrap
+  // policy may make them units.
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
 }
 
 torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
@@ -86,7 +87,7 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
              " positions (n_positions)");
   auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
   auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(positions));
-  for (auto& block : transformer->blocks) x = fsdp::call(block, x);
+  for (auto& block : transformer->blocks) x = block(x);
   return transformer->ln_f(x);
 }
 

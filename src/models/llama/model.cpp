@@ -92,10 +92,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t index
 
 std::vector<torch::Tensor> LlamaDecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
                                                                 const torch::Tensor& sin) {
-  // Through fsdp::call: a size-based wrap policy may make them units.
-  auto h = x + fsdp::call(self_attn, input_layernorm(x), cos, sin);
+  // Called through their hooks (FSDP_MODULE holders; the dense MLP, an nn
+  // layer, through fsdp::call): a size-based wrap policy may make them units.
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
   if (!sparse_mlp) return {h + fsdp::call(mlp, post_attention_layernorm(h))};
-  auto [y, stats] = fsdp::call(sparse_mlp, post_attention_layernorm(h));
+  auto [y, stats] = sparse_mlp(post_attention_layernorm(h));
   return {h + y, stats};
 }
 
@@ -133,7 +134,7 @@ torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;
   for (auto& block : model->blocks) {
-    auto [y, stats] = fsdp::call(block, x, cos, sin);
+    auto [y, stats] = block(x, cos, sin);
     x = y;
     if (stats.defined()) router_stats.push_back(stats);
   }

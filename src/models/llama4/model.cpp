@@ -155,9 +155,9 @@ Llama4DecoderLayerImpl::Llama4DecoderLayerImpl(const Llama4Config& c, int64_t in
 
 std::vector<torch::Tensor> Llama4DecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
                                                                  const torch::Tensor& sin) {
-  auto h = x + fsdp::call(self_attn, input_layernorm(x), cos, sin);
+  auto h = x + self_attn(input_layernorm(x), cos, sin);
   if (!moe) return {h + fsdp::call(dense, post_attention_layernorm(h))};
-  auto [y, stats] = fsdp::call(moe, post_attention_layernorm(h));
+  auto [y, stats] = moe(post_attention_layernorm(h));
   return {h + y, stats};
 }
 
@@ -201,7 +201,7 @@ torch::Tensor Llama4ForCausalLMImpl::forward(torch::Tensor tokens) {
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;
   for (auto& block : model->blocks) {
-    auto [y, stats] = fsdp::call(block, x, cos, sin);
+    auto [y, stats] = block(x, cos, sin);
     x = y;
     if (stats.defined()) router_stats.push_back(stats);
   }

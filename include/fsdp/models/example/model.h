@@ -2,10 +2,12 @@
 // The small transformer of PyTorch's FSDP2 example (seed trainer 000):
 // token and position embeddings, pre-norm blocks with multi-head attention
 // (wq, wk, wv, wo without bias) and a GELU feed-forward (w1, w2), a final
-// norm and an untied output head. Single-device code: blocks are called
-// through fsdp::call, so FSDP's hooks run when the blocks are units.
+// norm and an untied output head. Single-device code: blocks are held by
+// FSDP_MODULE holders, so block(x) runs FSDP's hooks when they are units.
 
 #include <torch/torch.h>
+
+#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
@@ -29,7 +31,7 @@ struct ExampleBlockImpl : torch::nn::Module {
   torch::nn::Linear w1{nullptr}, w2{nullptr};                             // (4C, C), (C, 4C)
   torch::nn::Dropout resid_dropout{nullptr};
 };
-TORCH_MODULE(ExampleBlock);
+FSDP_MODULE(ExampleBlock);
 
 struct ExampleTransformerImpl : torch::nn::Module {
   explicit ExampleTransformerImpl(const ExampleTransformerConfig& config);

@@ -9,6 +9,7 @@
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/models/gpt2/config.h"
 #include "fsdp/nn/layers.h"
+#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
@@ -29,7 +30,7 @@ struct GPT2AttentionImpl : torch::nn::Module {
   Conv1D c_attn{nullptr}, c_proj{nullptr};  // (C, 3C), (C, C)
   torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
 };
-TORCH_MODULE(GPT2Attention);
+FSDP_MODULE(GPT2Attention);
 
 struct GPT2MLPImpl : torch::nn::Module {
   explicit GPT2MLPImpl(const GPT2Config& config);
@@ -37,7 +38,7 @@ struct GPT2MLPImpl : torch::nn::Module {
   Conv1D c_fc{nullptr}, c_proj{nullptr};  // (C, 4C), (4C, C)
   torch::nn::Dropout dropout{nullptr};
 };
-TORCH_MODULE(GPT2MLP);
+FSDP_MODULE(GPT2MLP);
 
 struct GPT2BlockImpl : torch::nn::Module {
   explicit GPT2BlockImpl(const GPT2Config& config);
@@ -48,7 +49,7 @@ struct GPT2BlockImpl : torch::nn::Module {
   GPT2MLP mlp{nullptr};
   bool checkpoint_activations = false;
 };
-TORCH_MODULE(GPT2Block);
+FSDP_MODULE(GPT2Block);
 
 struct GPT2ModelImpl : torch::nn::Module {
   explicit GPT2ModelImpl(const GPT2Config& config);

@@ -15,6 +15,7 @@
 #include "fsdp/models/llama/config.h"
 #include "fsdp/models/moe/moe.h"
 #include "fsdp/nn/layers.h"
+#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
@@ -27,7 +28,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   torch::nn::Dropout dropout{nullptr};
 };
-TORCH_MODULE(LlamaAttention);
+FSDP_MODULE(LlamaAttention);
 
 struct LlamaDecoderLayerImpl : torch::nn::Module {
   LlamaDecoderLayerImpl(const LlamaConfig& config, int64_t index);
@@ -42,7 +43,7 @@ struct LlamaDecoderLayerImpl : torch::nn::Module {
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   bool checkpoint_activations = false;
 };
-TORCH_MODULE(LlamaDecoderLayer);
+FSDP_MODULE(LlamaDecoderLayer);
 
 struct LlamaModelImpl : torch::nn::Module {
   explicit LlamaModelImpl(const LlamaConfig& config);

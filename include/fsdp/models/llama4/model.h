@@ -13,6 +13,7 @@
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/models/llama4/config.h"
 #include "fsdp/nn/layers.h"
+#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
@@ -28,7 +29,7 @@ struct Llama4AttentionImpl : torch::nn::Module {
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
-TORCH_MODULE(Llama4Attention);
+FSDP_MODULE(Llama4Attention);
 
 // The routed experts as Hugging Face stores them: gate_up_proj (E, C, 2I)
 // holding each expert's gate and up projections side by side, down_proj
@@ -49,7 +50,7 @@ struct Llama4MoeImpl : torch::nn::Module {
   Llama4Experts experts{nullptr};
   nn::SwiGLU shared_expert{nullptr};
 };
-TORCH_MODULE(Llama4Moe);
+FSDP_MODULE(Llama4Moe);
 
 struct Llama4DecoderLayerImpl : torch::nn::Module {
   Llama4DecoderLayerImpl(const Llama4Config& config, int64_t index);
@@ -62,7 +63,7 @@ struct Llama4DecoderLayerImpl : torch::nn::Module {
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   bool checkpoint_activations = false;
 };
-TORCH_MODULE(Llama4DecoderLayer);
+FSDP_MODULE(Llama4DecoderLayer);
 
 struct Llama4TextModelImpl : torch::nn::Module {
   explicit Llama4TextModelImpl(const Llama4Config& config);

@@ -11,6 +11,7 @@
 
 #include "fsdp/models/llama/config.h"
 #include "fsdp/nn/layers.h"
+#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
@@ -29,7 +30,7 @@ struct SparseMoeBlockImpl : torch::nn::Module {
   torch::nn::ModuleList experts{nullptr};
   std::vector<nn::SwiGLU> expert_list;  // the modules of experts, typed
 };
-TORCH_MODULE(SparseMoeBlock);
+FSDP_MODULE(SparseMoeBlock);
 
 // Hugging Face's load_balancing_loss_func over the sparse layers of one
 // forward, from each layer's router statistics and its token count:
