@@ -1,6 +1,7 @@
 #include "fsdp/core/fully_shard.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <sstream>
 #include <unordered_map>
@@ -158,18 +159,46 @@ void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
 }
 
 void explain_forward_error(const torch::nn::Module& module, const c10::Error& error) {
+  // Read as a unit called around its hooks only when the message points at
+  // one of its shards (LibTorch's shape errors print the size of the 1-D
+  // shard it was handed, an empty one, or "1-D" where a matrix was
+  // expected): an out-of-memory or a shape error of a unit called properly
+  // goes on as LibTorch threw it.
+  std::string what = error.what_without_backtrace();
+  what = what.substr(0, what.find('\n'));
+  std::unordered_set<int64_t> numbers;
+  for (size_t i = 0; i < what.size();) {
+    if (!std::isdigit(static_cast<unsigned char>(what[i]))) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < what.size() && std::isdigit(static_cast<unsigned char>(what[end]))) ++end;
+    if (end - i < 19) numbers.insert(std::stoll(what.substr(i, end - i)));
+    i = end;
+  }
+  const bool empty_tensor_named = what.find("[0]") != std::string::npos || what.find("(0)") != std::string::npos;
+  const bool vector_named = what.find("1-D") != std::string::npos || what.find("1D") != std::string::npos;
   std::string sharded;
   for (const auto& child : module.modules(/*include_self=*/false)) {
     const FSDPState* s = state_of(*child);
     if (s == nullptr || s->group() == nullptr || s->group()->sharded_state() != ShardedState::kSharded) continue;
-    sharded += (sharded.empty() ? "" : ", ") + s->name();
+    const auto& params = s->group()->params();
+    // A shard is told from the parameter itself when it is a slice, empty
+    // (a rank may hold none of a parameter), or a matrix flattened; a
+    // whole vector looks the same sharded or not.
+    const bool named = std::any_of(params.begin(), params.end(), [&](const FSDPParam& p) {
+      const int64_t n = p.param.numel();
+      if (n == 0) return empty_tensor_named;
+      if (p.shape.size() >= 2 && vector_named) return true;  // "got 1-D tensor": a flattened matrix
+      return numbers.count(n) > 0 && (n != p.numel || p.shape.size() >= 2);
+    });
+    if (named) sharded += (sharded.empty() ? "" : ", ") + s->name();
   }
   if (sharded.empty()) return;
-  std::string what = error.what_without_backtrace();
-  what = what.substr(0, what.find('\n'));
   throw Error(concat(
-      "the forward of ", module.name(), " failed: ", what, "\n  Units under it held their parameters' 1-D shards ",
-      "at that moment, not the parameters: ", sharded, ". A sharded module called as block->forward(x), or as ",
+      "the forward of ", module.name(), " failed: ", what, "\n  It read the 1-D shards of units under it, not their ",
+      "parameters: ", sharded, " (sharded at that moment). A sharded module called as block->forward(x), or as ",
       "block(x) through a TORCH_MODULE holder, skips FSDP's hooks and reads its shards: call it as ",
       "fsdp::call(block, x), or declare its holder with FSDP_MODULE(Block) instead of TORCH_MODULE(Block) ",
       "(fsdp/core/module_holder.h) so that block(x) gathers it"));

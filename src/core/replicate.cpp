@@ -51,7 +51,7 @@ namespace detail {
 class Replicator : public std::enable_shared_from_this<Replicator> {
  public:
   Replicator(torch::nn::Module& module, const ReplicateOptions& options);
-  void post_forward(const std::vector<at::Tensor>& outputs);
+  void post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs);
   void on_grad_ready(size_t index);
   void end_backward();
   void abandon() noexcept;
@@ -143,6 +143,12 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
   for (const auto& [name, p] : unique_named_parameters(module)) {
     if (p.requires_grad()) trainable.emplace_back(name, p);
   }
+  for (const auto& [name, p] : trainable) {
+    // One device: the hooks of one module's gradients then run on one thread.
+    FSDP_CHECK(p.device() == trainable.front().second.device(), "replicate: parameter '", name, "' of ", name_,
+               " is on ", p.device(), " but '", trainable.front().first, "' is on ",
+               trainable.front().second.device(), ": move the module to one device first");
+  }
   std::reverse(trainable.begin(), trainable.end());
   const auto cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   for (const auto& [name, p] : trainable) {
@@ -165,8 +171,17 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
   stats.buckets = static_cast<int64_t>(buckets_.size());
 }
 
-void Replicator::post_forward(const std::vector<at::Tensor>& outputs) {
+void Replicator::post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs) {
   if (!at::GradMode::is_enabled()) return;
+  // A parameter that became trainable after replicate() is in no bucket:
+  // its gradients would differ across the ranks, and so would the models.
+  for (const auto& [name, p] : unique_named_parameters(module)) {
+    if (!p.requires_grad()) continue;
+    const bool known = std::any_of(params_.begin(), params_.end(), [&](const at::Tensor& q) { return q.is_same(p); });
+    FSDP_CHECK(known, "replicate: parameter '", name, "' of ", name_,
+               " requires a gradient but did not when replicate() was called, so its gradients would not be "
+               "averaged over the ranks; set requires_grad before replicate()");
+  }
   auto self = shared_from_this();
   for (const auto& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
@@ -266,11 +281,13 @@ void Replicator::end_backward() {
     // started are averaged again, from the gradients as they stand now.
     std::vector<float> stale(buckets_.size());
     for (size_t b = 0; b < buckets_.size(); ++b) stale[b] = buckets_[b].stale ? 1.0f : 0.0f;
-    at::Tensor agreed = at::from_blob(stale.data(), {static_cast<int64_t>(stale.size())}, at::kFloat);
+    // On the group's device: NCCL reduces device tensors only.
+    at::Tensor agreed = at::tensor(stale).to(world_->device());
     dist::all_reduce(world_->group(), agreed, dist::ReduceOp::kMax).wait();
+    agreed = agreed.cpu();
     stats.reduced_again = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (stale[b] == 0.0f) continue;
+      if (agreed[static_cast<int64_t>(b)].item<float>() == 0.0f) continue;
       start(buckets_[b]);
       ++stats.reduced_again;
     }
@@ -313,8 +330,9 @@ Replicator* replicator_of(const torch::nn::Module& module) {
   return holder != nullptr ? holder->replicator.get() : nullptr;
 }
 
-void replicated_post_forward(Replicator& replicator, const std::vector<at::Tensor>& outputs) {
-  replicator.post_forward(outputs);
+void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
+                             const std::vector<at::Tensor>& outputs) {
+  replicator.post_forward(module, outputs);
 }
 
 bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync) {

@@ -702,6 +702,75 @@ TEST_P(Replicated, MatchesOneProcessWithBucketsReducedDuringBackward) {
 INSTANTIATE_TEST_SUITE_P(Cases, Replicated, ::testing::Range<size_t>(0, std::size(kReplicatedCases)),
                          [](const auto& info) { return std::string(kReplicatedCases[info.param].name); });
 
+TEST(Replicate, ARankDependentGraphMatchesEachRanksRowsReplayed) {
+  // The gates are used on rank 0 only: the ranks reach their buckets in
+  // different states yet issue the same all-reduces in the same order, and
+  // a gradient only rank 0 has is averaged with the other ranks' zeros.
+  // Gradients are zeroed in place between steps, so each backward adds
+  // into the bucket memory the last one handed over.
+  const int w = test_world().size();
+  const int rank = test_world().rank();
+  AdapterNetConfig config;
+  config.gate = true;
+  auto net = make_adapter_net(config, kInitSeed);
+  auto reference = make_adapter_net(config, kInitSeed);
+  replicate(net, ReplicateOptions{test_world_ptr(), /*bucket_cap_mb=*/0.002});
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  torch::optim::SGD reference_optimizer(reference->parameters(), 0.1);
+  const auto zero_in_place = [](torch::nn::Module& m) {
+    for (auto& p : m.parameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  };
+  const int64_t rows = kRowsPerRank * w;
+  for (int step = 0; step < 3; ++step) {
+    const torch::Tensor x = inputs_of(step, 0, rows, config.dim);
+    const torch::Tensor y = targets_of(step, 0, rows);
+    for (auto& b : net->blocks) b->use_gate = rank == 0;
+    zero_in_place(*net);
+    torch::mse_loss(fsdp::call(net, x.narrow(0, rank * kRowsPerRank, kRowsPerRank)),
+                    y.narrow(0, rank * kRowsPerRank, kRowsPerRank))
+        .backward();
+    optimizer.step();
+    zero_in_place(*reference);
+    for (int r = 0; r < w; ++r) {
+      for (auto& b : reference->blocks) b->use_gate = r == 0;
+      torch::mse_loss(reference->forward(x.narrow(0, r * kRowsPerRank, kRowsPerRank)),
+                      y.narrow(0, r * kRowsPerRank, kRowsPerRank))
+          .backward();
+    }
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : reference->parameters()) p.mutable_grad().div_(w);
+    }
+    reference_optimizer.step();
+  }
+  std::string worst;
+  EXPECT_LE(max_relative_difference(named(*net), named(*reference), &worst), kTolerance) << worst;
+  EXPECT_TRUE(net->blocks[0]->gate.grad().defined()) << "rank 0's gate gradient reached every rank";
+  const ReplicateStats stats = replicate_stats(*net);
+  EXPECT_GE(stats.buckets, 4);
+  if (rank == 0) {
+    EXPECT_EQ(stats.reduced_during_backward, stats.buckets);
+  } else {
+    EXPECT_LT(stats.reduced_during_backward, stats.buckets) << "the gates' buckets waited for the end";
+  }
+}
+
+TEST(Replicate, AParameterUnfrozenAfterReplicateIsRefused) {
+  auto net = make_adapter_net(AdapterNetConfig{}, kInitSeed);
+  for (auto& p : net->blocks[1]->parameters()) p.set_requires_grad(false);
+  replicate(net, ReplicateOptions{test_world_ptr()});
+  for (auto& p : net->blocks[1]->parameters()) p.set_requires_grad(true);
+  try {
+    fsdp::call(net, torch::randn({2, 23}));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("b1."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("before replicate()"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Replicate, TakesRankZerosWeightsAndBuffers) {
   const int rank = test_world().rank();
   AdapterNetConfig config;

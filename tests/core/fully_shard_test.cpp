@@ -438,5 +438,22 @@ TEST(ModuleHolder, ABlockCalledAroundItsHooksFailsNamingItAndTheFix) {
   for (const auto& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
 }
 
+TEST(ModuleHolder, AnErrorInAUnitCalledThroughItsHooksIsLeftAsLibTorchThrewIt) {
+  torch::manual_seed(kInitSeed);
+  CalledNet<CalledBlock> net(13);
+  for (auto& block : net->blocks) fully_shard(block, default_options());
+  fully_shard(net, default_options());
+  try {
+    fsdp::call(net, torch::randn({2, 5}));  // the wrong width: block0's norm refuses it
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    ADD_FAILURE() << "a shape error of a properly called unit was read as a unit called around its hooks: " << e.what();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("normalized_shape"), std::string::npos) << e.what();
+  }
+  dist::barrier(test_world().group());
+  EXPECT_EQ(memory::gathered_bytes(), 0) << "the failed forward left units gathered";
+}
+
 }  // namespace
 }  // namespace fsdp::testing

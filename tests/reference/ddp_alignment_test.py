@@ -28,9 +28,12 @@ def main():
     save_file({"x": x, "y": x.sum(2, keepdim=True).sin()}, data)
 
     ours, theirs = os.path.join(work, "ours.safetensors"), os.path.join(work, "theirs.safetensors")
+    # fsdp.cpp with buckets of about 20 KB (several per model: their order
+    # and overlap are exercised); DDP with its default 25 MB.
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    ours_env = dict(env, FSDP_PROBE_BUCKET_MB="0.02")
     harness.run([args.fsdp, "launch", "-n", str(args.world), "--",
-                 os.path.join(args.build_dir, "tests", "fsdp_replicate_probe"), init, data, ours], env=env)
+                 os.path.join(args.build_dir, "tests", "fsdp_replicate_probe"), init, data, ours], env=ours_env)
     harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                  str(args.world), os.path.join(os.path.dirname(__file__), "ddp_train.py"), init, data, theirs], env=env)
     a, b = load_file(ours), load_file(theirs)

@@ -87,6 +87,11 @@ def main():
         out = {"loss": torch.stack(losses)}
         out.update({name: p.detach().contiguous() for name, p in model.named_parameters()})
         save_file(out, out_path)
+    # Every rank done with the group before any tears it down: Gloo's
+    # threads otherwise can abort a rank at exit ("terminate called without
+    # an active exception").
+    dist.barrier()
+    del ddp
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@
 // batch and prints "rows/s N" (rank 0).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,10 @@ int main(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       for (auto& item : net->named_parameters()) item.value().copy_(init.view(item.key()));
     }
-    fsdp::replicate(net, fsdp::ReplicateOptions{world});
+    fsdp::ReplicateOptions replicate_options{world};
+    // FSDP_PROBE_BUCKET_MB: smaller buckets, several per model.
+    if (const char* cap = std::getenv("FSDP_PROBE_BUCKET_MB")) replicate_options.bucket_cap_mb = std::stod(cap);
+    fsdp::replicate(net, replicate_options);
     fsdp::optim::FusedAdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
     const int64_t rows = x.size(1) / world->size();
     const auto step = [&](int64_t s) {

@@ -169,7 +169,8 @@ FSDPState* state_of(const torch::nn::Module& module);
 // the outputs, so that their first gradient starts its backward.
 class Replicator;
 Replicator* replicator_of(const torch::nn::Module& module);
-void replicated_post_forward(Replicator& replicator, const std::vector<at::Tensor>& outputs);
+void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
+                             const std::vector<at::Tensor>& outputs);
 // set_requires_gradient_sync for a replicated module; false when `module` is not one.
 bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync);
 
@@ -300,7 +301,7 @@ auto call(M& module, Args&&... args) {
   if (state == nullptr) {
     if (detail::Replicator* replicator = detail::replicator_of(impl)) {
       auto out = impl.forward(std::forward<Args>(args)...);
-      detail::replicated_post_forward(*replicator, detail::output_tensors(out));
+      detail::replicated_post_forward(*replicator, impl, detail::output_tensors(out));
       return out;
     }
     return impl.forward(std::forward<Args>(args)...);
