@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -77,6 +78,7 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
   std::string name_;
   std::shared_ptr<dist::World> world_;
   std::vector<at::Tensor> params_;
+  std::unordered_set<const void*> bucketed_;  // params_' TensorImpls
   std::vector<std::string> names_;
   std::vector<compat::AutogradNodePtr> accumulators_;
   std::vector<size_t> bucket_of_;
@@ -162,6 +164,7 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
     buckets_.back().numel += p.numel();
     bucket_of_.push_back(buckets_.size() - 1);
     params_.push_back(p);
+    bucketed_.insert(p.unsafeGetTensorImpl());
     names_.push_back(name);
     auto accumulator = torch::autograd::impl::grad_accumulator(p);
     accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
@@ -175,12 +178,14 @@ void Replicator::post_forward(const torch::nn::Module& module, const std::vector
   if (!at::GradMode::is_enabled()) return;
   // A parameter that became trainable after replicate() is in no bucket:
   // its gradients would differ across the ranks, and so would the models.
-  for (const auto& [name, p] : unique_named_parameters(module)) {
-    if (!p.requires_grad()) continue;
-    const bool known = std::any_of(params_.begin(), params_.end(), [&](const at::Tensor& q) { return q.is_same(p); });
-    FSDP_CHECK(known, "replicate: parameter '", name, "' of ", name_,
-               " requires a gradient but did not when replicate() was called, so its gradients would not be "
-               "averaged over the ranks; set requires_grad before replicate()");
+  // Names are looked up only for the error.
+  for (const auto& p : module.parameters()) {
+    if (!p.requires_grad() || bucketed_.count(p.unsafeGetTensorImpl()) > 0) continue;
+    for (const auto& [name, q] : unique_named_parameters(module)) {
+      FSDP_CHECK(!q.is_same(p), "replicate: parameter '", name, "' of ", name_,
+                 " requires a gradient but did not when replicate() was called, so its gradients would not be "
+                 "averaged over the ranks; set requires_grad before replicate()");
+    }
   }
   auto self = shared_from_this();
   for (const auto& out : outputs) {

@@ -248,10 +248,11 @@ R CallScope::finish(R out) {
   }
 }
 
-// `module`'s forward threw a LibTorch error while units below it held
-// their 1-D shards (the sign of one called as block->forward(x), or through
-// a TORCH_MODULE holder, both of which skip its hooks): throws fsdp::Error
-// naming them and what to call instead. Returns otherwise, for a rethrow.
+// `module`'s forward threw a LibTorch error that points at the 1-D shards
+// of units below it (the sign of one called as block->forward(x), or
+// through a TORCH_MODULE holder, both of which skip its hooks): throws
+// fsdp::Error naming them and what to call instead. Returns otherwise, for
+// a rethrow of LibTorch's own error.
 void explain_forward_error(const torch::nn::Module& module, const c10::Error& error);
 
 template <typename Fn>
