@@ -34,6 +34,8 @@ MODELS = {
     # vocab, width, layers, heads, kv heads, mlp width
     "gpt2-d6": ("gpt2", 50257, 384, 6, 6, 6, 4 * 384),
     "llama-w768": ("llama", 32000, 768, 6, 12, 4, 2048),
+    "gpt2": ("gpt2", 50257, 768, 12, 12, 12, 4 * 768),  # GPT-2 124M
+    "llama3.2-1b": ("llama", 128256, 2048, 16, 32, 8, 8192),
 }
 
 
@@ -162,11 +164,11 @@ class CausalLM(nn.Module):
         T = tokens.shape[1]
         x = self.wte(tokens)
         if self.family == "gpt2":
-            x = x + self.wpe(torch.arange(T))
+            x = x + self.wpe(torch.arange(T, device=tokens.device))
             for block in self.h:
                 x = block(x)
         else:
-            cos, sin = self.cos[:T], self.sin[:T]
+            cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
             for block in self.h:
                 x = block(x, cos, sin)
         return self.ln_f(x) @ self.wte.weight.t()  # tied head
@@ -194,6 +196,9 @@ def main():
                    help="torch.autocast('cpu', torch.bfloat16) around forward and loss (fp32 master weights)")
     p.add_argument("--adamw", choices=["default", "foreach", "fused"], default="default",
                    help="AdamW's implementation (fused: torch >= 2.4 on CPU)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the model on GPU LOCAL_RANK, FSDP2/DDP over NCCL, --bf16 as FSDP2's "
+                        "MixedPrecisionPolicy (bf16 parameters, fp32 reduction) or CUDA autocast on one process")
     p.add_argument("--metrics", required=True)
     a = p.parse_args()
     if a.flush_denormal:
@@ -203,20 +208,31 @@ def main():
     torch.set_num_threads(threads)
     world, rank = 1, 0
     torch.manual_seed(0)
-    model = CausalLM(a.model)
+    cuda = a.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = CausalLM(a.model, max_positions=max(1024, a.seq_len)).to(device)
     vocab = MODELS[a.model][1]
     if a.ddp or a.fsdp2:
         import torch.distributed as dist
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
         world, rank = dist.get_world_size(), dist.get_rank()
+    # On the GPU FSDP2 takes bf16 as its own policy: parameters gathered in
+    # bf16, gradients reduced in fp32 (no autocast).
+    policy_bf16 = a.fsdp2 and a.bf16 and cuda
     if a.fsdp2:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+        kwargs = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+            if policy_bf16 else {}
         for i, block in enumerate(model.h):
             if a.compile:
                 block = torch.compile(block, mode=a.compile_mode)
                 model.h[i] = block
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
     # Decay on matrices, after wrapping: FSDP2's parameters are DTensors of the same rank.
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
@@ -235,20 +251,26 @@ def main():
     gen = torch.Generator().manual_seed(1 + rank)
     out = open(a.metrics, "a") if rank == 0 else None
     for step in range(a.steps):
-        tokens = torch.randint(0, vocab, (a.batch_size, a.seq_len + 1), generator=gen)
+        tokens = torch.randint(0, vocab, (a.batch_size, a.seq_len + 1), generator=gen).to(device)
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16 and not policy_bf16):
             loss = forward_loss(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()
+        if cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if out:
-            out.write(json.dumps({"step": step + 1, "loss": loss_value, "step_time_s": seconds,
-                                  "tokens_per_s": world * a.batch_size * a.seq_len / seconds,
-                                  "peak_rss_mb": peak_rss_mb()}) + "\n")
+            record = {"step": step + 1, "loss": loss_value, "step_time_s": seconds,
+                      "tokens_per_s": world * a.batch_size * a.seq_len / seconds, "peak_rss_mb": peak_rss_mb()}
+            if cuda:
+                record["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            out.write(json.dumps(record) + "\n")
             out.flush()
     if a.ddp or a.fsdp2:
         torch.distributed.destroy_process_group()

@@ -536,7 +536,12 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   if (!used.empty()) {
     at::Tensor flags = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kByte);
     dist::ProcessGroup& world = reduced.front()->world_group();
-    if (world.size() > 1) dist::all_reduce(world, flags, dist::ReduceOp::kMax).wait();
+    if (world.size() > 1) {
+      // On the units' device: NCCL takes no host tensors.
+      at::Tensor on_device = flags.to(reduced.front()->device());
+      dist::all_reduce(world, on_device, dist::ReduceOp::kMax).wait();
+      if (!on_device.is_same(flags)) flags.copy_(on_device);
+    }
     size_t offset = 0;
     for (FSDPParamGroup* g : reduced) offset += g->apply_used(used.data() + offset);
   }

@@ -44,6 +44,29 @@ double sum_of_squares(const at::Tensor& g) {
 // max that keeps a NaN, as torch's does: a NaN gradient gives a NaN norm.
 double largest(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
 
+// One group's share of the norm: host gradients fold in as they come; a
+// GPU's stay on it, one value per gradient, read with one synchronisation
+// at the end instead of one per parameter.
+struct Partial {
+  double host = 0;
+  std::vector<at::Tensor> device;
+
+  void add(const at::Tensor& g, bool inf) {
+    if (g.numel() == 0) return;
+    if (g.is_cpu()) {
+      host = inf ? largest(host, g.abs().max().item<double>()) : host + sum_of_squares(g);
+    } else {
+      device.push_back(inf ? g.abs().max().to(at::kDouble) : g.to(at::kDouble).square().sum());
+    }
+  }
+
+  double value(bool inf) const {
+    if (device.empty()) return host;
+    const at::Tensor all = at::stack(device);
+    return inf ? largest(host, all.max().item<double>()) : host + all.sum().item<double>();  // max keeps a NaN
+  }
+};
+
 }  // namespace
 
 double grad_norm(torch::nn::Module& root, double norm_type) {
@@ -68,22 +91,17 @@ double grad_norm(torch::nn::Module& root, double norm_type) {
     if (it == groups.end()) groups.push_back(g);
     for (const auto& p : state->group()->params()) group_of_param[p.param.unsafeGetTensorImpl()] = index;
   }
-  std::vector<double> sharded(groups.size(), 0.0);
-  double replicated = 0;
+  std::vector<Partial> sharded(groups.size());
+  Partial replicated;
   for (const auto& p : unique_parameters(root)) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     const auto it = group_of_param.find(p.unsafeGetTensorImpl());
-    double& partial = it != group_of_param.end() ? sharded[it->second] : replicated;
-    if (inf) {
-      if (g.numel() > 0) partial = largest(partial, g.abs().max().item<double>());
-    } else {
-      partial += sum_of_squares(g);
-    }
+    (it != group_of_param.end() ? sharded[it->second] : replicated).add(g, inf);
   }
-  double total = replicated;
+  double total = replicated.value(inf);
   for (size_t i = 0; i < groups.size(); ++i) {
-    double value = sharded[i];
+    double value = sharded[i].value(inf);
     if (groups[i]->size() > 1 && inf) {
       // The maximum, and whether any rank saw a NaN (a collective's max
       // need not propagate one).

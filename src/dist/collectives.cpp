@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 
 #include <ATen/ATen.h>
@@ -42,6 +43,21 @@ c10d::ReduceOp c10d_op(ReduceOp op, Backend backend) {
 }
 
 bool divide_after(ReduceOp op, Backend backend) { return op == ReduceOp::kAvg && backend != Backend::kNccl; }
+
+// [Note: host tensors on NCCL]
+// NCCL moves only device memory, but small host tensors are the natural
+// currency of control decisions (a stop flag, a loss to average, a
+// checkpoint's agreement). A host tensor given to a collective on an NCCL
+// group travels through a copy on the current CUDA device, and the result is
+// copied back when the work is waited for; FSDP's own buffers are already on
+// the device and never take this path.
+bool staged_through_device(ProcessGroup& group, const at::Tensor& t) {
+  return group.backend() == Backend::kNccl && t.is_cpu();
+}
+
+at::Tensor on_comm_device(ProcessGroup& group, const at::Tensor& t) {
+  return staged_through_device(group, t) ? t.to(at::Device(at::kCUDA)) : t;
+}
 
 void check_flat(const at::Tensor& t, const char* op, const char* which) {
   FSDP_CHECK(t.defined() && t.is_contiguous(), op, ": ", which, " must be a defined, contiguous tensor");
@@ -165,8 +181,16 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
              ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
              ") elements, got ", output.numel(), " ", output.scalar_type());
   const int64_t seq = record(kOp, group, input);
-  at::Tensor out_bytes = as_bytes(output);
-  at::Tensor in_bytes = as_bytes(input);
+  // See [Note: host tensors on NCCL].
+  const at::Tensor comm_output = on_comm_device(group, output);
+  std::function<void()> copy_back;
+  if (!comm_output.is_same(output)) copy_back = [output, comm_output] { output.copy_(comm_output); };
+  at::Tensor out_bytes = as_bytes(comm_output);
+  at::Tensor in_bytes = as_bytes(on_comm_device(group, input));
+  if (group.backend() == Backend::kNccl) {
+    auto work = issue(kOp, group, [&] { return group.impl()._allgather_base(out_bytes, in_bytes); });
+    return Work(kOp, &group, {work}, copy_back, seq);
+  }
   if (group.native_all_gather) {
     try {
       auto work = group.impl()._allgather_base(out_bytes, in_bytes);
@@ -200,8 +224,18 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, input);
 
-  const bool native_dtype_ok = group.backend() == Backend::kNccl || !is_half(input);
-  if (group.native_reduce_scatter && native_dtype_ok) {
+  if (group.backend() == Backend::kNccl) {
+    // See [Note: host tensors on NCCL].
+    at::Tensor out = on_comm_device(group, output);
+    at::Tensor in = on_comm_device(group, input);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d_op(op, group.backend());
+    auto work = issue(kOp, group, [&] { return group.impl()._reduce_scatter_base(out, in, opts); });
+    std::function<void()> copy_back;
+    if (!out.is_same(output)) copy_back = [output, out] { output.copy_(out); };
+    return Work(kOp, &group, {work}, copy_back, seq);
+  }
+  if (group.native_reduce_scatter && !is_half(input)) {
     try {
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = c10d_op(op, group.backend());
@@ -250,7 +284,9 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, tensor);
   const bool widen = is_half(tensor) && group.backend() == Backend::kGloo;
-  at::Tensor buffer = widen ? tensor.to(at::kFloat) : tensor;
+  // See [Note: host tensors on NCCL].
+  at::Tensor buffer = widen ? tensor.to(at::kFloat) : on_comm_device(group, tensor);
+  const bool copy_back = widen || !buffer.is_same(tensor);
   auto counted = std::make_shared<memory::Reservation>(memory::BufferKind::kComm,
                                                        widen ? static_cast<int64_t>(buffer.nbytes()) : 0);
   std::vector<at::Tensor> tensors{buffer};
@@ -259,9 +295,9 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   opts.timeout = group.timeout();
   auto work = issue(kOp, group, [&] { return group.impl().allreduce(tensors, opts); });
   const int w = group.size();
-  return Work(kOp, &group, {work}, [tensor, buffer, counted, divide, w, widen] {
+  return Work(kOp, &group, {work}, [tensor, buffer, counted, divide, w, copy_back] {
     if (divide) buffer.div_(w);
-    if (widen) tensor.copy_(buffer);
+    if (copy_back) tensor.copy_(buffer);
   }, seq);
 }
 
@@ -270,12 +306,16 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
   check_flat(tensor, kOp, "tensor");
   FSDP_CHECK(root >= 0 && root < group.size(), kOp, ": root ", root, " is not a rank of ", group.describe());
   const int64_t seq = record(kOp, group, tensor);
-  std::vector<at::Tensor> tensors{as_bytes(tensor)};
+  // See [Note: host tensors on NCCL].
+  const at::Tensor buffer = on_comm_device(group, tensor);
+  std::vector<at::Tensor> tensors{as_bytes(buffer)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = group.timeout();
   auto work = issue(kOp, group, [&] { return group.impl().broadcast(tensors, opts); });
-  return Work(kOp, &group, {work}, nullptr, seq);
+  std::function<void()> copy_back;
+  if (!buffer.is_same(tensor)) copy_back = [tensor, buffer] { tensor.copy_(buffer); };
+  return Work(kOp, &group, {work}, copy_back, seq);
 }
 
 void barrier(ProcessGroup& group) {

@@ -26,18 +26,20 @@ std::shared_ptr<ProcessGroup>& check_group() {
 // Returns one row per rank.
 at::Tensor gather_bytes(ProcessGroup& group, const at::Tensor& mine, const std::string& purpose) {
   const int w = group.size();
-  at::Tensor out = at::empty({w, mine.numel()}, at::kByte);
+  // NCCL moves device memory only: the bytes travel through the current GPU.
+  const auto options = at::TensorOptions(at::kByte).device(group.backend() == Backend::kNccl ? at::kCUDA : at::kCPU);
+  at::Tensor out = at::empty({w, mine.numel()}, options);
   std::vector<at::Tensor> rows;
   for (int r = 0; r < w; ++r) rows.push_back(out[r]);
   std::vector<std::vector<at::Tensor>> outputs{rows};
-  std::vector<at::Tensor> inputs{mine};
+  std::vector<at::Tensor> inputs{mine.to(options.device())};
   try {
     group.impl().allgather(outputs, inputs)->wait(group.timeout());
   } catch (const std::exception& e) {
     throw Error(purpose + " on " + group.describe() + " failed: " + error_text(e) +
                 " (a peer died, or never reached this point; peers: " + group.describe_peers() + ")");
   }
-  return out;
+  return out.cpu();
 }
 
 at::Tensor entry_bytes(const FlightEntry& e) {

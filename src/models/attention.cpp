@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "kernels/kernels.h"
 
@@ -243,10 +244,44 @@ struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAtte
   }
 };
 
+// On a GPU, LibTorch's fused attention (flash, cuDNN or memory-efficient,
+// as it chooses): no (T, T) matrix in memory, dropout inside the kernel
+// (drawn from the device's generator, which checkpointing replays).
+Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
+  const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
+  auto qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, heads, T, hs)
+  const double p = dropout_active(dropout) ? (*dropout)->options.p() : 0.0;
+#if FSDP_TORCH_VERSION >= 205
+  const bool grouped = nh != k.size(2);
+  auto y = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, p, /*is_causal=*/true, /*scale=*/{},
+                                            /*enable_gqa=*/grouped);
+#elif FSDP_TORCH_VERSION >= 200
+  if (const int64_t rep = nh / k.size(2); rep > 1) {
+    kh = kh.repeat_interleave(rep, 1);
+    vh = vh.repeat_interleave(rep, 1);
+  }
+  auto y = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, p, /*is_causal=*/true);
+#else
+  (void)p;
+  auto y = composite_attention(q, k, v, dropout).view({B, T, nh, hs}).transpose(1, 2);  // never reached: see on_gpu
+#endif
+  return y.transpose(1, 2).reshape({B, T, nh * hs});
+}
+
+bool on_gpu(const Tensor& t) {
+#if FSDP_TORCH_VERSION >= 200
+  return t.is_cuda();
+#else
+  (void)t;
+  return false;  // LibTorch 1.13 has no fused attention; its CPU build has no GPU
+#endif
+}
+
 }  // namespace
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
   check_heads(q, k, v);
+  if (on_gpu(q)) return device_attention(q, k, v, dropout);
   if (!fused(q, dropout) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) {
     return composite_attention(q, k, v, dropout);
   }
@@ -256,6 +291,10 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch
 Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dropout* dropout) {
   FSDP_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0, "causal_attention_packed: qkv ",
              qkv.sizes(), " is not (B, T, 3 * ", n_head, " * head size)");
+  if (on_gpu(qkv)) {
+    return device_attention(packed_part(qkv, n_head, 0), packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2),
+                            dropout);
+  }
   if (!fused(qkv, dropout)) {
     return composite_attention(packed_part(qkv, n_head, 0), packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2),
                                dropout);

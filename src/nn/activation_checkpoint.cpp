@@ -6,10 +6,14 @@
 namespace fsdp::nn {
 namespace {
 
+at::Generator device_generator(const at::Device& device) { return at::globalContext().defaultGenerator(device); }
+
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                                 const CheckpointedMultiFn* fn) {
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    // Dropout on a GPU draws from that device's generator.
+    if (input.is_cuda()) ctx->saved_data["rng_device"] = device_generator(input.device()).get_state();
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
     ctx->save_for_backward({input});
     torch::NoGradGuard no_grad;
@@ -24,12 +28,21 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     auto generator = at::detail::getDefaultCPUGenerator();
     const auto current = generator.get_state();
     generator.set_state(ctx->saved_data["rng"].toTensor());
+    const bool on_device = ctx->saved_data.count("rng_device") > 0;
+    at::Generator device_gen;
+    at::Tensor device_current;
+    if (on_device) {
+      device_gen = device_generator(input.device());
+      device_current = device_gen.get_state();
+      device_gen.set_state(ctx->saved_data["rng_device"].toTensor());
+    }
     std::vector<torch::Tensor> outputs;
     {
       torch::AutoGradMode enable(true);
       outputs = (*fn)(input);
     }
     generator.set_state(current);
+    if (on_device) device_gen.set_state(device_current);
     std::vector<torch::Tensor> with_grad, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (grad_outputs[i].defined() && outputs[i].requires_grad()) {

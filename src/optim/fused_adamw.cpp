@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -55,6 +56,11 @@ torch::Tensor FusedAdamW::step_scaled(double gradient_scale) {
     fused_step(static_cast<float>(gradient_scale));
     return {};
   }
+  if (device_fusable()) {
+    last_step_fused_ = true;
+    device_fused_step(gradient_scale);
+    return {};
+  }
   if (gradient_scale != 1.0) {
     torch::NoGradGuard no_grad;
     for (auto& group : param_groups()) {
@@ -64,6 +70,73 @@ torch::Tensor FusedAdamW::step_scaled(double gradient_scale) {
     }
   }
   return torch::optim::AdamW::step();
+}
+
+bool FusedAdamW::device_fusable() const {
+#if FSDP_TORCH_VERSION >= 201
+  std::optional<at::Device> device;
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (!p.is_cuda() || !at::isFloatingType(p.scalar_type()) || p.grad().is_sparse() ||
+          p.grad().device() != p.device() || p.grad().scalar_type() != p.scalar_type()) {
+        return false;
+      }
+      if (device && *device != p.device()) return false;
+      device = p.device();
+    }
+  }
+  return device.has_value();
+#else
+  return false;
+#endif
+}
+
+// LibTorch's fused kernel (torch.optim.AdamW(fused=True)'s): the same
+// update as torch::optim::AdamW, in one launch for a group's parameters
+// instead of about ten per parameter. Steps stay torch's AdamWParamState
+// counters; the kernel reads each as a float tensor, as PyTorch keeps them.
+void FusedAdamW::device_fused_step(double gradient_scale) {
+#if FSDP_TORCH_VERSION >= 201
+  torch::NoGradGuard no_grad;
+  RECORD_USER_SCOPE("fsdp::fused_adamw");
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    std::vector<float> steps;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      auto& slot = state()[compat::optimizer_state_key(p)];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      s.step(s.step() + 1);
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(s.exp_avg());
+      exp_avg_sqs.push_back(s.exp_avg_sq());
+      steps.push_back(static_cast<float>(s.step()));
+    }
+    if (params.empty()) continue;
+    const auto on_device = at::TensorOptions().dtype(at::kFloat).device(params.front().device());
+    // One copy for every step counter, seen as one 0-d tensor each.
+    const auto step_values = at::tensor(steps, at::kFloat).to(on_device.device());
+    const std::vector<at::Tensor> step_tensors = step_values.unbind(0);
+    // The kernel divides each gradient by grad_scale (AMP's unscaling).
+    std::optional<at::Tensor> grad_scale;
+    if (gradient_scale != 1.0) grad_scale = at::full({}, 1.0 / gradient_scale, on_device);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_tensors, o.lr(),
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false,
+                      /*maximize=*/false, grad_scale, /*found_inf=*/std::nullopt);
+  }
+#else
+  (void)gradient_scale;
+#endif
 }
 
 void FusedAdamW::fused_step(float gradient_scale) {

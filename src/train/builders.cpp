@@ -9,6 +9,26 @@
 #include "fsdp/models/registry.h"
 
 namespace fsdp::train {
+
+namespace {
+
+// Module::to would materialise a deferred parameter (one element seen
+// through zero strides) as a full tensor of one uninitialised value that no
+// longer reads as deferred, so fully_shard would skip its param_init and
+// every rank would hold the whole model. A deferred parameter moves as a
+// deferred one; the rest move as Module::to moves them.
+void move_keeping_deferred(torch::nn::Module& module, const at::Device& device) {
+  for (auto& p : module.parameters()) {
+    if (is_deferred(p)) {
+      p.set_data(at::empty_strided(p.sizes(), std::vector<int64_t>(p.dim(), 0), p.options().device(device)));
+    } else {
+      p.set_data(p.to(device));
+    }
+  }
+  for (auto& b : module.buffers()) b.set_data(b.to(device));
+}
+
+}  // namespace
 namespace {
 
 ShardingStrategy strategy_of(Sharding s) {
@@ -65,7 +85,7 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
   }
   auto& model = *built.model;
   // The world's device decision; FSDP's buffers follow the parameters.
-  if (!world.device().is_cpu()) model.to(world.device());
+  if (!world.device().is_cpu()) move_keeping_deferred(model, world.device());
   built.parameters = models::count_parameters(model);
   const int64_t params = built.parameters;
   log.say("model " + (m.init_from.empty() ? m.name : m.init_from) + ": " + std::to_string(params) + " parameters (" +

@@ -17,12 +17,14 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     // The model sees at most its context window: the last max_seq_len tokens.
     const auto context = std::min<int64_t>(static_cast<int64_t>(ids.size()), model->max_seq_len());
-    auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - context, ids.end()), torch::kLong).unsqueeze(0);
+    auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - context, ids.end()), torch::kLong)
+                      .unsqueeze(0)
+                      .to(model->output_weight().device());
     // The head uses the root's parameters, gathered only inside the root's call.
     auto logits = fsdp::run(model, [&] {
                     auto hidden = model->forward(tokens);  // (1, T, C)
                     return hidden.select(1, context - 1).matmul(model->output_weight().t());
-                  }).to(torch::kFloat).squeeze(0);
+                  }).to(torch::kCPU, torch::kFloat).squeeze(0);  // sampled on the host, with `gen`
     int64_t next;
     if (o.temperature <= 0) {
       next = logits.argmax().item<int64_t>();

@@ -11,6 +11,8 @@
 #include "fsdp/common/error.h"
 #include "fsdp/io/atomic_file.h"
 
+#include <torch/cuda.h>
+
 // LibTorch 2.x profiles through Kineto (its legacy profiler is deprecated);
 // Debian's 1.13 is built without Kineto, so it keeps the legacy one.
 #if FSDP_TORCH_VERSION >= 200
@@ -68,7 +70,10 @@ struct ProfileWindow::Recording {
   explicit Recording(std::string path) : path_(std::move(path)) {
     namespace prof = torch::autograd::profiler;
     const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-    const std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
+    std::set<torch::profiler::impl::ActivityType> activities{torch::profiler::impl::ActivityType::CPU};
+    // Kernels and copies on the GPU's streams, beside the host's calls: the
+    // view that shows whether collectives overlap compute.
+    if (torch::cuda::is_available()) activities.insert(torch::profiler::impl::ActivityType::CUDA);
     prof::prepareProfiler(config, activities);
     prof::enableProfiler(config, activities);
   }

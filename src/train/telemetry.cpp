@@ -10,6 +10,9 @@
 #include <mutex>
 
 #include <torch/torch.h>
+#ifdef FSDP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "fsdp/common/error.h"
 #include "fsdp/train/tensorboard.h"
@@ -155,6 +158,40 @@ double measured_cpu_peak_flops(at::ScalarType dtype) {
   }
   peaks[dtype] = best;
   return best;
+}
+
+double measured_peak_flops(at::ScalarType dtype, const at::Device& device) {
+  if (!device.is_cuda()) return measured_cpu_peak_flops(dtype);
+  torch::NoGradGuard no_grad;
+  const int64_t n = 4096;
+  at::Generator gen = at::detail::createCPUGenerator(0);  // not the run's generators
+  auto a = at::randn({n, n}, gen).to(device, dtype);
+  auto b = at::randn({n, n}, gen).to(device, dtype);
+  auto c = a.matmul(b);
+  torch::cuda::synchronize(device.index());
+  double best = 0;
+  for (int burst = 0; burst < 5; ++burst) {
+    constexpr int kIters = 20;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) c = a.matmul(b);
+    torch::cuda::synchronize(device.index());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) * kIters / seconds);
+  }
+  return best;
+}
+
+int64_t peak_device_bytes(const at::Device& device) {
+#ifdef FSDP_WITH_CUDA
+  if (device.is_cuda()) {
+    // Index 0 of each statistic is the aggregate over pool kinds, in every
+    // LibTorch release the build supports (the type's name moved between them).
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  (void)device;
+  return 0;
 }
 
 double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim) {

@@ -121,7 +121,7 @@ void Trainer::set_up() {
   }
   // Everything is validated; only now may files be written.
   open_run_files();
-  peak_flops_ = measured_cpu_peak_flops(precision_dtype(config_.runtime.precision));
+  peak_flops_ = measured_peak_flops(precision_dtype(config_.runtime.precision), world_->device());
 }
 
 Trainer::~Trainer() = default;
@@ -253,7 +253,9 @@ TrainSummary Trainer::run() {
                      {"precision", name_of(config_.runtime.precision)},
                      {"threads_per_rank", at::get_num_threads()},
                      {"peak_flops_per_rank", peak_flops_},
-                     {"peak_source", "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
+                     {"peak_source", world_->device().is_cuda()
+                                         ? "best of 5 bursts of 4096^2 matmuls in the compute dtype, at start-up (GPU)"
+                                         : "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
   }
   catch_stop_signals();
   if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
@@ -447,6 +449,7 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                                                                   mem.optimizer_state_bytes) / (1 << 20)},
                          {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
                          {"allocated_peak_mb", static_cast<double>(memory::peak_allocated_bytes()) / (1 << 20)},
+                         {"peak_device_mb", static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20)},
                          {"tokens_seen", tokens_seen_}};
   if (s.aux_loss) line["aux_loss"] = *s.aux_loss;
   metrics_->write(line);

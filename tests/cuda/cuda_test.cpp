@@ -7,6 +7,8 @@
 #include "../cli/run_command.h"
 #include "../cli/train_support.h"
 #include "fsdp/common/compat.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/generate.h"
 
 namespace fsdp::testing {
 namespace {
@@ -51,6 +53,95 @@ TEST(Cuda, TrainingOnTheGpuMatchesTheCpu) {
   ASSERT_EQ(losses["cpu"].size(), 4u);
   ASSERT_EQ(losses["cuda"].size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(losses["cuda"][i], losses["cpu"][i], 1e-4 * losses["cpu"][i]) << i;
+}
+
+// One W = 1 run over NCCL on the GPU (or the CPU for the reference): the
+// losses of its logged steps. ARGS are `fsdp train` arguments.
+std::vector<double> train_on(const std::string& device, const std::string& dir, const std::string& args) {
+  const auto r = run_command(kCli + " launch -n 1 -- " + kCli + " train --data synthetic --log-every 1 --seq-len 16"
+                             " --batch-size 2 --device " + device + " --out-dir " + dir + " " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return {};
+  return train_losses(read_metrics(dir + "/metrics.jsonl"));
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * std::abs(want[i])) << "step " << i + 1;
+}
+
+// Every family's forward builds its positions or rotary tables on the
+// tokens' device, and a mixture of experts counts its tokens on the host:
+// each trains on the GPU as on the CPU.
+TEST(Cuda, EveryFamilyTrainsOnTheGpuAsOnTheCpu) {
+  SKIP_WITHOUT_A_GPU();
+  const auto dir = make_temp_dir();
+  for (const std::string model : {"llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "llama4-tiny", "example"}) {
+    SCOPED_TRACE(model);
+    const auto args = "--model " + model + " --steps 3";
+    expect_close(train_on("cuda", dir + "/" + model + "-cuda", args), train_on("cpu", dir + "/" + model + "-cpu", args),
+                 1e-3);
+  }
+}
+
+// A run stopped after step 2 and resumed on the GPU continues as the
+// uninterrupted one: a checkpoint's agreement, broadcasts and gathers cross
+// NCCL from host tensors, and the state returns to the device.
+TEST(Cuda, ResumedOnTheGpuContinuesExactly) {
+  SKIP_WITHOUT_A_GPU();
+  const auto dir = make_temp_dir();
+  const auto whole = train_on("cuda", dir + "/whole", "--steps 4");
+  train_on("cuda", dir + "/part", "--steps 2 --ckpt-dir " + dir + "/ckpt");
+  const auto resumed = train_on("cuda", dir + "/resumed", "--steps 4 --resume --ckpt-dir " + dir + "/ckpt");
+  ASSERT_EQ(whole.size(), 4u);
+  expect_close(resumed, {whole[2], whole[3]}, 1e-6);
+}
+
+// A model built from a Hugging Face directory is deferred (no memory behind
+// its parameters) and must stay so on its way to the GPU, where fully_shard
+// reads each weight from the files: its first loss is the CPU's from the
+// same weights, not that of one uninitialised value.
+TEST(Cuda, InitFromAHuggingFaceDirectoryLoadsItsWeights) {
+  SKIP_WITHOUT_A_GPU();
+  const auto dir = make_temp_dir();
+  train_on("cpu", dir + "/source", "--model llama-tiny --steps 2 --export-hf " + dir + "/hf");
+  const auto args = "--steps 2 --init-from " + dir + "/hf";
+  expect_close(train_on("cuda", dir + "/cuda", args), train_on("cpu", dir + "/cpu", args), 1e-3);
+}
+
+// Recomputation replays the forward's dropout masks, drawn from the GPU's
+// generator: with checkpointing the losses are those without.
+TEST(Cuda, CheckpointingReplaysTheGpuDropoutMasks) {
+  SKIP_WITHOUT_A_GPU();
+  const auto dir = make_temp_dir();
+  const auto args = std::string("--model gpt2-tiny --steps 3 --dropout 0.2");
+  expect_close(train_on("cuda", dir + "/ac", args + " --activation-checkpoint"), train_on("cuda", dir + "/plain", args),
+               1e-5);
+}
+
+// Generation feeds the GPU model device tokens and samples on the host:
+// greedy decoding picks what the same weights pick on the CPU, and sampling
+// with a temperature runs.
+TEST(Cuda, GeneratesFromAGpuModelAsFromTheCpu) {
+  SKIP_WITHOUT_A_GPU();
+  torch::manual_seed(0);
+  auto cpu_model = models::build_preset("gpt2-tiny");
+  auto gpu_model = models::build_preset("gpt2-tiny");
+  {
+    torch::NoGradGuard no_grad;
+    auto from = cpu_model->named_parameters();
+    for (auto& p : gpu_model->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  gpu_model->to(torch::kCUDA);
+  train::SampleOptions greedy;
+  greedy.max_new_tokens = 12;
+  greedy.temperature = 0;
+  const std::vector<int32_t> prompt{1, 2, 3};
+  EXPECT_EQ(train::generate(gpu_model, prompt, greedy), train::generate(cpu_model, prompt, greedy));
+  train::SampleOptions sampled;
+  sampled.max_new_tokens = 12;
+  EXPECT_EQ(train::generate(gpu_model, prompt, sampled).size(), 12u);
 }
 
 // FSDP frees a gathered unit by shrinking its storage to nothing and

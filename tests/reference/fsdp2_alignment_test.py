@@ -57,7 +57,8 @@ def flags(settings):
 def run_fsdp(args, directory, tokens, out):
     command = [args.fsdp, "launch", "-n", str(args.world), "--", args.fsdp, "train", "--init-from", directory,
                "--data", tokens, "--out-dir", out, "--export-hf", os.path.join(out, "hf"), "--log-every", "1",
-               "--tensorboard=false", "--precision", args.precision, "--grad-accum", str(args.grad_accum)]
+               "--tensorboard=false", "--precision", args.precision, "--grad-accum", str(args.grad_accum),
+               "--device", args.device]
     command += flags(SETTINGS)
     if args.hsdp:
         command += ["--sharding", "hybrid_shard", "--fsdp-size", str(args.world // args.hsdp)]
@@ -74,7 +75,7 @@ def run_fsdp2(args, directory, tokens, out, precision=None):
     command = [harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                os.path.join(os.path.dirname(__file__), "fsdp2_train.py"), "--init-from", directory, "--data", tokens,
                "--losses", losses, "--final", final, "--precision", precision or args.precision,
-               "--grad-accum", str(args.grad_accum)]
+               "--grad-accum", str(args.grad_accum), "--device", args.device]
     command += flags(SETTINGS)
     if args.hsdp:
         command += ["--hsdp", str(args.hsdp)]
@@ -109,6 +110,8 @@ def main():
         parser.add_argument("--grad-accum", type=int, default=1)
         parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
         parser.add_argument("--families", nargs="+", default=list(hf_models.FAMILIES))
+        parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                            help="both sides on GPU LOCAL_RANK over NCCL (a CUDA build of fsdp)")
 
     args = harness.parse_args(__doc__, extra)
     work = harness.work_dir(args)

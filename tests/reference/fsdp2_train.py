@@ -63,6 +63,8 @@ def parse():
     p.add_argument("--hsdp", type=int, default=0, help="replicas of a 2-D mesh (0: 1-D)")
     p.add_argument("--resume-dcp", help="start from this DCP checkpoint (tools/dcp_convert.py export)")
     p.add_argument("--save-dcp", help="save a DCP checkpoint here at the end")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: GPU LOCAL_RANK, a CUDA mesh over NCCL (TF32 off: fp32 is fp32)")
     p.add_argument("--gradient-divide-factor", type=float, default=0,
                    help="FSDP2's set_gradient_divide_factor (0: FSDP2's default)")
     return p.parse_args()
@@ -86,7 +88,7 @@ def batch(tokens, args, world, rank, step, micro):
     T, B = args.seq_len, args.batch_size
     first = ((step * args.grad_accum + micro) * world + rank) * B
     rows = [token_files.window(tokens, (first + j) * T, T + 1) for j in range(B)]
-    data = torch.from_numpy(np.stack(rows).astype(np.int64))
+    data = torch.from_numpy(np.stack(rows).astype(np.int64)).to(args.torch_device)
     return data[:, :-1], data[:, 1:]
 
 
@@ -103,7 +105,7 @@ def check_gradients_averaged(model, args, tokens, world, rank):
     the same batch, all ranks' rows, in a plain unsharded copy. Exits
     naming the ratio when they differ; --gradient-divide-factor is the
     workaround then."""
-    plain = load(args.init_from, torch.float64)
+    plain = load(args.init_from, torch.float64).to(args.torch_device)
     plain.train()
     rows = [batch(tokens, args, world, r, 0, 0) for r in range(world)]
     inputs, targets = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
@@ -146,18 +148,24 @@ def routing_margin(router_logits, k):
 
 def main():
     args = parse()
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    args.torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(args.torch_device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     dtype = torch.float64 if args.precision == "fp64" else torch.float32
-    model = load(args.init_from, dtype)
+    model = load(args.init_from, dtype).to(args.torch_device)
     model.train()
     is_moe = getattr(model.config, "router_aux_loss_coef", None) is not None and hasattr(model.config, "num_experts_per_tok")
 
     if args.hsdp:
-        mesh = init_device_mesh("cpu", (args.hsdp, world // args.hsdp), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(args.device, (args.hsdp, world // args.hsdp), mesh_dim_names=("replicate", "shard"))
     else:
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(args.device, (world,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if args.precision == "bf16" else MixedPrecisionPolicy()
     for block in blocks(model):
@@ -197,11 +205,11 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mean = torch.tensor([lm_sum], dtype=torch.float64)
+        mean = torch.tensor([lm_sum], dtype=torch.float64, device=args.torch_device)
         dist.all_reduce(mean)
         record = {"step": step + 1, "loss": mean.item() / world}
         if is_moe:
-            smallest = torch.tensor([margin], dtype=torch.float64)
+            smallest = torch.tensor([margin], dtype=torch.float64, device=args.torch_device)
             dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
             record["routing_margin"] = smallest.item()
         if out:
@@ -211,7 +219,7 @@ def main():
         dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
                   "train_state": {"step": args.steps, "tokens_seen": args.steps * world * args.grad_accum
                                   * args.batch_size * args.seq_len}}, checkpoint_id=args.save_dcp)
-    full = {name: p.full_tensor() for name, p in model.state_dict().items()}
+    full = {name: p.full_tensor().cpu() for name, p in model.state_dict().items()}
     if rank == 0 and args.final:
         # save_pretrained writes the checkpoint's layout (per-expert tensors
         # where transformers computes with fused ones).

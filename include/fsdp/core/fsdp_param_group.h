@@ -58,6 +58,7 @@ class FSDPParamGroup {
   dist::ProcessGroup& shard_group() const { return *shard_group_; }
   dist::ProcessGroup& replicate_group() const { return *replicate_group_; }
   dist::ProcessGroup& world_group() const { return *world_group_; }
+  at::Device device() const { return device_; }
   // Read at each use, not fixed at sharding: a unit frozen as a whole
   // when sharded may be unfrozen later (every rank the same).
   bool has_trainable_params() const;

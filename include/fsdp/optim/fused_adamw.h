@@ -15,7 +15,9 @@ class FusedAdamW : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
 
   // Fused when every parameter with a gradient is a contiguous fp32 CPU
-  // tensor with a dense gradient like it and amsgrad is off; otherwise
+  // tensor with a dense gradient like it and amsgrad is off; on a GPU
+  // (LibTorch 2.1 and later), LibTorch's fused AdamW kernel, one launch per
+  // parameter group, with the gradients scaled in place; otherwise
   // torch::optim::AdamW's own step (the same update, op by op).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
@@ -32,6 +34,8 @@ class FusedAdamW : public torch::optim::AdamW {
  private:
   bool fusable() const;
   void fused_step(float gradient_scale);
+  bool device_fusable() const;
+  void device_fused_step(double gradient_scale);
 
   bool last_step_fused_ = false;
 };

@@ -74,6 +74,12 @@ int64_t rss_bytes();
 // `dtype` (the run's compute dtype: bf16 matmuls can run faster than fp32
 // ones), measured once per dtype; the CPU "peak" MFU is stated against.
 double measured_cpu_peak_flops(at::ScalarType dtype);
+// The same on a GPU: the best rate of 4096^2 products in `dtype` on
+// `device` (TF32 as the run has it for fp32); the CPU's figure for a CPU.
+double measured_peak_flops(at::ScalarType dtype, const at::Device& device);
+// The peak of tensor memory the CUDA caching allocator handed out on
+// `device` since the process started, in bytes; 0 for a CPU or a CPU build.
+int64_t peak_device_bytes(const at::Device& device);
 
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L T C.
 double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim);

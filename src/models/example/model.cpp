@@ -48,7 +48,7 @@ ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c
 torch::Tensor ExampleTransformerImpl::hidden(torch::Tensor tokens) {
   TORCH_CHECK(tokens.size(1) <= max_seq_len, "sequence length ", tokens.size(1), " exceeds the model's ", max_seq_len,
               " positions");
-  auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong));
+  auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = dropout(tok_embeddings(tokens) + pos_embeddings(positions));
   for (auto& block : blocks) x = block(x);
   return norm(x);

@@ -85,7 +85,7 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
   const int64_t T = tokens.size(1);
   FSDP_CHECK(T <= config.n_positions, "sequence length ", T, " exceeds the model's ", config.n_positions,
              " positions (n_positions)");
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(positions));
   for (auto& block : transformer->blocks) x = block(x);
   return transformer->ln_f(x);

@@ -131,6 +131,8 @@ torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
   FSDP_CHECK(T <= config.max_position_embeddings, "sequence length ", T, " exceeds the model's ",
              config.max_position_embeddings, " positions (max_position_embeddings)");
   auto [cos, sin] = rotary_tables(T, config.head_size(), config.rope_theta, config.rope_scaling);
+  cos = cos.to(tokens.device());
+  sin = sin.to(tokens.device());
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;
   for (auto& block : model->blocks) {

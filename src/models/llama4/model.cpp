@@ -137,7 +137,8 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
     begin += count[e];
   }
   const auto out = shared_expert(tokens) + routed;
-  auto stats = torch::stack({torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(torch::kFloat)});
+  auto stats = torch::stack(
+      {torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(logits.device(), torch::kFloat)});
   return {out.view(x.sizes()), stats};
 }
 
@@ -196,7 +197,8 @@ torch::Tensor Llama4ForCausalLMImpl::forward(torch::Tensor tokens) {
   FSDP_CHECK(T <= t.max_position_embeddings, "sequence length ", T, " exceeds the model's ", t.max_position_embeddings,
              " positions (max_position_embeddings)");
   const auto angles = torch::outer(torch::arange(T, torch::kFloat), rope_inv_freq(t.head_size(), t.rope_theta,
-                                                                                  t.rope_scaling));  // (T, hs/2)
+                                                                                  t.rope_scaling))
+                         .to(tokens.device());  // (T, hs/2)
   const auto cos = angles.cos(), sin = angles.sin();
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;

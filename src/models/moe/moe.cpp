@@ -34,7 +34,7 @@ std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch
 
   const auto slot_expert = chosen.reshape({-1});  // (N * k)
   const auto order = std::get<1>(slot_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const auto counts = torch::bincount(slot_expert, {}, num_experts);  // (E) int64
+  const auto counts = torch::bincount(slot_expert, {}, num_experts).cpu();  // (E) int64, read on the host
   const auto* count = counts.data_ptr<int64_t>();
 
   auto out = torch::zeros_like(tokens);
@@ -54,7 +54,7 @@ std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch
     out.index_add_(0, token_ids, y * weights.index_select(0, slots).unsqueeze(1));
     begin += count[e];
   }
-  auto stats = torch::stack({probs.sum(0), counts.to(torch::kFloat)});
+  auto stats = torch::stack({probs.sum(0), counts.to(probs.device(), torch::kFloat)});
   return {out.view(x.sizes()), stats};
 }
 

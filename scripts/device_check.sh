@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The GPU check, one command on a lent GPU machine (no network, a python3
+# with a CUDA torch, nvcc, cmake and ninja, none of our Debian packages):
+#   1. unpacks the headers and libraries we build against (made here by
+#      scripts/device_deps.sh into .gpu/deps.tar.xz), builds the CLI and
+#      the CUDA tests against that machine's own LibTorch;
+#   2. takes a backtrace of the CLI under cuda-gdb where it crashes, runs
+#      the `cuda` test label, compares `fsdp train` with bench/pytorch_peer.py
+#      (FSDP2 per block, bf16 parameters, fp32 reduction, fused AdamW, SDPA;
+#      eager and compiled) on GPT-2 124M and a Llama 3.2 1B shape with a
+#      trace of one step, checks agreement with FSDP2 on this card
+#      (tests/reference/fsdp2_alignment_test.py --device cuda: fp32 for every
+#      family, bf16 against fp64), and trains gpt2-d6 and llama-d6 at W = 1.
+# Every step has a time limit inside a total budget (FSDP_CHECK_SECONDS,
+# default 540), so a hang costs one step, not the lease. Logs and results go
+# to $OUT (default out/device-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-out/device-check}
+mkdir -p "$out" "$out/runs"
+exec > >(tee "$out/main.log") 2>&1
+budget=${FSDP_CHECK_SECONDS:-540}
+begin=$SECONDS
+
+# Runs "$@" with at most LIMIT seconds, less where the budget has less left.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - (SECONDS - begin)))
+  ((limit > left)) && limit=$left
+  if ((limit < 10)); then
+    echo "=== $name: skipped, ${left}s of the budget left"
+    return 1
+  fi
+  echo "=== $name (limit ${limit}s, $((SECONDS - begin))s in)"
+  local t0=$SECONDS rc
+  timeout --kill-after=5 "$limit" "$@"
+  rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0))s"
+  return $rc
+}
+
+echo "=== machine"
+date -u
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+lscpu | grep -m1 'Model name'
+nproc
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
+g++ --version | head -1
+cmake --version | head -1
+nvcc --version | tail -1
+command -v ninja
+
+deps=/tmp/fsdp-deps
+mkdir -p "$deps"
+tar xJf .gpu/deps.tar.xz -C "$deps"
+D=$deps/usr
+export LD_LIBRARY_PATH=$D/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+build=build-cuda
+step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_TORCH="$torch_dir" \
+  -DCMAKE_PREFIX_PATH="$D" -DICU_ROOT="$D" -DBoost_INCLUDE_DIR="$D/include" -DBoost_NO_BOOST_CMAKE=ON \
+  -DProtobuf_PROTOC_EXECUTABLE="$D/bin/protoc" -DProtobuf_INCLUDE_DIR="$D/include" \
+  -DProtobuf_LIBRARY="$D/lib/x86_64-linux-gnu/libprotobuf.so" -DZLIB_INCLUDE_DIR="$D/include" \
+  -DCUDA_TOOLKIT_ROOT_DIR="$cuda_home" -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DTORCH_CUDA_ARCH_LIST=9.0 \
+  >"$out/runs/configure.log" 2>&1 || { tail -40 "$out/runs/configure.log"; exit 1; }
+step build 330 cmake --build "$build" -j "$(nproc)" --target fsdp_cli fsdp_cuda_tests -- -k 0 >"$out/build.log" 2>&1
+grep -E "error|FAILED" "$out/build.log" | head -40
+[[ -x $build/fsdp ]] || exit 1
+cli=$PWD/$build/fsdp
+"$cli" --version
+
+# Where a process crashes on its way out, the stack: the CLI alone, no launcher.
+step backtrace 60 cuda-gdb -batch -ex run -ex bt -ex 'info threads' --args "$cli" smoke --device cuda \
+  >"$out/backtrace.log" 2>&1
+grep -A30 -m1 "received signal" "$out/backtrace.log" | head -40
+
+step cuda-tests 150 "$build/tests/fsdp_cuda_tests" --gtest_color=no
+
+# One training run: NAME then `fsdp train` arguments; W = 1 over NCCL.
+train() {
+  local name=$1
+  shift
+  step "train $name" "${TRAIN_LIMIT:-60}" "$cli" launch -n 1 -- "$cli" train --device cuda --data synthetic \
+    --log-every 1 --out-dir "$out/runs/$name" "$@" >"$out/runs/$name.log" 2>&1
+  tail -3 "$out/runs/$name.log"
+}
+# The PyTorch peer on this card: FSDP2 per block, bf16 parameters, fp32
+# reduction, fused AdamW, SDPA.
+peer() {
+  local name=$1
+  shift
+  step "peer $name" "${PEER_LIMIT:-90}" "$cli" launch -n 1 -- python3 bench/pytorch_peer.py --device cuda \
+    --fsdp2 --bf16 --adamw fused --metrics "$out/runs/$name.jsonl" "$@" >"$out/runs/$name.log" 2>&1
+  tail -3 "$out/runs/$name.log"
+  tail -2 "$out/runs/$name.jsonl" 2>/dev/null
+}
+# Side by side: GPT-2 124M, then the Llama 3.2 1B shape.
+gpt2=(--model gpt2 --steps 12 --seq-len 1024 --batch-size 8)
+llama=(--model llama3.2-1b --steps 8 --seq-len 2048 --batch-size 4)
+train gpt2-124m-bf16 "${gpt2[@]}" --precision bf16 --profile-steps 10:10
+peer gpt2-124m-fsdp2-eager "${gpt2[@]}"
+PEER_LIMIT=120 peer gpt2-124m-fsdp2-compiled "${gpt2[@]}" --compile
+TRAIN_LIMIT=90 train llama1b-bf16 "${llama[@]}" --precision bf16
+peer llama1b-fsdp2-eager "${llama[@]}"
+
+# Agreement with FSDP2 on this card (tests/reference/fsdp2_alignment_test.py):
+# fp32 losses within 1e-5 for every family; bf16 against fp64.
+step align-fp32 150 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
+  >"$out/align-fp32.log" 2>&1
+tail -8 "$out/align-fp32.log"
+step align-bf16 120 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
+  --precision bf16 --families gpt2 llama >"$out/align-bf16.log" 2>&1
+tail -6 "$out/align-bf16.log"
+
+train gpt2-d6-fp32 --model gpt2-d6 --steps 20 --seq-len 256 --batch-size 8
+train llama-d6-bf16 --model llama-d6 --steps 20 --seq-len 256 --batch-size 8 --precision bf16
+
+echo "=== done in $((SECONDS - begin))s"
+# Traces on their own (the largest files), then everything else in one archive.
+find "$out/runs" -name '*.json' -size +1M | while read -r trace; do
+  name=$(echo "${trace#"$out/runs/"}" | tr '/' '_')
+  gzip -c "$trace" >"$out/trace_$name.gz" && rm "$trace"
+done
+tar czf "$out/runs.tar.gz" -C "$out" runs && rm -rf "$out/runs"
+ls -la "$out"
