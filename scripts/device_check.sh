@@ -20,7 +20,11 @@ out=${OUT:-out/device-check}
 mkdir -p "$out" "$out/runs"
 exec > >(tee "$out/main.log") 2>&1
 budget=${FSDP_CHECK_SECONDS:-540}
+# Which parts run after the build (a lease is short: split them over calls).
+phases=" ${FSDP_CHECK_PHASES:-backtrace tests bench align train} "
 begin=$SECONDS
+
+want() { [[ $phases == *" $1 "* ]]; }
 
 # Runs "$@" with at most LIMIT seconds, less where the budget has less left.
 step() {
@@ -34,7 +38,11 @@ step() {
   fi
   echo "=== $name (limit ${limit}s, $((SECONDS - begin))s in)"
   local t0=$SECONDS rc
-  timeout --kill-after=5 "$limit" "$@"
+  if [[ $(type -t "$1") == function ]]; then
+    timeout --kill-after=5 "$limit" bash -c "$(declare -f "$1"); cli=$cli; $*"
+  else
+    timeout --kill-after=5 "$limit" "$@"
+  fi
   rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0))s"
   return $rc
@@ -72,11 +80,22 @@ cli=$PWD/$build/fsdp
 "$cli" --version
 
 # Where a process crashes on its way out, the stack: the CLI alone, no launcher.
-step backtrace 60 cuda-gdb -batch -ex run -ex bt -ex 'info threads' --args "$cli" smoke --device cuda \
-  >"$out/backtrace.log" 2>&1
-grep -A30 -m1 "received signal" "$out/backtrace.log" | head -40
+# Each on a GPU and on the CPU, then once more stopping at exit() and
+# leaving by _exit(): a clean exit then puts the crash in static destruction.
+backtraces() {
+  for device in cuda cpu; do
+    echo "##### smoke --device $device"
+    cuda-gdb -batch -ex run -ex bt -ex 'info threads' --args "$cli" smoke --device "$device"
+  done
+  echo "##### smoke --device cuda, leaving by _exit at exit()"
+  cuda-gdb -batch -ex 'break exit' -ex run -ex bt -ex 'call (void)_exit(0)' --args "$cli" smoke --device cuda
+}
+if want backtrace; then
+  step backtrace 90 backtraces >"$out/backtrace.log" 2>&1
+  grep -E "^#####|received signal|Inferior 1|^#[0-9]+ " "$out/backtrace.log" | head -80
+fi
 
-step cuda-tests 150 "$build/tests/fsdp_cuda_tests" --gtest_color=no
+want tests && step cuda-tests 150 "$build/tests/fsdp_cuda_tests" --gtest_color=no
 
 # One training run: NAME then `fsdp train` arguments; W = 1 over NCCL.
 train() {
@@ -99,23 +118,25 @@ peer() {
 # Side by side: GPT-2 124M, then the Llama 3.2 1B shape.
 gpt2=(--model gpt2 --steps 12 --seq-len 1024 --batch-size 8)
 llama=(--model llama3.2-1b --steps 8 --seq-len 2048 --batch-size 4)
-train gpt2-124m-bf16 "${gpt2[@]}" --precision bf16 --profile-steps 10:10
-peer gpt2-124m-fsdp2-eager "${gpt2[@]}"
-PEER_LIMIT=120 peer gpt2-124m-fsdp2-compiled "${gpt2[@]}" --compile
-TRAIN_LIMIT=90 train llama1b-bf16 "${llama[@]}" --precision bf16
-peer llama1b-fsdp2-eager "${llama[@]}"
+if want bench; then
+  train gpt2-124m-bf16 "${gpt2[@]}" --precision bf16 --profile-steps 10:10
+  peer gpt2-124m-fsdp2-eager "${gpt2[@]}"
+  PEER_LIMIT=120 peer gpt2-124m-fsdp2-compiled "${gpt2[@]}" --compile
+  TRAIN_LIMIT=90 train llama1b-bf16 "${llama[@]}" --precision bf16
+  peer llama1b-fsdp2-eager "${llama[@]}"
+fi
 
 # Agreement with FSDP2 on this card (tests/reference/fsdp2_alignment_test.py):
 # fp32 losses within 1e-5 for every family; bf16 against fp64.
-step align-fp32 150 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
+want align && step align-fp32 150 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
   >"$out/align-fp32.log" 2>&1
-tail -8 "$out/align-fp32.log"
-step align-bf16 120 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
+want align && tail -8 "$out/align-fp32.log"
+want align && step align-bf16 120 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
   --precision bf16 --families gpt2 llama >"$out/align-bf16.log" 2>&1
-tail -6 "$out/align-bf16.log"
+want align && tail -6 "$out/align-bf16.log"
 
-train gpt2-d6-fp32 --model gpt2-d6 --steps 20 --seq-len 256 --batch-size 8
-train llama-d6-bf16 --model llama-d6 --steps 20 --seq-len 256 --batch-size 8 --precision bf16
+want train && train gpt2-d6-fp32 --model gpt2-d6 --steps 20 --seq-len 256 --batch-size 8
+want train && train llama-d6-bf16 --model llama-d6 --steps 20 --seq-len 256 --batch-size 8 --precision bf16
 
 echo "=== done in $((SECONDS - begin))s"
 # Traces on their own (the largest files), then everything else in one archive.
