@@ -18,6 +18,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/remove_tree.h"
 #include "fsdp/io/safetensors.h"
 
 namespace fsdp::checkpoint {
@@ -213,7 +214,7 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
              int keep) {
   fsync_dir(tmp_dir);
   fault_point("checkpoint.before_publish");
-  fs::remove_all(final_dir);
+  io::remove_tree(final_dir);
   fs::rename(tmp_dir, final_dir);
   fsync_dir(dir);
   io::write_file_atomically(dir + "/latest", name + "\n");
@@ -224,7 +225,7 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
   }
   std::sort(steps.begin(), steps.end());
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i)
-    fs::remove_all(dir + "/" + steps[i]);
+    io::remove_tree(dir + "/" + steps[i]);
 }
 
 }  // namespace
@@ -258,7 +259,7 @@ void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error,
   if (group.rank() == first) std::memcpy(text.data_ptr(), local_error.data(), local_error.size());
   if (text.numel() > 0) dist::broadcast(group, text, first).wait();
   std::error_code ignored;
-  if (group.rank() == 0) fs::remove_all(partial, ignored);
+  if (group.rank() == 0) io::remove_tree(partial, ignored);
   const std::string why(reinterpret_cast<const char*>(text.data_ptr()), static_cast<size_t>(text.numel()));
   throw SaveError("saving checkpoint '" + partial + "' failed on rank " + std::to_string(first) + ": " + why +
                   "; its partial files were removed and `latest` still names the previous checkpoint");
@@ -277,7 +278,7 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   if (rank == 0) {
     try {
       fs::create_directories(dir);
-      fs::remove_all(tmp_dir);  // an earlier save that died here
+      io::remove_tree(tmp_dir);  // an earlier save that died here
       fs::create_directories(tmp_dir);
     } catch (const std::exception& e) {
       error = error_text(e);
@@ -310,7 +311,7 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
       std::ifstream pointer(dir + "/latest");
       std::string named;
       std::getline(pointer, named);
-      if (named != name) fs::remove_all(final_dir, ignored);
+      if (named != name) io::remove_tree(final_dir, ignored);
     }
   }
   agree_on_failure(group, error, tmp_dir);

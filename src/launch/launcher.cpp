@@ -22,6 +22,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/dist/flight_recorder.h"
 #include "fsdp/dist/launch_env.h"
+#include "fsdp/io/remove_tree.h"
 
 namespace fsdp::launch {
 namespace {
@@ -111,7 +112,10 @@ class Supervisor {
     if (!failure_ && forwarded_signal_ == 0) wait_for_other_nodes_to_finish();
     const int code = exit_code();
     // The flight records stay for a job that failed or did not stop cleanly.
-    if (code == 0 && own_recorder_dir_) std::filesystem::remove_all(recorder_dir_);
+    // See [Note: no std::filesystem::remove_all]; a folder left behind in
+    // the temporary directory is no reason to fail a job that succeeded.
+    std::error_code ignored;
+    if (code == 0 && own_recorder_dir_) io::remove_tree(recorder_dir_, ignored);
     return code;
   }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/remove_tree.h"
 
 namespace fsdp::train {
 namespace fs = std::filesystem;
@@ -80,7 +81,7 @@ void remove_if_holds_no_file(const std::string& dir) {
        it.increment(ec)) {
     if (!it->is_directory()) return;
   }
-  if (!ec) fs::remove_all(dir, ec);
+  if (!ec) io::remove_tree(dir, ec);
 }
 
 void check_writable_dir(const std::string& path, const std::string& flag) {

@@ -254,8 +254,8 @@ TrainSummary Trainer::run() {
                      {"threads_per_rank", at::get_num_threads()},
                      {"peak_flops_per_rank", peak_flops_},
                      {"peak_source", world_->device().is_cuda()
-                                         ? "best of 5 bursts of 4096^2 matmuls in the compute dtype, at start-up (GPU)"
-                                         : "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
+                          ? "best of 5 bursts of 4096^2 matmuls in the compute dtype, at start-up (GPU)"
+                          : "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
   }
   catch_stop_signals();
   if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
@@ -449,9 +449,12 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                                                                   mem.optimizer_state_bytes) / (1 << 20)},
                          {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
                          {"allocated_peak_mb", static_cast<double>(memory::peak_allocated_bytes()) / (1 << 20)},
-                         {"peak_device_mb", static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20)},
                          {"tokens_seen", tokens_seen_}};
   if (s.aux_loss) line["aux_loss"] = *s.aux_loss;
+  // On a GPU: the caching allocator's peak, what torch.cuda.max_memory_allocated reports.
+  if (world_->device().is_cuda()) {
+    line["peak_device_mb"] = static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20);
+  }
   metrics_->write(line);
   log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm);
 }

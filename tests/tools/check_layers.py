@@ -29,7 +29,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "io": ("common",),
     "dist": ("common",),
     # The launcher: included by apps/ only.
-    "launch": ("common", "dist"),
+    "launch": ("common", "io", "dist"),
     "core": ("common", "dist", "kernels"),
     "optim": ("common", "kernels"),
     # The layers models are built from; FSDP (core) comes after, in models.
