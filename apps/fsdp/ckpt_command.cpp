@@ -13,13 +13,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/hf/checkpoint_export.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/config_reader.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/hf_companions.h"
 
 namespace fsdp::cli {
 namespace {
@@ -47,6 +53,43 @@ std::string resolve(const std::string& path) {
   std::fflush(nullptr);
   ::execv(python.c_str(), argv.data());
   throw Error("cannot run '" + python + "': " + std::strerror(errno));
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& n : names) text += (text.empty() ? "" : ", ") + n;
+  return text;
+}
+
+// The model's vocabulary as its exported config.json states it (Llama 4
+// nests it in text_config).
+int64_t exported_vocab(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  const auto config = nlohmann::json::parse(in);
+  const auto& text = config.contains("text_config") ? config["text_config"] : config;
+  FSDP_CHECK(text.contains("vocab_size"), "'", dir, "/config.json' states no vocab_size");
+  return text["vocab_size"].get<int64_t>();
+}
+
+// The companions of an exported checkpoint, from the run that saved it
+// (its recorded configuration names --init-from and the tokenizer), or
+// from TOKENIZER when given.
+train::CompanionReport write_companions(const std::string& checkpoint, const std::string& out,
+                                        const std::string& tokenizer) {
+  train::TrainConfig run;
+  const auto meta = checkpoint::read_metadata(checkpoint);
+  if (const auto yaml = meta.value("config", ""); !yaml.empty()) {
+    run.load_yaml_text(yaml, "checkpoint '" + checkpoint + "'");
+  }
+  auto sources = train::companion_sources(run);
+  if (!tokenizer.empty()) sources.tokenizer_dir = tokenizer;
+  if (!sources.model_dir.empty() && !std::filesystem::is_directory(sources.model_dir)) {
+    std::fprintf(stderr, "warning: the run's --init-from '%s' is not here (relative to %s?): its token ids, "
+                 "generation config and chat template are not carried over\n",
+                 sources.model_dir.c_str(), std::filesystem::current_path().c_str());
+    sources.model_dir.clear();
+  }
+  return train::write_hf_companions(sources, exported_vocab(out), out);
 }
 
 }  // namespace
@@ -81,14 +124,29 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
                   "hf: a Hugging Face directory; dcp: a Distributed Checkpoint directory an FSDP2 job loads with "
                   "dcp.load (model, AdamW state, step; tools/dcp_convert.py)")
       ->check(CLI::IsMember({"hf", "dcp"}));
-  exp->callback([from, out, dtype, shard_size, format, &exit_code] {
+  auto tokenizer = std::make_shared<std::string>();
+  exp->add_option("--tokenizer", *tokenizer,
+                  "tokenizer to write beside the weights (default: the run's: its --tokenizer, else its "
+                  "--init-from's, else data/gpt2)");
+  exp->callback([from, out, dtype, shard_size, format, tokenizer, &exit_code] {
     if (*format == "dcp") run_dcp_converter({"export", resolve(*from), *out});
     models::HfExportOptions options;
     if (!dtype->empty()) options.dtype = models::hf::parse_export_dtype(*dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(*shard_size, "--export-shard-size");
     const auto ckpt_path = resolve(*from);
+    if (!tokenizer->empty()) {
+      FSDP_CHECK(data::has_tokenizer(*tokenizer), "--tokenizer '", *tokenizer,
+                 "' holds neither a tokenizer.json nor GPT-2's BPE files (encoder.json and vocab.bpe, or vocab.json "
+                 "and merges.txt)");
+    }
     models::export_checkpoint_hf(ckpt_path, *out, options);
-    std::printf("exported %s to %s\n", ckpt_path.c_str(), out->c_str());
+    const auto report = write_companions(ckpt_path, *out, *tokenizer);
+    std::printf("exported %s to %s%s\n", ckpt_path.c_str(), out->c_str(),
+                report.written.empty() ? "" : (" (with " + join(report.written) + ")").c_str());
+    if (!report.note.empty()) {
+      std::fprintf(stderr, "warning: no tokenizer in %s: %s; give `fsdp ckpt export --tokenizer DIR` a matching one\n",
+                   out->c_str(), report.note.c_str());
+    }
     exit_code = 0;
   });
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <queue>
 
 #include <unicode/normalizer2.h>
@@ -341,10 +342,24 @@ std::string Tokenizer::decode_tokens(const std::vector<int32_t>& ids, bool after
   return text;
 }
 
+namespace {
+
+// GPT-2's two BPE files under OpenAI's names (encoder.json, vocab.bpe) or
+// Hugging Face's (vocab.json, merges.txt): the same contents.
+std::optional<std::pair<std::string, std::string>> gpt2_bpe_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const auto& [vocab, merges] : {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
+    const auto v = fs::path(dir) / vocab, m = fs::path(dir) / merges;
+    if (fs::is_regular_file(v) && fs::is_regular_file(m)) return std::pair{v.string(), m.string()};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 bool has_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
-  return fs::is_regular_file(fs::path(dir) / "tokenizer.json") ||
-         (fs::is_regular_file(fs::path(dir) / "encoder.json") && fs::is_regular_file(fs::path(dir) / "vocab.bpe"));
+  return fs::is_regular_file(fs::path(dir) / "tokenizer.json") || gpt2_bpe_files(dir).has_value();
 }
 
 std::string default_tokenizer_dir() {
@@ -370,10 +385,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
     const auto config = d / "tokenizer_config.json";
     return from_tokenizer_json((d / "tokenizer.json").string(), fs::exists(config) ? config.string() : "");
   }
-  FSDP_CHECK(has_tokenizer(dir), "--tokenizer '", dir,
+  const auto bpe = gpt2_bpe_files(dir);
+  FSDP_CHECK(bpe.has_value(), "--tokenizer '", dir,
              "' holds neither a tokenizer.json (a Hugging Face model directory) nor GPT-2's encoder.json and ",
-             "vocab.bpe (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
-  return from_gpt2_files((d / "encoder.json").string(), (d / "vocab.bpe").string());
+             "vocab.bpe, or vocab.json and merges.txt (scripts/fetch_data.sh downloads GPT-2's to data/gpt2)");
+  return from_gpt2_files(bpe->first, bpe->second);
 }
 
 }  // namespace fsdp::data

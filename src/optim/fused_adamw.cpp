@@ -72,6 +72,21 @@ torch::Tensor FusedAdamW::step_scaled(double gradient_scale) {
   return torch::optim::AdamW::step();
 }
 
+// The parameter's state as torch::optim::AdamW keeps it (made at its first
+// step), its step counter advanced for this step.
+torch::optim::AdamWParamState& FusedAdamW::stepped_state(const torch::Tensor& p) {
+  auto& slot = state()[compat::optimizer_state_key(p)];
+  if (!slot) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    slot = std::move(fresh);
+  }
+  auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+  s.step(s.step() + 1);
+  return s;
+}
+
 bool FusedAdamW::device_fusable() const {
 #if FSDP_TORCH_VERSION >= 201
   std::optional<at::Device> device;
@@ -107,15 +122,7 @@ void FusedAdamW::device_fused_step(double gradient_scale) {
     std::vector<float> steps;
     for (auto& p : group.params()) {
       if (!p.grad().defined() || p.numel() == 0) continue;
-      auto& slot = state()[compat::optimizer_state_key(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
-      s.step(s.step() + 1);
+      auto& s = stepped_state(p);
       params.push_back(p);
       grads.push_back(p.grad());
       exp_avgs.push_back(s.exp_avg());
@@ -150,15 +157,7 @@ void FusedAdamW::fused_step(float gradient_scale) {
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     for (auto& p : group.params()) {
       if (!p.grad().defined() || p.numel() == 0) continue;
-      auto& slot = state()[compat::optimizer_state_key(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
-      s.step(s.step() + 1);
+      auto& s = stepped_state(p);
       // As torch::optim::AdamW: corrections and step size in double, then
       // each rounded to float where its tensor op would round it.
       const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));

@@ -1,6 +1,5 @@
 #include "fsdp/train/export.h"
 
-#include <filesystem>
 
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
@@ -9,35 +8,31 @@
 #include "fsdp/models/hf/weights.h"
 
 namespace fsdp::train {
+namespace {
 
-void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExport& r, const std::string& tokenizer_dir,
-                          const data::Tokenizer* tokenizer, dist::World& world, RunLog& log) {
+std::string join(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& n : names) text += (text.empty() ? "" : ", ") + n;
+  return text;
+}
+
+}  // namespace
+
+void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExport& r, const CompanionSources& sources,
+                          dist::World& world, RunLog& log) {
   const auto params = full_parameters(model);
   if (log.speaks()) {
     models::HfExportOptions options;
     if (!r.dtype.empty()) options.dtype = models::hf::parse_export_dtype(r.dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(r.shard_size, "--export-shard-size");
     models::save_hf_pretrained(model, params, r.dir, options);
-    // A tokenizer with more tokens than the model has rows would make an
-    // inconsistent directory (ids the embedding cannot look up): left out.
-    namespace fs = std::filesystem;
-    const fs::path dir = tokenizer_dir;
-    const bool has_json = fs::is_regular_file(dir / "tokenizer.json");
-    std::unique_ptr<data::Tokenizer> loaded;
-    if (tokenizer == nullptr && has_json) loaded = data::Tokenizer::from_dir(dir.string());
-    const data::Tokenizer* tok = tokenizer != nullptr ? tokenizer : loaded.get();
-    if (has_json && tok != nullptr && tok->vocab_size() > model.vocab_size()) {
-      log.warn("the tokenizer " + tok->source() + " was not copied to " + r.dir + ": its " +
-               std::to_string(tok->vocab_size()) + " tokens do not fit the model's vocabulary of " +
-               std::to_string(model.vocab_size()) + "; give `fsdp generate --from` a matching --tokenizer");
-    } else {
-      for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-        if (fs::is_regular_file(dir / file) && !fs::equivalent(dir, r.dir)) {
-          fs::copy_file(dir / file, fs::path(r.dir) / file, fs::copy_options::overwrite_existing);
-        }
-      }
+    const auto report = write_hf_companions(sources, model.vocab_size(), r.dir);
+    if (!report.note.empty()) {
+      log.warn("no tokenizer in " + r.dir + ": " + report.note +
+               "; give `fsdp generate --from` and AutoTokenizer a matching one");
     }
-    log.say("exported Hugging Face weights to " + r.dir);
+    log.say("exported Hugging Face weights to " + r.dir +
+            (report.written.empty() ? "" : " (with " + join(report.written) + ")"));
   }
   dist::barrier(world.group());
 }

@@ -148,11 +148,7 @@ void Trainer::choose_run_folder() {
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
 }
 
-std::string Trainer::tokenizer_dir() const {
-  const auto& init_from = config_.model.init_from;
-  if (!config_.sample.tokenizer.empty()) return config_.sample.tokenizer;
-  return !init_from.empty() && data::has_tokenizer(init_from) ? init_from : data::default_tokenizer_dir();
-}
+std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }
 
 void Trainer::load_tokenizer() {
   const auto& r = config_.sample;
@@ -529,7 +525,7 @@ std::string Trainer::sample_text() {
 }
 
 void Trainer::export_hf() {
-  export_trained_model(*model_, config_.hf_export, tokenizer_dir(), tokenizer_.get(), *world_, log_);
+  export_trained_model(*model_, config_.hf_export, companion_sources(config_), *world_, log_);
 }
 
 }  // namespace fsdp::train

@@ -217,9 +217,15 @@ TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
                              std::string(FSDP_SOURCE_DIR) + "/data/llama3 --export-hf " + dir + "/hf --out-dir " + dir +
                              "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("its 128256 tokens do not fit the model's vocabulary of 512"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("has 128256 tokens, more than the model's vocabulary of 512"), std::string::npos) << r.output;
   EXPECT_TRUE(exists(dir + "/hf/config.json"));
   EXPECT_FALSE(exists(dir + "/hf/tokenizer.json"));
+  // Nor do that tokenizer's special tokens (128000 and up) become the model's ids.
+  std::ifstream in(dir + "/hf/config.json");
+  const auto config = nlohmann::json::parse(in);
+  EXPECT_TRUE(config["bos_token_id"].is_null()) << config.dump();
+  EXPECT_TRUE(config["eos_token_id"].is_null()) << config.dump();
+  EXPECT_FALSE(exists(dir + "/hf/generation_config.json"));
 }
 
 TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {

@@ -34,6 +34,7 @@ class FusedAdamW : public torch::optim::AdamW {
  private:
   bool fusable() const;
   void fused_step(float gradient_scale);
+  torch::optim::AdamWParamState& stepped_state(const torch::Tensor& p);
   bool device_fusable() const;
   void device_fused_step(double gradient_scale);
 
