@@ -342,10 +342,6 @@ std::string Tokenizer::decode_tokens(const std::vector<int32_t>& ids, bool after
   return text;
 }
 
-namespace {
-
-// GPT-2's two BPE files under OpenAI's names (encoder.json, vocab.bpe) or
-// Hugging Face's (vocab.json, merges.txt): the same contents.
 std::optional<std::pair<std::string, std::string>> gpt2_bpe_files(const std::string& dir) {
   namespace fs = std::filesystem;
   for (const auto& [vocab, merges] : {std::pair{"encoder.json", "vocab.bpe"}, std::pair{"vocab.json", "merges.txt"}}) {
@@ -354,8 +350,6 @@ std::optional<std::pair<std::string, std::string>> gpt2_bpe_files(const std::str
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 bool has_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;

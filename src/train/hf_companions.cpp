@@ -28,17 +28,6 @@ nlohmann::json read_json(const fs::path& path) {
   }
 }
 
-// GPT-2's BPE files under either set of names: OpenAI's, or Hugging Face's.
-struct Gpt2Files {
-  fs::path encoder, merges;
-};
-
-std::optional<Gpt2Files> gpt2_files(const fs::path& dir) {
-  if (is_file(dir / "encoder.json") && is_file(dir / "vocab.bpe")) return Gpt2Files{dir / "encoder.json", dir / "vocab.bpe"};
-  if (is_file(dir / "vocab.json") && is_file(dir / "merges.txt")) return Gpt2Files{dir / "vocab.json", dir / "merges.txt"};
-  return std::nullopt;
-}
-
 // A special token as tokenizer_config.json names it: a string, or an
 // object with its content (transformers' AddedToken).
 std::string token_text(const nlohmann::json& value) {
@@ -80,8 +69,8 @@ nlohmann::json tokenizer_ids(const fs::path& dir) {
       if (!config.contains(key)) continue;
       if (const auto id = id_in_tokenizer_json(tokenizer, token_text(config[key]))) ids[key + "_id"] = *id;
     }
-  } else if (const auto files = gpt2_files(dir)) {
-    const auto encoder = read_json(files->encoder);
+  } else if (const auto files = data::gpt2_bpe_files(dir.string())) {
+    const auto encoder = read_json(files->first);
     if (encoder.contains(kGpt2EndOfText)) ids["bos_token_id"] = ids["eos_token_id"] = encoder[kGpt2EndOfText];
   }
   return ids;
@@ -186,11 +175,11 @@ CompanionReport write_hf_companions(const CompanionSources& sources, int64_t mod
       copy_into(tokenizer_dir / file, out / file);
       report.written.push_back(file);
     }
-  } else if (const auto files = gpt2_files(tokenizer_dir)) {
+  } else if (const auto files = data::gpt2_bpe_files(sources.tokenizer_dir)) {
     // GPT-2's files as transformers names them, and the config that says
     // which class reads them and which token ends a text.
-    copy_into(files->encoder, out / "vocab.json");
-    copy_into(files->merges, out / "merges.txt");
+    copy_into(files->first, out / "vocab.json");
+    copy_into(files->second, out / "merges.txt");
     write_json(out / "tokenizer_config.json",
                {{"tokenizer_class", "GPT2Tokenizer"}, {"add_prefix_space", false}, {"bos_token", kGpt2EndOfText},
                 {"eos_token", kGpt2EndOfText}, {"unk_token", kGpt2EndOfText}, {"model_max_length", 1024}});

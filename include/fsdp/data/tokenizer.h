@@ -11,8 +11,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace fsdp::data {
@@ -74,6 +76,9 @@ class Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+// GPT-2's two BPE files in DIR, (vocabulary, merges), under OpenAI's names
+// (encoder.json, vocab.bpe) or Hugging Face's (vocab.json, merges.txt).
+std::optional<std::pair<std::string, std::string>> gpt2_bpe_files(const std::string& dir);
 // Whether DIR holds a tokenizer from_dir reads.
 bool has_tokenizer(const std::string& dir);
 
