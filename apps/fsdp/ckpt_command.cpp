@@ -61,14 +61,30 @@ std::string join(const std::vector<std::string>& names) {
   return text;
 }
 
-// The model's vocabulary as its exported config.json states it (Llama 4
-// nests it in text_config).
+// The model's vocabulary as a Hugging Face config states it (Llama 4 nests
+// it in text_config).
+int64_t vocab_of(const nlohmann::json& config, const std::string& where) {
+  const auto& text = config.contains("text_config") ? config["text_config"] : config;
+  FSDP_CHECK(text.contains("vocab_size") && text["vocab_size"].is_number_integer(), where, " states no vocab_size");
+  return text["vocab_size"].get<int64_t>();
+}
+
 int64_t exported_vocab(const std::string& dir) {
   std::ifstream in(dir + "/config.json");
-  const auto config = nlohmann::json::parse(in);
-  const auto& text = config.contains("text_config") ? config["text_config"] : config;
-  FSDP_CHECK(text.contains("vocab_size"), "'", dir, "/config.json' states no vocab_size");
-  return text["vocab_size"].get<int64_t>();
+  return vocab_of(nlohmann::json::parse(in), "'" + dir + "/config.json'");
+}
+
+// An explicit --tokenizer must serve the checkpoint's model: refused before
+// anything is written.
+void check_tokenizer_fits(const std::string& checkpoint, const std::string& tokenizer_dir) {
+  const auto meta = checkpoint::read_metadata(checkpoint);
+  const auto hf_config = meta.value("hf_config", "");
+  if (hf_config.empty()) return;  // export_checkpoint_hf says why there is nothing to export
+  const int64_t model_vocab = vocab_of(nlohmann::json::parse(hf_config), "checkpoint '" + checkpoint + "'");
+  const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);
+  FSDP_CHECK(tokenizer->vocab_size() <= model_vocab, "--tokenizer ", tokenizer->source(), " has ",
+             tokenizer->vocab_size(), " tokens, more than the vocabulary of ", model_vocab, " of the model in '",
+             checkpoint, "': it is not the model's");
 }
 
 // The companions of an exported checkpoint, from the run that saved it
@@ -138,6 +154,7 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
       FSDP_CHECK(data::has_tokenizer(*tokenizer), "--tokenizer '", *tokenizer,
                  "' holds neither a tokenizer.json nor GPT-2's BPE files (encoder.json and vocab.bpe, or vocab.json "
                  "and merges.txt)");
+      check_tokenizer_fits(ckpt_path, *tokenizer);
     }
     models::export_checkpoint_hf(ckpt_path, *out, options);
     const auto report = write_companions(ckpt_path, *out, *tokenizer);

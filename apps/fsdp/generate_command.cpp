@@ -13,6 +13,27 @@
 #include "fsdp/train/generate.h"
 
 namespace fsdp::cli {
+namespace {
+
+// GPT-2's tokenizer stands in for a directory without one only for a model
+// of GPT-2's vocabulary, at most padded (nanoGPT's 50,304 rows).
+constexpr int64_t kVocabPadding = 1024;
+
+// A tokenizer whose ids the model cannot look up, or, taken by default, one
+// that is plainly not the model's, would print a wrong text and exit 0.
+void check_tokenizer_fits(const data::Tokenizer& tokenizer, int64_t model_vocab, const std::string& from,
+                          bool implicit_default) {
+  const int64_t vocab = tokenizer.vocab_size();
+  FSDP_CHECK(vocab <= model_vocab, "the tokenizer ", tokenizer.source(), " has ", vocab,
+             " tokens, more than the vocabulary of ", model_vocab, " of the model in '", from,
+             "': it is not the model's (pass its tokenizer with --tokenizer DIR)");
+  FSDP_CHECK(!implicit_default || model_vocab < vocab + kVocabPadding, "'", from,
+             "' holds no tokenizer, and the default, GPT-2's ", tokenizer.source(), " (", vocab,
+             " tokens), is not this model's (", model_vocab, " tokens): pass the model's tokenizer with --tokenizer DIR "
+             "(a directory with its tokenizer.json)");
+}
+
+}  // namespace
 
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
@@ -57,6 +78,8 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     } catch (const Error& e) {
       throw Error("--from '" + f->from + "': " + e.what());
     }
+    const bool implicit_default = f->tokenizer.empty() && !data::has_tokenizer(f->from);
+    check_tokenizer_fits(*tokenizer, model->vocab_size(), f->from, implicit_default);
     auto prompt = tokenizer->encode(f->prompt);
     if (prompt.empty()) prompt.push_back(tokenizer->document_separator());
     for (const int32_t id : prompt) {

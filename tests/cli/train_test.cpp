@@ -228,6 +228,41 @@ TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
   EXPECT_FALSE(exists(dir + "/hf/generation_config.json"));
 }
 
+// GPT-2's tokenizer is the default only for a model of GPT-2's vocabulary:
+// for another, `fsdp generate` used to encode with it and print a wrong
+// text, exit 0. An explicit tokenizer larger than the model is refused by
+// `generate` and by `ckpt export` (before anything is written), naming both
+// sizes.
+TEST(TrainErrors, AGenerateOrExportTokenizerThatIsNotTheModelsIsRefused) {
+  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 60000 --data synthetic --steps 1 --out-dir " +
+                        dir + "/run --ckpt-dir " + dir + "/ckpt --tokenizer " + gpt2 + " --export-hf " + dir + "/hf")
+                .exit_code,
+            0);
+  // GPT-2's tokenizer (50,257) fits 60,000 rows: it was exported and serves.
+  EXPECT_TRUE(exists(dir + "/hf/vocab.json"));
+  EXPECT_EQ(run_command(kCli + " generate --from " + dir + "/hf --max-new-tokens 2").exit_code, 0);
+  // Without it, the default is not taken for 60,000 rows.
+  for (const char* file : {"vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
+    std::filesystem::remove(dir + "/hf/" + file);
+  }
+  const auto fallback = run_command(kCli + " generate --from " + dir + "/hf --max-new-tokens 2");
+  EXPECT_EQ(fallback.exit_code, 1) << fallback.output;
+  EXPECT_TRUE(contains(fallback.output, "holds no tokenizer, and the default, GPT-2's")) << fallback.output;
+  EXPECT_TRUE(contains(fallback.output, "(50257 tokens), is not this model's (60000 tokens)")) << fallback.output;
+  // Llama 3's 128,256 tokens cannot serve 60,000 rows.
+  const std::string llama3 = std::string(FSDP_SOURCE_DIR) + "/data/llama3";
+  const auto larger = run_command(kCli + " generate --from " + dir + "/hf --tokenizer " + llama3);
+  EXPECT_EQ(larger.exit_code, 1) << larger.output;
+  EXPECT_TRUE(contains(larger.output, "has 128256 tokens, more than the vocabulary of 60000")) << larger.output;
+  const auto exported = run_command(kCli + " ckpt export " + dir + "/ckpt " + dir + "/out --tokenizer " + llama3);
+  EXPECT_EQ(exported.exit_code, 1) << exported.output;
+  EXPECT_TRUE(contains(exported.output, "has 128256 tokens, more than the vocabulary of 60000")) << exported.output;
+  EXPECT_FALSE(exists(dir + "/out"));
+}
+
 TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --export-hf " + dir + "/hf --out-dir " +
