@@ -11,6 +11,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/train/generate.h"
+#include "fsdp/train/hf_companions.h"
 
 namespace fsdp::cli {
 namespace {
@@ -38,6 +39,7 @@ void check_tokenizer_fits(const data::Tokenizer& tokenizer, int64_t model_vocab,
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
     std::string from, prompt = "\n", tokenizer;
+    bool ignore_eos = false;
     train::SampleOptions sample;
   };
   auto f = std::make_shared<Flags>();
@@ -51,6 +53,17 @@ void add_generate_command(CLI::App& app, int& exit_code) {
           [](std::string& v) { return std::strtod(v.c_str(), nullptr) >= 0 ? "" : "expected 0 or more, got " + v; },
           "NONNEGATIVE"));
   cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
+  cmd->add_option("--top-p", f->sample.top_p,
+                  "sample among the likeliest tokens whose probabilities reach p, after top-k (default 1: all)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const double p = std::strtod(v.c_str(), nullptr);
+            return p > 0 && p <= 1 ? "" : "expected a probability in (0, 1], got " + v;
+          },
+          "(0, 1]"));
+  cmd->add_flag("--ignore-eos", f->ignore_eos,
+                "generate all --max-new-tokens even past the model's end-of-text token (generation_config.json's "
+                "eos_token_id)");
   cmd->add_option("--seed", f->sample.seed, "random seed (default 42)");
   cmd->add_option("--tokenizer", f->tokenizer,
                   "directory with tokenizer.json, or encoder.json and vocab.bpe (default: the --from directory's "
@@ -86,6 +99,15 @@ void add_generate_command(CLI::App& app, int& exit_code) {
       FSDP_CHECK(id < model->vocab_size(), "--prompt encodes to token ", id, ", outside the vocabulary of ",
                  model->vocab_size(), " of the model in '", f->from, "' (tokenizer: ", tokenizer->source(),
                  "; is it the model's?)");
+    }
+    if (!f->ignore_eos) f->sample.stop_ids = train::end_of_text_ids(f->from);
+    const int64_t positions = model->max_seq_len();
+    if (static_cast<int64_t>(prompt.size()) + f->sample.max_new_tokens > positions) {
+      std::fprintf(stderr,
+                   "generate: note: the prompt (%zu tokens) and --max-new-tokens %lld exceed the model's %lld "
+                   "positions: beyond them each token sees only the last %lld\n",
+                   prompt.size(), static_cast<long long>(f->sample.max_new_tokens), static_cast<long long>(positions),
+                   static_cast<long long>(positions));
     }
     const auto ids = train::generate(model, prompt, f->sample);
     // fwrite: a byte-fallback token may decode to a NUL byte.

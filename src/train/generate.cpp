@@ -1,5 +1,7 @@
 #include "fsdp/train/generate.h"
 
+#include <algorithm>
+
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 
@@ -34,10 +36,19 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
         const auto kth = std::get<0>(logits.topk(o.top_k)).min();
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
       }
+      if (o.top_p < 1.0) {
+        // Drop a token when the likelier ones alone already reach top_p.
+        const auto [sorted, order] = logits.sort(/*dim=*/-1, /*descending=*/true);
+        const auto probs = sorted.softmax(-1);
+        const auto before = probs.cumsum(-1) - probs;
+        const auto dropped = torch::zeros_like(logits, torch::kBool).scatter(0, order, before >= o.top_p);
+        logits = logits.masked_fill(dropped, -std::numeric_limits<float>::infinity());
+      }
       next = torch::multinomial(logits.softmax(-1), 1, false, gen).item<int64_t>();
     }
     ids.push_back(next);
     out.push_back(static_cast<int32_t>(next));
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
   }
   if (was_training) model->train();
   return out;

@@ -118,6 +118,24 @@ nlohmann::json special_token_ids(const CompanionSources& sources) {
   return ids;
 }
 
+std::vector<int64_t> end_of_text_ids(const std::string& model_dir) {
+  for (const char* file : {"generation_config.json", "config.json"}) {
+    const fs::path path = fs::path(model_dir) / file;
+    if (!is_file(path)) continue;
+    const auto config = read_json(path);
+    const auto eos = config.find("eos_token_id");
+    if (eos == config.end() || eos->is_null()) continue;
+    std::vector<int64_t> ids;
+    for (const auto& id : eos->is_array() ? *eos : nlohmann::json::array({*eos})) {
+      FSDP_CHECK(id.is_number_integer(), "'", path.string(), "': eos_token_id holds ", id.dump(),
+                 "; expected an integer id or a list of them");
+      ids.push_back(id.get<int64_t>());
+    }
+    return ids;
+  }
+  return {};
+}
+
 CompanionReport write_hf_companions(const CompanionSources& sources, int64_t model_vocab, const std::string& out_dir) {
   CompanionReport report;
   const fs::path out = out_dir;

@@ -263,6 +263,30 @@ TEST(TrainErrors, AGenerateOrExportTokenizerThatIsNotTheModelsIsRefused) {
   EXPECT_FALSE(exists(dir + "/out"));
 }
 
+// Past the model's positions each new token sees only the last ones: said
+// once, not left for the user to find in the text.
+TEST(Train, GeneratePastTheModelsPositionsSaysSo) {
+  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 50257 --data synthetic --steps 1 --out-dir " +
+                        dir + "/run --export-hf " + dir + "/hf").exit_code,
+            0);
+  std::ifstream in(dir + "/hf/config.json");
+  const int64_t positions = nlohmann::json::parse(in)["n_positions"].get<int64_t>();
+  const auto within = run_command(kCli + " generate --from " + dir + "/hf --ignore-eos --max-new-tokens " +
+                                  std::to_string(positions - 8) + " --prompt hello");
+  ASSERT_EQ(within.exit_code, 0) << within.output;
+  EXPECT_FALSE(contains(within.output, "exceed the model's")) << within.output;
+  const auto beyond = run_command(kCli + " generate --from " + dir + "/hf --ignore-eos --max-new-tokens " +
+                                  std::to_string(positions + 8) + " --prompt hello");
+  ASSERT_EQ(beyond.exit_code, 0) << beyond.output;
+  EXPECT_TRUE(contains(beyond.output, "exceed the model's " + std::to_string(positions) +
+                                          " positions: beyond them each token sees only the last " +
+                                          std::to_string(positions)))
+      << beyond.output;
+}
+
 TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --export-hf " + dir + "/hf --out-dir " +

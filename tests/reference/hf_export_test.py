@@ -16,7 +16,10 @@ and its special-token ids, generation_config.json and a chat template.
 And the README demo's case: a GPT-2 preset trained on GPT-2's BPE files
 (data/gpt2, no tokenizer.json) exports vocab.json and merges.txt that
 AutoTokenizer reads as GPT-2's tokenizer (50,257 tokens, "hello world" as
-[31373, 995]), with <|endoftext|> (50256) as the ids.
+[31373, 995]), with <|endoftext|> (50256) as the ids; and with its
+generation_config.json's eos_token_id set to a token greedy decoding
+reaches, transformers' `generate` and `fsdp generate` both stop there, with
+the same text.
 """
 import json
 import os
@@ -76,12 +79,12 @@ def same_bytes(a, b):
     return open(a, "rb").read() == open(b, "rb").read()
 
 
-def fsdp_greedy(args, directory):
+def fsdp_greedy(args, directory, stop_at_eos=False):
     """`fsdp generate`'s text: its bytes as written (a byte-level token may end
     inside a character), decoded as transformers decodes, invalid bytes
     replaced."""
     command = [args.fsdp, "generate", "--from", directory, "--prompt", PROMPT, "--temperature", "0",
-               "--max-new-tokens", str(NEW_TOKENS)]
+               "--max-new-tokens", str(NEW_TOKENS)] + ([] if stop_at_eos else ["--ignore-eos"])
     result = subprocess.run(command, capture_output=True)
     if result.returncode != 0:
         harness.fail(f"{' '.join(command)} exited {result.returncode}: {result.stderr.decode(errors='replace')}")
@@ -89,12 +92,15 @@ def fsdp_greedy(args, directory):
     return out[:-1] if out.endswith("\n") else out
 
 
-def transformers_greedy(directory):
+def transformers_greedy(directory, stop_at_eos=False):
+    """transformers' greedy text and model; without stop_at_eos exactly
+    NEW_TOKENS tokens, as `fsdp generate --ignore-eos` writes."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     prompt = tokenizer(PROMPT, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    # Exactly NEW_TOKENS tokens, as `fsdp generate` writes (it does not stop at the end-of-text token).
-    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    least = {} if stop_at_eos else {"min_new_tokens": NEW_TOKENS}
+    out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **least)
+    model.generated = out[0, prompt.shape[1]:].tolist()
     return tokenizer.decode(out[0], skip_special_tokens=False), model
 
 
@@ -164,11 +170,25 @@ def main():
     harness.check("gpt2-mini: <|endoftext|> (50256) ends a text in config.json and generation_config.json",
                   int((config["eos_token_id"], generation["eos_token_id"], tokenizer.eos_token_id) !=
                       (50256, 50256, 50256)), 0)
-    text, _ = transformers_greedy(out)
+    text, model = transformers_greedy(out)
     ours = fsdp_greedy(args, out)
     if ours != text:
         harness.fail(f"gpt2-mini: greedy text differs:\n  fsdp generate: {ours!r}\n  transformers:  {text!r}")
     print("gpt2-mini: greedy text equal", flush=True)
+
+    # Both stop at the end-of-text id: made the fourth greedy token's, so
+    # that this random model reaches it.
+    eos = model.generated[3]
+    generation["eos_token_id"] = eos
+    json.dump(generation, open(os.path.join(out, "generation_config.json"), "w"))
+    text, model = transformers_greedy(out, stop_at_eos=True)
+    harness.check("gpt2-mini: transformers stops at the end-of-text id", int(model.generated[-1] != eos or
+                                                                               len(model.generated) >= NEW_TOKENS), 0)
+    ours = fsdp_greedy(args, out, stop_at_eos=True)
+    if ours != text:
+        harness.fail(f"gpt2-mini: text up to the end-of-text id differs:\n  fsdp generate: {ours!r}\n"
+                     f"  transformers:  {text!r}")
+    print(f"gpt2-mini: both stop at the end-of-text id {eos}: {text!r}", flush=True)
 
 
 if __name__ == "__main__":

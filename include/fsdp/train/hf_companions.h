@@ -40,6 +40,11 @@ CompanionSources companion_sources(const TrainConfig& config);
 // tokenizer.json, or GPT-2's <|endoftext|>). Empty object when neither has any.
 nlohmann::json special_token_ids(const CompanionSources& sources);
 
+// The ids that end a text for a Hugging Face directory: its
+// generation_config.json's eos_token_id (one id or a list), else its
+// config.json's; none when neither names one.
+std::vector<int64_t> end_of_text_ids(const std::string& model_dir);
+
 // Writes the companions into out_dir (which holds an export's config.json):
 // the ids into config.json where it has none, generation_config.json (the
 // model directory's, else one made from the ids), the chat template and
