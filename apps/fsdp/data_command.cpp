@@ -13,6 +13,20 @@
 namespace fsdp::cli {
 namespace {
 
+// A separator typed on a command line: \n, \t and \\ as in C.
+std::string unescape(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    const char next = text[++i];
+    out += next == 'n' ? '\n' : next == 't' ? '\t' : next == 'r' ? '\r' : next;
+  }
+  return out;
+}
+
 constexpr const char* kTokenizerHelp =
     "directory with a Hugging Face tokenizer.json (a model directory), or GPT-2's encoder.json and vocab.bpe";
 
@@ -25,8 +39,17 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<data::PrepareOptions>();
   options->tokenizer_dir = data::default_tokenizer_dir();
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
-  prepare->add_option("--input", options->input, "a .txt/.json/.jsonl file ({\"text\": ...} per line) or a directory of them")
+  prepare->add_option("--input", options->input,
+                      "a .txt/.json/.jsonl file ({\"text\": ...} per line), a directory of them, or a quoted glob "
+                      "('shards/*.jsonl')")
       ->required();
+  prepare->add_option("--text-field", options->text_field, "the field of a .json file or .jsonl line holding the text")
+      ->capture_default_str();
+  auto separator = std::make_shared<std::string>();
+  auto* separator_option = prepare->add_option(
+      "--doc-separator", *separator,
+      "what ends a document inside a .txt file: default, blank lines; '' each file is one document; else this "
+      "text (\\n for a newline)");
   prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin (or their shards) go")->required();
   prepare->add_option("--tokenizer", options->tokenizer_dir, kTokenizerHelp)->capture_default_str();
   prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out; 0: no val split")
@@ -35,10 +58,15 @@ void add_data_command(CLI::App& app, int& exit_code) {
                       "split into train_000000.bin, ... of at most this many tokens (0: one file per split)")
       ->capture_default_str();
   prepare->add_option("--threads", options->threads, "tokenizer threads (0: every core)")->capture_default_str();
-  prepare->callback([options, &exit_code] {
+  prepare->callback([options, separator, separator_option, &exit_code] {
+    if (separator_option->count() > 0) options->txt_separator = unescape(*separator);
     const auto s = data::prepare_corpus(*options);
-    std::printf("data prepare: %lld documents, %.1f MB of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
-                static_cast<long long>(s.documents), static_cast<double>(s.bytes) / 1e6,
+    if (s.split_txt) {
+      std::printf("data prepare: .txt files were split into documents at %s (--doc-separator)\n",
+                  options->txt_separator ? "each separator" : "blank lines");
+    }
+    std::printf("data prepare: %lld documents, %s of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
+                static_cast<long long>(s.documents), data::human_bytes(s.bytes).c_str(),
                 static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
     std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);

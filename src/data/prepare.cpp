@@ -1,5 +1,6 @@
 #include "fsdp/data/prepare.h"
 
+#include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,11 +25,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string text_field(const std::string& json, const std::string& where) {
+std::string text_field(const std::string& json, const std::string& field, const std::string& where) {
   try {
     const auto j = nlohmann::json::parse(json);
-    FSDP_CHECK(j.is_object() && j.contains("text") && j["text"].is_string(), where, " has no string field \"text\"");
-    return j["text"].get<std::string>();
+    if (!(j.is_object() && j.contains(field) && j[field].is_string())) {
+      std::string fields;
+      if (j.is_object()) {
+        for (const auto& [key, value] : j.items()) {
+          if (value.is_string()) fields += (fields.empty() ? "" : ", ") + ("\"" + key + "\"");
+        }
+      }
+      throw Error(where + " has no string field \"" + field + "\"" +
+                  (fields.empty() ? "" : " (its string fields: " + fields + "; --text-field chooses one)"));
+    }
+    return j[field].get<std::string>();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -36,8 +46,40 @@ std::string text_field(const std::string& json, const std::string& where) {
   }
 }
 
+bool blank(const std::string& line) { return line.find_first_not_of(" \t\r\f\v") == std::string::npos; }
+
+// A .txt file's documents: its paragraphs (runs of lines between blank
+// ones), or its parts between occurrences of `separator`, or all of it.
+std::vector<std::string> split_txt(const std::string& text, const std::optional<std::string>& separator) {
+  std::vector<std::string> docs;
+  if (separator && separator->empty()) {
+    docs.push_back(text);
+  } else if (separator) {
+    for (size_t start = 0;;) {
+      const size_t at = text.find(*separator, start);
+      const std::string part = text.substr(start, at == std::string::npos ? std::string::npos : at - start);
+      if (!blank(part)) docs.push_back(part);
+      if (at == std::string::npos) break;
+      start = at + separator->size();
+    }
+  } else {
+    std::istringstream lines(text);
+    std::string line, doc;
+    while (std::getline(lines, line)) {
+      if (blank(line)) {
+        if (!doc.empty()) docs.push_back(std::move(doc));
+        doc.clear();
+      } else {
+        doc += (doc.empty() ? "" : "\n") + line;
+      }
+    }
+    if (!doc.empty()) docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
 // Every document of one file, in order.
-std::vector<std::string> documents_of(const fs::path& path) {
+std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions& o) {
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
   if (path.extension() == ".jsonl") {
@@ -47,14 +89,14 @@ std::vector<std::string> documents_of(const fs::path& path) {
     while (std::getline(in, line)) {
       ++n;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      docs.push_back(text_field(line, "'" + path.string() + "' line " + std::to_string(n)));
+      docs.push_back(text_field(line, o.text_field, "'" + path.string() + "' line " + std::to_string(n)));
     }
     return docs;
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  if (path.extension() == ".json") return {text_field(ss.str(), "'" + path.string() + "'")};
-  return {ss.str()};
+  if (path.extension() == ".json") return {text_field(ss.str(), o.text_field, "'" + path.string() + "'")};
+  return split_txt(ss.str(), o.txt_separator);
 }
 
 bool is_document_file(const fs::path& p) {
@@ -84,14 +126,37 @@ int write_split(const std::string& dir, const std::string& name, const std::vect
 
 }  // namespace
 
+std::string human_bytes(int64_t bytes) {
+  constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1000 && unit + 1 < std::size(kUnits)) {
+    value /= 1000;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, kUnits[unit]);
+  return text;
+}
+
 PrepareStats prepare_corpus(const PrepareOptions& o) {
   FSDP_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction ", o.val_fraction,
              ": expected 0 <= f < 1 (0: no validation split)");
   FSDP_CHECK(o.shard_tokens == 0 || o.shard_tokens >= 2, "--shard-tokens ", o.shard_tokens,
              ": expected 0 (one file) or at least 2");
-  FSDP_CHECK(fs::exists(o.input), "--input '", o.input, "' does not exist");
   std::vector<fs::path> files;
-  if (fs::is_directory(o.input)) {
+  if (o.input.find_first_of("*?[") != std::string::npos && !fs::exists(o.input)) {
+    glob_t found{};
+    const int rc = ::glob(o.input.c_str(), 0, nullptr, &found);
+    for (size_t i = 0; rc == 0 && i < found.gl_pathc; ++i) {
+      if (fs::is_regular_file(found.gl_pathv[i]) && is_document_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
+    }
+    ::globfree(&found);
+    FSDP_CHECK(!files.empty(), "--input '", o.input, "' matches no .txt, .json or .jsonl file");
+    std::sort(files.begin(), files.end());
+  } else if (!fs::exists(o.input)) {
+    throw Error("--input '" + o.input + "' does not exist");
+  } else if (fs::is_directory(o.input)) {
     for (const auto& e : fs::directory_iterator(o.input)) {
       if (e.is_regular_file() && is_document_file(e.path())) files.push_back(e.path());
     }
@@ -108,7 +173,9 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   std::vector<size_t> file_of_doc;  // to name the file of a document that fails
   PrepareStats stats;
   for (size_t k = 0; k < files.size(); ++k) {
-    for (auto& d : documents_of(files[k])) {
+    auto file_docs = documents_of(files[k], o);
+    if (files[k].extension() == ".txt" && file_docs.size() > 1) stats.split_txt = true;
+    for (auto& d : file_docs) {
       stats.bytes += static_cast<int64_t>(d.size());
       docs.push_back(std::move(d));
       file_of_doc.push_back(k);
@@ -152,10 +219,11 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   auto report = [&] {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "%stokenized %lld/%lld documents, %.1f/%.1f MB (%.1f MB/s, %d threads)%s", tty ? "\r" : "",
+    std::fprintf(stderr, "%stokenized %lld/%lld documents, %s/%s (%s/s, %d threads)%s", tty ? "\r" : "",
                  static_cast<long long>(done.load()), static_cast<long long>(docs.size()),
-                 static_cast<double>(done_bytes.load()) / 1e6, static_cast<double>(stats.bytes) / 1e6,
-                 static_cast<double>(done_bytes.load()) / 1e6 / std::max(secs, 1e-9), threads, tty ? "" : "\n");
+                 human_bytes(done_bytes.load()).c_str(), human_bytes(stats.bytes).c_str(),
+                 human_bytes(static_cast<int64_t>(static_cast<double>(done_bytes.load()) / std::max(secs, 1e-9))).c_str(),
+                 threads, tty ? "" : "\n");
   };
   // Polled often, reported every 200 ms on a terminal and every 5 s in a
   // log: a small corpus must not wait out a whole report interval.

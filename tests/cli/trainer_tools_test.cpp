@@ -5,6 +5,7 @@
 // --help, and the checks that run before step 1.
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -361,6 +362,57 @@ TEST(TrainErrors, ASamplePromptOutsideTheVocabularyIsRefusedBeforeTraining) {
                                    make_temp_dir());
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_TRUE(contains(missing.output, "--tokenizer '/nonexistent'")) << missing.output;
+}
+
+// The formats people have: a .txt of many documents (paragraphs by
+// default, or any separator), .jsonl with another field, a glob of files,
+// and a summary in the right unit. Token counts are checked against the
+// separator token (50256) that starts each document.
+TEST(DataPrepare, TxtParagraphsTextFieldGlobsAndSizes) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  const auto tok = " --tokenizer " + kSource + "/data/gpt2 --val-fraction 0";
+  auto documents = [](const std::string& path) {
+    data::TokenStream stream(data::expand_token_paths(path, "test"));
+    std::vector<int64_t> ids(static_cast<size_t>(stream.size()));
+    stream.read(0, stream.size(), ids.data());
+    return std::count(ids.begin(), ids.end(), 50256);
+  };
+  // Three paragraphs; the second blank line holds only spaces.
+  std::ofstream(dir + "/book.txt") << "First paragraph,\nstill the first.\n\nSecond one.\n   \nThird---one.\n";
+  const auto paragraphs = run_command(kCli + " data prepare --input " + dir + "/book.txt --out-dir " + dir + "/p" + tok);
+  ASSERT_EQ(paragraphs.exit_code, 0) << paragraphs.output;
+  EXPECT_EQ(documents(dir + "/p/train.bin"), 3);
+  EXPECT_TRUE(contains(paragraphs.output, "split into documents at blank lines (--doc-separator)")) << paragraphs.output;
+  EXPECT_TRUE(contains(paragraphs.output, "3 documents, 56 B of text")) << paragraphs.output;
+  const auto whole = run_command(kCli + " data prepare --input " + dir + "/book.txt --doc-separator '' --out-dir " +
+                                 dir + "/w" + tok);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  EXPECT_EQ(documents(dir + "/w/train.bin"), 1);
+  const auto dashes = run_command(kCli + " data prepare --input " + dir + "/book.txt --doc-separator '---' --out-dir " +
+                                  dir + "/d" + tok);
+  ASSERT_EQ(dashes.exit_code, 0) << dashes.output;
+  EXPECT_EQ(documents(dir + "/d/train.bin"), 2);
+  // .jsonl whose text is under "content": named by --text-field, and
+  // without it the error lists the string fields there are.
+  for (const char* name : {"a.jsonl", "b.jsonl"}) {
+    std::ofstream out(dir + "/" + name);
+    for (int i = 0; i < 3; ++i) out << nlohmann::json({{"id", i}, {"content", std::string(400, 'x')}}).dump() << "\n";
+  }
+  const auto unnamed = run_command(kCli + " data prepare --input " + dir + "/a.jsonl --out-dir " + dir + "/u" + tok);
+  EXPECT_EQ(unnamed.exit_code, 1) << unnamed.output;
+  EXPECT_TRUE(contains(unnamed.output, "line 1 has no string field \"text\" (its string fields: \"content\"; "
+                                       "--text-field chooses one)"))
+      << unnamed.output;
+  EXPECT_FALSE(exists(dir + "/u/train.bin"));
+  const auto glob = run_command(kCli + " data prepare --input '" + dir + "/*.jsonl' --text-field content --out-dir " +
+                                dir + "/g" + tok);
+  ASSERT_EQ(glob.exit_code, 0) << glob.output;
+  EXPECT_EQ(documents(dir + "/g/train.bin"), 6);
+  EXPECT_TRUE(contains(glob.output, "6 documents, 2.4 KB of text")) << glob.output;
+  const auto none = run_command(kCli + " data prepare --input '" + dir + "/*.parquet' --out-dir " + dir + "/n" + tok);
+  EXPECT_EQ(none.exit_code, 1) << none.output;
+  EXPECT_TRUE(contains(none.output, "matches no .txt, .json or .jsonl file")) << none.output;
 }
 
 TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {

@@ -4,12 +4,18 @@
 // Light header: no LibTorch.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace fsdp::data {
 
 struct PrepareOptions {
-  std::string input;           // a .txt/.json/.jsonl file, or a directory of them
+  std::string input;           // a .txt/.json/.jsonl file, a directory of them, or a glob pattern of them
+  std::string text_field = "text";  // the field of a .json file or .jsonl line that holds the text
+  // What ends a document inside a .txt file: unset, one or more blank
+  // (empty or whitespace) lines; empty, nothing (each file one document);
+  // else that exact text.
+  std::optional<std::string> txt_separator;
   std::string out_dir;         // writes train.bin and val.bin (or train_NNNNNN.bin shards)
   std::string tokenizer_dir;   // holds tokenizer.json, or encoder.json and vocab.bpe
   double val_fraction = 0.05;  // share of documents held out, spread over the corpus; 0: no val
@@ -28,14 +34,19 @@ struct PrepareStats {
   int32_t separator = -1;  // the token before each document
   std::string tokenizer;   // what was read
   std::string note;        // how the validation split was made, when not by the every-N rule
+  bool split_txt = false;  // some .txt file was cut into several documents
 };
 
-// Each document is one .txt file, the "text" field of one .json file (the
-// demo corpus's layout), or the "text" field of each line of a .jsonl file.
+// Each document is a part of a .txt file (see txt_separator), the text
+// field of one .json file (the demo corpus's layout), or the text field of
+// each line of a .jsonl file.
 // Documents are taken in sorted file order (lines in order), each preceded
 // by the tokenizer's document separator (<|endoftext|> for GPT-2 and Qwen,
 // <|begin_of_text|> for Llama 3); every k-th goes to val, k = round(1 / fraction). The
 // result does not depend on the number of threads.
 PrepareStats prepare_corpus(const PrepareOptions& options);
+
+// A size for people: "812 B", "25.3 KB", "4.1 MB", "2.0 GB" (powers of 1000).
+std::string human_bytes(int64_t bytes);
 
 }  // namespace fsdp::data
