@@ -19,6 +19,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data {
 namespace {
@@ -275,6 +276,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
   stats.separator = separator;
   stats.tokenizer = tokenizer->source();
+  write_tokenizer_record(o.out_dir, record_of(*tokenizer));
   return stats;
 }
 

@@ -5,6 +5,8 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/data/tokenizer_record.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
 
@@ -104,6 +106,29 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
   return built;
 }
 
+namespace {
+
+// The tokenizer that made the token files in SOURCE (their
+// tokenizer_record.json), checked against --init-from's; "" when the files
+// carry no record.
+std::string check_data_tokenizer(const TrainConfig& config, const std::string& source, const std::string& flag) {
+  const auto files = data::expand_token_paths(source, flag);
+  if (files.empty()) return "";
+  const auto record = data::tokenizer_record_beside(files.front());
+  if (!record) return "";
+  const std::string& init_from = config.model.init_from;
+  if (!init_from.empty() && data::has_tokenizer(init_from) && !config.data.allow_tokenizer_mismatch) {
+    const auto model_tokenizer = data::record_of(*data::Tokenizer::from_dir(init_from));
+    FSDP_CHECK(model_tokenizer.fingerprint == record->fingerprint, flag, " '", source, "' was tokenized by ",
+               record->source, " (", record->vocab_size, " tokens), not by --init-from's ", model_tokenizer.source, " (",
+               model_tokenizer.vocab_size, " tokens): its ids mean other text to this model. Prepare the data with "
+               "`fsdp data prepare --tokenizer ", init_from, "`, or pass --allow-tokenizer-mismatch if this is intended");
+  }
+  return record->source + " (" + std::to_string(record->vocab_size) + " tokens)";
+}
+
+}  // namespace
+
 std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const models::CausalLMImpl& model,
                                                const dist::World& world, bool validation, RunLog& log) {
   const auto& d = config.data;
@@ -123,11 +148,15 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   if (config.model.init_from.empty()) o.vocab_advice = preset_vocab_advice;
   const std::string& source = validation ? d.val : d.train;
   auto loader = std::make_unique<data::DataLoader>(source, o);
-  const std::string what =
+  std::string what =
       loader->synthetic()
           ? "synthetic (random tokens, seeded: a smoke test with nothing to learn)"
           : source + " (" + std::to_string(loader->files()) + " file(s), " + std::to_string(loader->tokens_in_files()) +
                 " tokens)";
+  if (!loader->synthetic()) {
+    const auto made_by = check_data_tokenizer(config, source, validation ? "--val-data" : "--data");
+    if (!made_by.empty()) what += ", tokenized by " + made_by;
+  }
   if (validation) {
     log.say("validation data: " + what);
   } else {

@@ -281,6 +281,8 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(data, batch_size, "--batch-size", "sequences per rank per micro-step"),
       FSDP_FIELD(data, grad_accum, "--grad-accum", "micro-steps per optimizer step"),
       FSDP_FIELD(data, shuffle, "--shuffle", "read sequence windows in a seeded permutation (resume and resharding stay exact)"),
+      FSDP_FIELD(data, allow_tokenizer_mismatch, "--allow-tokenizer-mismatch",
+                 "train on token files that another tokenizer than --init-from's made (their tokenizer_record.json says which)"),
       FSDP_FIELD(optim, lr, "--lr", "peak learning rate"),
       FSDP_FIELD(optim, min_lr_ratio, "--min-lr-ratio", "final learning rate as a fraction of --lr (cosine, linear)"),
       FSDP_FIELD(optim, warmup_steps, "--warmup-steps", "linear warmup steps"),

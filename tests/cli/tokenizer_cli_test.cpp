@@ -156,6 +156,64 @@ TEST(TokenizerCli, ALlama2ShapedModelTrainsOnSentencePieceTokensSamplesExportsAn
   EXPECT_TRUE(contains(generated.output, prompt + text + "\n")) << generated.output << " vs " << text;
 }
 
+// Token files know their tokenizer: `data prepare` records it beside them
+// (the same vocabulary read from GPT-2's BPE files or from its
+// tokenizer.json records the same), and `train --init-from` refuses data
+// another tokenizer made, naming both, unless told it is intended.
+TEST(TokenizerCli, TrainRefusesTokenFilesAnotherTokenizerMade) {
+  const auto llama3 = kData + "/llama3";
+  if (!fs::exists(llama3 + "/tokenizer.json") || !fs::exists(kData + "/gpt2-hf/tokenizer.json")) {
+    GTEST_SKIP() << "data/llama3 or data/gpt2-hf is missing (scripts/fetch_data.sh)";
+  }
+  const auto dir = make_temp_dir();
+  {
+    std::ofstream jsonl(dir + "/docs.jsonl");
+    for (int i = 0; i < 30; ++i) jsonl << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
+  }
+  auto prepare = [&](const std::string& tokenizer, const std::string& out) {
+    const auto r = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --val-fraction 0 --tokenizer " +
+                               tokenizer + " --out-dir " + dir + "/" + out);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(dir + "/" + out + "/tokenizer_record.json");
+    return nlohmann::json::parse(in);
+  };
+  const auto bpe = prepare(kData + "/gpt2", "gpt2");
+  const auto json = prepare(kData + "/gpt2-hf", "gpt2-hf");
+  const auto llama = prepare(llama3, "llama3");
+  EXPECT_EQ(bpe["vocabulary_fingerprint"], json["vocabulary_fingerprint"]) << "GPT-2's vocabulary either way";
+  EXPECT_EQ(bpe["vocab_size"], 50257);
+  EXPECT_NE(bpe["vocabulary_fingerprint"], llama["vocabulary_fingerprint"]);
+  EXPECT_EQ(llama["document_separator"], 128000);
+
+  // A model directory with Llama 3's tokenizer.
+  auto config = models::hf_config(*models::build_preset("llama-tiny"));
+  config["vocab_size"] = 128256;
+  config["num_hidden_layers"] = 1;
+  const auto model = models::build_from_hf_config(config, "test");
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
+  models::save_hf_pretrained(*model, params, dir + "/model");
+  fs::copy_file(llama3 + "/tokenizer.json", dir + "/model/tokenizer.json");
+  fs::copy_file(llama3 + "/tokenizer_config.json", dir + "/model/tokenizer_config.json");
+
+  const auto train = [&](const std::string& data, const std::string& extra) {
+    return run_command(kCli + " train --init-from " + dir + "/model --data " + dir + "/" + data +
+                       "/train.bin --steps 1 --seq-len 8 --batch-size 2 --out-dir " + dir + "/run-" + data + extra);
+  };
+  const auto refused = train("gpt2", "");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "was tokenized by '" + kData + "/gpt2/encoder.json'")) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "(50257 tokens), not by --init-from's")) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "(128256 tokens): its ids mean other text to this model")) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "--allow-tokenizer-mismatch")) << refused.output;
+  const auto allowed = train("gpt2", " --allow-tokenizer-mismatch");
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.output;
+  const auto matching = train("llama3", "");
+  EXPECT_EQ(matching.exit_code, 0) << matching.output;
+  EXPECT_TRUE(contains(matching.output, "tokenized by '" + llama3 + "/tokenizer.json' (128256 tokens)"))
+      << matching.output;
+}
+
 TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
   // Every `echo "..." | build/fsdp data encode ...  # ids` line of
   // docs/training.md ("Data"), run as written (from the source directory)

@@ -49,6 +49,8 @@ struct TrainConfig {
     int64_t batch_size = 4;  // sequences per rank per micro-step
     int64_t grad_accum = 1;
     bool shuffle = false;  // sequence windows in a seeded, stateless permutation
+    // Train on token files another tokenizer than --init-from's made.
+    bool allow_tokenizer_mismatch = false;
   } data;
   struct Optim {
     double lr = 3e-4;
