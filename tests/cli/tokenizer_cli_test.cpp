@@ -33,6 +33,23 @@ const std::vector<std::string> kDocuments = {
     "<|im_start|>third<|im_end|> with special tokens <|endoftext|>",
 };
 
+// A one-layer model of PRESET's family with VOCAB rows, written as a
+// Hugging Face directory OUT with the tokenizer files of TOKENIZER_DIR.
+models::CausalLM write_model_dir(const std::string& preset, int64_t vocab, const std::string& tokenizer_dir,
+                                 const std::string& out) {
+  auto config = models::hf_config(*models::build_preset(preset));
+  config["vocab_size"] = vocab;
+  config["num_hidden_layers"] = 1;
+  auto model = models::build_from_hf_config(config, "test");
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
+  models::save_hf_pretrained(*model, params, out);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(tokenizer_dir + "/" + file, out + "/" + file);
+  }
+  return model;
+}
+
 std::vector<int64_t> tokens_of(const std::string& path) {
   data::TokenFile file(path);
   std::vector<int64_t> out(static_cast<size_t>(file.size()));
@@ -80,16 +97,8 @@ TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarri
   const auto qwen = kData + "/qwen3";
   if (const auto why = reference_missing("hf", qwen); !why.empty()) GTEST_SKIP() << why;
   // A one-layer Qwen3 with the real vocabulary (151,936 rows).
-  auto config = models::hf_config(*models::build_preset("qwen3-tiny"));
-  config["vocab_size"] = 151936;
-  config["num_hidden_layers"] = 1;
-  const auto model = models::build_from_hf_config(config, "test");
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
   const auto dir = make_temp_dir();
-  models::save_hf_pretrained(*model, params, dir + "/model");
-  fs::copy_file(qwen + "/tokenizer.json", dir + "/model/tokenizer.json");
-  fs::copy_file(qwen + "/tokenizer_config.json", dir + "/model/tokenizer_config.json");
+  const auto model = write_model_dir("qwen3-tiny", 151936, qwen, dir + "/model");
 
   // The prompt's ids come from the reference encoder; the continuation
   // from the model in this process, greedily.
@@ -185,16 +194,7 @@ TEST(TokenizerCli, TrainRefusesTokenFilesAnotherTokenizerMade) {
   EXPECT_NE(bpe["vocabulary_fingerprint"], llama["vocabulary_fingerprint"]);
   EXPECT_EQ(llama["document_separator"], 128000);
 
-  // A model directory with Llama 3's tokenizer.
-  auto config = models::hf_config(*models::build_preset("llama-tiny"));
-  config["vocab_size"] = 128256;
-  config["num_hidden_layers"] = 1;
-  const auto model = models::build_from_hf_config(config, "test");
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
-  models::save_hf_pretrained(*model, params, dir + "/model");
-  fs::copy_file(llama3 + "/tokenizer.json", dir + "/model/tokenizer.json");
-  fs::copy_file(llama3 + "/tokenizer_config.json", dir + "/model/tokenizer_config.json");
+  write_model_dir("llama-tiny", 128256, llama3, dir + "/model");
 
   const auto train = [&](const std::string& data, const std::string& extra) {
     return run_command(kCli + " train --init-from " + dir + "/model --data " + dir + "/" + data +

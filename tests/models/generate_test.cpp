@@ -26,22 +26,25 @@ SampleOptions greedy(int64_t tokens) {
   return o;
 }
 
+// Drawn from the whole distribution: temperature 1, no top-k.
+SampleOptions sampled(int64_t tokens) {
+  SampleOptions o;
+  o.max_new_tokens = tokens;
+  o.temperature = 1.0;
+  o.top_k = 0;
+  return o;
+}
+
 TEST(Generate, TopPSoSmallThatOneTokenRemainsIsGreedy) {
   const auto m = model();
-  SampleOptions nucleus;
-  nucleus.max_new_tokens = 16;
-  nucleus.temperature = 1.0;
-  nucleus.top_k = 0;
+  SampleOptions nucleus = sampled(16);
   nucleus.top_p = 1e-9;
   EXPECT_EQ(generate(m, kPrompt, nucleus), generate(m, kPrompt, greedy(16)));
 }
 
 TEST(Generate, TopPOfOneSamplesAsWithoutIt) {
   const auto m = model();
-  SampleOptions all;
-  all.max_new_tokens = 16;
-  all.temperature = 1.0;
-  all.top_k = 0;
+  const SampleOptions all = sampled(16);
   SampleOptions nucleus = all;
   nucleus.top_p = 1.0;
   const auto sampled = generate(m, kPrompt, all);
