@@ -1,6 +1,7 @@
 // `fsdp generate`: sample text from a Hugging Face directory (for example
 // one written by `fsdp train --export-hf`).
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -40,6 +41,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
     std::string from, prompt = "\n", tokenizer;
     bool ignore_eos = false;
+    std::vector<std::string> stop;
     train::SampleOptions sample;
   };
   auto f = std::make_shared<Flags>();
@@ -61,6 +63,7 @@ void add_generate_command(CLI::App& app, int& exit_code) {
             return p > 0 && p <= 1 ? "" : "expected a probability in (0, 1], got " + v;
           },
           "(0, 1]"));
+  cmd->add_option("--stop", f->stop, "end the text once it holds this string (repeatable; kept in the output)");
   cmd->add_flag("--ignore-eos", f->ignore_eos,
                 "generate all --max-new-tokens even past the model's end-of-text token (generation_config.json's "
                 "eos_token_id)");
@@ -101,6 +104,13 @@ void add_generate_command(CLI::App& app, int& exit_code) {
                  "; is it the model's?)");
     }
     if (!f->ignore_eos) f->sample.stop_ids = train::end_of_text_ids(f->from);
+    if (!f->stop.empty()) {
+      f->sample.stop_when = [&](const std::vector<int32_t>& ids) {
+        const std::string text = tokenizer->decode_continuation(prompt, ids);
+        return std::any_of(f->stop.begin(), f->stop.end(),
+                           [&](const std::string& s) { return !s.empty() && text.find(s) != std::string::npos; });
+      };
+    }
     const int64_t positions = model->max_seq_len();
     if (static_cast<int64_t>(prompt.size()) + f->sample.max_new_tokens > positions) {
       std::fprintf(stderr,

@@ -49,6 +49,7 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
     ids.push_back(next);
     out.push_back(static_cast<int32_t>(next));
     if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
+    if (o.stop_when && o.stop_when(out)) break;
   }
   if (was_training) model->train();
   return out;

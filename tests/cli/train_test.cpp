@@ -5,6 +5,8 @@
 #include <sched.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -285,6 +287,42 @@ TEST(Train, GeneratePastTheModelsPositionsSaysSo) {
                                           " positions: beyond them each token sees only the last " +
                                           std::to_string(positions)))
       << beyond.output;
+}
+
+// --stop ends the text at the first token after which it holds the string:
+// what is printed is a prefix of the full text (sampled with a fixed seed:
+// a random model's greedy text repeats one token), holds the string, and
+// is shorter.
+TEST(Train, GenerateStopsAtAStopString) {
+  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 50257 --data synthetic --steps 1 --out-dir " +
+                        dir + "/run --export-hf " + dir + "/hf").exit_code,
+            0);
+  const std::string generate = kCli + " generate --from " + dir + "/hf --temperature 1 --top-k 0 --seed 7 " +
+                               "--ignore-eos --max-new-tokens 24 --prompt Hello";
+  // stdout alone: the tokenizer line goes to stderr.
+  auto text_of = [&](const std::string& extra) {
+    const auto r = run_command(generate + extra + " 2>/dev/null >" + dir + "/out.txt");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::string out = read_file(dir + "/out.txt");
+    return out.substr(0, out.size() - 1);  // its newline
+  };
+  const std::string full = text_of("");
+  const std::string continuation = full.substr(5);
+  // Three letters or digits from its middle half (safe on a command line),
+  // so that tokens follow them.
+  std::string stop;
+  for (size_t i = continuation.size() / 4; i + 3 <= continuation.size() * 3 / 4 && stop.empty(); ++i) {
+    const auto word = continuation.substr(i, 3);
+    if (std::all_of(word.begin(), word.end(), [](unsigned char c) { return std::isalnum(c) != 0; })) stop = word;
+  }
+  ASSERT_FALSE(stop.empty()) << continuation;
+  const std::string text = text_of(" --stop '" + stop + "'");
+  EXPECT_EQ(full.compare(0, text.size(), text), 0) << text << " | " << full;
+  EXPECT_TRUE(contains(text, stop)) << text;
+  EXPECT_LT(text.size(), full.size()) << text;
 }
 
 TEST(TrainErrors, NonFiniteWeightsFromInitFromAreNamedWithTheirFile) {

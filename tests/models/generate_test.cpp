@@ -68,5 +68,18 @@ TEST(Generate, AStopIdEndsTheTextAfterIt) {
   EXPECT_EQ(stopped, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
 }
 
+TEST(Generate, AStopPredicateEndsTheTextWhereItFirstHolds) {
+  const auto m = model();
+  const auto full = generate(m, kPrompt, greedy(12));
+  auto o = greedy(12);
+  std::vector<size_t> asked;
+  o.stop_when = [&](const std::vector<int32_t>& ids) {
+    asked.push_back(ids.size());
+    return ids.size() == 5;
+  };
+  EXPECT_EQ(generate(m, kPrompt, o), std::vector<int32_t>(full.begin(), full.begin() + 5));
+  EXPECT_EQ(asked, (std::vector<size_t>{1, 2, 3, 4, 5})) << "asked after each token with all of them";
+}
+
 }  // namespace
 }  // namespace fsdp::train

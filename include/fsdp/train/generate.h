@@ -4,6 +4,7 @@
 // is collective); with the same seed every rank draws the same tokens.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "fsdp/models/causal_lm.h"
@@ -22,6 +23,10 @@ struct SampleOptions {
   // Ids that end a text (generation_config.json's eos_token_id): generation
   // stops after producing one, which is returned last.
   std::vector<int64_t> stop_ids;
+  // Asked after each new token with everything generated so far: true ends
+  // the text there (`fsdp generate --stop`: the continuation holds a stop
+  // string).
+  std::function<bool(const std::vector<int32_t>&)> stop_when;
 };
 
 std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<int32_t>& prompt,
