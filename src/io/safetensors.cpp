@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include <ATen/ATen.h>
@@ -37,7 +38,24 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& where) {
   throw Error(where + ": unknown dtype '" + name + "' (expected F64, F32, F16, BF16, I64, I32, I16, I8, U8 or BOOL)");
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
 }  // namespace
+
+std::optional<uint64_t> tensor_bytes(const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  uint64_t bytes = c10::elementSize(dtype);
+  for (const int64_t d : shape) {
+    if (d == 0) return 0;  // empty whatever the other dimensions say
+  }
+  for (const int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
 
 at::ScalarType safetensors_dtype(const std::string& name) { return parse_dtype(name, "safetensors"); }
 
@@ -93,15 +111,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     SafetensorsEntry e;
     e.name = it.key();
     e.dtype = parse_dtype(v["dtype"].get<std::string>(), where);
-    uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
       FSDP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), where,
                  ": shape holds a non-integer or negative dimension");
-      const auto dim = d.get<uint64_t>();
-      FSDP_CHECK(dim == 0 || numel <= data_size / dim + 1, where, ": shape is absurdly large for a ", size_,
-                 "-byte file");
-      numel *= dim;
-      e.shape.push_back(static_cast<int64_t>(dim));
+      FSDP_CHECK(d.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), where, ": dimension ", d.get<uint64_t>(),
+                 " is larger than a tensor can have");
+      e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
     }
     for (const auto& o : v["data_offsets"]) {
       FSDP_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0), where,
@@ -111,9 +126,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     e.end = v["data_offsets"][1].get<uint64_t>();
     FSDP_CHECK(e.begin <= e.end && e.end <= data_size, where, ": data_offsets [", e.begin, ", ", e.end,
                ") fall outside the ", data_size, "-byte data section (truncated file or corrupt header)");
-    const uint64_t expected = numel * c10::elementSize(e.dtype);
-    FSDP_CHECK(e.end - e.begin == expected, where, ": holds ", e.end - e.begin, " bytes but shape and dtype need ",
-               expected);
+    // The extent the shape claims, without wrapping: a product that overflows
+    // would otherwise pass the size check as a small number and let a view
+    // reach past the mapping.
+    const auto extent = tensor_bytes(e.shape, e.dtype);
+    FSDP_CHECK(extent.has_value(), where, ": shape ", shape_text(e.shape), " of ",
+               v["dtype"].get<std::string>(), " needs 2^64 bytes or more; the data section holds ",
+               data_size);
+    FSDP_CHECK(e.end - e.begin == *extent, where, ": holds ", e.end - e.begin, " bytes but shape and dtype need ",
+               *extent);
+    e.numel = static_cast<int64_t>(*extent / c10::elementSize(e.dtype));
     index_[e.name] = entries_.size();
     entries_.push_back(std::move(e));
   }
@@ -137,6 +159,16 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
+void SafetensorsFile::check_inside(const SafetensorsEntry& e) const {
+  // Established by the constructor; checked again where bytes are touched,
+  // because an entry is a plain struct and the mapping is the one fact.
+  const uint64_t data_size = size_ - data_start_;
+  FSDP_CHECK(e.begin <= e.end && e.end <= data_size &&
+                 static_cast<uint64_t>(e.numel) * c10::elementSize(e.dtype) == e.end - e.begin,
+             "'", path_, "', tensor '", e.name, "': its extent [", e.begin, ", ", e.end, ") is not inside the ",
+             data_size, "-byte data section");
+}
+
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   const auto* e = find(name);
   FSDP_CHECK(e != nullptr, "'", path_, "' has no tensor '", name, "'");
@@ -145,6 +177,7 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 
 at::Tensor SafetensorsFile::view(const std::string& name) const {
   const auto& e = entry(name);
+  check_inside(e);
   auto* data = static_cast<char*>(map_) + data_start_ + e.begin;
   // The mapping is read-only; callers copy before writing.
   return at::from_blob(data, e.shape, at::TensorOptions().dtype(e.dtype));
@@ -152,10 +185,10 @@ at::Tensor SafetensorsFile::view(const std::string& name) const {
 
 at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, int64_t count) const {
   const auto& e = entry(name);
-  int64_t numel = 1;
-  for (auto d : e.shape) numel *= d;
-  FSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= numel, "'", path_, "', tensor '", name, "': range [",
-             begin, ", ", begin + count, ") is outside its ", numel, " elements");
+  check_inside(e);
+  const int64_t numel = e.numel;
+  FSDP_CHECK(begin >= 0 && count >= 0 && count <= numel && begin <= numel - count, "'", path_, "', tensor '", name,
+             "': range [", begin, ", +", count, ") is outside its ", numel, " elements");
   auto* data = static_cast<char*>(map_) + data_start_ + e.begin + begin * static_cast<int64_t>(c10::elementSize(e.dtype));
   return at::from_blob(data, {count}, at::TensorOptions().dtype(e.dtype)).clone();
 }

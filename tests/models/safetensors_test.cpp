@@ -62,12 +62,38 @@ TEST(Safetensors, LyingHeaders) {
   expect_error(write_raw("size_mismatch", "{\"w\":" + entry("F32", "[3]", 0, 8) + "}", 8),
                {"holds 8 bytes but shape and dtype need 12"});
   expect_error(write_raw("absurd", "{\"w\":" + entry("F32", "[4611686018427387904,4]", 0, 8) + "}", 8),
-               {"absurdly large"});
+               {"shape [4611686018427387904, 4] of F32 needs 2^64 bytes or more; the data section holds 8"});
+  // 2^62 floats are 2^64 bytes: a product that wraps to 0 and so matched the
+  // empty offsets, after which a view read far outside the mapping.
+  expect_error(write_raw("wraps_to_zero", "{\"w\":" + entry("F32", "[4611686018427387904]", 0, 0) + "}", 8),
+               {"tensor 'w'", "needs 2^64 bytes or more"});
+  expect_error(write_raw("wraps_in_3d", "{\"w\":" + entry("I8", "[4294967296,4294967296,1]", 0, 0) + "}", 8),
+               {"needs 2^64 bytes or more"});
+  expect_error(write_raw("past_int64", "{\"w\":" + entry("I8", "[9223372036854775808]", 0, 0) + "}", 8),
+               {"larger than a tensor can have"});
   expect_error(write_raw("bad_dtype", "{\"w\":" + entry("Q4", "[2]", 0, 8) + "}", 8), {"unknown dtype 'Q4'"});
   expect_error(write_raw("header_len", "{}", 0, 1 << 20), {"header length 1048576 does not fit"});
   expect_error(write_raw("not_json", "{not json", 0), {"not valid JSON"});
   expect_error(write_raw("negative", "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4),
                {"negative dimension"});
+}
+
+TEST(Safetensors, AnEmptyTensorMayHaveAHugeDimension) {
+  // Zero elements whatever the other dimensions: valid, as in PyTorch.
+  const auto path =
+      write_raw("empty_huge", R"({"w":{"dtype":"F32","shape":[4611686018427387904,0],"data_offsets":[0,0]}})", 8);
+  SafetensorsFile f(path);
+  EXPECT_EQ(f.view("w").numel(), 0);
+  EXPECT_THROW(f.read_range("w", 0, 1), Error);
+}
+
+TEST(Safetensors, TensorBytesNeverWrap) {
+  EXPECT_EQ(tensor_bytes({2, 3}, at::kFloat), 24u);
+  EXPECT_EQ(tensor_bytes({}, at::kDouble), 8u);
+  EXPECT_EQ(tensor_bytes({int64_t{1} << 62, 0}, at::kFloat), 0u);
+  EXPECT_FALSE(tensor_bytes({int64_t{1} << 62}, at::kFloat).has_value());
+  EXPECT_FALSE(tensor_bytes({int64_t{1} << 32, int64_t{1} << 32}, at::kByte).has_value());
+  EXPECT_FALSE(tensor_bytes({-1}, at::kFloat).has_value());
 }
 
 TEST(Safetensors, TruncatedAndBitFlippedFiles) {

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,7 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
   uint64_t begin = 0;  // byte offsets within the data section
   uint64_t end = 0;
+  int64_t numel = 0;  // the product of `shape`, known to fit in [begin, end)
 };
 
 class SafetensorsFile {
@@ -47,6 +49,7 @@ class SafetensorsFile {
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
+  void check_inside(const SafetensorsEntry& e) const;
 
   std::string path_;
   int fd_ = -1;
@@ -87,6 +90,10 @@ class SafetensorsWriter {
   uint64_t bytes_ = 0;
   uint32_t crc_ = 0;
 };
+
+// The bytes a tensor of `shape` and `dtype` occupies, or nothing where the
+// product overflows 64 bits or a dimension is negative.
+std::optional<uint64_t> tensor_bytes(const std::vector<int64_t>& shape, at::ScalarType dtype);
 
 // CRC-32 (zlib's) of a whole file, streamed.
 uint32_t file_crc32(const std::string& path);
