@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/models/hf/checkpoint_export.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/config_reader.h"
@@ -70,8 +71,7 @@ int64_t vocab_of(const nlohmann::json& config, const std::string& where) {
 }
 
 int64_t exported_vocab(const std::string& dir) {
-  std::ifstream in(dir + "/config.json");
-  return vocab_of(nlohmann::json::parse(in), "'" + dir + "/config.json'");
+  return vocab_of(io::read_json_file(dir + "/config.json", "exported config"), "'" + dir + "/config.json'");
 }
 
 // An explicit --tokenizer must serve the checkpoint's model: refused before
@@ -80,7 +80,8 @@ void check_tokenizer_fits(const std::string& checkpoint, const std::string& toke
   const auto meta = checkpoint::read_metadata(checkpoint);
   const auto hf_config = meta.value("hf_config", "");
   if (hf_config.empty()) return;  // export_checkpoint_hf says why there is nothing to export
-  const int64_t model_vocab = vocab_of(nlohmann::json::parse(hf_config), "checkpoint '" + checkpoint + "'");
+  const int64_t model_vocab = vocab_of(io::parse_json(hf_config, "checkpoint '" + checkpoint + "''s config"),
+                                       "checkpoint '" + checkpoint + "'");
   const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);
   FSDP_CHECK(tokenizer->vocab_size() <= model_vocab, "--tokenizer ", tokenizer->source(), " has ",
              tokenizer->vocab_size(), " tokens, more than the vocabulary of ", model_vocab, " of the model in '",

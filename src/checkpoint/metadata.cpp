@@ -1,9 +1,12 @@
 #include "fsdp/checkpoint/metadata.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 
 namespace fsdp::checkpoint {
 namespace {
@@ -47,12 +50,7 @@ constexpr int64_t kMaxElements = int64_t{1} << 50;  // far beyond any model, far
 }  // namespace
 
 json parse_metadata(const std::string& text, const std::string& path) {
-  json meta;
-  try {
-    meta = json::parse(text);
-  } catch (const std::exception& e) {
-    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
-  }
+  json meta = io::parse_json(text, "'" + path + "'");
   FSDP_CHECK(meta.is_object() && meta.contains("format") && meta["format"] == kMetadataFormat, "'", path,
              "' is not fsdp.cpp checkpoint metadata");
   const Checker c(path);
@@ -118,11 +116,9 @@ json parse_metadata(const std::string& text, const std::string& path) {
 
 json read_metadata(const std::string& checkpoint) {
   const std::string path = checkpoint + "/metadata.json";
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "checkpoint '", checkpoint, "' has no metadata.json (not a checkpoint, or an unfinished save)");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_metadata(text.str(), path);
+  FSDP_CHECK(::access(path.c_str(), F_OK) == 0, "checkpoint '", checkpoint,
+             "' has no metadata.json (not a checkpoint, or an unfinished save)");
+  return parse_metadata(io::read_file(path, "checkpoint metadata"), path);
 }
 
 TrainerState trainer_state(const json& meta) {

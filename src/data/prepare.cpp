@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/data/tokenizer_record.h"
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 std::string text_field(const std::string& json, const std::string& field, const std::string& where) {
   try {
-    const auto j = nlohmann::json::parse(json);
+    const auto j = io::parse_json(json, where);
     if (!(j.is_object() && j.contains(field) && j[field].is_string())) {
       std::string fields;
       if (j.is_object()) {

@@ -12,6 +12,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/input_file.h"
 
 namespace fsdp::data {
 namespace {
@@ -20,8 +21,7 @@ constexpr int64_t kHeaderBytes = kHeaderInts * 4;
 }  // namespace
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd_ >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
+  fd_ = io::open_regular_file(path, "token file");
   struct stat st {};
   ::fstat(fd_, &st);
   map_size_ = static_cast<size_t>(st.st_size);

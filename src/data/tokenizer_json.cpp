@@ -9,6 +9,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/io/input_file.h"
 #include "tokenizer_tables.h"
 
 namespace fsdp::data {
@@ -197,13 +198,7 @@ std::string special_token(const json& config, const char* key) {
   return "";
 }
 
-json parse(const std::string& text, const std::string& what) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(what + " is not valid JSON (" + e.what() + ")");
-  }
-}
+json parse(const std::string& text, const std::string& what) { return io::parse_json(text, what); }
 
 int32_t token_id(const json& id, const std::string& where, const std::string& token) {
   FSDP_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24), where, ": token '",

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/io/atomic_file.h"
 
 namespace fsdp::data {
@@ -47,9 +48,8 @@ std::optional<TokenizerRecord> tokenizer_record_beside(const std::string& token_
   namespace fs = std::filesystem;
   const fs::path path = fs::path(token_file).parent_path() / kTokenizerRecordFile;
   if (!fs::is_regular_file(path)) return std::nullopt;
-  std::ifstream in(path);
   try {
-    const auto j = nlohmann::json::parse(in);
+    const auto j = io::read_json_file(path.string(), "tokenizer record");
     TokenizerRecord r;
     r.source = j.at("tokenizer").get<std::string>();
     r.vocab_size = j.at("vocab_size").get<int64_t>();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/data/tokenizer.h"
 
 namespace fsdp::data {
@@ -71,11 +72,11 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }
 
 std::string read_tokenizer_file(const std::string& path, const std::string& hint) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot read '", path, "'", hint.empty() ? "" : " (" + hint + ")");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  try {
+    return io::read_file(path, "tokenizer file");
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + (hint.empty() ? "" : " (" + hint + ")"));
+  }
 }
 
 namespace {
@@ -208,12 +209,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gpt2_files(const std::string& encoder
   };
   auto t = std::make_shared<TokenizerTables>();
   t->source = "'" + encoder_json_path + "'";
-  nlohmann::json encoder;
-  try {
-    encoder = nlohmann::json::parse(read(encoder_json_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("'" + encoder_json_path + "' is not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json encoder = io::parse_json(read(encoder_json_path), "'" + encoder_json_path + "'");
   FSDP_CHECK(encoder.is_object() && !encoder.empty(), "'", encoder_json_path, "' is not a token -> id object");
   for (auto it = encoder.begin(); it != encoder.end(); ++it) {
     FSDP_CHECK(it->is_number_integer() && it->get<int64_t>() >= 0 && it->get<int64_t>() < (1 << 24), "'",

@@ -16,6 +16,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/input_file.h"
 
 namespace fsdp::io {
 namespace {
@@ -67,8 +68,7 @@ const char* safetensors_dtype_name(at::ScalarType dtype) {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd_ >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  fd_ = open_regular_file(path, "safetensors file");
   struct stat st {};
   FSDP_CHECK(::fstat(fd_, &st) == 0, "cannot stat '", path, "': ", std::strerror(errno));
   size_ = static_cast<size_t>(st.st_size);
@@ -85,13 +85,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   data_start_ = 8 + static_cast<size_t>(header_len);
   const uint64_t data_size = size_ - data_start_;
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8),
-                                   reinterpret_cast<const char*>(bytes + 8 + header_len));
-  } catch (const std::exception& e) {
-    throw Error("'" + path + "': the header is not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json header = parse_json(
+      std::string(reinterpret_cast<const char*>(bytes + 8), static_cast<size_t>(header_len)),
+      "'" + path + "': the header");
   FSDP_CHECK(header.is_object(), "'", path, "': the header is not a JSON object");
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string where = "'" + path + "', tensor '" + it.key() + "'";
@@ -251,8 +247,7 @@ void SafetensorsWriter::commit() {
 }
 
 uint32_t file_crc32(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0, "cannot open '", path, "': ", std::strerror(errno));
+  const int fd = open_regular_file(path, "file");
   std::vector<unsigned char> buf(1 << 20);
   uLong crc = ::crc32(0L, Z_NULL, 0);
   ssize_t n;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/common/suggest.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/nn/layers.h"
@@ -89,14 +90,7 @@ CausalLM build_from_hf_config(const nlohmann::json& j, const std::string& where)
 
 nlohmann::json read_hf_config(const std::string& dir) {
   FSDP_CHECK(std::filesystem::is_directory(dir), "'", dir, "' is not a directory (expected a Hugging Face model directory)");
-  const std::string path = dir + "/config.json";
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read '", path, "'");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
-  }
+  return io::read_json_file(dir + "/config.json", "Hugging Face config");
 }
 
 CausalLM build_from_hf_dir(const std::string& dir, bool deferred) {

@@ -13,6 +13,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/suggest.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/models/wrap_policy.h"
@@ -418,11 +419,10 @@ void TrainConfig::set(const std::string& dotted_key, const std::string& value, c
 }
 
 void TrainConfig::load_yaml(const std::string& path) {
+  const std::string text = io::read_file(path, "--config file");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw Error("--config '" + path + "': cannot read the file");
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw Error("--config '" + path + "' is not valid YAML: " + e.what());
   }

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/io/atomic_file.h"
 
@@ -18,15 +19,7 @@ constexpr const char* kGpt2EndOfText = "<|endoftext|>";
 
 bool is_file(const fs::path& p) { return fs::is_regular_file(p); }
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
-  }
-}
+nlohmann::json read_json(const fs::path& path) { return io::read_json_file(path.string(), "file"); }
 
 // A special token as tokenizer_config.json names it: a string, or an
 // object with its content (transformers' AddedToken).

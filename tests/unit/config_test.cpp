@@ -220,7 +220,7 @@ TEST(Config, DifferencesNameEachChangedKey) {
 
 TEST(Config, MissingOrInvalidFile) {
   TrainConfig c;
-  expect_error([&] { c.load_yaml("/nonexistent/config.yaml"); }, {"cannot read"});
+  expect_error([&] { c.load_yaml("/nonexistent/config.yaml"); }, {"cannot open --config file"});
   expect_error([&] { c.load_yaml(write_yaml("model: [unclosed\n")); }, {"not valid YAML"});
 }
 

@@ -4,6 +4,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::models {
@@ -13,12 +14,8 @@ void export_checkpoint_hf(const std::string& checkpoint, const std::string& out_
   const nlohmann::json& meta = reader.metadata();
   FSDP_CHECK(!meta.value("hf_config", "").empty(), "checkpoint '", checkpoint,
              "' records no Hugging Face architecture to export to");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(meta["hf_config"].get<std::string>());
-  } catch (const std::exception& e) {
-    throw Error("checkpoint '" + checkpoint + "': its recorded config.json is not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json config =
+      io::parse_json(meta["hf_config"].get<std::string>(), "checkpoint '" + checkpoint + "': its recorded config.json");
   const auto& family = family_for_hf_config(config, "checkpoint '" + checkpoint + "'");
   const auto params = reader.parameters();
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;  // Hugging Face name, shape

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/io/input_file.h"
 
 namespace fsdp::models::hf {
 
@@ -42,14 +43,7 @@ std::string index_json(const std::vector<std::string>& names, const ShardPlan& p
 }
 
 std::map<std::string, std::string> read_index(const std::string& path) {
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read '", path, "'");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    throw Error("'" + path + "' is not valid JSON (" + e.what() + ")");
-  }
+  const nlohmann::json j = io::read_json_file(path, "shard index");
   FSDP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "'", path,
              "' has no \"weight_map\" object (expected Hugging Face's model.safetensors.index.json)");
   std::map<std::string, std::string> out;
