@@ -3,8 +3,10 @@
 // figures), import -> export -> import exact in fp32 and in bf16, sharded
 // weights with an index, and config.json keys that are refused.
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -443,6 +445,36 @@ TEST(HfConfig, Transformers5SpellingBuildsTheSameModelAsTransformers4s) {
             std::string::npos);
 }
 
+// [Note: dimension limits]: a config.json asking for 2^40 layers (or 10^9)
+// was built until memory ran out, before any weight was read. Each family's
+// sizes are refused at their limit, quickly, naming it.
+TEST(HfConfig, DimensionsPastAnyModelAreRefusedBeforeAnythingIsBuilt) {
+  torch::manual_seed(7);
+  for (const std::string preset : {"llama-tiny", "gpt2-tiny", "qwen3-tiny"}) {
+    auto model = build_preset(preset);
+    const auto dir = temp_dir("huge-" + preset);
+    save_hf_pretrained(*model, params_of(*model), dir);
+    const auto good = read_json(dir + "/config.json");
+    const bool gpt2 = preset == "gpt2-tiny";
+    for (const auto& [key, value, limit] :
+         {std::tuple{gpt2 ? "n_layer" : "num_hidden_layers", int64_t{1} << 40, "4096"},
+          std::tuple{gpt2 ? "n_layer" : "num_hidden_layers", int64_t{1000000000}, "4096"},
+          std::tuple{gpt2 ? "n_embd" : "hidden_size", int64_t{1} << 20, "65536"},
+          std::tuple{"vocab_size", int64_t{1} << 30, "16777216"}}) {
+      auto c = good;
+      c[key] = value;
+      write_json(dir + "/config.json", c);
+      const auto start = std::chrono::steady_clock::now();
+      const auto what = error_of([&] { build_from_hf_dir(dir, false); });
+      EXPECT_NE(what.find(std::string("'") + key + "' is " + std::to_string(value) + " (expected a size from 1 to " +
+                          limit + "; no published model comes near it"),
+                std::string::npos)
+          << preset << ": " << what;
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << preset << " " << key;
+    }
+  }
+}
+
 TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName) {
   torch::manual_seed(7);
   auto model = build_preset("llama-tiny");
@@ -467,7 +499,7 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
   EXPECT_NE(refused("rope_scaling", {{"rope_type", 0}, {"factor", 4.0}})
                 .find("rope_scaling 'rope_type' is 0: expected a name such as \"default\" or \"llama3\""),
             std::string::npos);
-  EXPECT_NE(refused("hidden_size", 0).find("'hidden_size' is 0 (expected a size from 1 to 2^40)"), std::string::npos);
+  EXPECT_NE(refused("hidden_size", 0).find("'hidden_size' is 0 (expected a size from 1 to 65536)"), std::string::npos);
   EXPECT_NE(refused("partial_rotary_factor", 0.5).find("key 'partial_rotary_factor' (0.5) is not known"),
             std::string::npos);
   // Keys that do not change the architecture are accepted.

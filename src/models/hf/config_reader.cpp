@@ -1,5 +1,6 @@
 #include "fsdp/models/hf/config_reader.h"
 
+#include <string_view>
 #include <utility>
 
 namespace fsdp::models::hf {
@@ -20,10 +21,39 @@ void ConfigReader::require_integer(const char* key, const nlohmann::json& value)
              value.dump(), ")");
 }
 
+// [Note: dimension limits]
+// A config.json is read before any weight: a hostile or corrupt one could
+// ask for 2^40 layers, and building the modules alone would exhaust memory
+// long before a weight is compared. Each dimension has a limit far above
+// every published model (the largest have about 128 layers, 256 experts
+// and widths under 32,768) and low enough that no product of them
+// overflows 64 bits in the parameter counts (4,096 layers x 1,024 experts x
+// 3 x 2^16 x 2^16 < 2^63).
+namespace {
+struct SizeLimit {
+  const char* key;
+  int64_t max;
+};
+constexpr SizeLimit kSizeLimits[] = {
+    {"num_hidden_layers", 4096},      {"n_layer", 4096},
+    {"num_attention_heads", 4096},    {"num_key_value_heads", 4096},
+    {"n_head", 4096},                 {"hidden_size", 65536},
+    {"n_embd", 65536},                {"head_dim", 65536},
+    {"intermediate_size", 262144},    {"intermediate_size_mlp", 262144},
+    {"moe_intermediate_size", 65536}, {"vocab_size", int64_t{1} << 24},
+    {"num_experts", 1024},            {"num_local_experts", 1024},
+    {"num_experts_per_tok", 1024},    {"n_positions", int64_t{1} << 24},
+};
+}  // namespace
+
 int64_t ConfigReader::get_size(const char* key) {
   const auto n = get<int64_t>(key);
-  FSDP_CHECK(n >= 1 && n <= (int64_t{1} << 40), where_, ": config.json field '", key, "' is ", n,
-             " (expected a size from 1 to 2^40)");
+  int64_t max = int64_t{1} << 40;
+  for (const auto& limit : kSizeLimits) {
+    if (std::string_view(limit.key) == key) max = limit.max;
+  }
+  FSDP_CHECK(n >= 1 && n <= max, where_, ": config.json field '", key, "' is ", n, " (expected a size from 1 to ", max,
+             n > max ? "; no published model comes near it: a corrupt or hostile config.json?)" : ")");
   return n;
 }
 

@@ -12,7 +12,6 @@
 namespace fsdp::models {
 
 namespace {
-constexpr int64_t kMaxLayers = 65536;
 
 // Hugging Face's defaults for the per-layer lists a config.json may leave
 // out: a NoPE layer every `no_rope_interval`-th, experts every
@@ -148,8 +147,8 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   FSDP_CHECK(c.num_experts_per_tok <= c.num_local_experts, where, ": config.json num_experts_per_tok ",
              c.num_experts_per_tok, " must be at most num_local_experts (", c.num_local_experts, ")");
   const int64_t layers = t.num_hidden_layers;
-  // Per-layer lists are built below: a bound before allocating them.
-  FSDP_CHECK(layers <= kMaxLayers, where, ": config.json num_hidden_layers ", layers, " is more than ", kMaxLayers);
+  // Per-layer lists are built below, bounded by get_size's limit on the
+  // layer count ([Note: dimension limits]).
   const bool moe_layers_given = r.has("moe_layers");
   c.moe_layers = r.get_or<std::vector<int64_t>>("moe_layers", {});
   for (const int64_t layer : c.moe_layers) {
