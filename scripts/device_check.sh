@@ -158,11 +158,16 @@ fi
 
 # Agreement with FSDP2 on this card (tests/reference/fsdp2_alignment_test.py):
 # fp32 losses within 1e-5 for every family; bf16 against fp64.
-want align && step align-fp32 100 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
-  >"$out/align-fp32.log" 2>&1
+# FSDP_ALIGN_FP32 / FSDP_ALIGN_BF16: the families of each (default: every
+# family in fp32, gpt2 and llama in bf16); FSDP_ALIGN_LIMIT: seconds for each.
+align_limit=${FSDP_ALIGN_LIMIT:-100}
+read -ra fp32_families <<<"${FSDP_ALIGN_FP32:-}"
+read -ra bf16_families <<<"${FSDP_ALIGN_BF16:-gpt2 llama}"
+want align && step align-fp32 "$align_limit" python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" \
+  --world 1 --device cuda ${fp32_families[@]:+--families "${fp32_families[@]}"} >"$out/align-fp32.log" 2>&1
 want align && tail -8 "$out/align-fp32.log"
-want align && step align-bf16 70 python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" --world 1 --device cuda \
-  --precision bf16 --families gpt2 llama >"$out/align-bf16.log" 2>&1
+want align && step align-bf16 "$align_limit" python3 tests/reference/fsdp2_alignment_test.py --build-dir "$build" \
+  --world 1 --device cuda --precision bf16 --families "${bf16_families[@]}" >"$out/align-bf16.log" 2>&1
 want align && tail -6 "$out/align-bf16.log"
 
 want train && train gpt2-d6-fp32 --model gpt2-d6 --steps 20 --seq-len 256 --batch-size 8

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -341,6 +342,12 @@ class Supervisor {
     // Own process group: the launcher forwards terminal signals itself, and
     // stopping a rank stops whatever it spawned.
     ::setpgid(0, 0);
+    // A rank dies with its launcher: killed (kill -9, the OOM killer), the
+    // launcher can no longer stop its ranks, which would train on
+    // unsupervised, keep the run folder locked and save checkpoints nobody
+    // waits for. The check after it covers a launcher that died first.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid_) ::_exit(128 + SIGKILL);
     signal(SIGPIPE, SIG_DFL);
     ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(err_fd, STDERR_FILENO);
@@ -523,6 +530,7 @@ class Supervisor {
   }
 
   const LaunchOptions& options_;
+  const pid_t launcher_pid_ = ::getpid();
   int port_ = 0;
   int attempt_ = 0;
   int64_t started_at_s_ = 0;

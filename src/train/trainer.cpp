@@ -77,6 +77,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     set_up();
   } catch (...) {
     // Nothing was written into a folder this start made: leave no empty run behind.
+    for (auto& lock : locks_) lock->release_and_remove();
     if (!paths_.folder.dir.empty() && !paths_.folder_existed && log_.speaks()) {
       remove_if_holds_no_file(paths_.folder.dir);
     }
@@ -145,7 +146,20 @@ void Trainer::choose_run_folder() {
   paths_ = resolve_run_paths(config_, static_cast<int64_t>(t.item<double>()));
   // Every rank has seen whether the folder was there before any creates it.
   dist::barrier(world_->group());
+  if (log_.speaks()) lock_run_folders();
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
+}
+
+void Trainer::lock_run_folders() {
+  namespace fs = std::filesystem;
+  check_writable_dir(paths_.folder.dir, "--out-dir");
+  locks_.push_back(std::make_unique<io::DirLock>(paths_.folder.dir, "run folder", "--out-dir"));
+  // Checkpoints have a lock of their own: another run may name this run's
+  // checkpoints/ as its --ckpt-dir from a folder of its own.
+  const std::string& ckpt = config_.checkpoint.dir;
+  if (ckpt.empty() || fs::weakly_canonical(ckpt) == fs::weakly_canonical(paths_.folder.dir)) return;
+  check_writable_dir(ckpt, "--ckpt-dir");
+  locks_.push_back(std::make_unique<io::DirLock>(ckpt, "checkpoint folder", "--ckpt-dir"));
 }
 
 std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }

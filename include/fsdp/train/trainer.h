@@ -12,6 +12,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
+#include "fsdp/io/dir_lock.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/cadence.h"
@@ -82,11 +83,15 @@ class Trainer {
   void finish_run();
   std::string sample_text();
   void export_hf();
+  void lock_run_folders();
 
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
   RunLog log_;
   RunPaths paths_;  // the run folder, and which paths were derived from it
+  // Rank 0's: the run folder's, and --ckpt-dir's where it lies elsewhere
+  // ([Note: one job owns a run folder]).
+  std::vector<std::unique_ptr<io::DirLock>> locks_;
   bool resumed_ = false;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   std::shared_ptr<dist::DeviceMesh> mesh_;

@@ -1,0 +1,49 @@
+#pragma once
+// One job per folder: an advisory lock (flock) on DIR/.lock, held for the
+// lock object's life and released by the kernel when the process dies, so
+// a `kill -9` never leaves a stale lock behind. The file names its holder
+// (host, PID, start time) for the message a second job gets. Light header:
+// no LibTorch.
+//
+// [Note: one job owns a run folder]
+// Two runs writing one folder move each other's files aside, save into one
+// checkpoints/ and prune each other's checkpoints. The trainer's rank 0
+// takes this lock on the run folder (and on --ckpt-dir when that lies
+// elsewhere) before anything is written, and holds it until the process
+// ends; its job's other ranks write only after rank 0 has it (they wait on
+// it at the next collective), so the job holds the lock as one. A
+// restarted attempt (fsdp launch --max-restarts) starts after every rank of
+// the failed one has exited, and takes the lock afresh. flock works across
+// the nodes of NFSv4 and Lustre mounts (Linux maps it to their byte-range
+// locks).
+
+#include <string>
+
+namespace fsdp::io {
+
+class DirLock {
+ public:
+  static constexpr const char* kFileName = ".lock";
+
+  // Takes the lock on DIR/.lock (DIR must exist), or throws fsdp::Error:
+  // "<what> 'DIR' is in use by another job (host H, PID P, since T); ...
+  // choose another <flag>".
+  DirLock(const std::string& dir, const std::string& what, const std::string& flag);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+  // Removes the lock file and releases the lock: for a start that failed
+  // in a folder it created, so that the folder can go too.
+  void release_and_remove();
+
+  // Who holds (or last held) the lock of DIR, as its file says: "host H,
+  // PID P, since T"; empty when the file says nothing.
+  static std::string holder(const std::string& dir);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace fsdp::io

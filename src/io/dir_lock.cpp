@@ -1,0 +1,69 @@
+#include "fsdp/io/dir_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::io {
+namespace {
+
+std::string this_process() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return std::string("host ") + host + ", PID " + std::to_string(::getpid()) + ", since " + stamp;
+}
+
+}  // namespace
+
+DirLock::DirLock(const std::string& dir, const std::string& what, const std::string& flag)
+    : path_(dir + "/" + kFileName) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  FSDP_CHECK(fd_ >= 0, what, " '", dir, "': cannot open its lock file '", path_, "' (", std::strerror(errno), ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int saved = errno;
+    ::close(fd_);
+    fd_ = -1;
+    FSDP_CHECK(saved == EWOULDBLOCK, what, " '", dir, "': cannot lock '", path_, "' (", std::strerror(saved), ")");
+    const std::string who = holder(dir);
+    throw Error(what + " '" + dir + "' is in use by another job (" + (who.empty() ? "its holder is starting" : who) +
+                "); two jobs in one folder would overwrite each other's logs and checkpoints. Wait for it to end, " +
+                "stop it, or choose another " + flag);
+  }
+  const std::string me = this_process() + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    // The lock holds without its note; a second job's message says less.
+  }
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
+void DirLock::release_and_remove() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());
+  ::close(fd_);
+  fd_ = -1;
+}
+
+std::string DirLock::holder(const std::string& dir) {
+  std::ifstream in(dir + "/" + kFileName);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace fsdp::io

@@ -1,0 +1,112 @@
+// One job owns a run folder ([Note: one job owns a run folder]): a second
+// job into a live run's folder, or into its checkpoints, is refused naming
+// the holder, and the live run's files stay where they are; the lock goes
+// with the job, also when its launcher is killed, whose ranks die with it.
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "run_command.h"
+#include "train_support.h"
+
+namespace fsdp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kCli = FSDP_CLI;
+
+std::string train(const std::string& out_dir, int steps, const std::string& extra = "") {
+  return kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --log-every 1 --steps " +
+         std::to_string(steps) + " --out-dir " + out_dir + " " + extra;
+}
+
+// A W = 2 job training until stopped, once it has logged two steps.
+std::unique_ptr<BackgroundCommand> live_job(const std::string& dir, const std::string& extra = "") {
+  auto job = std::make_unique<BackgroundCommand>(
+      kCli + " launch -n 2 -- " + train(dir + "/run", 100000, "--save-every 2 " + extra), dir + "/live.log");
+  for (int i = 0; i < 600 && train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(train_losses(read_metrics(dir + "/run/metrics.jsonl")).size(), 2u) << job->output();
+  return job;
+}
+
+// The run in `run` continued two steps past its latest checkpoint.
+std::string two_steps_more(const std::string& run) {
+  const std::string latest = read_file(run + "/checkpoints/latest");
+  return train(run, std::stoi(latest.substr(latest.find('_') + 1)) + 2);
+}
+
+// Whether `pid` has ended (gone, or a zombie nobody reaped yet).
+bool ended(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+}
+
+TEST(RunFolderLock, ASecondJobIsRefusedNamingTheHolderAndTheLiveRunIsUntouched) {
+  const auto dir = make_temp_dir();
+  auto job = live_job(dir);
+  const auto ranks = job->children();
+  ASSERT_EQ(ranks.size(), 2u) << job->output();
+  const auto config_before = read_file(dir + "/run/config.yaml");
+
+  // Into the same folder, fresh or resuming, one process or a launched job.
+  for (const auto& second : {train(dir + "/run", 2), train(dir + "/run", 2, "--resume"),
+                             kCli + " launch -n 2 -- " + train(dir + "/run", 2)}) {
+    const auto r = run_command(second);
+    EXPECT_NE(r.exit_code, 0) << second << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "run folder '" + dir + "/run' is in use by another job (host ")) << r.output;
+    EXPECT_TRUE(contains(r.output, "PID " + std::to_string(ranks[0])) ||
+                contains(r.output, "PID " + std::to_string(ranks[1])))
+        << "the holder named is not one of the live job's ranks\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "choose another --out-dir")) << r.output;
+  }
+  // From a folder of its own, into the live run's checkpoints.
+  const auto into_ckpt = run_command(train(dir + "/other", 2, "--ckpt-dir " + dir + "/run/checkpoints"));
+  EXPECT_NE(into_ckpt.exit_code, 0) << into_ckpt.output;
+  EXPECT_TRUE(contains(into_ckpt.output, "checkpoint folder '" + dir + "/run/checkpoints' is in use by another job"))
+      << into_ckpt.output;
+  EXPECT_FALSE(exists(dir + "/other")) << "a refused start left its folder behind";
+
+  // Nothing of the live run was moved aside, and it ends as it would have.
+  EXPECT_FALSE(exists(dir + "/run/earlier-1"));
+  EXPECT_EQ(read_file(dir + "/run/config.yaml"), config_before);
+  ::kill(job->pid(), SIGINT);
+  EXPECT_EQ(job->wait(std::chrono::seconds(120)), 0) << job->output();
+  // Once it has ended, the folder is free again: the run continues there.
+  const auto next = run_command(two_steps_more(dir + "/run"));
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_TRUE(contains(next.output, "resumed")) << next.output;
+  fs::remove_all(dir);
+}
+
+TEST(RunFolderLock, RanksDieWithTheirKilledLauncherAndLeaveNoStaleLock) {
+  const auto dir = make_temp_dir();
+  auto job = live_job(dir);
+  const auto ranks = job->children();
+  ASSERT_EQ(ranks.size(), 2u) << job->output();
+  ::kill(job->pid(), SIGKILL);
+  job->wait(std::chrono::seconds(10));
+  for (const int rank : ranks) {
+    bool gone = false;
+    for (int i = 0; i < 100 && !(gone = ended(rank)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(gone) << "rank pid " << rank << " outlived its killed launcher";
+  }
+  // The kernel released the lock with its holder: the run continues there.
+  const auto next = run_command(two_steps_more(dir + "/run"));
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_TRUE(contains(next.output, "resumed")) << next.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
