@@ -79,8 +79,12 @@ void Checkpointer::set_aside_newer_than(int64_t step) const {
   if (world_.rank() != 0) return;
   for (const auto& name : step_dirs(config_.dir)) {
     if (name <= step_dir_name(step)) continue;
-    fs::rename(config_.dir + "/" + name, config_.dir + "/superseded-" + name);
-    log_.say("--resume-from " + std::to_string(step) + ": " + config_.dir + "/" + name + " renamed superseded-" + name +
+    // A second --resume-from to the same step finds the first one's names
+    // taken: superseded-2-..., -3-... (the earlier sets stay, untouched).
+    std::string aside = "superseded-" + name;
+    for (int n = 2; fs::exists(config_.dir + "/" + aside); ++n) aside = "superseded-" + std::to_string(n) + "-" + name;
+    fs::rename(config_.dir + "/" + name, config_.dir + "/" + aside);
+    log_.say("--resume-from " + std::to_string(step) + ": " + config_.dir + "/" + name + " renamed " + aside +
              " (this run trains those steps again)");
   }
 }

@@ -161,6 +161,14 @@ TEST(NewUser, ADamagedLatestNamesTheIntactCheckpointsAndResumeFromPicksOne) {
   EXPECT_EQ(read_file(dir + "/ckpt/latest"), "step_00000008\n");
   // --resume-from says where this run started: no setting of the next one.
   EXPECT_TRUE(contains(read_file(dir + "/config.yaml"), "resume_from: 0")) << read_file(dir + "/config.yaml");
+  // The same again: the first set aside keeps its name, the second takes the next.
+  const auto again = train("--steps 8 --resume-from 4" + run);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "step_00000006 renamed superseded-2-step_00000006")) << again.output;
+  EXPECT_TRUE(fs::is_directory(dir + "/ckpt/superseded-step_00000006"));
+  EXPECT_TRUE(fs::is_directory(dir + "/ckpt/superseded-2-step_00000006"));
+  EXPECT_TRUE(fs::is_directory(dir + "/ckpt/superseded-step_00000008"));
+  EXPECT_EQ(read_file(dir + "/ckpt/latest"), "step_00000008\n");
   fs::remove_all(dir);
 }
 
