@@ -28,16 +28,16 @@ torch=(-isystem /usr/include/torch/csrc/api/include)
 
 # The sources each target needs, compiled with coverage instrumentation.
 declare -A sources=(
-  [checkpoint_metadata]="src/checkpoint/metadata.cpp"
-  [config]="src/train/config.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
+  [checkpoint_metadata]="src/checkpoint/metadata.cpp src/io/input_file.cpp"
+  [config]="src/train/config.cpp src/io/input_file.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
   [hf_config]="src/models/hf/config_reader.cpp src/models/gpt2/config.cpp src/models/llama/config.cpp src/models/qwen3/config.cpp src/models/llama4/config.cpp src/common/suggest.cpp"
-  [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp"
-  [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp"
-  [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp"
-  [safetensors]="src/io/safetensors.cpp src/io/atomic_file.cpp src/common/error_text.cpp"
+  [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp src/io/input_file.cpp"
+  [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
+  [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
+  [safetensors]="src/io/safetensors.cpp src/io/atomic_file.cpp src/io/input_file.cpp src/common/error_text.cpp"
 )
 declare -A libs=(
-  [checkpoint_metadata]=""
+  [checkpoint_metadata]="-lz"
   [config]="-lyaml-cpp"
   [hf_config]=""
   [token_file]=""

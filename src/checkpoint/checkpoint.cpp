@@ -302,7 +302,7 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   if (rank == 0) {
     try {
       io::write_file_atomically(tmp_dir + "/metadata.json",
-                                build_metadata(shards, all_tables, all_files, state, w).dump(1) + "\n");
+                                sealed_metadata_text(build_metadata(shards, all_tables, all_files, state, w)));
       publish(dir, tmp_dir, final_dir, name, keep);
     } catch (const std::exception& e) {
       error = error_text(e);

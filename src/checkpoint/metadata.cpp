@@ -1,7 +1,9 @@
 #include "fsdp/checkpoint/metadata.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -47,7 +49,23 @@ class Checker {
 
 constexpr int64_t kMaxElements = int64_t{1} << 50;  // far beyond any model, far below overflow
 
+// "crc32:xxxxxxxx" of `meta` without its checksum.
+std::string checksum_of(json meta) {
+  meta.erase("checksum");
+  const std::string text = meta.dump();
+  const auto crc = ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(text.data()),
+                           static_cast<uInt>(text.size()));
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08lx", static_cast<unsigned long>(crc));
+  return std::string("crc32:") + hex;
+}
+
 }  // namespace
+
+std::string sealed_metadata_text(json meta) {
+  meta["checksum"] = checksum_of(meta);
+  return meta.dump(1) + "\n";
+}
 
 json parse_metadata(const std::string& text, const std::string& path) {
   json meta = io::parse_json(text, "'" + path + "'");
@@ -55,8 +73,17 @@ json parse_metadata(const std::string& text, const std::string& path) {
              "' is not fsdp.cpp checkpoint metadata");
   const Checker c(path);
   const int64_t version = c.integer(c.member(meta, "version", ""), "version", 0, INT32_MAX);
-  FSDP_CHECK(version == kMetadataVersion, "'", path, "' has version ", version, ", this build reads version ",
-             kMetadataVersion);
+  FSDP_CHECK(version == 1 || version == kMetadataVersion, "'", path, "' has version ", version,
+             ", this build reads versions 1 and ", kMetadataVersion);
+  if (version >= 2) {
+    // Before any other field is believed ([Note: sealed metadata]).
+    const json& sum = c.member(meta, "checksum", "");
+    if (!sum.is_string()) c.fail("checksum", "must be a string");
+    const std::string expected = checksum_of(meta);
+    FSDP_CHECK(sum.get<std::string>() == expected, "'", path, "': its checksum ", sum.get<std::string>(),
+               " does not match its contents (", expected,
+               "): the file was edited or damaged after the save; resume from another checkpoint");
+  }
   c.integer(c.member(meta, "step", ""), "step", 0, INT64_MAX);
   const int64_t world = c.integer(c.member(meta, "world_size", ""), "world_size", 1, 1 << 20);
   for (const char* key : {"sharding", "config", "hf_config"}) c.string_if_present(meta, key, "");

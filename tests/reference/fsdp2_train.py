@@ -197,9 +197,15 @@ def main():
             lm_loss = F.cross_entropy(output.logits.to(dtype).flatten(0, 1), targets.flatten())
             loss = lm_loss
             if is_moe:
-                if output.aux_loss is not None:  # Llama 4's transformers model computes none
-                    loss = loss + model.config.router_aux_loss_coef * output.aux_loss.to(dtype)
-                margin = min(margin, routing_margin(output.router_logits, model.config.num_experts_per_tok))
+                # Llama 4's transformers model computes no aux loss, and
+                # transformers 4.x's returns no router logits either (a plain
+                # CausalLMOutputWithPast): then no routing margin is known.
+                aux_loss = getattr(output, "aux_loss", None)
+                if aux_loss is not None:
+                    loss = loss + model.config.router_aux_loss_coef * aux_loss.to(dtype)
+                router_logits = getattr(output, "router_logits", None)
+                if router_logits is not None:
+                    margin = min(margin, routing_margin(router_logits, model.config.num_experts_per_tok))
             (loss / args.grad_accum).backward()
             lm_sum += lm_loss.item() / args.grad_accum
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)

@@ -2,7 +2,11 @@
 // fuzz seed, written by a save at W=2) passes, and each hostile edit is
 // refused naming its field.
 
+#include <zlib.h>
+
+#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -84,6 +88,46 @@ TEST(CheckpointMetadata, HostileEditsAreRefusedNamingTheField) {
   EXPECT_EQ(refusal(m), "'ckpt/metadata.json': trainer is missing (a damaged or foreign checkpoint)");
 
   EXPECT_NE(refusal(nlohmann::json::array()).find("is not fsdp.cpp checkpoint metadata"), std::string::npos);
+}
+
+// [Note: sealed metadata]: what a save writes carries a CRC-32 of the rest,
+// and an edit to anything resume reads is refused naming the checksum.
+TEST(CheckpointMetadata, SealedMetadataRefusesEveryEditResumeWouldBelieve) {
+  auto m = real_metadata();
+  m["version"] = kMetadataVersion;
+  const std::string text = sealed_metadata_text(m);
+  // The documented format, computed here with zlib: crc32 of the compact dump without the key.
+  const auto crc = ::crc32(0L, reinterpret_cast<const Bytef*>(m.dump().data()), static_cast<uInt>(m.dump().size()));
+  char expected[32];
+  std::snprintf(expected, sizeof(expected), "crc32:%08lx", static_cast<unsigned long>(crc));
+  const auto sealed = nlohmann::json::parse(text);
+  EXPECT_EQ(sealed["checksum"], expected);
+  EXPECT_NO_THROW(parse_metadata(text, "ckpt/metadata.json"));
+  // Whitespace is no content: the same JSON written another way still passes.
+  EXPECT_NO_THROW(parse_metadata(sealed.dump(4), "ckpt/metadata.json"));
+
+  const std::string name = m["params"].begin().key();
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"tokens_seen", [](nlohmann::json& j) { j["trainer"]["tokens_seen"] = 123456; }},
+      {"adam_step", [&](nlohmann::json& j) { j["params"][name]["adam_step"] = int64_t{1} << 62; }},
+      {"world_size", [](nlohmann::json& j) { j["world_size"] = 1 << 20; }},
+      {"mesh", [](nlohmann::json& j) { j["mesh"] = {2, 1}; }},
+      {"a file's crc32", [](nlohmann::json& j) { j["files"][0]["crc32"] = 7; }},
+      {"the step", [](nlohmann::json& j) { j["step"] = 6; }},
+  };
+  for (const auto& [what, edit] : edits) {
+    auto edited = sealed;
+    edit(edited);
+    EXPECT_NE(refusal(edited).find("'ckpt/metadata.json': its checksum " + std::string(expected) +
+                                   " does not match its contents"),
+              std::string::npos)
+        << what << ": " << refusal(edited);
+  }
+  auto unsealed = sealed;
+  unsealed.erase("checksum");
+  EXPECT_EQ(refusal(unsealed), "'ckpt/metadata.json': checksum is missing (a damaged or foreign checkpoint)");
+  // A save made before version 2 has no checksum and is read as it was.
+  EXPECT_NO_THROW(parse_metadata(real_metadata().dump(), "ckpt/metadata.json"));
 }
 
 }  // namespace

@@ -17,7 +17,10 @@
 namespace fsdp::checkpoint {
 
 inline constexpr const char* kMetadataFormat = "fsdp.cpp-checkpoint";
-inline constexpr int kMetadataVersion = 1;
+// Version 2 adds "checksum", a CRC-32 of everything else in the file
+// ([Note: sealed metadata]); version 1 files (older saves) are read
+// without one.
+inline constexpr int kMetadataVersion = 2;
 
 struct TrainerState {
   int64_t step = 0;          // optimizer steps completed
@@ -31,6 +34,18 @@ struct TrainerState {
   // where its data stands. The trainer leaves it empty.
   nlohmann::json extra = nlohmann::json::object();
 };
+
+// [Note: sealed metadata]
+// Resume trusts metadata.json for the step, the tokens seen, AdamW's step
+// per parameter, the mesh and which file holds which elements; the rank
+// files' CRCs are in it too. An edit there (tokens_seen, adam_step = 2^62,
+// world_size) would pass every range check and train differently, so the
+// file carries "checksum": "crc32:XXXXXXXX" of its compact JSON dump without
+// that key (nlohmann's dump is canonical: keys sorted, numbers written to
+// round-trip), and a file whose checksum does not match is refused.
+
+// The text of metadata.json for `meta`, with its checksum.
+std::string sealed_metadata_text(nlohmann::json meta);
 
 // Parses and validates metadata text; `path` names it in errors. Throws
 // fsdp::Error.
