@@ -23,6 +23,7 @@
 #include "fsdp/train/builders.h"
 #include "fsdp/train/export.h"
 #include "fsdp/train/generate.h"
+#include "fsdp/train/job_agreement.h"
 
 namespace fsdp::train {
 namespace {
@@ -87,6 +88,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
 
 void Trainer::set_up() {
   choose_run_folder();
+  // Before the first collective whose shapes depend on the job.
+  check_ranks_run_one_job(config_, world_->group(), world_->rank(), world_->size());
   check_output_paths(config_, paths_.folder, log_.speaks());
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
   auto built = build_model(config_.model, *world_, log_);
