@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -103,6 +105,36 @@ std::optional<std::string> agent_store_prefix() {
   return "attempt" + std::string(attempt != nullptr ? attempt : "0");
 }
 
+// [Note: a rendezvous that never answers]
+// TCPStore's client connects within its timeout, then waits for the
+// server's answer to a ping with none: a port that accepts connections and
+// never answers (another service, a stopped rank 0, a firewall that
+// completes handshakes) held a rank forever whatever --timeout said. The
+// store is made on a thread of its own, and waited for with the timeout
+// (plus the connect's own share); past it, the rank fails naming the
+// address, and the thread, still blocked, ends with the process.
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, const c10d::TCPStoreOptions& opts,
+                                              std::chrono::milliseconds timeout, const std::string& where) {
+  if (opts.isServer) return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  using Result = std::promise<c10::intrusive_ptr<c10d::Store>>;
+  auto result = std::make_shared<Result>();
+  auto made = result->get_future();
+  std::thread([result, host = env.master_addr, opts] {
+    try {
+      result->set_value(c10::make_intrusive<c10d::TCPStore>(host, opts));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (made.wait_for(timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    throw Error("rendezvous: rank " + std::to_string(env.rank) + " connected to " + where +
+                " but got no answer within " + std::to_string(timeout.count() / 1000) +
+                " s: what listens there is not rank 0's store (another service, or a stopped rank 0); check "
+                "MASTER_ADDR/MASTER_PORT");
+  }
+  return made.get();
+}
+
 c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseconds timeout) {
   const auto agent_prefix = agent_store_prefix();
   if (env.master_port == 0) {
@@ -117,9 +149,11 @@ c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseco
   opts.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {
-    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    c10::intrusive_ptr<c10d::Store> store = connect_store(env, opts, timeout, where);
     if (agent_prefix) store = c10::make_intrusive<c10d::PrefixStore>(*agent_prefix, store);
     return store;
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     const std::string msg = error_text(e);
     const std::string secs = std::to_string(timeout.count() / 1000) + " s";

@@ -100,6 +100,25 @@ TEST(DistErrors, RankZeroNeverArrives) {
   EXPECT_LT(r.seconds, 30);
 }
 
+// [Note: a rendezvous that never answers]: a port whose listener completes
+// connections (the kernel does, from the backlog) but never answers.
+TEST(DistErrors, APortThatAcceptsButNeverAnswersTimesOut) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const auto r = run_command("env RANK=1 WORLD_SIZE=2 FSDP_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(ntohs(addr.sin_port)) + " " + kCli + " smoke");
+  ::close(fd);
+  expect_clean_failure(r, "rendezvous: rank 1 connected to 127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) +
+                              " but got no answer within 3 s");
+  EXPECT_LT(r.seconds, 30);
+}
+
 TEST(DistErrors, HungPeerTimesOutNamingTheCollective) {
   const auto r = run_command("env FSDP_TIMEOUT=3 " + kCli + " launch -n 2 -- " + kWorker + " hang");
   expect_clean_failure(r, "all_reduce #1 on group 'world'");
