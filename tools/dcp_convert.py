@@ -39,6 +39,7 @@ import argparse
 import faulthandler
 import json
 import os
+import pickle
 import sys
 import tempfile
 import warnings
@@ -182,9 +183,59 @@ def flatten(value, prefix=""):
         yield prefix[:-1], value
 
 
+def metadata_checksum(meta):
+    """fsdp.cpp's seal of metadata.json (docs/checkpoints.md): CRC-32 of its
+    compact JSON without the key, keys sorted, UTF-8 as is."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    text = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return f"crc32:{zlib.crc32(text.encode('utf-8')):08x}"
+
+
+# [Note: DCP metadata is a pickle]
+# dcp.load reads `.metadata` with pickle.load, which runs whatever code the
+# file names: a DCP directory from elsewhere could run anything here. Read
+# it first with an unpickler that admits only the classes DCP itself
+# writes there; anything else is refused unless --trust-dcp-metadata says
+# the directory is the user's own.
+DCP_PICKLE_CLASSES = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class DcpMetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+        if module == "torch.distributed.checkpoint.metadata" and isinstance(getattr(dcp_metadata, name, None), type):
+            return getattr(dcp_metadata, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            return getattr(torch, name)
+        if (module, name) in DCP_PICKLE_CLASSES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def check_dcp_metadata_is_data(directory, trusted):
+    if trusted:
+        return
+    try:
+        with open(os.path.join(directory, ".metadata"), "rb") as f:
+            DcpMetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        fail(f"'{directory}/.metadata' names {e}, which is not one of the classes DCP writes there; a pickle "
+             "runs the code it names, so it was not loaded. If the directory is your own, --trust-dcp-metadata "
+             "loads it anyway")
+    except Exception as e:  # noqa: BLE001 - any other damage is named, not a traceback
+        fail(f"'{directory}/.metadata' is not DCP metadata ({type(e).__name__}: {e})")
+
+
 def write_fsdp_checkpoint(out, step, tokens_seen, hf_config, tensors, adam_steps):
     """OUT/step_N/ (metadata.json, rank_00000.safetensors) and OUT/latest, in
-    fsdp.cpp's checkpoint format (docs/checkpoints.md; version 1), as
+    fsdp.cpp's checkpoint format (docs/checkpoints.md; version 2, sealed), as
     one rank with every element."""
     name = f"step_{step:08d}"
     final = os.path.join(out, name)
@@ -199,13 +250,14 @@ def write_fsdp_checkpoint(out, step, tokens_seen, hf_config, tensors, adam_steps
     rank_file = os.path.join(tmp, "rank_00000.safetensors")
     save_file(data, rank_file)
     blob = open(rank_file, "rb").read()
-    meta = {"format": "fsdp.cpp-checkpoint", "version": 1, "step": step, "world_size": 1,
+    meta = {"format": "fsdp.cpp-checkpoint", "version": 2, "step": step, "world_size": 1,
             "sharding": "full_shard", "mesh": [1, 1], "config": "", "hf_config": hf_config,
             "trainer": {"tokens_seen": tokens_seen, "loss_scale": 0.0},
             "files": [{"rank": 0, "name": "rank_00000.safetensors", "bytes": len(blob), "crc32": zlib.crc32(blob)}],
             "params": {fqn: {"shape": list(w.shape), "dtype": "F32", "adam_step": adam_steps[fqn],
                              "shards": [{"rank": 0, "begin": 0, "count": w.numel()}]}
                        for fqn, w in tensors["model"].items()}}
+    meta["checksum"] = metadata_checksum(meta)
     with open(os.path.join(tmp, "metadata.json"), "w") as f:
         json.dump(meta, f, indent=1)
     os.rename(tmp, final)
@@ -239,6 +291,7 @@ def import_(args):
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     optimizer = adamw(model)
     state = expected_state(model, optimizer)
+    check_dcp_metadata_is_data(args.dcp, args.trust_dcp_metadata)
     check_compatible(args.dcp, state)
     dcp.load(state, checkpoint_id=args.dcp, no_dist=True)
     set_model_state_dict(model, state["model"])
@@ -268,6 +321,8 @@ def main():
     i.add_argument("dcp")
     i.add_argument("out")
     i.add_argument("--model", required=True, help="Hugging Face directory whose config.json describes the model")
+    i.add_argument("--trust-dcp-metadata", action="store_true",
+                   help="load a .metadata that names classes other than DCP's own (it runs their code)")
     args = parser.parse_args()
     {"export": export, "import": import_}[args.command](args)
 

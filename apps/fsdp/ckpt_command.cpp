@@ -179,8 +179,14 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   imp->add_option("--model", *model_dir, "Hugging Face directory whose config.json describes the model")->required();
   imp->add_option("--format", *import_format, "dcp (the only one)")->required()->check(CLI::IsMember({"dcp"}));
   // Every option's target is captured: CLI11 writes into it while parsing.
-  imp->callback([dcp_dir, into, model_dir, import_format] {
-    run_dcp_converter({"import", *dcp_dir, *into, "--model", *model_dir});
+  auto trust = std::make_shared<bool>(false);
+  imp->add_flag("--trust-dcp-metadata", *trust,
+                "load a .metadata that names classes other than DCP's own: a pickle runs the code it names, so "
+                "only for a directory of your own (see docs/faults-and-bad-input.md)");
+  imp->callback([dcp_dir, into, model_dir, import_format, trust] {
+    std::vector<std::string> args{"import", *dcp_dir, *into, "--model", *model_dir};
+    if (*trust) args.push_back("--trust-dcp-metadata");
+    run_dcp_converter(args);
   });
 }
 

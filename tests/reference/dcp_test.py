@@ -23,6 +23,8 @@ nothing; an export onto an existing folder is refused.
 """
 import json
 import os
+import pickle
+import shutil
 import subprocess
 
 import numpy as np
@@ -113,6 +115,28 @@ def main():
     if result.returncode == 0 or "missing" not in result.stderr or os.path.exists(wrong):
         harness.fail(f"a GPT-2 DCP directory imported as Llama was not refused by name: {result.stderr}")
     print("refused: " + result.stderr.strip().splitlines()[-1][:300])
+
+    # [Note: DCP metadata is a pickle]: a .metadata naming code to run is
+    # refused unread; the code runs only when the user says they trust it.
+    hostile = os.path.join(work, "hostile.dcp")
+    shutil.copytree(os.path.join(work, "gpt2-fsdp2.dcp"), hostile)
+    marker = os.path.join(work, "the-pickle-ran")
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (marker,))
+
+    with open(os.path.join(hostile, ".metadata"), "wb") as f:
+        pickle.dump(Payload(), f)
+    result = convert(args.fsdp, "import", hostile, os.path.join(work, "hostile-import"), "--model",
+                     os.path.join(work, "gpt2"))
+    if result.returncode == 0 or os.path.exists(marker) or "--trust-dcp-metadata" not in result.stderr:
+        harness.fail(f"a .metadata that runs code was not refused unread: {result.stderr}")
+    print("refused: " + result.stderr.strip().splitlines()[-1][:300])
+    convert(args.fsdp, "import", hostile, os.path.join(work, "hostile-trusted"), "--model", os.path.join(work, "gpt2"),
+            "--trust-dcp-metadata")
+    if not os.path.exists(marker):
+        harness.fail("--trust-dcp-metadata did not load the .metadata as given")
 
 
 if __name__ == "__main__":
