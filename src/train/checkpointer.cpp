@@ -125,7 +125,13 @@ std::optional<checkpoint::TrainerState> Checkpointer::resume(torch::nn::Module& 
   try {
     state = checkpoint::load(path, model, optimizer, world_);
   } catch (const Error& e) {
-    throw Error(std::string(e.what()) + "; " + intact_checkpoints(path));
+    const std::string what = e.what();
+    // Another model's checkpoints are another run's: no step of them helps.
+    if (what.find("from another model") != std::string::npos) {
+      throw Error(what + "; '" + config_.dir +
+                  "' holds another run's checkpoints: train this model with another --out-dir (or --ckpt-dir)");
+    }
+    throw Error(what + "; " + intact_checkpoints(path));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   FSDP_CHECK(state.step <= now.runtime.steps, "checkpoint '", path, "' is at step ", state.step,

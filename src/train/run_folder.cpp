@@ -48,6 +48,9 @@ RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds) {
     c.dir = paths.folder.checkpoints();
     paths.ckpt_dir_derived = true;
   }
+  paths.run_root_created = first_missing_ancestor(r.out_dir);
+  if (!c.dir.empty()) paths.ckpt_root_created = first_missing_ancestor(c.dir);
+  if (!config.hf_export.dir.empty()) paths.export_root_created = first_missing_ancestor(config.hf_export.dir);
   return paths;
 }
 
@@ -75,7 +78,19 @@ TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths) {
   return recorded;
 }
 
+std::string first_missing_ancestor(const std::string& path) {
+  std::error_code ec;
+  std::string missing;
+  for (fs::path p = fs::absolute(path, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+       p = p.parent_path()) {
+    missing = p.string();
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
 void remove_if_holds_no_file(const std::string& dir) {
+  if (dir.empty()) return;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {

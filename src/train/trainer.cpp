@@ -77,10 +77,12 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   try {
     set_up();
   } catch (...) {
-    // Nothing was written into a folder this start made: leave no empty run behind.
+    // Nothing was written into the folders this start made: leave none behind.
     for (auto& lock : locks_) lock->release_and_remove();
-    if (!paths_.folder.dir.empty() && !paths_.folder_existed && log_.speaks()) {
-      remove_if_holds_no_file(paths_.folder.dir);
+    if (log_.speaks()) {
+      for (const auto* made : {&paths_.run_root_created, &paths_.ckpt_root_created, &paths_.export_root_created}) {
+        remove_if_holds_no_file(*made);
+      }
     }
     throw;
   }
@@ -289,6 +291,8 @@ TrainSummary Trainer::run() {
     after_step(step, stats);
     if (stop_requested_ && step + 1 < total) {
       if (memory::recording()) write_memory_snapshot(step);  // the steps recorded so far
+      // The export folder this start made stays only with an export in it.
+      if (log_.speaks()) remove_if_holds_no_file(paths_.export_root_created);
       log_.say("stopped by " + std::string(g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
                std::to_string(step + 1) +
                (checkpointer_->enabled() ? "; resume with the same --out-dir (or --ckpt-dir)"

@@ -281,7 +281,10 @@ TEST_F(DamagedCheckpoint, MissingRankFile) {
 }
 
 TEST_F(DamagedCheckpoint, MetadataFromAnotherModel) {
+  // Every checkpoint there is GPT-2's: no --resume-from STEP would help.
   expect_refused("is from another model", "llama-tiny");
+  expect_refused("holds another run's checkpoints: train this model with another --out-dir (or --ckpt-dir)",
+                 "llama-tiny");
 }
 
 TEST_F(DamagedCheckpoint, InspectReportsTheDamage) {

@@ -3,8 +3,12 @@
 // a run that keeps nothing, the tokenizer from another directory, what
 // data a run reads, a failed start, the rank log, and a damaged `latest`.
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -106,6 +110,32 @@ TEST(NewUser, AFailedStartLeavesNoRunFolderItMadeAndKeepsOneThatWasThere) {
   const auto existing = train("--data " + dir + "/missing.bin --steps 1 --out-dir " + dir + "/kept");
   EXPECT_NE(existing.exit_code, 0);
   EXPECT_TRUE(fs::is_directory(dir + "/kept"));
+  // The folders a start makes above its run folder go too (out/ of the
+  // default out/<run>, --ckpt-dir's and --export-hf's parents), whichever
+  // input was bad: the model, the Hugging Face directory or the data.
+  for (const std::string bad : {std::string("--model nope --data synthetic"),
+                                "--init-from " + dir + "/no-such-model --data synthetic",
+                                "--data " + dir + "/missing.bin"}) {
+    const auto r = run_command("cd " + dir + " && " + kCli + " train --steps 1 " + bad +
+                               " --ckpt-dir c/d --export-hf e/f");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    for (const char* made : {"out", "c", "e"}) EXPECT_FALSE(fs::exists(dir + "/" + made)) << bad << ": " << made;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(NewUser, AStopBeforeTheExportLeavesNoEmptyExportFolder) {
+  const auto dir = make_temp_dir();
+  BackgroundCommand job(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 " +
+                            "--log-every 1 --out-dir " + dir + "/run --export-hf " + dir + "/exports/hf",
+                        dir + "/job.log");
+  for (int i = 0; i < 600 && train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(job.pid(), SIGINT);
+  EXPECT_EQ(job.wait(std::chrono::seconds(60)), 0) << job.output();
+  EXPECT_TRUE(contains(job.output(), "stopped by SIGINT")) << job.output();
+  EXPECT_FALSE(fs::exists(dir + "/exports")) << "an empty export folder stayed after the stop";
   fs::remove_all(dir);
 }
 

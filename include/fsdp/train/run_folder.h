@@ -33,6 +33,11 @@ struct RunPaths {
   bool folder_existed = false;     // the folder was there before this start
   bool metrics_derived = false;    // logging.metrics came from the folder
   bool ckpt_dir_derived = false;   // checkpoint.dir came from the folder
+  // The topmost folder each output path would create (out/ for
+  // out/<run>, when out/ is missing; "" where the path exists): what a
+  // start that fails, or a stop before the export, removes again when it
+  // holds no file.
+  std::string run_root_created, ckpt_root_created, export_root_created;
 };
 RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds);
 
@@ -48,6 +53,10 @@ void check_output_paths(const TrainConfig& config, const RunFolder& folder, bool
 // (--metrics, --ckpt-dir, --export-hf) stay; --resume and --resume-from,
 // which say where this run started, do not.
 TrainConfig recorded_config(const TrainConfig& config, const RunPaths& paths);
+
+// The topmost ancestor of `path` (itself included) that does not exist; ""
+// when `path` exists.
+std::string first_missing_ancestor(const std::string& path);
 
 // Removes `dir` when it holds no file (a start that failed before writing
 // anything leaves no empty run folder behind).
