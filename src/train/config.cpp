@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <map>
 #include <string_view>
 #include <type_traits>
 
@@ -453,14 +454,25 @@ void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path
   if (root.IsNull()) return;
   const std::vector<std::string> sections = section_names();
   FSDP_CHECK(root.IsMap(), path, ": expected sections ", join_words(sections), " at the top level");
+  // YAML leaves a repeated key to the reader, and yaml-cpp keeps both: the
+  // second would silently win. Refused, naming both lines.
+  std::map<std::string, int> first_line;
+  const auto once = [&](const std::string& key, const YAML::Node& at) {
+    const int line = at.Mark().line + 1;
+    const auto [it, fresh] = first_line.emplace(key, line);
+    FSDP_CHECK(fresh, path, ": line ", line, ": '", key, "' is set again (first at line ", it->second,
+               "); keep one");
+  };
   for (const auto& section : root) {
     const auto name = key_text(section.first, path);
     FSDP_CHECK(std::find(sections.begin(), sections.end(), name) != sections.end(), path, ": unknown section '", name,
                "'", did_you_mean(name, sections), " (sections: ", join_words(sections), ")");
+    once(name, section.first);
     FSDP_CHECK(section.second.IsMap() || section.second.IsNull(), path, ": section '", name,
                "' must be a mapping of keys to values");
     for (const auto& item : section.second) {
       const std::string dotted = name + "." + key_text(item.first, path);
+      once(dotted, item.first);
       const Field& f = find_field(dotted, path);
       FSDP_CHECK(item.second.IsScalar(), path, ": ", dotted, " must be a single value, ", expected_text(f.kind, f.allowed));
       assign(*this, f, item.second.Scalar(), path);
@@ -475,6 +487,13 @@ void TrainConfig::validate() const {
   positive(data.seq_len, "data.seq_len");
   positive(data.batch_size, "data.batch_size");
   positive(data.grad_accum, "data.grad_accum");
+  // Bounds far past any real run, so that no product of them overflows.
+  const auto at_most = [](int64_t v, int64_t limit, const char* key) {
+    FSDP_CHECK(v <= limit, key, " is ", v, ": expected at most ", limit);
+  };
+  at_most(data.grad_accum, int64_t{1} << 20, "data.grad_accum");
+  at_most(data.seq_len, int64_t{1} << 24, "data.seq_len");
+  at_most(data.batch_size, int64_t{1} << 24, "data.batch_size");
   positive(runtime.steps, "runtime.steps");
   positive(logging.every, "logging.every");
   positive(eval.batches, "eval.batches");
@@ -485,6 +504,11 @@ void TrainConfig::validate() const {
   FSDP_CHECK(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio is ", optim.min_lr_ratio,
              ": expected 0..1");
   FSDP_CHECK(optim.grad_clip >= 0, "optim.grad_clip is ", optim.grad_clip, ": expected 0 (off) or a positive norm");
+  // AdamW's moments are averages: each beta weighs the past in [0, 1).
+  FSDP_CHECK(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1 is ", optim.beta1, ": expected 0 <= beta1 < 1");
+  FSDP_CHECK(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2 is ", optim.beta2, ": expected 0 <= beta2 < 1");
+  FSDP_CHECK(optim.eps > 0, "optim.eps is ", optim.eps, ": expected a small positive number (AdamW divides by it)");
+  FSDP_CHECK(optim.weight_decay >= 0, "optim.weight_decay is ", optim.weight_decay, ": expected 0 or more");
   FSDP_CHECK(model.vocab_size >= 0, "model.vocab_size is ", model.vocab_size, ": expected 0 (the preset's) or more");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
@@ -504,6 +528,8 @@ void TrainConfig::validate() const {
              ": expected 0 (off) or a z-score threshold such as 5");
   FSDP_CHECK(!runtime.out_dir.empty() || runtime.run_name.find('/') == std::string::npos, "runtime.run_name '",
              runtime.run_name, "' contains '/': it names one folder under out/ (use --out-dir for a path)");
+  FSDP_CHECK(!runtime.out_dir.empty() || (runtime.run_name != "." && runtime.run_name != ".."), "runtime.run_name '",
+             runtime.run_name, "' names no folder of its own under out/ (use a name, or --out-dir for a path)");
   FSDP_CHECK(logging.memory_snapshot >= 0, "logging.memory_snapshot is ", logging.memory_snapshot,
              ": expected 0 (off) or a number of steps");
   FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");

@@ -500,6 +500,12 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
                 .find("rope_scaling 'rope_type' is 0: expected a name such as \"default\" or \"llama3\""),
             std::string::npos);
   EXPECT_NE(refused("hidden_size", 0).find("'hidden_size' is 0 (expected a size from 1 to 65536)"), std::string::npos);
+  EXPECT_NE(refused("rms_norm_eps", -1e-6).find("'rms_norm_eps' is -1e-06 (expected a positive number)"),
+            std::string::npos);
+  EXPECT_NE(refused("rope_theta", -10000.0).find("'rope_theta' is -10000 (expected a positive number)"),
+            std::string::npos);
+  EXPECT_NE(refused("attention_dropout", 1.5).find("'attention_dropout' is 1.5 (expected a probability"),
+            std::string::npos);
   EXPECT_NE(refused("partial_rotary_factor", 0.5).find("key 'partial_rotary_factor' (0.5) is not known"),
             std::string::npos);
   // Keys that do not change the architecture are accepted.

@@ -1,6 +1,7 @@
 #include "fsdp/train/config.h"
 
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -72,6 +73,33 @@ TEST(Config, CrossFieldChecks) {
   TrainConfig h;
   h.fsdp.sharding = Sharding::kHybridShard;
   expect_error([&] { h.validate(); }, {"fsdp_size"});
+}
+
+// Values that passed before and meant nothing (or an overflow further on).
+TEST(Config, OptimizerAndSizeValuesOutsideTheirMeaningAreRefused) {
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> cases = {
+      {[](TrainConfig& c) { c.optim.beta1 = 5; }, "optim.beta1 is 5: expected 0 <= beta1 < 1"},
+      {[](TrainConfig& c) { c.optim.beta2 = -1; }, "optim.beta2 is -1: expected 0 <= beta2 < 1"},
+      {[](TrainConfig& c) { c.optim.eps = -1; }, "optim.eps is -1: expected a small positive number"},
+      {[](TrainConfig& c) { c.optim.weight_decay = -0.1; }, "optim.weight_decay is -0.1: expected 0 or more"},
+      {[](TrainConfig& c) { c.data.grad_accum = int64_t{1} << 40; },
+       "data.grad_accum is 1099511627776: expected at most 1048576"},
+      {[](TrainConfig& c) { c.runtime.run_name = ".."; }, "runtime.run_name '..' names no folder of its own"},
+      {[](TrainConfig& c) { c.runtime.run_name = "."; }, "runtime.run_name '.' names no folder of its own"},
+  };
+  for (const auto& [edit, message] : cases) {
+    TrainConfig c;
+    edit(c);
+    expect_error([&] { c.validate(); }, {message});
+  }
+}
+
+TEST(Config, AKeySetTwiceIsRefusedNamingBothLines) {
+  TrainConfig c;
+  expect_error([&] { c.load_yaml(write_yaml("optim:\n  lr: 0.1\n  beta1: 0.8\n  lr: 0.2\n")); },
+               {"line 4: 'optim.lr' is set again (first at line 2); keep one"});
+  expect_error([&] { c.load_yaml(write_yaml("optim:\n  lr: 0.1\ndata:\n  seq_len: 8\noptim:\n  beta1: 0.8\n")); },
+               {"line 5: 'optim' is set again (first at line 1)"});
 }
 
 TEST(Config, PrintedConfigLoadsBackToTheSameValues) {

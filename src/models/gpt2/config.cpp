@@ -54,10 +54,10 @@ GPT2Config gpt2_config_from_hf(const nlohmann::json& j, const std::string& where
   c.n_embd = r.get_size("n_embd");
   c.n_layer = r.get_size("n_layer");
   c.n_head = r.get_size("n_head");
-  c.layer_norm_epsilon = r.get_or<double>("layer_norm_epsilon", 1e-5);
-  c.embd_pdrop = r.get_or<double>("embd_pdrop", 0.1);
-  c.attn_pdrop = r.get_or<double>("attn_pdrop", 0.1);
-  c.resid_pdrop = r.get_or<double>("resid_pdrop", 0.1);
+  c.layer_norm_epsilon = r.get_positive_or("layer_norm_epsilon", 1e-5);
+  c.embd_pdrop = r.get_probability_or("embd_pdrop", 0.1);
+  c.attn_pdrop = r.get_probability_or("attn_pdrop", 0.1);
+  c.resid_pdrop = r.get_probability_or("resid_pdrop", 0.1);
   if (const auto& inner = r.raw("n_inner"); !inner.is_null()) {
     FSDP_CHECK(inner == 4 * c.n_embd, where, ": config.json sets 'n_inner' to ", inner.dump(),
                "; GPT-2's MLP here is 4 * n_embd = ", 4 * c.n_embd, " wide");

@@ -1,5 +1,6 @@
 #include "fsdp/models/hf/config_reader.h"
 
+#include <cmath>
 #include <string_view>
 #include <utility>
 
@@ -55,6 +56,19 @@ int64_t ConfigReader::get_size(const char* key) {
   FSDP_CHECK(n >= 1 && n <= max, where_, ": config.json field '", key, "' is ", n, " (expected a size from 1 to ", max,
              n > max ? "; no published model comes near it: a corrupt or hostile config.json?)" : ")");
   return n;
+}
+
+double ConfigReader::get_positive_or(const char* key, double fallback) {
+  const double v = get_or<double>(key, fallback);
+  FSDP_CHECK(std::isfinite(v) && v > 0, where_, ": config.json field '", key, "' is ", v,
+             " (expected a positive number)");
+  return v;
+}
+
+double ConfigReader::get_probability_or(const char* key, double fallback) {
+  const double v = get_or<double>(key, fallback);
+  FSDP_CHECK(v >= 0 && v < 1, where_, ": config.json field '", key, "' is ", v, " (expected a probability, 0 <= p < 1)");
+  return v;
 }
 
 int64_t ConfigReader::get_size_or(const char* key, int64_t fallback) {

@@ -1,6 +1,7 @@
 #include "fsdp/models/llama/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -112,7 +113,7 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
   const auto& scaling_v4 = r.raw("rope_scaling");
   nlohmann::json scaling = scaling_v4;
   const char* source = parameters.is_null() ? "rope_scaling" : "rope_parameters";  // for messages
-  c.rope_theta = r.get_or<double>("rope_theta", 10000.0);
+  c.rope_theta = r.get_positive_or("rope_theta", 10000.0);
   if (!parameters.is_null()) {
     FSDP_CHECK(parameters.is_object() && parameters.contains("rope_theta") && parameters.at("rope_theta").is_number(),
                r.where(), ": config.json 'rope_parameters' ", parameters.dump(),
@@ -121,6 +122,8 @@ void read_rope_keys(hf::ConfigReader& r, LlamaConfig& c) {
     const double theta = parameters.at("rope_theta").get<double>();
     FSDP_CHECK(!r.has("rope_theta") || c.rope_theta == theta, r.where(), ": config.json rope_theta ", c.rope_theta,
                " disagrees with rope_parameters.rope_theta ", theta);
+    FSDP_CHECK(std::isfinite(theta) && theta > 0, r.where(), ": config.json rope_parameters.rope_theta is ", theta,
+               " (expected a positive number)");
     c.rope_theta = theta;
     nlohmann::json rest = parameters;
     rest.erase("rope_theta");
@@ -172,8 +175,8 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
   c.num_attention_heads = r.get_size("num_attention_heads");
   c.num_key_value_heads = r.get_size_or("num_key_value_heads", c.num_attention_heads);
   c.max_position_embeddings = r.get_size("max_position_embeddings");
-  c.rms_norm_eps = r.get_or<double>("rms_norm_eps", 1e-6);
-  c.attention_dropout = r.get_or<double>("attention_dropout", 0.0);
+  c.rms_norm_eps = r.get_positive_or("rms_norm_eps", 1e-6);
+  c.attention_dropout = r.get_probability_or("attention_dropout", 0.0);
   c.head_dim = r.get_size_or("head_dim", 0);  // 0: hidden_size / num_attention_heads
   c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
   FSDP_CHECK(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,

@@ -43,6 +43,11 @@ class ConfigReader {
   int64_t get_size(const char* key);
   // An optional one: `fallback` when absent or null.
   int64_t get_size_or(const char* key, int64_t fallback);
+  // An optional number that must be finite and above 0 (an epsilon, a
+  // rotary base); `fallback` when absent or null.
+  double get_positive_or(const char* key, double fallback);
+  // An optional probability in [0, 1) (a dropout).
+  double get_probability_or(const char* key, double fallback);
   // The raw value (marks the key read); null when absent.
   const nlohmann::json& raw(const char* key);
   // A key this code implements only at `implemented` (absent or null is
