@@ -345,7 +345,18 @@ at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta
     optimizer.state()[compat::optimizer_state_key(s.param)] = std::move(adam);
   }
   if (meta["world_size"].get<int>() != world.size()) return {};
-  return files.get(world.rank()).view("rng/cpu").clone();
+  // Checked here, where the file is known: set_state's own message names neither.
+  const auto& own = files.get(world.rank());
+  const auto* entry = own.find("rng/cpu");
+  const at::Tensor expected = at::detail::getDefaultCPUGenerator().get_state();
+  FSDP_CHECK(entry != nullptr && entry->dtype == expected.scalar_type() && entry->shape == expected.sizes().vec(),
+             "'", own.path(), "': its random state 'rng/cpu' is ",
+             entry == nullptr ? std::string("missing")
+                              : std::string(io::safetensors_dtype_name(entry->dtype)) + " " +
+                                    c10::str(c10::IntArrayRef(entry->shape)),
+             ", expected ", io::safetensors_dtype_name(expected.scalar_type()), " ", expected.sizes(),
+             " (a damaged file, or one written by another LibTorch)");
+  return own.view("rng/cpu").clone();
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/metadata.h"
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"
@@ -292,6 +293,37 @@ TEST_F(DamagedCheckpoint, InspectReportsTheDamage) {
   const auto r = run_command(kCli + " ckpt inspect " + dir_ + "/ckpt");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("BAD"), std::string::npos) << r.output;
+}
+
+// A rank file whose random state has another size (a damaged file, or one
+// written by another LibTorch) is refused naming the file, not by
+// LibTorch's own message. The file's size, CRC and the metadata's seal are
+// made to match, as a careful edit would.
+TEST(Checkpoint, ARandomStateOfAnotherSizeIsRefusedNamingTheFile) {
+  const auto dir = make_temp_dir();
+  const std::string run = kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --save-every 2 "
+                                 "--ckpt-dir " + dir + "/ckpt --out-dir " + dir + "/run";
+  ASSERT_EQ(run_command(run + " --steps 2").exit_code, 0);
+  const std::string step = dir + "/ckpt/step_00000002", shard = step + "/rank_00000.safetensors";
+  {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    io::SafetensorsFile file(shard);
+    for (const auto& e : file.entries()) {
+      at::Tensor t = file.view(e.name).clone();
+      if (e.name == "rng/cpu") t = t.narrow(0, 0, 100).clone();
+      tensors.emplace_back(e.name, t);
+    }
+    io::write_safetensors(shard + ".new", tensors);
+  }
+  fs::rename(shard + ".new", shard);
+  auto meta = nlohmann::json::parse(read_file(step + "/metadata.json"));
+  meta["files"][0]["bytes"] = fs::file_size(shard);
+  meta["files"][0]["crc32"] = io::file_crc32(shard);
+  std::ofstream(step + "/metadata.json") << checkpoint::sealed_metadata_text(meta);
+  const auto r = run_command(run + " --steps 4");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, shard + "': its random state 'rng/cpu' is U8 [100], expected U8 [")) << r.output;
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, AKillDuringASaveLeavesTheLastCompleteCheckpoint) {
