@@ -19,9 +19,22 @@
 
 namespace fsdp::train {
 
+namespace {
+
+// A run's own files are appended to on resume: a symbolic link planted in
+// the run folder would have them written wherever it points.
+void refuse_symbolic_link(const std::string& path, const char* what) {
+  std::error_code ec;
+  FSDP_CHECK(!std::filesystem::is_symlink(path, ec), "the ", what, " '", path,
+             "' is a symbolic link; a run writes its files only as files of its own (remove the link)");
+}
+
+}  // namespace
+
 MetricsLog::MetricsLog(const std::string& path, const std::string& tensorboard_dir, bool append) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
+  refuse_symbolic_link(path, "metrics file");
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   FSDP_CHECK(out_.good(), "cannot write the metrics file '", path, "'");
   if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
@@ -52,6 +65,7 @@ void RunLog::open(const std::string& log_path, int64_t first_step, int64_t total
   total_steps_ = total_steps;
   start_ = std::chrono::steady_clock::now();
   std::filesystem::create_directories(std::filesystem::path(log_path).parent_path());
+  refuse_symbolic_link(log_path, "log file");
   log_.open(log_path, std::ios::app);
   FSDP_CHECK(log_.good(), "cannot write the log file '", log_path, "'");
   if (!marker.empty()) write_file(marker);

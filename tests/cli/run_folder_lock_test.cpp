@@ -108,5 +108,26 @@ TEST(RunFolderLock, RanksDieWithTheirKilledLauncherAndLeaveNoStaleLock) {
   fs::remove_all(dir);
 }
 
+// A resumed run appends to its metrics and log: links planted in its
+// folder would have it write wherever they point.
+TEST(RunFolder, ResumeRefusesToWriteThroughASymbolicLink) {
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(train(dir + "/run", 2, "--save-every 2")).exit_code, 0);
+  for (const std::string file : {"metrics.jsonl", "logs/rank0.log"}) {
+    const std::string victim = dir + "/victim-" + std::to_string(file.size());
+    std::ofstream(victim) << "untouched\n";
+    const std::string path = dir + "/run/" + file;
+    fs::rename(path, path + ".real");
+    fs::create_symlink(victim, path);
+    const auto r = run_command(train(dir + "/run", 4));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "'" + path + "' is a symbolic link")) << r.output;
+    EXPECT_EQ(read_file(victim), "untouched\n");
+    fs::remove(path);
+    fs::rename(path + ".real", path);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace fsdp::testing
