@@ -308,6 +308,11 @@ std::vector<std::string> summarize_ranks(const std::vector<RankRecord>& ranks, i
       lines.push_back(who + " is dead (" + killed_by(r.killed_by_signal) + ")" + last_words(r.entries, now_ns));
       continue;
     }
+    if (r.stopped) {
+      lines.push_back(who + " was stopped (SIGSTOP, Ctrl-Z or a debugger) while the others waited for it" +
+                      last_words(r.entries, now_ns));
+      continue;
+    }
     if (r.entries.empty()) {
       lines.push_back(who + " issued no collective");
       continue;

@@ -71,8 +71,20 @@ struct Rank {
   int signal_sent = 0;                     // the last signal the launcher sent it
   std::optional<std::string> ended_badly;  // "exited with code 3", "was killed by SIGKILL"; unset for exit 0
   int died_of_signal = 0;                  // the signal that killed it, when the launcher did not send it
+  bool stopped_at_failure = false;         // stopped (SIGSTOP, Ctrl-Z) when another rank's failure was seen
   OutputPipe out, err;
 };
+
+// Whether `pid` is stopped (state T) or stopped by a tracer (t).
+bool is_stopped(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char line[512] = {};
+  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  const char* close = read ? std::strrchr(line, ')') : nullptr;
+  return close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
+}
 
 // [Note: restarts]
 // With --max-restarts N, node 0's launcher serves the job's store on
@@ -146,6 +158,7 @@ class Supervisor {
       auto r = dist::read_rank_record(recorder_dir_, rank.global_rank);
       if (!r) continue;
       r->killed_by_signal = rank.died_of_signal;
+      r->stopped = rank.stopped_at_failure;
       records.push_back(std::move(*r));
       const std::string dump = dist::text_dump_path(recorder_dir_, rank.global_rank);
       if (std::filesystem::exists(dump)) text_dumps.push_back(dump);
@@ -470,6 +483,19 @@ class Supervisor {
       rank.ended_badly = cause;
       if (cause && !failure_ && !stopping_) {
         failure_ = "rank " + std::to_string(rank.global_rank) + " (pid " + std::to_string(rank.pid) + ") " + *cause;
+        // A stopped rank fails nothing itself: the others time out waiting
+        // for it, and the first of them to exit would take the blame.
+        std::string stopped;
+        for (auto& other : ranks_) {
+          if (!other.running || !is_stopped(other.pid)) continue;
+          other.stopped_at_failure = true;
+          stopped += (stopped.empty() ? "" : ", ") + std::to_string(other.global_rank) + " (pid " +
+                     std::to_string(other.pid) + ")";
+        }
+        if (!stopped.empty()) {
+          failure_ = "rank " + stopped + " was stopped (SIGSTOP, Ctrl-Z or a debugger) and held the others, " +
+                     "until " + *failure_;
+        }
         const int survivors = static_cast<int>(
             std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& x) { return x.running; }));
         write_all(STDERR_FILENO, "fsdp launch: " + *failure_ +
@@ -487,6 +513,9 @@ class Supervisor {
       if (!rank.running) continue;
       rank.signal_sent = sig;
       ::kill(-rank.pid, sig);
+      // A stopped rank acts on SIGTERM or SIGINT only once continued; left
+      // stopped, it would cost the whole --stop-grace.
+      if (sig != SIGKILL && is_stopped(rank.pid)) ::kill(-rank.pid, SIGCONT);
     }
   }
 

@@ -232,6 +232,40 @@ TEST(Hang, ARankKilledInACollectiveIsReportedDeadOnceNotWaiting) {
   fs::remove_all(dir);
 }
 
+TEST(Hang, AStoppedRankIsNamedAsStoppedNotTheHealthyRankThatTimedOut) {
+  // Rank 1 is stopped (SIGSTOP, as Ctrl-Z or a debugger would) while both
+  // train: rank 0 times out waiting for it. The launcher names rank 1 as
+  // the cause, says it was stopped (not waiting), and does not wait out
+  // the whole --stop-grace for a rank that cannot act on SIGTERM.
+  const auto dir = make_temp_dir();
+  BackgroundCommand job("env FSDP_TIMEOUT=4 FSDP_FLIGHT_RECORDER_DIR=" + dir + " " + kCli +
+                            " launch -n 2 --stop-grace 60 -- " + kCli +
+                            " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 "
+                            "--log-every 1 --out-dir " + dir + "/run",
+                        dir + "/launch.log");
+  std::optional<dist::RankRecord> rank1;
+  for (int i = 0; i < 600; ++i) {
+    rank1 = dist::read_rank_record(dir, 1);
+    if (rank1 && rank1->entries.size() > 20) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(rank1 && rank1->pid > 0) << job.output();
+  ::kill(rank1->pid, SIGSTOP);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  const int status = job.wait(std::chrono::seconds(90));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  const std::string out = job.output();
+  EXPECT_NE(status, 0) << out;
+  EXPECT_TRUE(contains(out, "fsdp launch: failed: rank 1 (pid " + std::to_string(rank1->pid) +
+                                ") was stopped (SIGSTOP, Ctrl-Z or a debugger) and held the others, until rank 0"))
+      << out;
+  EXPECT_TRUE(contains(out, "  rank 1 was stopped (SIGSTOP, Ctrl-Z or a debugger) while the others waited for it"))
+      << out;
+  EXPECT_FALSE(contains(out, "rank 1 waits in")) << out;
+  EXPECT_LT(seconds, 40) << "the launcher waited out --stop-grace 60 for the stopped rank\n" << out;
+  fs::remove_all(dir);
+}
+
 TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExitsZero) {
   // Ctrl-C (or a scheduler's preemption) is a request: every rank finishes
   // its step, saves and exits 0, and so does the launcher.

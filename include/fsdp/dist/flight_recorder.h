@@ -129,6 +129,10 @@ struct RankRecord {
   // one nobody sent to stop it (kill -9, a crash); 0 while it runs, after it
   // exited, or when stopped on purpose.
   int killed_by_signal = 0;
+  // Set by the reader: the process was stopped (SIGSTOP, Ctrl-Z, a
+  // debugger) when the failure was seen, so it was not waiting: it held
+  // the others.
+  bool stopped = false;
 };
 // Reads rank<N>.fr from `dir`; nullopt when absent or not a recorder file.
 std::optional<RankRecord> read_rank_record(const std::string& dir, int rank);
