@@ -31,8 +31,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
     }
     auto world = dist_flags->init_world();
     train::Trainer trainer(config, world);
-    trainer.train();
-    exit_code = 0;
+    const auto summary = trainer.train();
+    exit_code = summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
   });
 }
 

@@ -72,6 +72,7 @@ struct Rank {
   std::optional<std::string> ended_badly;  // "exited with code 3", "was killed by SIGKILL"; unset for exit 0
   int died_of_signal = 0;                  // the signal that killed it, when the launcher did not send it
   bool stopped_at_failure = false;         // stopped (SIGSTOP, Ctrl-Z) when another rank's failure was seen
+  int exit_code = -1;                      // when it exited (not killed)
   OutputPipe out, err;
 };
 
@@ -474,6 +475,7 @@ class Supervisor {
       // A rank's helpers (a shell's children, say) go with it.
       ::kill(-rank.pid, SIGKILL);
       std::optional<std::string> cause;
+      if (WIFEXITED(status)) rank.exit_code = WEXITSTATUS(status);
       if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
         cause = "exited with code " + std::to_string(WEXITSTATUS(status));
       } else if (WIFSIGNALED(status)) {
@@ -539,18 +541,21 @@ class Supervisor {
       return 1;
     }
     if (forwarded_signal_ != 0) {
-      // Stopped on request: a success when every rank stopped cleanly
-      // (`fsdp train` saves and exits 0), so a scheduler's preemption is no failure.
+      // Stopped on request: clean when every rank exited 0 or, as `fsdp
+      // train` does after saving, 128 + the signal. Either way the launcher
+      // exits 128 + the signal, as torchrun and shells do, so that
+      // `fsdp launch ... && next-step` does not go on after a Ctrl-C.
       std::string unclean;
       for (const auto& rank : ranks_) {
-        if (!rank.ended_badly) continue;
+        if (!rank.ended_badly || rank.exit_code == 128 + forwarded_signal_) continue;
         unclean += (unclean.empty() ? "" : "; ") + std::string("rank ") + std::to_string(rank.global_rank) + " (pid " +
                    std::to_string(rank.pid) + ") " + *rank.ended_badly;
       }
       const std::string sig = signal_name(forwarded_signal_);
       if (unclean.empty()) {
-        write_all(STDERR_FILENO, "fsdp launch: every rank stopped cleanly after " + sig + "\n");
-        return 0;
+        write_all(STDERR_FILENO, "fsdp launch: every rank stopped cleanly after " + sig + " (exit " +
+                                     std::to_string(128 + forwarded_signal_) + ")\n");
+        return 128 + forwarded_signal_;
       }
       write_all(STDERR_FILENO, "fsdp launch: stopped by " + sig + ", not cleanly: " + unclean + "\n");
       return 128 + forwarded_signal_;

@@ -123,7 +123,8 @@ void Trainer::set_up() {
   warn_about_profile_window();
   if (!checkpointer_->enabled() && config_.hf_export.dir.empty()) {
     log_.say("note: no checkpoint is written and nothing is exported: the trained weights are not kept "
-             "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them)");
+             "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them; a stop by Ctrl-C or "
+             "SIGTERM saves into the run folder)");
   }
   // Everything is validated; only now may files be written.
   open_run_files();
@@ -293,10 +294,14 @@ TrainSummary Trainer::run() {
       if (memory::recording()) write_memory_snapshot(step);  // the steps recorded so far
       // The export folder this start made stays only with an export in it.
       if (log_.speaks()) remove_if_holds_no_file(paths_.export_root_created);
+      const bool saved = checkpointer_->last_saved_step() == step + 1;
+      // Another rank may have seen the signal; the launcher forwards the same one to all.
+      summary_.stopped_by_signal = g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM;
       log_.say("stopped by " + std::string(g_stop_signal == SIGINT ? "SIGINT" : "SIGTERM") + " after step " +
                std::to_string(step + 1) +
-               (checkpointer_->enabled() ? "; resume with the same --out-dir (or --ckpt-dir)"
-                                         : " (no checkpoints: nothing saved)"));
+               (saved ? "; saved in " + checkpointer_->dir() + "; resume with --out-dir " + paths_.folder.dir +
+                            (checkpointer_->dir() == paths_.folder.checkpoints() ? "" : " --ckpt-dir " + checkpointer_->dir())
+                      : "; no checkpoint of this step was saved (see above)"));
       return summary_;
     }
   }
@@ -428,6 +433,11 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   // A skipped step left the state as the last good step did: it is not
   // saved, so `latest` always names a step that trained.
   stop_requested_ = stop_requested(world_->group(), step);
+  // A stop (Ctrl-C, a scheduler's SIGTERM) keeps the work: a run that saves
+  // no checkpoints otherwise saves this one into its run folder.
+  if (stop_requested_ && step + 1 < total && !checkpointer_->enabled()) {
+    checkpointer_->redirect(paths_.folder.checkpoints());
+  }
   if (!stats.verdict.skip && checkpointer_->due(step, total, stop_requested_)) {
     checkpointer_->save(state_to_save(step + 1), *model_, *optimizer_, metrics_.get());
   }

@@ -124,6 +124,27 @@ TEST(NewUser, AFailedStartLeavesNoRunFolderItMadeAndKeepsOneThatWasThere) {
   fs::remove_all(dir);
 }
 
+TEST(NewUser, CtrlCWithoutSaveEverySavesIntoTheRunFolderAndTheFolderResumes) {
+  const auto dir = make_temp_dir();
+  BackgroundCommand job(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 " +
+                            "--log-every 1 --out-dir " + dir + "/run",
+                        dir + "/job.log");
+  for (int i = 0; i < 600 && train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(job.pid(), SIGINT);
+  EXPECT_EQ(job.wait(std::chrono::seconds(60)), 130) << job.output();
+  EXPECT_TRUE(contains(job.output(), "; saved in " + dir + "/run/checkpoints; resume with --out-dir " + dir + "/run\n"))
+      << job.output();
+  const std::string latest = read_file(dir + "/run/checkpoints/latest");
+  ASSERT_FALSE(latest.empty()) << job.output();
+  const int saved = std::stoi(latest.substr(latest.find('_') + 1));
+  const auto resumed = train("--data synthetic --steps " + std::to_string(saved + 2) + " --out-dir " + dir + "/run");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/run/checkpoints/step_")) << resumed.output;
+  fs::remove_all(dir);
+}
+
 TEST(NewUser, AStopBeforeTheExportLeavesNoEmptyExportFolder) {
   const auto dir = make_temp_dir();
   BackgroundCommand job(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 " +
@@ -133,7 +154,7 @@ TEST(NewUser, AStopBeforeTheExportLeavesNoEmptyExportFolder) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ::kill(job.pid(), SIGINT);
-  EXPECT_EQ(job.wait(std::chrono::seconds(60)), 0) << job.output();
+  EXPECT_EQ(job.wait(std::chrono::seconds(60)), 130) << job.output();
   EXPECT_TRUE(contains(job.output(), "stopped by SIGINT")) << job.output();
   EXPECT_FALSE(fs::exists(dir + "/exports")) << "an empty export folder stayed after the stop";
   fs::remove_all(dir);

@@ -266,9 +266,10 @@ TEST(Hang, AStoppedRankIsNamedAsStoppedNotTheHealthyRankThatTimedOut) {
   fs::remove_all(dir);
 }
 
-TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExitsZero) {
+TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExits130) {
   // Ctrl-C (or a scheduler's preemption) is a request: every rank finishes
-  // its step, saves and exits 0, and so does the launcher.
+  // its step, saves and exits 130 (128 + SIGINT), and so does the launcher,
+  // as torchrun and shells do: `fsdp launch ... && fsdp ckpt export` stops.
   const auto dir = make_temp_dir();
   BackgroundCommand job(kCli + " launch -n 2 -- " + kCli +
                             " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 "
@@ -282,10 +283,10 @@ TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExitsZero) {
   ::kill(job.pid(), SIGINT);
   const int status = job.wait(std::chrono::seconds(120));
   const std::string out = job.output();
-  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(status, 130) << out;
   EXPECT_TRUE(contains(out, "fsdp launch: received SIGINT; forwarding it to the ranks")) << out;
   EXPECT_TRUE(contains(out, "[rank 0] stopped by SIGINT after step ")) << out;
-  EXPECT_TRUE(contains(out, "fsdp launch: every rank stopped cleanly after SIGINT")) << out;
+  EXPECT_TRUE(contains(out, "fsdp launch: every rank stopped cleanly after SIGINT (exit 130)")) << out;
   EXPECT_TRUE(exists(dir + "/ckpt/latest")) << "the stop saved no checkpoint\n" << out;
   fs::remove_all(dir);
 }

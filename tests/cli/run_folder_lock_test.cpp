@@ -81,7 +81,7 @@ TEST(RunFolderLock, ASecondJobIsRefusedNamingTheHolderAndTheLiveRunIsUntouched) 
   EXPECT_FALSE(exists(dir + "/run/earlier-1"));
   EXPECT_EQ(read_file(dir + "/run/config.yaml"), config_before);
   ::kill(job->pid(), SIGINT);
-  EXPECT_EQ(job->wait(std::chrono::seconds(120)), 0) << job->output();
+  EXPECT_EQ(job->wait(std::chrono::seconds(120)), 130) << job->output();
   // Once it has ended, the folder is free again: the run continues there.
   const auto next = run_command(two_steps_more(dir + "/run"));
   EXPECT_EQ(next.exit_code, 0) << next.output;

@@ -127,12 +127,25 @@ int sigterm_launcher(const std::string& dir, const std::string& script) {
   return WEXITSTATUS(status);
 }
 
-TEST(Launcher, ForwardsSigtermAndExitsZeroWhenEveryRankStopsCleanly) {
+TEST(Launcher, ForwardsSigtermAndExitsWith143AsTorchrunWhenEveryRankStopsCleanly) {
+  // Each rank notes that it received SIGTERM, then exits 143, as `fsdp
+  // train` does after saving (or 0, as another program may): clean either
+  // way, and the launcher exits 128 + SIGTERM, so `&& next-step` stops.
+  for (const char* rank_exit : {"143", "0"}) {
+    const std::string dir = make_temp_dir();
+    const std::string script = "trap 'echo term > " + dir + "/got$RANK; exit " + rank_exit + "' TERM; touch " + dir +
+                               "/up$RANK; while true; do sleep 0.1; done";
+    EXPECT_EQ(sigterm_launcher(dir, script), 128 + SIGTERM) << "ranks exiting " << rank_exit;
+    EXPECT_TRUE(std::ifstream(dir + "/got0").good()) << "rank 0 did not get SIGTERM";
+    EXPECT_TRUE(std::ifstream(dir + "/got1").good()) << "rank 1 did not get SIGTERM";
+  }
+}
+
+TEST(Launcher, ForwardsSigtermToRanksThatThenExitZero) {
   const std::string dir = make_temp_dir();
-  // Each rank notes that it received SIGTERM, then exits 0, as `fsdp train` does after saving.
   const std::string script =
       "trap 'echo term > " + dir + "/got$RANK; exit 0' TERM; touch " + dir + "/up$RANK; while true; do sleep 0.1; done";
-  EXPECT_EQ(sigterm_launcher(dir, script), 0);
+  EXPECT_EQ(sigterm_launcher(dir, script), 128 + SIGTERM);
   EXPECT_TRUE(std::ifstream(dir + "/got0").good()) << "rank 0 did not get SIGTERM";
   EXPECT_TRUE(std::ifstream(dir + "/got1").good()) << "rank 1 did not get SIGTERM";
 }

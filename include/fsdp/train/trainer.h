@@ -30,6 +30,10 @@ struct TrainSummary {
   std::vector<double> train_losses;  // one per step, averaged over ranks and micro-steps
   std::vector<double> val_losses;    // one per evaluation
   std::string sample;                // generated text, if asked for
+  // SIGINT or SIGTERM when the run stopped on request before its last step
+  // (its checkpoint saved); 0 when it ran to the end. `fsdp train` then
+  // exits 128 + the signal, as shells and torchrun do.
+  int stopped_by_signal = 0;
 };
 
 class Trainer {
