@@ -1,5 +1,9 @@
 #include "train_flags.h"
 
+#include <filesystem>
+#include <tuple>
+#include <vector>
+
 #include "fsdp/common/error.h"
 #include "fsdp/common/suggest.h"
 #include "fsdp/models/registry.h"
@@ -33,6 +37,39 @@ void add_key_flags(CLI::App* cmd, TrainFlags& flags) {
   }
 }
 
+// Paths a config file names are relative to the directory fsdp runs in,
+// as torchtitan's and most trainers' are; run from elsewhere, they are
+// missing. Said before anything starts, naming the directory they were
+// resolved against and, where the path is there, the config file's folder.
+void check_config_file_paths(const train::TrainConfig& from_file, const train::TrainConfig& config,
+                             const std::string& config_path) {
+  namespace fs = std::filesystem;
+  const std::vector<std::tuple<const char*, std::string, std::string>> inputs = {
+      {"data.train", from_file.data.train, config.data.train},
+      {"data.val", from_file.data.val, config.data.val},
+      {"model.init_from", from_file.model.init_from, config.model.init_from},
+      {"sample.tokenizer", from_file.sample.tokenizer, config.sample.tokenizer},
+  };
+  const fs::path config_dir = fs::absolute(config_path).parent_path();
+  for (const auto& [key, in_file, now] : inputs) {
+    // Only what the file set and nothing overrode; one plain relative path.
+    if (in_file.empty() || in_file != now || in_file == "synthetic" || fs::path(in_file).is_absolute() ||
+        in_file.find_first_of("*?[,") != std::string::npos || fs::exists(in_file)) {
+      continue;
+    }
+    std::string where;
+    for (const fs::path base : {config_dir, config_dir.parent_path()}) {
+      if (fs::exists(base / in_file)) {
+        where = "; it is there relative to " + base.string() + ": run from there, or make the path absolute";
+        break;
+      }
+    }
+    throw Error("--config '" + config_path + "' sets " + key + ": '" + in_file + "', which is not in " +
+                fs::current_path().string() + " (paths in a config file are relative to the directory fsdp runs in)" +
+                where);
+  }
+}
+
 }  // namespace
 
 void add_train_flags(CLI::App* cmd, TrainFlags& flags) {
@@ -45,12 +82,14 @@ void add_train_flags(CLI::App* cmd, TrainFlags& flags) {
 train::TrainConfig resolve(const TrainFlags& flags) {
   train::TrainConfig config;
   if (!flags.config_path.empty()) config.load_yaml(flags.config_path);
+  const train::TrainConfig from_file = config;
   for (const auto& [key, value] : flags.overrides) config.set(key, value, "command line");
   for (const auto& s : flags.sets) {
     const auto eq = s.find('=');
     if (eq == std::string::npos) throw Error("--set '" + s + "': expected section.key=value");
     config.set(s.substr(0, eq), s.substr(eq + 1), "--set");
   }
+  if (!flags.config_path.empty()) check_config_file_paths(from_file, config, flags.config_path);
   config.validate();
   return config;
 }

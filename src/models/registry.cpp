@@ -77,8 +77,18 @@ CausalLM build_preset(const std::string& name, double dropout, int64_t vocab_siz
       return resized;
     }
   }
+  // --model takes a preset; a Hugging Face model is read with --init-from.
+  if (std::filesystem::is_regular_file(std::filesystem::path(name) / "config.json")) {
+    throw Error("--model '" + name + "' is a Hugging Face model directory: train from it with --init-from " + name +
+                " (--model names a preset)");
+  }
+  if (name.find('/') != std::string::npos) {
+    throw Error("--model '" + name + "' is no preset nor a directory here; a Hugging Face hub id? fsdp.cpp reads " +
+                "local directories: download it (hf download " + name + " --local-dir DIR) and use --init-from DIR");
+  }
   const auto names = preset_names();
-  throw Error("unknown model '" + name + "'" + did_you_mean(name, names) + "; presets: " + join_words(names));
+  throw Error("unknown model '" + name + "'" + did_you_mean(name, names) + "; presets: " + join_words(names) +
+              " (a Hugging Face model directory goes to --init-from)");
 }
 
 CausalLM build_from_hf_config(const nlohmann::json& j, const std::string& where) {

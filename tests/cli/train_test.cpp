@@ -362,7 +362,40 @@ TEST(Train, RunNameBesideOutDirIsNamedAsIgnored) {
 }
 
 TEST(TrainErrors, UnknownModel) {
-  expect_clean_failure("--model gpt3", {"unknown model 'gpt3'"}, make_temp_dir());
+  expect_clean_failure("--model gpt3", {"unknown model 'gpt3'", "(a Hugging Face model directory goes to --init-from)"},
+                       make_temp_dir());
+}
+
+TEST(TrainErrors, AConfigFilesRelativePathMissingHereNamesWhereItWasLookedForAndWhereItIs) {
+  const auto dir = make_temp_dir();
+  std::filesystem::create_directories(dir + "/project/configs");
+  small_corpus(dir + "/project");  // DIR/project/corpus.bin
+  std::ofstream(dir + "/project/configs/run.yaml") << "model:\n  name: gpt2-tiny\ndata:\n  train: corpus.bin\n";
+  const auto r = run_command("cd " + dir + " && " + kCli + " train --config project/configs/run.yaml --steps 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "--config 'project/configs/run.yaml' sets data.train: 'corpus.bin', which is not in " +
+                                     std::filesystem::canonical(dir).string() +
+                                     " (paths in a config file are relative to the directory fsdp runs in); it is "
+                                     "there relative to " + std::filesystem::canonical(dir).string() + "/project: run from there"))
+      << r.output;
+  // From the project folder it trains; a flag that overrides the path is not checked against the file.
+  EXPECT_EQ(run_command("cd " + dir + "/project && " + kCli + " train --config configs/run.yaml --steps 1 "
+                        "--seq-len 16 --batch-size 2").exit_code, 0);
+  EXPECT_EQ(run_command("cd " + dir + " && " + kCli + " train --config project/configs/run.yaml --steps 1 "
+                        "--seq-len 16 --batch-size 2 --data project/corpus.bin").exit_code, 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainErrors, AHuggingFaceDirectoryOrHubIdAsModelPointsToInitFrom) {
+  const auto dir = make_temp_dir();
+  std::ofstream(dir + "/config.json") << "{}";
+  expect_clean_failure("--model " + dir + " --data synthetic",
+                       {"--model '" + dir + "' is a Hugging Face model directory: train from it with --init-from " + dir},
+                       dir);
+  expect_clean_failure("--model meta-llama/Llama-3.2-1B --data synthetic",
+                       {"--model 'meta-llama/Llama-3.2-1B' is no preset nor a directory here; a Hugging Face hub id?",
+                        "hf download meta-llama/Llama-3.2-1B --local-dir DIR) and use --init-from DIR"},
+                       dir);
 }
 
 TEST(Train, PrintConfigShowsTheEffectiveValues) {
