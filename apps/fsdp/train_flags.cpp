@@ -1,5 +1,6 @@
 #include "train_flags.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <tuple>
 #include <vector>
@@ -90,6 +91,15 @@ train::TrainConfig resolve(const TrainFlags& flags) {
     config.set(s.substr(0, eq), s.substr(eq + 1), "--set");
   }
   if (!flags.config_path.empty()) check_config_file_paths(from_file, config, flags.config_path);
+  // --init-from chooses the model: no preset name stands for it in what the
+  // run records (config.yaml, the checkpoint), and naming both is refused.
+  if (!config.model.init_from.empty()) {
+    const bool named = std::any_of(flags.overrides.begin(), flags.overrides.end(),
+                                   [](const auto& kv) { return kv.first == "model.name"; });
+    FSDP_CHECK(!named || config.model.name.empty(), "--model ", config.model.name, " and --init-from ",
+               config.model.init_from, " both choose the model; give one (--init-from trains the Hugging Face model)");
+    config.model.name.clear();
+  }
   config.validate();
   return config;
 }

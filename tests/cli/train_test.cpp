@@ -198,6 +198,26 @@ TEST(TrainErrors, SequenceBeyondTheModelsPositions) {
   expect_clean_failure("--model gpt2-tiny --seq-len 100", {"data.seq_len 100 exceeds the model's 64 positions"}, make_temp_dir());
 }
 
+// What a run records names what it trained: with --init-from, no preset.
+TEST(Train, InitFromRecordsTheDirectoryAndNoPresetAndRefusesAModelBesideIt) {
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --steps 1 --export-hf " + dir + "/hf --out-dir " + dir +
+                        "/first").exit_code, 0);
+  const auto r = run_command(kCli + " train --init-from " + dir + "/hf --data synthetic --steps 1 --seq-len 16 "
+                             "--out-dir " + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string yaml = read_file(dir + "/run/config.yaml");
+  EXPECT_TRUE(contains(yaml, "  name: \"\"\n")) << yaml;
+  EXPECT_TRUE(contains(yaml, "  init_from: \"" + dir + "/hf\"")) << yaml;
+  expect_clean_failure("--model llama-tiny --init-from " + dir + "/hf",
+                       {"--model llama-tiny and --init-from " + dir + "/hf both choose the model; give one"}, dir);
+  // The recorded configuration is a configuration: it trains again.
+  const auto again = run_command(kCli + " train --config " + dir + "/run/config.yaml --steps 1 --out-dir " + dir +
+                                 "/again");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
   const auto dir = make_temp_dir();
   const auto ok = run_command(kCli + " train --model gpt2-tiny --steps 1 --export-hf " + dir + "/hf");
