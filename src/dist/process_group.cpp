@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -45,21 +46,56 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// The ranks in [0, world) that have not set fsdp/rank/<r>, as "8-15, 17".
+std::string missing_ranks(c10d::Store& store, int world) {
+  std::string out;
+  int run_start = -1;
+  const auto close_run = [&](int end) {
+    if (run_start < 0) return;
+    out += (out.empty() ? "" : ", ") + std::to_string(run_start) +
+           (end - 1 > run_start ? "-" + std::to_string(end - 1) : "");
+    run_start = -1;
+  };
+  for (int r = 0; r < world; ++r) {
+    const bool arrived = store.check({"fsdp/rank/" + std::to_string(r)});
+    if (!arrived && run_start < 0) run_start = r;
+    if (arrived) close_run(r);
+  }
+  close_run(world);
+  return out;
+}
+
 // Every rank announces itself, then waits until all have. TCPStore alone
 // would let rank 0 proceed and fail later, inside Gloo, with a bare
 // "Socket Timeout"; counting arrivals lets the error say who is missing.
+// Rank 0 says every 10 s who has arrived and who is awaited: a node not
+// started yet is otherwise a silent wait of up to the whole timeout.
 void wait_for_all_ranks(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
   const std::string key = "fsdp/arrived";
+  store.set("fsdp/rank/" + std::to_string(env.rank), std::string("1"));
   store.add(key, 1);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  auto next_report = start + std::chrono::seconds(10);
   for (;;) {
     const int64_t arrived = store.add(key, 0);
     if (arrived >= env.world_size) return;
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) {
       throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) + " timed out after " +
                   std::to_string(timeout.count() / 1000) + " s: " + std::to_string(arrived) + " of " +
-                  std::to_string(env.world_size) +
-                  " ranks arrived; start every rank with the same MASTER_ADDR/MASTER_PORT, or raise FSDP_TIMEOUT");
+                  std::to_string(env.world_size) + " ranks arrived (missing: ranks " +
+                  missing_ranks(store, env.world_size) +
+                  "); start every rank with the same MASTER_ADDR/MASTER_PORT, or raise FSDP_TIMEOUT");
+    }
+    if (env.rank == 0 && now >= next_report) {
+      next_report = now + std::chrono::seconds(10);
+      const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start).count();
+      std::fprintf(stderr,
+                   "rendezvous at %s:%d: %lld of %d ranks arrived after %lld s; waiting for ranks %s (up to %lld s)\n",
+                   env.master_addr.c_str(), env.master_port, static_cast<long long>(arrived), env.world_size,
+                   static_cast<long long>(waited), missing_ranks(store, env.world_size).c_str(),
+                   static_cast<long long>(timeout.count() / 1000));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

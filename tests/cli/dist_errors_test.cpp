@@ -93,6 +93,18 @@ TEST(DistErrors, PeerNeverArrives) {
   EXPECT_LT(r.seconds, 30);
 }
 
+// A node not started yet: rank 0 says every 10 s who has arrived and who
+// is awaited, and the timeout names the missing ranks.
+TEST(DistErrors, RankZeroSaysWhoItWaitsFor) {
+  const std::string env = "env WORLD_SIZE=3 FSDP_TIMEOUT=12 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(dist::find_free_port()) + " ";
+  BackgroundCommand rank2(env + "RANK=2 " + kCli + " smoke", "/tmp/fsdp-rank2-" + std::to_string(::getpid()) + ".log");
+  const auto r = run_command(env + "RANK=0 " + kCli + " smoke");
+  expect_clean_failure(r, "ranks arrived (missing: ranks 1)");
+  EXPECT_TRUE(contains(r.output, "2 of 3 ranks arrived after 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, " s; waiting for ranks 1 (up to 12 s)")) << r.output;
+}
+
 TEST(DistErrors, RankZeroNeverArrives) {
   const auto r = run_command("env RANK=1 WORLD_SIZE=2 FSDP_TIMEOUT=2 MASTER_PORT=" +
                              std::to_string(dist::find_free_port()) + " " + kCli + " smoke");
