@@ -51,16 +51,25 @@ int main(int argc, char** argv) {
   fsdp::cli::add_ckpt_command(app, exit_code);
   fsdp::cli::add_plan_command(app, exit_code);
   fsdp::cli::refuse_flags_as_values(app);
+  // `fsdp help [COMMAND...]`, as git and pip take it: that command's --help.
+  std::vector<char*> args(argv, argv + argc);
+  std::string help_flag = "--help";
+  if (argc >= 2 && std::string(argv[1]) == "help") {
+    args.erase(args.begin() + 1);
+    args.push_back(help_flag.data());
+    argc = static_cast<int>(args.size());
+    argv = args.data();
+  }
   if (const std::string unknown = fsdp::cli::unknown_command(app, argc, argv); !unknown.empty()) {
     print_error(unknown);
     return kUsageError;
   }
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ExtrasError& e) {
-    // CLI11 names the stray argument; add the closest option of the command.
-    app.exit(e);
-    fsdp::cli::suggest_option(app, e.what());
+  } catch (const CLI::ExtrasError&) {
+    // Ours, not CLI11's (which lists the stray words backwards): the first
+    // one, and the closest option of the command.
+    print_error(fsdp::cli::unexpected_argument(app));
     return kUsageError;
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" to CLI11 that exit 0.

@@ -103,19 +103,28 @@ class HelpFormatter : public CLI::Formatter {
 }  // namespace
 
 // "did you mean --steps?" for a mistyped flag of the chosen subcommand.
-void suggest_option(const CLI::App& app, const std::string& message) {
-  const auto dash = message.find("--");
-  if (dash == std::string::npos) return;
-  const auto end = message.find_first_of(" ,]\n", dash);
-  const std::string given = message.substr(dash, end == std::string::npos ? std::string::npos : end - dash);
-  std::vector<std::string> names;
+std::string unexpected_argument(const CLI::App& app) {
   const CLI::App* command = &app;
-  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+  std::string path = "fsdp";
+  while (!command->get_subcommands().empty()) {
+    command = command->get_subcommands().front();
+    path += " " + command->get_name();
+  }
+  std::vector<std::string> names;
   for (const auto* option : command->get_options()) {
     for (const auto& name : option->get_lnames()) names.push_back("--" + name);
   }
-  const std::string hint = fsdp::did_you_mean(given, names);
-  if (!hint.empty()) std::fprintf(stderr, "%s\n", hint.substr(2).c_str());
+  const std::string help = " (`" + path + " --help` lists its options)";
+  // What CLI11 left over, in the order it was typed (its own message lists
+  // it backwards); a dashed word first, since the value after it is only
+  // left over because of it.
+  const auto left = app.remaining(true);
+  for (const auto& word : left) {
+    if (word.size() < 2 || word[0] != '-') continue;
+    const std::string name = word.substr(0, word.find('='));
+    return "unknown option '" + name + "' for '" + path + "'" + fsdp::did_you_mean(name, names) + help;
+  }
+  return "unexpected argument '" + (left.empty() ? std::string() : left.front()) + "' for '" + path + "'" + help;
 }
 
 // "unknown command 'trian'; did you mean 'train'? (commands: ...)" when the

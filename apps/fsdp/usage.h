@@ -21,8 +21,9 @@ void refuse_flags_as_values(CLI::App& command);
 // when the words before the first flag name existing commands.
 std::string unknown_command(const CLI::App& app, int argc, char** argv);
 
-// Prints "did you mean --steps?" for the flag CLI11's `message` complains
-// about, when a flag of the chosen subcommand is close.
-void suggest_option(const CLI::App& app, const std::string& message);
+// After CLI11's ExtrasError: "unknown option '--stpes' for 'fsdp train';
+// did you mean '--steps'? (`fsdp train --help` lists its options)", or
+// the first word nothing took.
+std::string unexpected_argument(const CLI::App& app);
 
 }  // namespace fsdp::cli

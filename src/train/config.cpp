@@ -369,8 +369,20 @@ const Field& find_field(const std::string& key, const std::string& source) {
   for (const auto& f : schema()) {
     if (f.dotted() == dotted) return f;
   }
-  throw Error(source + ": unknown key '" + dotted + "'" + did_you_mean(dotted, TrainConfig::keys()) +
-              " (valid keys: " + join_words(TrainConfig::keys()) + ")");
+  // The closest key, else the keys of the section named, else the sections:
+  // never all 55 keys on one line.
+  const auto keys = TrainConfig::keys();
+  std::string hint = did_you_mean(dotted, keys);
+  if (hint.empty()) {
+    const std::string section = dotted.substr(0, dotted.find('.'));
+    std::vector<std::string> in_section;
+    for (const auto& k : keys) {
+      if (k.rfind(section + ".", 0) == 0) in_section.push_back(k.substr(section.size() + 1));
+    }
+    hint = in_section.empty() ? " (sections: " + join_words(TrainConfig::sections()) + ")"
+                              : " (" + section + " has " + join_words(in_section) + ")";
+  }
+  throw Error(source + ": unknown key '" + dotted + "'" + hint + "; `fsdp train --help` lists every key");
 }
 
 void assign(TrainConfig& config, const Field& f, const std::string& value, const std::string& source) {

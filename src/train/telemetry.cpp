@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -93,23 +94,39 @@ void RunLog::say(const std::string& text) {
   write_file(text);
 }
 
-void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm) {
+void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds) {
   if (rank_ != 0) return;
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const int64_t done = step + 1 - first_step_;
-  const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total_steps_ - step - 1) : 0;
+  const auto now = std::chrono::steady_clock::now();
+  if (eta_from_step_ < 0) {
+    eta_from_step_ = step;
+    eta_from_ = now;
+  }
+  // From the steps after the first one seen; until there is one, from that
+  // step's own time (start-up excluded), marked as a guess.
+  const int64_t left = total_steps_ - step - 1;
+  const int64_t done = step - eta_from_step_;
+  std::string eta;
+  if (left == 0) {
+    eta = "0s";
+  } else if (done > 0) {
+    eta = std::to_string(std::llround(std::chrono::duration<double>(now - eta_from_).count() /
+                                      static_cast<double>(done) * static_cast<double>(left))) + "s";
+  } else {
+    eta = "~" + std::to_string(std::llround(seconds * static_cast<double>(left))) + "s";
+  }
   char line[256];
-  std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %.0fs",
+  std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %s",
                 static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
-                tokens_per_s, eta);
+                tokens_per_s, eta.c_str());
   write_file(line);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(kWidth, '.');
-    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %.0fs   ", bar.c_str(),
-                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, tokens_per_s, eta);
+    std::printf("\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", bar.c_str(),
+                static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, tokens_per_s,
+                eta.c_str());
     bar_drawn_ = true;
   } else {
     std::printf("%s\n", line);

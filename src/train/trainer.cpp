@@ -121,6 +121,14 @@ void Trainer::set_up() {
   profile_ = std::make_unique<ProfileWindow>(StepRange::parse(config_.logging.profile_steps, "--profile-steps"),
                                              paths_.folder.trace(world_->rank()), "rank " + std::to_string(world_->rank()));
   warn_about_profile_window();
+  const auto& o = config_.optim;
+  if (o.warmup_steps >= config_.runtime.steps) {
+    char rates[64];
+    std::snprintf(rates, sizeof(rates), "%.3g, never reaching --lr %.3g", schedule_.at(config_.runtime.steps - 1), o.lr);
+    log_.warn("--warmup-steps " + std::to_string(o.warmup_steps) + " is not below --steps " +
+              std::to_string(config_.runtime.steps) + ": the learning rate rises for the whole run and ends at " +
+              rates + " (fewer warm-up steps, or more steps)");
+  }
   if (!checkpointer_->enabled() && config_.hf_export.dir.empty()) {
     log_.say("note: no checkpoint is written and nothing is exported: the trained weights are not kept "
              "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them; a stop by Ctrl-C or "
@@ -483,7 +491,7 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
     line["peak_device_mb"] = static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20);
   }
   metrics_->write(line);
-  log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm);
+  log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm, s.seconds);
 }
 
 double Trainer::evaluate() {

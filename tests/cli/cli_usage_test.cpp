@@ -70,6 +70,43 @@ TEST(CliUsage, AnUnknownCommandNamesTheClosestOne) {
       << nested.output;
 }
 
+TEST(CliUsage, AMistypedOptionIsNamedAsTypedWithTheClosestOne) {
+  // CLI11 said "The following arguments were not expected: 3 --stpes".
+  const auto typo = run_command(kCli + " train --stpes 3");
+  EXPECT_EQ(typo.exit_code, 2) << typo.output;
+  EXPECT_EQ(typo.output, "error: unknown option '--stpes' for 'fsdp train'; did you mean '--steps'? (`fsdp train "
+                         "--help` lists its options)\n");
+  const auto stray = run_command(kCli + " train --steps 3 extra");
+  EXPECT_EQ(stray.exit_code, 2) << stray.output;
+  EXPECT_TRUE(contains(stray.output, "error: unexpected argument 'extra' for 'fsdp train'")) << stray.output;
+}
+
+TEST(CliUsage, HelpAsACommandPrintsTheHelp) {
+  const auto top = run_command(kCli + " help");
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_EQ(top.output, run_command(kCli + " --help").output);
+  const auto train = run_command(kCli + " help train");
+  EXPECT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_EQ(train.output, run_command(kCli + " train --help").output);
+}
+
+TEST(CliUsage, WarmUpPastTheRunIsWarnedAndTheFirstEtaIsAGuessFromTheStepItself) {
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 "
+                             "--steps 4 --log-every 1 --warmup-steps 500 --lr 0.001");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // 0.001 x 4 / 500 at the last step.
+  EXPECT_TRUE(contains(r.output, "warning: --warmup-steps 500 is not below --steps 4: the learning rate rises for the "
+                                 "whole run and ends at 8e-06, never reaching --lr 0.001"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "step 1/4 ")) << r.output;
+  const auto first = r.output.find("step 1/4 ");
+  const auto line = r.output.substr(first, r.output.find('\n', first) - first);
+  EXPECT_TRUE(contains(line, "ETA ~")) << "the first ETA is a guess, marked so: " << line;
+  const auto ok = run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 "
+                              "--steps 4 --warmup-steps 2");
+  EXPECT_FALSE(contains(ok.output, "--warmup-steps")) << ok.output;
+}
+
 TEST(CliUsage, EveryHelpShowsDefaultsOneWayAndNoCli11Internals) {
   // CLI11's own style put a default after the type ("INT=64") and a flag's
   // value after its name ("--no-prefix{false}").

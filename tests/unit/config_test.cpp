@@ -50,6 +50,16 @@ TEST(Config, UnknownKeyNamesTheClosestValidOne) {
   expect_error([&] { c.load_yaml(write_yaml("optim:\n  lrr: 0.1\n")); }, {"unknown key 'optim.lrr'", "did you mean 'optim.lr'"});
   expect_error([&] { c.set("runtime.stpes", "3", "--set"); }, {"'runtime.stpes'", "'runtime.steps'"});
   expect_error([&] { c.load_yaml(write_yaml("optimizer:\n  lr: 0.1\n")); }, {"unknown section 'optimizer'", "'optim'"});
+  // Nothing close: the keys of its section, never all of them on one line.
+  try {
+    c.set("optim.momentum", "0.9", "--set");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what, "--set: unknown key 'optim.momentum' (optim has lr, min_lr_ratio, warmup_steps, lr_schedule, "
+                    "weight_decay, beta1, beta2, eps, grad_clip); `fsdp train --help` lists every key");
+  }
+  expect_error([&] { c.set("runtime.stpes", "3", "--set"); }, {"`fsdp train --help` lists every key"});
 }
 
 TEST(Config, WrongTypesAndValuesSayWhatWasExpected) {

@@ -48,7 +48,8 @@ class RunLog {
   // This rank's log file only (errors, the resume marker, its own traces).
   void note(const std::string& text);
   // Rank 0: one update per logged step; a bar on a terminal, a line otherwise.
-  void step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm);
+  // `seconds`: this step's own time, the ETA's first guess.
+  void step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds);
   // Ends the bar's line.
   void finish();
   bool speaks() const { return rank_ == 0; }
@@ -62,6 +63,10 @@ class RunLog {
   std::vector<std::string> held_;  // noted before the log file opened
   int64_t first_step_ = 0, total_steps_ = 0;
   std::chrono::steady_clock::time_point start_;
+  // The first step seen and when it ended: the ETA counts from there, since
+  // the first step carries start-up work (allocations, caches) the others do not.
+  int64_t eta_from_step_ = -1;
+  std::chrono::steady_clock::time_point eta_from_;
   bool bar_drawn_ = false;
 };
 
