@@ -14,4 +14,13 @@ if [[ ! -f "$build_dir/build.ninja" || "$configured" != "$torch" ]]; then
 fi
 targets=()
 for t in ${FSDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+# What is built and how far along: ninja's status line with the share done
+# and the time so far. A first build of everything takes minutes (about 9
+# on 2 cores, docs/building.md); later ones rebuild what changed.
+# shellcheck disable=SC2086
+left=$(ninja -C "$build_dir" -n ${FSDP_BUILD_TARGETS:-all} 2>/dev/null | grep -c '^\[' || true)
+if ((left > 0)); then
+  echo "build: ${left} step(s) to build in ${build_dir}/ (LibTorch: ${torch}); ninja shows each as [done/total]"
+fi
+export NINJA_STATUS=${NINJA_STATUS:-"[%f/%t %p %es] "}
 cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"
