@@ -129,6 +129,19 @@ std::vector<int64_t> end_of_text_ids(const std::string& model_dir) {
   return {};
 }
 
+std::vector<int64_t> end_of_text_ids(const CompanionSources& sources) {
+  if (!sources.model_dir.empty()) {
+    auto ids = end_of_text_ids(sources.model_dir);
+    if (!ids.empty()) return ids;
+  }
+  const auto eos = special_token_ids(sources).value("eos_token_id", nlohmann::json());
+  std::vector<int64_t> ids;
+  for (const auto& id : eos.is_array() ? eos : nlohmann::json::array({eos})) {
+    if (id.is_number_integer()) ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
 CompanionReport write_hf_companions(const CompanionSources& sources, int64_t model_vocab, const std::string& out_dir) {
   CompanionReport report;
   const fs::path out = out_dir;

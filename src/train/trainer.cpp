@@ -557,6 +557,8 @@ std::string Trainer::sample_text() {
   SampleOptions options;
   options.max_new_tokens = config_.sample.tokens;
   options.seed = static_cast<uint64_t>(config_.runtime.seed);
+  // A sample ends where the model says its text ends, as `fsdp generate` does.
+  options.stop_ids = end_of_text_ids(companion_sources(config_));
   const auto ids = generate(model_, sample_prompt_, options);
   std::string text = tokenizer_->decode_continuation(sample_prompt_, ids);
   log_.say("--- sample (" + std::to_string(ids.size()) + " tokens) ---\n" + config_.sample.prompt + text + "\n---");

@@ -364,6 +364,34 @@ TEST(TrainErrors, ASamplePromptOutsideTheVocabularyIsRefusedBeforeTraining) {
   EXPECT_TRUE(contains(missing.output, "--tokenizer '/nonexistent'")) << missing.output;
 }
 
+// A run's sample ends where the model's text ends, as `fsdp generate`
+// stops: here every id is an end of text (generation_config.json), so the
+// sample is one token long whatever --sample-tokens asks.
+TEST(Samples, ATrainingSampleStopsAtTheModelsEndOfText) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + kTiny + " --data synthetic --steps 1 --export-hf " + dir + "/hf --out-dir " + dir +
+                        "/first").exit_code, 0);
+  std::vector<int> all(512);
+  for (int i = 0; i < 512; ++i) all[i] = i;
+  std::ofstream(dir + "/hf/generation_config.json") << nlohmann::json{{"eos_token_id", all}}.dump();
+  const std::string run = kCli + " train --init-from " + dir + "/hf --data synthetic --seq-len 16 --batch-size 2 "
+                          "--steps 1 --sample-tokens 20 --tokenizer " + kSource + "/data/gpt2 --out-dir ";
+  const auto r = run_command(run + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "--- sample (1 tokens) ---")) << r.output;
+  // With no end of text the model can produce (GPT-2's is 50256, past
+  // these 512 rows), the sample runs to --sample-tokens.
+  std::filesystem::remove(dir + "/hf/generation_config.json");
+  auto config = nlohmann::json::parse(read_file(dir + "/hf/config.json"));
+  config.erase("eos_token_id");
+  std::ofstream(dir + "/hf/config.json") << config.dump();
+  const auto full = run_command(run + dir + "/run2");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  EXPECT_TRUE(contains(full.output, "--- sample (20 tokens) ---")) << full.output;
+  std::filesystem::remove_all(dir);
+}
+
 // The formats people have: a .txt of many documents (paragraphs by
 // default, or any separator), .jsonl with another field, a glob of files,
 // and a summary in the right unit. Token counts are checked against the

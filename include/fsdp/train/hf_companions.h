@@ -44,6 +44,10 @@ nlohmann::json special_token_ids(const CompanionSources& sources);
 // generation_config.json's eos_token_id (one id or a list), else its
 // config.json's; none when neither names one.
 std::vector<int64_t> end_of_text_ids(const std::string& model_dir);
+// For a training run: the model directory's (as above) where there is one,
+// else the tokenizer's end-of-text token (GPT-2's <|endoftext|>, or
+// tokenizer_config.json's eos_token).
+std::vector<int64_t> end_of_text_ids(const CompanionSources& sources);
 
 // Writes the companions into out_dir (which holds an export's config.json):
 // the ids into config.json where it has none, generation_config.json (the
