@@ -4,6 +4,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/models/kv_cache.h"
 
 namespace fsdp::train {
 
@@ -16,17 +17,30 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<int32_t> out;
+  const int64_t window = model->max_seq_len();
+  // With a key/value cache each token after the prompt runs alone; past the
+  // model's positions the text slides through the window and every token
+  // runs the whole window again, as without one.
+  models::KvCache cache;
+  cache.capacity = window;
+  struct Detach {
+    models::CausalLMImpl& m;
+    ~Detach() { m.kv_cache = nullptr; }
+  } detach{*model};
+  const auto device = model->output_weight().device();
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const bool cached = model->supports_kv_cache() && static_cast<int64_t>(ids.size()) <= window;
+    model->kv_cache = cached ? &cache : nullptr;
     // The model sees at most its context window: the last max_seq_len tokens.
-    const auto context = std::min<int64_t>(static_cast<int64_t>(ids.size()), model->max_seq_len());
-    auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - context, ids.end()), torch::kLong)
-                      .unsqueeze(0)
-                      .to(model->output_weight().device());
+    const int64_t context = std::min<int64_t>(static_cast<int64_t>(ids.size()), window);
+    const int64_t fed = cached ? static_cast<int64_t>(ids.size()) - cache.length : context;
+    auto tokens = torch::tensor(std::vector<int64_t>(ids.end() - fed, ids.end()), torch::kLong).unsqueeze(0).to(device);
     // The head uses the root's parameters, gathered only inside the root's call.
     auto logits = fsdp::run(model, [&] {
-                    auto hidden = model->forward(tokens);  // (1, T, C)
-                    return hidden.select(1, context - 1).matmul(model->output_weight().t());
+                    auto hidden = model->forward(tokens);  // (1, fed, C)
+                    return hidden.select(1, fed - 1).matmul(model->output_weight().t());
                   }).to(torch::kCPU, torch::kFloat).squeeze(0);  // sampled on the host, with `gen`
+    if (cached) cache.length += fed;
     int64_t next;
     if (o.temperature <= 0) {
       next = logits.argmax().item<int64_t>();

@@ -83,3 +83,72 @@ TEST(Generate, AStopPredicateEndsTheTextWhereItFirstHolds) {
 
 }  // namespace
 }  // namespace fsdp::train
+
+namespace fsdp::train {
+namespace {
+
+// The logits at every position of `ids`, from one forward of the whole text.
+torch::Tensor whole_text_logits(const models::CausalLM& m, const std::vector<int64_t>& ids) {
+  auto tokens = torch::tensor(ids, torch::kLong).unsqueeze(0);
+  return m->forward(tokens).matmul(m->output_weight().t()).squeeze(0);  // (T, V)
+}
+
+// A key/value cache gives what running the whole text gives: fed as a
+// prompt of 7, single tokens, then a chunk of 3 (a query block that must
+// not see its own future), and single tokens again, every position's
+// logits equal the whole text's, in every family that reads the cache.
+TEST(Generate, TheKeyValueCacheGivesTheLogitsOfRunningTheWholeText) {
+  torch::NoGradGuard no_grad;
+  for (const std::string preset : {"gpt2-tiny", "llama-tiny", "llama2-tiny", "qwen3-tiny", "qwen3-moe-tiny"}) {
+    torch::manual_seed(3);
+    const auto m = models::build_preset(preset);
+    m->eval();
+    ASSERT_TRUE(m->supports_kv_cache()) << preset;
+    std::vector<int64_t> ids;
+    for (int i = 0; i < 20; ++i) ids.push_back((i * 37 + 11) % 500);
+    const auto expected = whole_text_logits(m, ids);
+    models::KvCache cache;
+    cache.capacity = m->max_seq_len();
+    m->kv_cache = &cache;
+    std::vector<torch::Tensor> pieces;
+    for (const int64_t chunk : {7, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1}) {
+      const auto fed = torch::tensor(std::vector<int64_t>(ids.begin() + cache.length, ids.begin() + cache.length + chunk),
+                                     torch::kLong)
+                           .unsqueeze(0);
+      pieces.push_back(m->forward(fed).matmul(m->output_weight().t()).squeeze(0));
+      cache.length += chunk;
+    }
+    m->kv_cache = nullptr;
+    ASSERT_EQ(cache.length, 20);
+    const auto got = torch::cat(pieces);
+    const double scale = expected.abs().max().item<double>();
+    EXPECT_LT((got - expected).abs().max().item<double>(), 1e-5 * scale) << preset;
+  }
+}
+
+// Greedy decoding through generate (with the cache, and past the model's
+// 64 positions, where the text slides through the window) picks what
+// greedy decoding over the whole text picks, computed here step by step.
+TEST(Generate, GreedyWithTheCacheEqualsGreedyOverTheWholeTextAndSlidesPastTheWindow) {
+  torch::NoGradGuard no_grad;
+  for (const std::string preset : {"gpt2-tiny", "llama-tiny"}) {
+    torch::manual_seed(5);
+    const auto m = models::build_preset(preset);
+    const int64_t window = m->max_seq_len();
+    const auto got = generate(m, kPrompt, greedy(window + 10));
+    m->eval();
+    std::vector<int64_t> ids(kPrompt.begin(), kPrompt.end());
+    std::vector<int32_t> expected;
+    for (int64_t i = 0; i < window + 10; ++i) {
+      const int64_t context = std::min<int64_t>(static_cast<int64_t>(ids.size()), window);
+      const auto logits = whole_text_logits(m, std::vector<int64_t>(ids.end() - context, ids.end()));
+      const int64_t next = logits[context - 1].argmax().item<int64_t>();
+      ids.push_back(next);
+      expected.push_back(static_cast<int32_t>(next));
+    }
+    EXPECT_EQ(got, expected) << preset;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::train

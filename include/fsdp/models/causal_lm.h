@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include "fsdp/models/kv_cache.h"
+
 namespace fsdp::models {
 
 struct CausalLMImpl : torch::nn::Module {
@@ -45,6 +47,12 @@ struct CausalLMImpl : torch::nn::Module {
   // The dtype its Hugging Face weights came in (safetensors spelling: F32,
   // BF16, F16): what export writes unless told otherwise.
   std::string hf_dtype = "F32";
+
+  // Whether forward reads `kv_cache` (kv_cache.h); generation falls back to
+  // running the whole text for each token where it does not.
+  virtual bool supports_kv_cache() const { return false; }
+  // Set by generation around its forwards; null otherwise (training).
+  KvCache* kv_cache = nullptr;
 };
 
 using CausalLM = std::shared_ptr<CausalLMImpl>;

@@ -6,6 +6,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/family.h"
+#include "fsdp/models/kv_cache.h"
 #include "fsdp/nn/activation_checkpoint.h"
 
 namespace fsdp::models {
@@ -31,7 +32,11 @@ GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c) : n_head(c.n_head) {
 }
 
 torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
-  return resid_dropout(c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
+  if (cache == nullptr) return resid_dropout(c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
+  const int64_t B = x.size(0), T = x.size(1);
+  const auto qkv = c_attn(x).view({B, T, 3, n_head, -1});
+  auto [k, v] = cache->append(layer, qkv.select(2, 1), qkv.select(2, 2));
+  return resid_dropout(c_proj(cached_attention(qkv.select(2, 0), k, v)));
 }
 
 GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
@@ -83,9 +88,14 @@ GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(const GPT2Config& c) : config(c) {
 
 torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
   const int64_t T = tokens.size(1);
-  FSDP_CHECK(T <= config.n_positions, "sequence length ", T, " exceeds the model's ", config.n_positions,
+  const int64_t past = kv_cache != nullptr ? kv_cache->length : 0;  // tokens before these
+  FSDP_CHECK(past + T <= config.n_positions, "sequence length ", past + T, " exceeds the model's ", config.n_positions,
              " positions (n_positions)");
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  for (size_t i = 0; i < transformer->blocks.size(); ++i) {
+    transformer->blocks[i]->attn->cache = kv_cache;
+    transformer->blocks[i]->attn->layer = i;
+  }
+  auto positions = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(positions));
   for (auto& block : transformer->blocks) x = block(x);
   return transformer->ln_f(x);

@@ -6,6 +6,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/family.h"
+#include "fsdp/models/kv_cache.h"
 #include "fsdp/models/llama/config.h"
 #include "fsdp/nn/activation_checkpoint.h"
 
@@ -75,6 +76,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   auto q = apply_rotary(heads(q_proj(x), n_heads, &q_norm), cos, sin);     // (B, nh, T, hs)
   auto k = apply_rotary(heads(k_proj(x), n_kv_heads, &k_norm), cos, sin);  // (B, nkv, T, hs)
   auto v = heads(v_proj(x), n_kv_heads, nullptr);
+  if (cache != nullptr) {
+    auto [k_all, v_all] = cache->append(layer, k.transpose(1, 2), v.transpose(1, 2));
+    return o_proj(cached_attention(q.transpose(1, 2), k_all, v_all));
+  }
   // Grouped-query attention (nkv < nh) is handled inside: no repeated k, v.
   return o_proj(causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), &dropout));
 }
@@ -128,11 +133,16 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) {
 
 torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
   const int64_t T = tokens.size(1);
-  FSDP_CHECK(T <= config.max_position_embeddings, "sequence length ", T, " exceeds the model's ",
+  const int64_t past = kv_cache != nullptr ? kv_cache->length : 0;  // tokens before these
+  FSDP_CHECK(past + T <= config.max_position_embeddings, "sequence length ", past + T, " exceeds the model's ",
              config.max_position_embeddings, " positions (max_position_embeddings)");
-  auto [cos, sin] = rotary_tables(T, config.head_size(), config.rope_theta, config.rope_scaling);
-  cos = cos.to(tokens.device());
-  sin = sin.to(tokens.device());
+  for (size_t i = 0; i < model->blocks.size(); ++i) {
+    model->blocks[i]->self_attn->cache = kv_cache;
+    model->blocks[i]->self_attn->layer = i;
+  }
+  auto [cos, sin] = rotary_tables(past + T, config.head_size(), config.rope_theta, config.rope_scaling);
+  cos = cos.narrow(0, past, T).to(tokens.device());
+  sin = sin.narrow(0, past, T).to(tokens.device());
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;
   for (auto& block : model->blocks) {

@@ -27,6 +27,9 @@ struct GPT2AttentionImpl : torch::nn::Module {
   explicit GPT2AttentionImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
   int64_t n_head;
+  // Set by the model for a forward with a key/value cache: this layer's place in it.
+  KvCache* cache = nullptr;
+  size_t layer = 0;
   Conv1D c_attn{nullptr}, c_proj{nullptr};  // (C, 3C), (C, C)
   torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
 };
@@ -73,6 +76,7 @@ struct GPT2LMHeadModelImpl : CausalLMImpl {
   int64_t max_seq_len() const override { return config.n_positions; }
   int64_t dim() const override { return config.n_embd; }
   int64_t n_layers() const override { return config.n_layer; }
+  bool supports_kv_cache() const override { return true; }
 
   GPT2Config config;
   GPT2Model transformer{nullptr};

@@ -24,6 +24,9 @@ struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   int64_t n_heads, n_kv_heads, head_dim;
+  // Set by the model for a forward with a key/value cache: this layer's place in it.
+  KvCache* cache = nullptr;
+  size_t layer = 0;
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   torch::nn::Dropout dropout{nullptr};
@@ -66,6 +69,7 @@ struct LlamaForCausalLMImpl : CausalLMImpl {
   int64_t max_seq_len() const override { return config.max_position_embeddings; }
   int64_t dim() const override { return config.hidden_size; }
   int64_t n_layers() const override { return config.num_hidden_layers; }
+  bool supports_kv_cache() const override { return true; }
   int64_t active_parameter_count() const override { return llama_active_parameter_count(config); }
   torch::Tensor auxiliary_loss() override { return aux_loss_; }
 
