@@ -63,9 +63,20 @@ TEST(LargeCpuBlocks, LibTorchsRawAllocationInterfaceWorks) {
   // to be the pointer and one deleter for every size.
   auto* allocator = c10::GetAllocator(c10::DeviceType::CPU);
   for (const size_t n : {size_t{256}, size_t{3 * kMiB}}) {
+    const bool large = n >= kMiB;  // small requests stay with the default allocator
+    const int64_t before = memory::large_cpu_bytes_in_use();
     void* p = allocator->raw_allocate(n);
+    ASSERT_NE(p, nullptr) << n;
+    static_cast<char*>(p)[0] = 1;
     static_cast<char*>(p)[n - 1] = 1;
+    if (large) {
+      EXPECT_GE(memory::large_cpu_bytes_in_use(), before + static_cast<int64_t>(n)) << "counted while in use";
+    }
     allocator->raw_deallocate(p);
+    if (large) {
+      // At most: Gloo's worker may drop an earlier collective's buffer meanwhile.
+      EXPECT_LE(memory::large_cpu_bytes_in_use(), before) << "uncounted once freed";
+    }
   }
 }
 
