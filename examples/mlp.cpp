@@ -27,10 +27,10 @@ int main() {
   fsdp::fully_shard(model, options);  // one unit: the whole model
 
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
-  torch::manual_seed(1 + world->rank());  // each rank its own data
+  torch::manual_seed(1 + world->rank());  // each rank its own batch, learned over the steps
+  const auto inputs = torch::randn({16, 1024});
+  const auto labels = torch::randn({16, 1024});
   for (int step = 0; step < 10; ++step) {
-    auto inputs = torch::randn({16, 1024});
-    auto labels = torch::randn({16, 1024});
     optimizer.zero_grad();
     auto loss = torch::mse_loss(model(inputs), labels);
     loss.backward();

@@ -8,7 +8,24 @@ scripts/setup.sh
 scripts/build.sh
 scripts/fetch_data.sh  # the tokenizer tests compare against the reference encoder it brings
 cd "${FSDP_BUILD_DIR:-build}"
+# GoogleTest cases skipped inside a CTest case (a dist_wN case runs a whole
+# binary) show only in the log: one line counts them, so a new skip is seen.
+skip_census() {
+  awk '/^[0-9]+\/[0-9]+ Test: / { test = $3 }
+       match($0, /\[  SKIPPED \] [^ ]+ \([0-9]+ ms\)/) {
+         name = substr($0, RSTART + 13, RLENGTH - 13); sub(/ \(.*/, "", name)
+         if (!((test, name) in seen)) { seen[test, name] = 1; per[test]++; total++ }
+       }
+       END {
+         if (total == 0) { print "skipped inside the CTest cases: none"; exit }
+         line = ""
+         for (t in per) line = line (line == "" ? "" : ", ") t " " per[t]
+         print "skipped inside the CTest cases: " total " GoogleTest case(s) (" line "); the reasons: " \
+               "grep -B2 SKIPPED " ENVIRON["PWD"] "/Testing/Temporary/LastTest.log"
+       }' Testing/Temporary/LastTest.log
+}
 if ! ctest --output-on-failure -j "$(nproc)" "$@"; then
+  skip_census
   # With -j the failures' output lies far up the log; repeat its end here,
   # where a truncated CI log still shows it.
   echo "== the end of each failed test's output (from Testing/Temporary/LastTest.log) =="
@@ -21,3 +38,4 @@ if ! ctest --output-on-failure -j "$(nproc)" "$@"; then
   done <Testing/Temporary/LastTestsFailed.log
   exit 8
 fi
+skip_census
