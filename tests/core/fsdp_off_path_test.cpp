@@ -454,7 +454,20 @@ TEST_P(UnusedPrefetch, AGatherForAUnitThatDoesNotRunIsFinishedAndFreed) {
   s.skip_block_on_odd_steps = 1;
   s.prefetch_depth = 2;
   s.prefetch_skipped_explicitly = GetParam();
-  expect_matches_reference(s);
+  s.steps = 4;  // the last, step 3, skips block 1
+  RunLog log;
+  expect_matches_reference(s, &log);
+  // On that step block 1 was gathered (the prefetch was issued) and never
+  // ran its forward: the gather the test is about happened.
+  int gathers = 0, pre_forwards = 0;
+  for (const auto& e : log.last_step_events) {
+    if (e.unit != "b1") continue;
+    gathers += e.kind == FSDPEvent::Kind::kAllGather;
+    pre_forwards += e.kind == FSDPEvent::Kind::kPreForward;
+  }
+  // One rank holds whole parameters: nothing to gather, at W = 1 only.
+  if (test_world().size() > 1) EXPECT_GE(gathers, 1) << "no all-gather of the skipped block: nothing prefetched it";
+  EXPECT_EQ(pre_forwards, 0) << "the skipped block ran";
 }
 INSTANTIATE_TEST_SUITE_P(Prefetch, UnusedPrefetch, ::testing::Values(false, true),
                          [](const auto& info) { return std::string(info.param ? "explicit" : "depth2"); });
