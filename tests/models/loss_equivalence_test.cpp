@@ -3,6 +3,10 @@
 // loss (head matmul plus cross-entropy, one pass per row) against
 // LibTorch's own cross_entropy of the logits.
 
+#include <atomic>
+#include <cstring>
+
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include "fsdp/common/error.h"
@@ -42,11 +46,56 @@ void expect_same(const LossAndGrads& a, const LossAndGrads& b, double tol) {
   }
 }
 
+// Counts the dispatcher's calls of one operator, on every thread, while it lives.
+class OpCounter {
+ public:
+  explicit OpCounter(const char* op) {
+    op_ = op;
+    count_ = 0;
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&OpCounter::seen));
+  }
+  ~OpCounter() { at::removeCallback(handle_); }
+  int count() const { return count_; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> seen(const at::RecordFunction& fn) {
+    if (std::strcmp(fn.name(), op_) == 0) ++count_;
+    return nullptr;
+  }
+  static inline const char* op_ = nullptr;
+  static inline std::atomic<int> count_{0};
+  at::CallbackHandle handle_;
+};
+
+// The operator each block's MLP calls once in forward, never in backward,
+// and nothing outside the blocks calls: its activation.
+const char* activation_op(const std::string& preset) {
+  return preset == "gpt2-tiny" ? "fsdp::gelu_tanh" : "aten::silu";
+}
+
 class PerFamily : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PerFamily, ActivationCheckpointingWithDropoutGivesTheSameLossAndGradients) {
   // Dropout 0.1: the recomputation must draw the same masks as the forward.
   expect_same(run(GetParam(), 0.1, true, false), run(GetParam(), 0.1, false, false), 1e-6);
+  // The premises: dropout is active (the loss differs from p = 0), and the
+  // blocks are recomputed (each block's activation runs twice in forward
+  // and backward with checkpointing, once without).
+  EXPECT_GT(std::abs(run(GetParam(), 0.1, false, false).loss - run(GetParam(), 0.0, false, false).loss), 1e-4);
+  const int64_t layers = build_preset(GetParam())->n_layers();
+  int once = 0, twice = 0;
+  {
+    OpCounter counter(activation_op(GetParam()));
+    run(GetParam(), 0.1, false, false);
+    once = counter.count();
+  }
+  {
+    OpCounter counter(activation_op(GetParam()));
+    run(GetParam(), 0.1, true, false);
+    twice = counter.count();
+  }
+  EXPECT_EQ(once, layers);
+  EXPECT_EQ(twice, 2 * layers) << "checkpointed blocks did not run their forward again in backward";
 }
 
 TEST_P(PerFamily, ChunkedLossGivesTheSameLossAndGradients) {
