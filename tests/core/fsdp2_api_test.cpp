@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "../dist/dist_test_world.h"
@@ -417,6 +418,37 @@ TEST(ClipGradNorm, InfinityNormIsTheLargestMagnitudeOverAllShards) {
 
 // --- bf16 modules -----------------------------------------------------------
 
+// Step 0's gradients, checked directly: each rank's shard is the average
+// over ranks of the bf16 gradients each rank's rows give, replayed here in
+// one process on a bf16 copy (the same arithmetic per rank) and averaged in
+// fp32. What stays is the one rounding of that average to bf16 (2^-8
+// relative), far below what a sum instead of an average would give (W x).
+void expect_bf16_gradients_are_the_ranks_average(AdapterNetImpl& sharded) {
+  const int w = test_world().size();
+  auto replay = make_adapter_net(net_config(), kInitSeed);
+  replay->to(torch::kBFloat16);
+  std::map<std::string, torch::Tensor> average;
+  for (int r = 0; r < w; ++r) {
+    for (auto& p : replay->parameters()) p.mutable_grad() = torch::Tensor();
+    const auto rows = [&](const torch::Tensor& t) { return t.narrow(0, r * kRowsPerRank, kRowsPerRank); };
+    torch::Tensor out = replay->forward(rows(inputs_of(0, 0, global_rows())).to(torch::kBFloat16));
+    torch::mse_loss(out.to(torch::kFloat), rows(targets_of(0, 0, global_rows()))).backward();
+    for (const auto& item : replay->named_parameters()) {
+      const auto g = item.value().grad().to(torch::kFloat).reshape({-1}) / w;
+      auto [it, fresh] = average.emplace(item.key(), g);
+      if (!fresh) it->second += g;
+    }
+  }
+  for (const auto& shard : local_shards(sharded)) {
+    ASSERT_TRUE(shard.param.grad().defined()) << shard.fqn;
+    const auto got = shard.param.grad().to(torch::kFloat);
+    const auto want = average.at(shard.fqn).narrow(0, shard.begin, shard.numel);
+    EXPECT_TRUE(torch::allclose(got, want, /*rtol=*/8e-3, /*atol=*/1e-6))
+        << shard.fqn << ": largest difference " << (got - want).abs().max().item<double>() << " against "
+        << want.abs().max().item<double>();
+  }
+}
+
 TEST(Bf16Module, ShardsStayBf16WithNoFp32CopyAndTrain) {
   // A bf16 module is sharded as it is (FSDP2): half the bytes of the fp32
   // one, bf16 shards the optimizer updates, training as one bf16 process.
@@ -433,6 +465,7 @@ TEST(Bf16Module, ShardsStayBf16WithNoFp32CopyAndTrain) {
   for (int step = 0; step < 3; ++step) {
     torch::Tensor out = fsdp::call(net, local_rows(inputs_of(step, 0, global_rows())).to(torch::kBFloat16));
     torch::mse_loss(out.to(torch::kFloat), local_rows(targets_of(step, 0, global_rows()))).backward();
+    if (step == 0) expect_bf16_gradients_are_the_ranks_average(*net);
     optimizer.step();
     optimizer.zero_grad();
   }
