@@ -12,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -72,7 +73,7 @@ std::string missing_ranks(c10d::Store& store, int world) {
 // started yet is otherwise a silent wait of up to the whole timeout.
 void wait_for_all_ranks(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
   const std::string key = "fsdp/arrived";
-  store.set("fsdp/rank/" + std::to_string(env.rank), std::string("1"));
+  store.set("fsdp/rank/" + std::to_string(env.rank), std::vector<uint8_t>{1});
   store.add(key, 1);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
