@@ -13,6 +13,7 @@ packages=(
   libgloo-dev             # headers that 1.13's ProcessGroupGloo.hpp includes
   libgoogle-glog-dev      # LibTorch 1.13 logs through glog; we quiet it
   libopenblas0-openmp     # fast BLAS: the reference BLAS is ~13x slower for fp32 matmuls
+  libblas3                # tests: the reference BLAS the runtime warns about (installed, never selected: below)
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libicu-dev              # Unicode classes for GPT-2's pre-tokenisation
   zlib1g-dev              # CRC-32 checksums of checkpoint files

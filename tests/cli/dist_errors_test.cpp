@@ -152,26 +152,3 @@ TEST(DistErrors, BadTimeout) {
 
 }  // namespace
 }  // namespace fsdp::testing
-
-namespace fsdp::testing {
-namespace {
-
-TEST(Runtime, WarnsWhenTheReferenceBlasIsLoaded) {
-  const std::string reference_dir = "/usr/lib/x86_64-linux-gnu/blas";
-  if (run_command("test -f " + reference_dir + "/libblas.so.3").exit_code != 0) {
-    GTEST_SKIP() << "Debian's reference BLAS (libblas3) is not installed";
-  }
-  // Put the reference libblas.so.3 first on the loader's path, as an
-  // unconfigured machine would have it.
-  const auto slow = run_command("env LD_LIBRARY_PATH=" + reference_dir + " RANK=0 WORLD_SIZE=1 MASTER_PORT=" +
-                                std::to_string(dist::find_free_port()) + " " + kCli + " smoke --mib 1");
-  EXPECT_EQ(slow.exit_code, 0) << slow.output;
-  EXPECT_TRUE(contains(slow.output, "warning: the reference BLAS")) << slow.output;
-
-  const auto fast = run_command(single_rank("") + kCli + " smoke --mib 1");
-  EXPECT_EQ(fast.exit_code, 0) << fast.output;
-  EXPECT_FALSE(contains(fast.output, "reference BLAS")) << fast.output;
-}
-
-}  // namespace
-}  // namespace fsdp::testing
