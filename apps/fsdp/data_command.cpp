@@ -2,6 +2,7 @@
 // tokenizer).
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -40,10 +41,11 @@ void add_data_command(CLI::App& app, int& exit_code) {
   options->tokenizer_dir = data::default_tokenizer_dir();
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
   prepare->add_option("--input", options->input,
-                      "a .txt/.json/.jsonl file ({\"text\": ...} per line), a directory of them, or a quoted glob "
-                      "('shards/*.jsonl')")
+                      "a .txt/.json/.jsonl file ({\"text\": ...} per line), a .parquet file (a Hugging Face "
+                      "dataset's), a directory of them, or a quoted glob ('shards/*.parquet')")
       ->required();
-  prepare->add_option("--text-field", options->text_field, "the field of a .json file or .jsonl line holding the text")
+  prepare->add_option("--text-field", options->text_field,
+                      "the field of a .json file or .jsonl line, or the column of a .parquet file, holding the text")
       ->capture_default_str();
   auto separator = std::make_shared<std::string>();
   auto* separator_option = prepare->add_option(
@@ -60,6 +62,11 @@ void add_data_command(CLI::App& app, int& exit_code) {
   prepare->add_option("--threads", options->threads, "tokenizer threads (0: every core)")->capture_default_str();
   prepare->callback([options, separator, separator_option, &exit_code] {
     if (separator_option->count() > 0) options->txt_separator = unescape(*separator);
+    // Parquet through Apache Arrow's reader (tools/parquet_text.py), under
+    // FSDP_PYTHON or the venv this build was configured beside.
+    const char* python = std::getenv("FSDP_PYTHON");
+    options->parquet_reader = {python != nullptr && *python != '\0' ? python : FSDP_VENV_PYTHON,
+                               std::string(FSDP_SOURCE_DIR) + "/tools/parquet_text.py"};
     const auto s = data::prepare_corpus(*options);
     if (s.split_txt) {
       std::printf("data prepare: .txt files were split into documents at %s (--doc-separator)\n",

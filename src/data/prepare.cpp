@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -80,8 +82,58 @@ std::vector<std::string> split_txt(const std::string& text, const std::optional<
   return docs;
 }
 
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// A Parquet file's documents, through the reader command (its stdout: one
+// JSON string per line; its stderr: why it failed, kept for the message).
+std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOptions& o) {
+  FSDP_CHECK(!o.parquet_reader.empty(), "'", path.string(), "': Parquet files need the reader of `fsdp data prepare`");
+  char errors_path[] = "/tmp/fsdp-parquet-XXXXXX";
+  const int errors_fd = ::mkstemp(errors_path);
+  FSDP_CHECK(errors_fd >= 0, "cannot make a temporary file: ", std::strerror(errno));
+  ::close(errors_fd);
+  std::string command;
+  for (const auto& part : o.parquet_reader) command += shell_quoted(part) + " ";
+  command += shell_quoted(path.string()) + " " + shell_quoted(o.text_field) + " 2>" + shell_quoted(errors_path);
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  FSDP_CHECK(pipe != nullptr, "cannot run the Parquet reader '", o.parquet_reader.front(), "': ", std::strerror(errno));
+  std::vector<std::string> docs;
+  std::string line;
+  char buf[1 << 16];
+  int64_t n = 0;
+  std::string failure;
+  while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
+    line += buf;
+    if (line.empty() || line.back() != '\n') continue;
+    ++n;
+    try {
+      const auto value = nlohmann::json::parse(line);
+      if (value.is_string()) docs.push_back(value.get<std::string>());
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = "row " + std::to_string(n) + " came back as no JSON string (" + e.what() + ")";
+    }
+    line.clear();
+  }
+  const int status = ::pclose(pipe);
+  std::string errors = io::read_file(errors_path, "the Parquet reader's errors");
+  ::unlink(errors_path);
+  while (!errors.empty() && (errors.back() == '\n' || errors.back() == ' ')) errors.pop_back();
+  if (const auto last = errors.rfind('\n'); last != std::string::npos) errors = errors.substr(last + 1);
+  if (errors.rfind("error: ", 0) == 0) errors = errors.substr(7);
+  FSDP_CHECK(status == 0, errors.empty() ? "'" + path.string() + "': the Parquet reader (" + o.parquet_reader.back() +
+                                               ") failed with status " + std::to_string(status)
+                                         : errors);
+  FSDP_CHECK(failure.empty(), "'", path.string(), "': ", failure);
+  return docs;
+}
+
 // Every document of one file, in order.
 std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions& o) {
+  if (path.extension() == ".parquet") return parquet_documents(path, o);
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
   if (path.extension() == ".jsonl") {
@@ -103,7 +155,7 @@ std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions
 
 bool is_document_file(const fs::path& p) {
   const auto ext = p.extension();
-  return ext == ".txt" || ext == ".json" || ext == ".jsonl";
+  return ext == ".txt" || ext == ".json" || ext == ".jsonl" || ext == ".parquet";
 }
 
 // Writes `tokens` as one file, or as NAME_000000.bin, ... of at most
@@ -154,7 +206,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       if (fs::is_regular_file(found.gl_pathv[i]) && is_document_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
     }
     ::globfree(&found);
-    FSDP_CHECK(!files.empty(), "--input '", o.input, "' matches no .txt, .json or .jsonl file");
+    FSDP_CHECK(!files.empty(), "--input '", o.input, "' matches no .txt, .json, .jsonl or .parquet file");
     std::sort(files.begin(), files.end());
   } else if (!fs::exists(o.input)) {
     throw Error("--input '" + o.input + "' does not exist");
@@ -166,7 +218,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   } else {
     files.push_back(o.input);
   }
-  FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json or .jsonl documents");
+  FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json, .jsonl or .parquet documents");
   // Loaded before the corpus is read: a missing tokenizer fails at once.
   const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_dir(o.tokenizer_dir);
   const int32_t separator = tokenizer->document_separator();

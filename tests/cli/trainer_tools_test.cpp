@@ -440,7 +440,45 @@ TEST(DataPrepare, TxtParagraphsTextFieldGlobsAndSizes) {
   EXPECT_TRUE(contains(glob.output, "6 documents, 2.4 KB of text")) << glob.output;
   const auto none = run_command(kCli + " data prepare --input '" + dir + "/*.parquet' --out-dir " + dir + "/n" + tok);
   EXPECT_EQ(none.exit_code, 1) << none.output;
-  EXPECT_TRUE(contains(none.output, "matches no .txt, .json or .jsonl file")) << none.output;
+  EXPECT_TRUE(contains(none.output, "matches no .txt, .json, .jsonl or .parquet file")) << none.output;
+}
+
+// Parquet, the format Hugging Face datasets ship: its text column gives the
+// same token file as the same documents as .jsonl (the reader this test
+// compares with); rows over several row groups, a null row skipped, a
+// missing column and a file that is not Parquet named.
+TEST(DataPrepare, ParquetGivesTheTokensOfTheSameDocumentsAsJsonl) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const std::string python = kSource + "/.venv/bin/python";
+  if (run_command(python + " -c 'import pyarrow'").exit_code != 0) GTEST_SKIP() << "needs pyarrow (scripts/setup.sh)";
+  const auto dir = make_temp_dir();
+  const auto made = run_command(
+      python + " -c '\nimport json, pyarrow as pa, pyarrow.parquet as pq\n"
+      "docs = [\"The first document.\\nTwo lines.\", \"\u00dcn\u00efc\u00f6d\u00e9, \\\"quotes\\\" and a\\ttab\", None] + "
+      "[f\"Row {i} of the dataset.\" for i in range(50)]\n"
+      "pq.write_table(pa.table({\"id\": list(range(len(docs))), \"body\": docs}), \"" + dir + "/train.parquet\", "
+      "row_group_size=7)\n"
+      "open(\"" + dir + "/train.jsonl\", \"w\").writelines(json.dumps({\"body\": d}) + \"\\n\" for d in docs if d)\n'");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto tok = " --tokenizer " + kSource + "/data/gpt2 --val-fraction 0 --text-field body";
+  const auto parquet = run_command(kCli + " data prepare --input " + dir + "/train.parquet --out-dir " + dir + "/p" + tok);
+  ASSERT_EQ(parquet.exit_code, 0) << parquet.output;
+  EXPECT_TRUE(contains(parquet.output, "52 documents")) << parquet.output;
+  const auto jsonl = run_command(kCli + " data prepare --input " + dir + "/train.jsonl --out-dir " + dir + "/j" + tok);
+  ASSERT_EQ(jsonl.exit_code, 0) << jsonl.output;
+  EXPECT_EQ(read_file(dir + "/p/train.bin"), read_file(dir + "/j/train.bin"));
+  const auto column = run_command(kCli + " data prepare --input " + dir + "/train.parquet --out-dir " + dir +
+                                  "/c --tokenizer " + kSource + "/data/gpt2");
+  EXPECT_EQ(column.exit_code, 1) << column.output;
+  EXPECT_TRUE(contains(column.output, "error: '" + dir + "/train.parquet' has no text column \"text\" (its text "
+                                      "columns: body; --text-field chooses one)\n"))
+      << column.output;
+  EXPECT_FALSE(exists(dir + "/c/train.bin"));
+  std::ofstream(dir + "/bad.parquet") << "not parquet";
+  const auto bad = run_command(kCli + " data prepare --input " + dir + "/bad.parquet --out-dir " + dir + "/b" + tok);
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "'" + dir + "/bad.parquet' is not a Parquet file")) << bad.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {

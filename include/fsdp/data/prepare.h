@@ -6,12 +6,17 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdp::data {
 
 struct PrepareOptions {
-  std::string input;           // a .txt/.json/.jsonl file, a directory of them, or a glob pattern of them
-  std::string text_field = "text";  // the field of a .json file or .jsonl line that holds the text
+  std::string input;           // a .txt/.json/.jsonl/.parquet file, a directory of them, or a glob pattern of them
+  std::string text_field = "text";  // the field (column) of a .json, .jsonl or .parquet file that holds the text
+  // The command that prints a Parquet file's text column as JSON strings,
+  // one per line, given the file and the field (tools/parquet_text.py
+  // under the venv's Python); empty: Parquet files are refused.
+  std::vector<std::string> parquet_reader;
   // What ends a document inside a .txt file: unset, one or more blank
   // (empty or whitespace) lines; empty, nothing (each file one document);
   // else that exact text.

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Prints one column of a Parquet file (the format Hugging Face datasets
+ship) as JSON strings, one document per line, for `fsdp data prepare`:
+
+  tools/parquet_text.py FILE FIELD
+
+Read a row group at a time, so a file larger than memory streams. A
+missing or non-text column is refused naming the text columns there are
+(exit 2), and a null value is skipped. Why Python: Parquet's encodings and
+compressions are Apache Arrow's to read (pyarrow, in the venv
+scripts/setup.sh makes); Debian ships no C++ Arrow. Training stays free of
+Python: this runs once, while preparing data.
+"""
+import json
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def main():
+    path, field = sys.argv[1], sys.argv[2]
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is named, not a traceback
+        sys.exit(f"error: '{path}' is not a Parquet file ({type(e).__name__}: {e})")
+    schema = parquet.schema_arrow
+    texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    if field not in schema.names or field not in texts:
+        print(f"error: '{path}' has no text column \"{field}\"" +
+              (f" (its text columns: {', '.join(texts)}; --text-field chooses one)" if texts else
+               " (it has no text column)"), file=sys.stderr)
+        sys.exit(2)
+    out = sys.stdout
+    for batch in parquet.iter_batches(columns=[field]):
+        for value in batch.column(0).to_pylist():
+            if value is not None:
+                out.write(json.dumps(value, ensure_ascii=False))
+                out.write("\n")
+
+
+if __name__ == "__main__":
+    main()
