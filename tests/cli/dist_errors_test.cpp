@@ -71,20 +71,29 @@ TEST(DistErrors, RankNotBelowWorldSize) {
   expect_clean_failure(r, "RANK=2 is not below WORLD_SIZE=2");
 }
 
+// A socket listening on a free port of `address` that never accepts (the
+// kernel still completes connections, into its backlog); closed with it.
+struct Listener {
+  explicit Listener(uint32_t address) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(address);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd, 16), 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~Listener() { ::close(fd); }
+  int fd = -1, port = 0;
+};
+
 TEST(DistErrors, PortInUse) {
   // Hold a listening socket on a port, then ask rank 0 to serve on it.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  const auto r = run_command("env RANK=0 WORLD_SIZE=1 FSDP_TIMEOUT=5 MASTER_PORT=" + std::to_string(port) + " " +
+  const Listener held(INADDR_ANY);
+  const auto r = run_command("env RANK=0 WORLD_SIZE=1 FSDP_TIMEOUT=5 MASTER_PORT=" + std::to_string(held.port) + " " +
                              kCli + " smoke");
-  ::close(fd);
   expect_clean_failure(r, "already in use");
 }
 
@@ -116,18 +125,10 @@ TEST(DistErrors, RankZeroNeverArrives) {
 // [Note: a rendezvous that never answers]: a port whose listener completes
 // connections (the kernel does, from the backlog) but never answers.
 TEST(DistErrors, APortThatAcceptsButNeverAnswersTimesOut) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 16), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const Listener silent(INADDR_LOOPBACK);
   const auto r = run_command("env RANK=1 WORLD_SIZE=2 FSDP_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                             std::to_string(ntohs(addr.sin_port)) + " " + kCli + " smoke");
-  ::close(fd);
-  expect_clean_failure(r, "rendezvous: rank 1 connected to 127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) +
+                             std::to_string(silent.port) + " " + kCli + " smoke");
+  expect_clean_failure(r, "rendezvous: rank 1 connected to 127.0.0.1:" + std::to_string(silent.port) +
                               " but got no answer within 3 s");
   EXPECT_LT(r.seconds, 30);
 }

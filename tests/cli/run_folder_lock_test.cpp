@@ -37,10 +37,13 @@ std::unique_ptr<BackgroundCommand> live_job(const std::string& dir, const std::s
   return job;
 }
 
-// The run in `run` continued two steps past its latest checkpoint.
-std::string two_steps_more(const std::string& run) {
+// Continues the run in `run` two steps past its latest checkpoint: it must
+// take the folder (no lock left held) and resume there.
+void expect_it_continues(const std::string& run) {
   const std::string latest = read_file(run + "/checkpoints/latest");
-  return train(run, std::stoi(latest.substr(latest.find('_') + 1)) + 2);
+  const auto next = run_command(train(run, std::stoi(latest.substr(latest.find('_') + 1)) + 2));
+  EXPECT_EQ(next.exit_code, 0) << next.output;
+  EXPECT_TRUE(contains(next.output, "resumed")) << next.output;
 }
 
 // Whether `pid` has ended (gone, or a zombie nobody reaped yet).
@@ -83,9 +86,7 @@ TEST(RunFolderLock, ASecondJobIsRefusedNamingTheHolderAndTheLiveRunIsUntouched) 
   ::kill(job->pid(), SIGINT);
   EXPECT_EQ(job->wait(std::chrono::seconds(120)), 130) << job->output();
   // Once it has ended, the folder is free again: the run continues there.
-  const auto next = run_command(two_steps_more(dir + "/run"));
-  EXPECT_EQ(next.exit_code, 0) << next.output;
-  EXPECT_TRUE(contains(next.output, "resumed")) << next.output;
+  expect_it_continues(dir + "/run");
   fs::remove_all(dir);
 }
 
@@ -102,9 +103,7 @@ TEST(RunFolderLock, RanksDieWithTheirKilledLauncherAndLeaveNoStaleLock) {
     EXPECT_TRUE(gone) << "rank pid " << rank << " outlived its killed launcher";
   }
   // The kernel released the lock with its holder: the run continues there.
-  const auto next = run_command(two_steps_more(dir + "/run"));
-  EXPECT_EQ(next.exit_code, 0) << next.output;
-  EXPECT_TRUE(contains(next.output, "resumed")) << next.output;
+  expect_it_continues(dir + "/run");
   fs::remove_all(dir);
 }
 
