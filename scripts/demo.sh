@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+FSDP_BUILD_TARGETS=fsdp_cli scripts/build.sh  # the CLI alone; scripts/test.sh builds the rest
 scripts/fetch_data.sh
 if [[ ! -s data/sotu-tokens/train.bin ]]; then
   build/fsdp data prepare --input data/sotu --out-dir data/sotu-tokens

@@ -466,7 +466,9 @@ TEST_P(UnusedPrefetch, AGatherForAUnitThatDoesNotRunIsFinishedAndFreed) {
     pre_forwards += e.kind == FSDPEvent::Kind::kPreForward;
   }
   // One rank holds whole parameters: nothing to gather, at W = 1 only.
-  if (test_world().size() > 1) EXPECT_GE(gathers, 1) << "no all-gather of the skipped block: nothing prefetched it";
+  if (test_world().size() > 1) {
+    EXPECT_GE(gathers, 1) << "no all-gather of the skipped block: nothing prefetched it";
+  }
   EXPECT_EQ(pre_forwards, 0) << "the skipped block ran";
 }
 INSTANTIATE_TEST_SUITE_P(Prefetch, UnusedPrefetch, ::testing::Values(false, true),
