@@ -21,8 +21,10 @@ std::vector<int32_t> generate(const models::CausalLM& model, const std::vector<i
   // With a key/value cache each token after the prompt runs alone; past the
   // model's positions the text slides through the window and every token
   // runs the whole window again, as without one.
+  // Room for what this call can hold: a model's positions may be far more
+  // (Llama 3's 131,072 would be gigabytes of keys and values per layer).
   models::KvCache cache;
-  cache.capacity = window;
+  cache.capacity = std::min<int64_t>(window, static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
   struct Detach {
     models::CausalLMImpl& m;
     ~Detach() { m.kv_cache = nullptr; }
