@@ -1,6 +1,8 @@
 #include "train_flags.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <tuple>
 #include <vector>
@@ -90,14 +92,19 @@ train::TrainConfig resolve(const TrainFlags& flags) {
     if (eq == std::string::npos) throw Error("--set '" + s + "': expected section.key=value");
     config.set(s.substr(0, eq), s.substr(eq + 1), "--set");
   }
-  if (!flags.config_path.empty()) check_config_file_paths(from_file, config, flags.config_path);
+  // Printing the configuration reads no file it names.
+  if (!flags.config_path.empty() && !flags.print_config) check_config_file_paths(from_file, config, flags.config_path);
   // --init-from chooses the model: no preset name stands for it in what the
-  // run records (config.yaml, the checkpoint), and naming both is refused.
+  // run records (config.yaml, the checkpoint); a --model beside it is said
+  // to be unused (rank 0 says it).
   if (!config.model.init_from.empty()) {
     const bool named = std::any_of(flags.overrides.begin(), flags.overrides.end(),
                                    [](const auto& kv) { return kv.first == "model.name"; });
-    FSDP_CHECK(!named || config.model.name.empty(), "--model ", config.model.name, " and --init-from ",
-               config.model.init_from, " both choose the model; give one (--init-from trains the Hugging Face model)");
+    const char* rank = std::getenv("RANK");
+    if (named && !config.model.name.empty() && (rank == nullptr || std::string(rank) == "0")) {
+      std::fprintf(stderr, "note: --init-from %s chooses the model; --model %s is not used\n",
+                   config.model.init_from.c_str(), config.model.name.c_str());
+    }
     config.model.name.clear();
   }
   config.validate();

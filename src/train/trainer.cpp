@@ -157,17 +157,54 @@ void Trainer::choose_run_folder() {
   }
   auto t = torch::full({1}, world_->rank() == 0 ? started : 0.0, torch::kDouble);
   dist::all_reduce(world_->group(), t, dist::ReduceOp::kMax).wait();
-  paths_ = resolve_run_paths(config_, static_cast<int64_t>(t.item<double>()));
+  const auto started_s = static_cast<int64_t>(t.item<double>());
+  // Nothing named the folder: <model>-<time> is the trainer's choice, and
+  // two jobs started in the same second choose alike.
+  const bool default_name = r.out_dir.empty() && r.run_name.empty();
+  const TrainConfig as_given = config_;
+  paths_ = resolve_run_paths(config_, started_s);
   // Every rank has seen whether the folder was there before any creates it.
   dist::barrier(world_->group());
-  if (log_.speaks()) lock_run_folders();
+  // Rank 0 takes the folder's lock; a default folder another job holds
+  // gives way to the next free one (-2, -3, ...). The others wait here
+  // until rank 0 holds it ([Note: one job owns a run folder]).
+  bool made_it = false;
+  auto suffix = torch::full({1}, log_.speaks() ? static_cast<double>(lock_run_folder(default_name, made_it)) : 0.0,
+                            torch::kDouble);
+  dist::all_reduce(world_->group(), suffix, dist::ReduceOp::kMax).wait();
+  if (suffix.item<double>() > 1) {
+    const std::string taken = paths_.folder.dir;
+    config_ = as_given;
+    config_.runtime.out_dir = paths_.folder.dir + "-" + std::to_string(static_cast<int>(suffix.item<double>()));
+    paths_ = resolve_run_paths(config_, started_s);
+    if (log_.speaks() && made_it) {
+      paths_.folder_existed = false;
+      paths_.run_root_created = std::filesystem::absolute(paths_.folder.dir).lexically_normal().string();
+    }
+    log_.say("run folder " + taken + " is another job's (started in the same second); this run writes to " +
+             paths_.folder.dir);
+  }
+  if (log_.speaks()) lock_checkpoint_folder();
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
 }
 
-void Trainer::lock_run_folders() {
+int Trainer::lock_run_folder(bool may_rename, bool& made_it) {
+  for (int suffix = 1;; ++suffix) {
+    const std::string dir = suffix == 1 ? paths_.folder.dir : paths_.folder.dir + "-" + std::to_string(suffix);
+    made_it = !std::filesystem::exists(dir);
+    check_writable_dir(dir, "--out-dir");
+    try {
+      locks_.push_back(std::make_unique<io::DirLock>(dir, "run folder", "--out-dir"));
+      return suffix;
+    } catch (const Error&) {
+      if (made_it) remove_if_holds_no_file(dir);
+      if (!may_rename || suffix >= 100) throw;
+    }
+  }
+}
+
+void Trainer::lock_checkpoint_folder() {
   namespace fs = std::filesystem;
-  check_writable_dir(paths_.folder.dir, "--out-dir");
-  locks_.push_back(std::make_unique<io::DirLock>(paths_.folder.dir, "run folder", "--out-dir"));
   // Checkpoints have a lock of their own: another run may name this run's
   // checkpoints/ as its --ckpt-dir from a folder of its own.
   const std::string& ckpt = config_.checkpoint.dir;

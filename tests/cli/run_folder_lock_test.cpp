@@ -107,6 +107,36 @@ TEST(RunFolderLock, RanksDieWithTheirKilledLauncherAndLeaveNoStaleLock) {
   fs::remove_all(dir);
 }
 
+// Two jobs that name no folder and start in the same second choose the same
+// default one: the second takes the next free name instead of failing (or,
+// before the lock, writing into the first's). FSDP_RUN_STARTED makes "the
+// same second" certain.
+TEST(RunFolderLock, ADefaultFolderAnotherJobHoldsGivesWayToTheNextName) {
+  const auto dir = make_temp_dir();
+  const std::string same_second = "env --chdir=" + dir + " FSDP_RUN_STARTED=1700000000 " + kCli +
+                                  " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --log-every 1";
+  const std::string folder = dir + "/out/gpt2-tiny-20231114-221320";
+  BackgroundCommand first(same_second + " --steps 100000", dir + "/first.log");
+  for (int i = 0; i < 600 && train_losses(read_metrics(folder + "/metrics.jsonl")).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(train_losses(read_metrics(folder + "/metrics.jsonl")).size(), 2u) << first.output();
+  const auto second = run_command(same_second + " --steps 2");
+  EXPECT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_TRUE(contains(second.output, "run folder out/gpt2-tiny-20231114-221320 is another job's (started in the same "
+                                      "second); this run writes to out/gpt2-tiny-20231114-221320-2"))
+      << second.output;
+  EXPECT_EQ(train_losses(read_metrics(folder + "-2/metrics.jsonl")).size(), 2u);
+  EXPECT_FALSE(exists(folder + "/earlier-1")) << "the first job's files were moved";
+  // A folder the user named is not renamed: refused, as above.
+  const auto named = run_command(same_second + " --steps 2 --out-dir out/gpt2-tiny-20231114-221320");
+  EXPECT_NE(named.exit_code, 0) << named.output;
+  EXPECT_TRUE(contains(named.output, "is in use by another job")) << named.output;
+  ::kill(first.pid(), SIGINT);
+  EXPECT_EQ(first.wait(std::chrono::seconds(60)), 130) << first.output();
+  fs::remove_all(dir);
+}
+
 // A resumed run appends to its metrics and log: links planted in its
 // folder would have it write wherever they point.
 TEST(RunFolder, ResumeRefusesToWriteThroughASymbolicLink) {

@@ -214,7 +214,7 @@ TEST(TrainErrors, SequenceBeyondTheModelsPositions) {
 }
 
 // What a run records names what it trained: with --init-from, no preset.
-TEST(Train, InitFromRecordsTheDirectoryAndNoPresetAndRefusesAModelBesideIt) {
+TEST(Train, InitFromRecordsTheDirectoryAndNoPresetAndSaysAModelBesideItIsUnused) {
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --steps 1 --export-hf " + dir + "/hf --out-dir " + dir +
                         "/first").exit_code, 0);
@@ -224,8 +224,12 @@ TEST(Train, InitFromRecordsTheDirectoryAndNoPresetAndRefusesAModelBesideIt) {
   const std::string yaml = read_file(dir + "/run/config.yaml");
   EXPECT_TRUE(contains(yaml, "  name: \"\"\n")) << yaml;
   EXPECT_TRUE(contains(yaml, "  init_from: \"" + dir + "/hf\"")) << yaml;
-  expect_clean_failure("--model llama-tiny --init-from " + dir + "/hf",
-                       {"--model llama-tiny and --init-from " + dir + "/hf both choose the model; give one"}, dir);
+  const auto both = run_command(kCli + " train --model llama-tiny --init-from " + dir + "/hf --data synthetic --steps 1 "
+                                "--seq-len 16 --out-dir " + dir + "/both");
+  EXPECT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_TRUE(contains(both.output, "note: --init-from " + dir + "/hf chooses the model; --model llama-tiny is not used"))
+      << both.output;
+  EXPECT_TRUE(contains(both.output, "(gpt2)")) << "the directory's model was trained\n" << both.output;
   // The recorded configuration is a configuration: it trains again.
   const auto again = run_command(kCli + " train --config " + dir + "/run/config.yaml --steps 1 --out-dir " + dir +
                                  "/again");

@@ -87,7 +87,11 @@ class Trainer {
   void finish_run();
   std::string sample_text();
   void export_hf();
-  void lock_run_folders();
+  // Rank 0's: the run folder's lock, under the next free suffix where
+  // `may_rename` (returns it: 1 for none; `made_it`: this start made the
+  // folder), then --ckpt-dir's.
+  int lock_run_folder(bool may_rename, bool& made_it);
+  void lock_checkpoint_folder();
 
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
