@@ -1,6 +1,6 @@
-#include "fsdp/core/comm_context.h"
+#include "core/comm_context.h"
 
-#include "fsdp/core/fsdp_param_group.h"
+#include "core/fsdp_param_group.h"
 
 namespace fsdp {
 
@@ -52,7 +52,7 @@ void CommContext::finish_reduce_scatter() {
   finish_all_reduce();
   if (!group->reduces_across_replicas()) {
     group->assign_gradients();
-  } else if (!group->requires_all_reduce) {
+  } else if (!group->requires_all_reduce()) {
     group->hold_partial_reduction();  // HSDP accumulation: replicas meet at a later sync
   } else {
     group->issue_replica_all_reduce();

@@ -1,4 +1,4 @@
-#include "fsdp/core/fsdp_state.h"
+#include "core/fsdp_state.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -184,12 +184,20 @@ struct DroppedGraphHook : public torch::autograd::FunctionPreHook {
 
 }  // namespace
 
+void TrainingStateMachine::enter(TrainingState next, bool recomputing, const std::string& unit, const char* phase) {
+  FSDP_CHECK(is_transition(state_, next, recomputing), "fsdp.cpp internal error: unit ", unit, " went from ",
+             to_string(state_), " to ", to_string(next), " (tree phase ", phase,
+             "), which the state machine does not allow; please report it with the model code");
+  state_ = next;
+}
+
 FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOptions& options)
     : group_(std::move(group)),
-      options_(options),
-      reshard_after_forward_(options.reshard_after_forward.value_or(
-          options.strategy == ShardingStrategy::kFullShard || options.strategy == ShardingStrategy::kHybridShard)),
-      reshard_after_forward_explicit_(options.reshard_after_forward.has_value()) {}
+      mixed_precision_(options.mixed_precision),
+      prefetch_depth_(options.prefetch_depth),
+      strategy_reshards_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
+                                       options.strategy == ShardingStrategy::kHybridShard),
+      reshard_after_forward_set_(options.reshard_after_forward) {}
 
 FSDPState::~FSDPState() {
   if (!tree_) return;
@@ -223,19 +231,13 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
 }
 
 bool FSDPState::reshards_after_forward() const {
-  return reshard_after_forward_ && (!is_root_ || reshard_after_forward_explicit_);
+  return reshard_after_forward_set_.value_or(strategy_reshards_after_forward_ && !is_root_);
 }
 
-void FSDPState::set_reshard_after_forward(bool reshard) {
-  reshard_after_forward_ = reshard;
-  reshard_after_forward_explicit_ = true;
-}
+void FSDPState::set_reshard_after_forward(bool reshard) { reshard_after_forward_set_ = reshard; }
 
 void FSDPState::enter(TrainingState next, bool recomputing) {
-  FSDP_CHECK(is_transition(training_state_, next, recomputing), "fsdp.cpp internal error: unit ", name_, " went from ",
-             to_string(training_state_), " to ", to_string(next), " (tree phase ", to_string(tree_->iteration.phase),
-             "), which the state machine does not allow; please report it with the model code");
-  training_state_ = next;
+  training_.enter(next, recomputing, name_, to_string(tree_->iteration.phase));
 }
 
 void FSDPState::begin_iteration() {
@@ -247,8 +249,8 @@ void FSDPState::begin_iteration() {
   tree_->iteration.phase = TreePhase::kForward;
 }
 
-detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
-  detail::CallFrame frame;
+void FSDPState::pre_forward(const torch::nn::Module& module) {
+  CallFrame frame;
   frame.module = &module;
   frame.grad_enabled = at::GradMode::is_enabled();
   frame.in_backward = tree_->iteration.phase == TreePhase::kBackward;
@@ -257,20 +259,22 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     // Recomputed inside backward (activation checkpointing): gathered for
     // the backward that follows. See [Note: a unit used again in backward].
     memory::set_phase(phases_.recompute);
-    if (training_state_ == TrainingState::kPostBackward && group_) tree_->comm.finish(*group_);
-    if (training_state_ != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
+    if (training_.get() == TrainingState::kPostBackward && group_) tree_->comm.finish(*group_);
+    if (training_.get() != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
     if (group_) {
       group_->wait_for_unshard();
       if (frame.grad_enabled) group_->prepare_gradients();
     }
-    return frame;
+    open_calls_.push_back(frame);
+    return;
   }
   if (modules_.size() > 1 && !calls_.modules_to_run.empty()) {
     // Several modules, one unit: the round's first call ran the hooks for
     // all of them; until every module has run, a call is an inner one (a
     // module called twice in a round included, as in FSDP2).
     frame.inner = true;
-    return frame;
+    open_calls_.push_back(frame);
+    return;
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
   memory::set_phase(phases_.forward);
@@ -295,10 +299,11 @@ detail::CallFrame FSDPState::pre_forward(const torch::nn::Module& module) {
     calls_.modules_to_run = modules_;
     calls_.round_frame = frame;
   }
-  return frame;
+  open_calls_.push_back(frame);
 }
 
-void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tensor*>& inputs) {
+void FSDPState::wrap_inputs(const std::vector<at::Tensor*>& inputs) {
+  CallFrame& frame = open_calls_.back();
   if (!frame.grad_enabled || frame.inner) return;
   torch::autograd::variable_list wrapped;
   for (at::Tensor* t : inputs) {
@@ -320,7 +325,7 @@ void FSDPState::wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tens
 }
 
 at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
-  const auto& mp = options_.mixed_precision;
+  const auto& mp = mixed_precision_;
   if (mp.param_dtype && mp.cast_forward_inputs && input.defined() && at::isFloatingType(input.scalar_type()) &&
       input.scalar_type() != *mp.param_dtype) {
     return input.to(*mp.param_dtype);
@@ -328,9 +333,15 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
   return input;
 }
 
-void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tensor>& outputs) {
+void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
+  const CallFrame frame = open_calls_.back();
+  open_calls_.pop_back();
+  post_forward(frame, outputs);
+}
+
+void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& outputs) {
   const auto cast_outputs = [&] {
-    if (const auto& out_dtype = options_.mixed_precision.output_dtype) {
+    if (const auto& out_dtype = mixed_precision_.output_dtype) {
       for (auto& t : outputs) {
         if (t.defined() && at::isFloatingType(t.scalar_type())) t = t.to(*out_dtype);
       }
@@ -356,7 +367,7 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
       return;
     }
   }
-  const detail::CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
+  const CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
   memory::set_phase(phases_.between_forward);
   tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
@@ -423,7 +434,7 @@ void FSDPState::post_forward(const detail::CallFrame& call, std::vector<at::Tens
 void FSDPState::close_open_round(bool grad_enabled) {
   if (calls_.modules_to_run.empty()) return;
   calls_.modules_to_run.clear();
-  training_state_ = TrainingState::kIdle;
+  training_.enter_idle();
   if (grad_enabled) {
     // Its last module's outputs carry no pre-backward hook: the unit stays
     // gathered, and its backward ends at the end of backward.
@@ -433,10 +444,13 @@ void FSDPState::close_open_round(bool grad_enabled) {
   }
 }
 
-void FSDPState::on_forward_error(const detail::CallFrame& call) noexcept {
+void FSDPState::on_forward_error() noexcept {
+  if (open_calls_.empty()) return;
+  const CallFrame call = open_calls_.back();
+  open_calls_.pop_back();
   if (call.in_backward) return;  // the backward's own error handling takes over
-  training_state_ = TrainingState::kIdle;
-  const detail::CallFrame frame = call.inner ? calls_.round_frame : call;
+  training_.enter_idle();
+  const CallFrame frame = call.inner ? calls_.round_frame : call;
   calls_.modules_to_run.clear();
   if (is_root_) {
     abandon_iteration(*tree_, /*keep_open=*/tree_->iteration.phase == TreePhase::kForward && !frame.opened_iteration);
@@ -471,7 +485,7 @@ void FSDPState::on_inputs_grad() {
 }
 
 void FSDPState::post_backward() {
-  if (training_state_ == TrainingState::kPostBackward) return;  // once per gathering in backward
+  if (training_.get() == TrainingState::kPostBackward) return;  // once per gathering in backward
   tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
   memory::set_phase(phases_.post_backward);
   enter(TrainingState::kPostBackward);
@@ -488,12 +502,12 @@ void FSDPState::prefetch_forward() {
     for (FSDPState* s : forward_prefetch) issue_unshard(s);
     return;
   }
-  if (options_.prefetch_depth <= 0) return;
+  if (prefetch_depth_ <= 0) return;
   // Until the first forward has recorded the order, module order stands in.
   const auto& order = tree_->recording_order ? tree_->states : tree_->forward_order;
   const auto it = std::find(order.begin(), order.end(), this);
   if (it == order.end()) return;
-  for (auto next = it + 1; next != order.end() && next - it <= options_.prefetch_depth; ++next) {
+  for (auto next = it + 1; next != order.end() && next - it <= prefetch_depth_; ++next) {
     if (!(*next)->is_root_) issue_unshard(*next);
   }
 }
@@ -505,10 +519,10 @@ void FSDPState::prefetch_backward() {
   }
   // The units that finished their forward just before this call did are
   // the next to run backward (FSDP2's post-forward order).
-  if (options_.prefetch_depth <= 0 || calls_.backward_cursor == 0) return;
+  if (prefetch_depth_ <= 0 || calls_.backward_cursor == 0) return;
   const size_t index = calls_.post_forward_indices[--calls_.backward_cursor];
   const auto& order = tree_->iteration.post_forward_order;
-  for (size_t k = 1; k <= static_cast<size_t>(options_.prefetch_depth) && k <= index; ++k) {
+  for (size_t k = 1; k <= static_cast<size_t>(prefetch_depth_) && k <= index; ++k) {
     issue_unshard(order[index - k]);
   }
 }
@@ -518,9 +532,9 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
   for (FSDPState* s : tree.states) s->close_open_round(/*grad_enabled=*/true);
   for (FSDPState* s : tree.states) {
     FSDPParamGroup* g = s->group_.get();
-    if (g == nullptr || s->training_state_ == TrainingState::kPostBackward) continue;
+    if (g == nullptr || s->training_.get() == TrainingState::kPostBackward) continue;
     // Units owing a reduction reduce even if unused here: the peers may not agree.
-    const bool owes_reduction = g->has_trainable_params() && g->requires_gradient_sync;
+    const bool owes_reduction = g->has_trainable_params() && g->requires_gradient_sync();
     if (owes_reduction || g->sharded_state() == ShardedState::kUnsharded) s->post_backward();
   }
   tree.comm.drain();
@@ -564,7 +578,7 @@ void FSDPState::end_of_backward(FSDPTree& tree) {
 
 void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
   for (FSDPState* s : tree.states) {
-    s->training_state_ = TrainingState::kIdle;
+    s->training_.enter_idle();
     s->calls_.reset();
     if (s->group_) s->group_->drop_forward();
   }
@@ -574,7 +588,7 @@ void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
 void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
   tree.comm.abandon();
   for (FSDPState* s : tree.states) {
-    s->training_state_ = TrainingState::kIdle;
+    s->training_.enter_idle();
     if (s->group_) s->group_->abandon();
     if (keep_open) {
       s->calls_.unsignalled = true;  // the earlier graph's calls end at the end of backward

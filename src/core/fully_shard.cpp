@@ -10,9 +10,10 @@
 #include <ATen/ATen.h>
 
 #include "fsdp/common/error.h"
-#include "fsdp/core/fsdp_state.h"
 #include "fsdp/core/memory.h"
 #include "fsdp/dist/collectives.h"
+
+#include "core/fsdp_state.h"
 
 namespace fsdp {
 namespace {
@@ -142,20 +143,19 @@ FSDPState* state_of(const torch::nn::Module& module) {
   return holder != nullptr ? holder->state.get() : nullptr;
 }
 
-CallScope::CallScope(FSDPState& state, const torch::nn::Module& module)
-    : state_(state), frame_(state.pre_forward(module)) {}
+CallScope::CallScope(FSDPState& state, const torch::nn::Module& module) : state_(state) { state.pre_forward(module); }
 
 CallScope::~CallScope() {
-  if (!finished_) state_.on_forward_error(frame_);  // the forward threw
+  if (!finished_) state_.on_forward_error();  // the forward threw
 }
 
 at::Tensor CallScope::cast(const at::Tensor& input) const { return state_.cast_input(input); }
 
-void CallScope::wrap_inputs(const std::vector<at::Tensor*>& inputs) { state_.wrap_inputs(frame_, inputs); }
+void CallScope::wrap_inputs(const std::vector<at::Tensor*>& inputs) { state_.wrap_inputs(inputs); }
 
 void CallScope::finish_tensors(std::vector<at::Tensor>& outputs) {
   finished_ = true;
-  state_.post_forward(frame_, outputs);
+  state_.post_forward(outputs);
 }
 
 void explain_forward_error(const torch::nn::Module& module, const c10::Error& error) {
@@ -397,32 +397,29 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool sync, bool recur
   // A replicated module (core/replicate.h) takes the same switch.
   if (detail::set_replicated_gradient_sync(module, sync)) return;
   for_each_group(module, recurse, "set_requires_gradient_sync",
-                 [&](FSDPParamGroup& g) { g.requires_gradient_sync = sync; });
+                 [&](FSDPParamGroup& g) { g.set_requires_gradient_sync(sync); });
 }
 
 void set_requires_all_reduce(torch::nn::Module& module, bool all_reduce, bool recurse) {
   for_each_group(module, recurse, "set_requires_all_reduce",
-                 [&](FSDPParamGroup& g) { g.requires_all_reduce = all_reduce; });
+                 [&](FSDPParamGroup& g) { g.set_requires_all_reduce(all_reduce); });
 }
 
 void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool recurse) {
   for_each_group(module, recurse, "set_reshard_after_backward",
-                 [&](FSDPParamGroup& g) { g.reshard_after_backward = reshard; });
+                 [&](FSDPParamGroup& g) { g.set_reshard_after_backward(reshard); });
 }
 
 void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse) {
   FSDP_CHECK(std::isfinite(factor), "set_gradient_divide_factor: factor ", factor, ": expected a finite number");
   for_each_group(module, recurse, "set_gradient_divide_factor", [&](FSDPParamGroup& g) {
-    if (factor > 0) g.leave_in_place_path();
-    g.gradient_divide_factor = factor > 0 ? std::optional<double>(factor) : std::nullopt;
+    g.set_gradient_divide_factor(factor > 0 ? std::optional<double>(factor) : std::nullopt);
   });
 }
 
 void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse) {
-  for_each_group(module, recurse, "set_all_reduce_hook", [&](FSDPParamGroup& g) {
-    if (hook) g.leave_in_place_path();
-    g.reduced_grad_hook = hook;
-  });
+  for_each_group(module, recurse, "set_all_reduce_hook",
+                 [&](FSDPParamGroup& g) { g.set_reduced_grad_hook(hook); });
 }
 
 void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse) {

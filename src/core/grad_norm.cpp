@@ -11,7 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdp/common/error.h"
-#include "fsdp/core/fsdp_state.h"
+#include "core/fsdp_state.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "kernels/kernels.h"

@@ -16,7 +16,7 @@
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
 #include "fsdp/common/error.h"
-#include "fsdp/core/fsdp_state.h"
+#include "core/fsdp_state.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/memory.h"
 #include "fsdp_test_support.h"

@@ -12,7 +12,7 @@
 
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
-#include "fsdp/core/fsdp_state.h"
+#include "core/fsdp_state.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/memory.h"
 #include "fsdp/dist/collectives.h"

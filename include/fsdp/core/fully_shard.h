@@ -28,7 +28,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include "fsdp/core/comm_context.h"
+#include "fsdp/core/fsdp_event.h"
 #include "fsdp/core/options.h"
 
 namespace fsdp {
@@ -174,22 +174,11 @@ void replicated_post_forward(Replicator& replicator, const torch::nn::Module& mo
 // set_requires_gradient_sync for a replicated module; false when `module` is not one.
 bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync);
 
-// What one call of a unit found and did, for its post-forward.
-struct CallFrame {
-  bool grad_enabled = false;
-  bool in_backward = false;     // recomputation inside backward (activation checkpointing)
-  bool was_unsharded = false;   // gathered before this call: a no-grad call leaves it so
-  bool wrapped_inputs = false;  // a post-backward node sits on this call's inputs
-  bool opened_iteration = false;
-  // A unit of several modules: a call after the first of the round, whose
-  // hooks ran at that first call (FSDPState::pre_forward).
-  bool inner = false;
-  const torch::nn::Module* module = nullptr;  // the module called
-};
-
 // The hooks around one call: pre-forward on construction, post-forward in
 // finish(), and, if the call throws before finishing, the unit (the whole
 // tree, for the root) put back in a state the next step can start from.
+// What the call found and did is the unit's own record (FSDPState), not
+// this handle's.
 class CallScope {
  public:
   CallScope(FSDPState& state, const torch::nn::Module& module);
@@ -218,7 +207,6 @@ class CallScope {
   void finish_tensors(std::vector<at::Tensor>& outputs);
 
   FSDPState& state_;
-  CallFrame frame_;
   bool finished_ = false;
 };
 

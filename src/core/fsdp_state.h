@@ -5,6 +5,7 @@
 // ends] in fsdp_state.cpp.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,10 +13,11 @@
 
 #include "fsdp/common/compat.h"
 
-#include "fsdp/core/comm_context.h"
-#include "fsdp/core/fsdp_param_group.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/options.h"
+
+#include "core/comm_context.h"
+#include "core/fsdp_param_group.h"
 
 namespace torch::autograd {
 struct Node;
@@ -23,9 +25,7 @@ struct Node;
 
 namespace fsdp {
 
-// What one unit is doing (FSDP2's TrainingState). Every change goes through
-// FSDPState::enter, which refuses a transition the design does not have and
-// names both states; the table is in [Note: the training state machine].
+// What one unit is doing (FSDP2's TrainingState).
 enum class TrainingState {
   kIdle,          // between calls, and after the end of backward
   kForward,       // inside a call through fsdp::call / fsdp::run
@@ -33,6 +33,25 @@ enum class TrainingState {
   kPostBackward,  // its backward is done: resharded, reduction handed over (once per gathering)
 };
 const char* to_string(TrainingState state);
+
+// A unit's TrainingState, changed only through enter(), which refuses a
+// transition the design does not have and names both states (the table is
+// [Note: the training state machine] in fsdp_state.cpp). There is no
+// assignment from a TrainingState: a change that skips the table does not
+// compile.
+class TrainingStateMachine {
+ public:
+  TrainingState get() const { return state_; }
+  // `recomputing`: the unit is recomputed inside backward. `unit` and
+  // `phase` name the unit and its tree's phase in the error.
+  void enter(TrainingState next, bool recomputing, const std::string& unit, const char* phase);
+  // Back to idle, allowed from every state: for the paths that clean up
+  // after an error or a dropped graph, which must not throw.
+  void enter_idle() noexcept { state_ = TrainingState::kIdle; }
+
+ private:
+  TrainingState state_ = TrainingState::kIdle;
+};
 
 // What the whole tree is doing.
 enum class TreePhase {
@@ -43,6 +62,19 @@ enum class TreePhase {
 const char* to_string(TreePhase phase);
 
 class FSDPState;
+
+// What one call of a unit found and did, for its post-forward.
+struct CallFrame {
+  bool grad_enabled = false;
+  bool in_backward = false;     // recomputation inside backward (activation checkpointing)
+  bool was_unsharded = false;   // gathered before this call: a no-grad call leaves it so
+  bool wrapped_inputs = false;  // a post-backward node sits on this call's inputs
+  bool opened_iteration = false;
+  // A unit of several modules: a call after the first of the round, whose
+  // hooks ran at that first call (FSDPState::pre_forward).
+  bool inner = false;
+  const torch::nn::Module* module = nullptr;  // the module called
+};
 
 // The tree's per-iteration record, back to empty with one reset().
 struct TreeIteration {
@@ -66,7 +98,7 @@ struct UnitCalls {
   // A unit of several modules: those yet to run in this round of calls,
   // and the frame of the round's first call, whose hooks stand for all.
   std::vector<const torch::nn::Module*> modules_to_run;
-  detail::CallFrame round_frame;
+  CallFrame round_frame;
   void reset() { *this = UnitCalls(); }
   // For another backward through a retained graph: the same calls again.
   void rearm() {
@@ -94,15 +126,18 @@ class FSDPState {
   FSDPState(const FSDPState&) = delete;
   FSDPState& operator=(const FSDPState&) = delete;
 
-  // One call of the unit through fsdp::call (see detail::CallFrame).
-  detail::CallFrame pre_forward(const torch::nn::Module& module);
+  // One call of the unit through fsdp::call (detail::CallScope): its
+  // pre-forward opens a frame, which the call's other hooks read and its
+  // post-forward (or, if the call threw, on_forward_error) closes. Calls of
+  // one unit nest, so the open frames are a stack.
+  void pre_forward(const torch::nn::Module& module);
   // Puts the post-backward node on the call's floating inputs that require
   // gradients (replacing them with its outputs).
-  void wrap_inputs(detail::CallFrame& frame, const std::vector<at::Tensor*>& inputs);
+  void wrap_inputs(const std::vector<at::Tensor*>& inputs);
   at::Tensor cast_input(const at::Tensor& input) const;
-  void post_forward(const detail::CallFrame& frame, std::vector<at::Tensor>& outputs);
+  void post_forward(std::vector<at::Tensor>& outputs);
   // The call threw: leave the unit (the whole tree, for the root) ready.
-  void on_forward_error(const detail::CallFrame& frame) noexcept;
+  void on_forward_error() noexcept;
 
   void pre_backward();
   // The post-backward node of one call ran: the gradients of that call's inputs exist.
@@ -112,9 +147,8 @@ class FSDPState {
   const FSDPParamGroup* group() const { return group_.get(); }
   bool is_root() const { return is_root_; }
   const std::string& name() const { return name_; }
-  const FullyShardOptions& options() const { return options_; }
   const std::shared_ptr<FSDPTree>& tree() const { return tree_; }
-  TrainingState training_state() const { return training_state_; }
+  TrainingState training_state() const { return training_.get(); }
 
   // Whether post-forward frees the gathered parameters. By default the
   // strategy decides (full_shard, hybrid_shard), and the root keeps them,
@@ -149,6 +183,7 @@ class FSDPState {
   // Checked transition (see TrainingState); any state may go back to idle.
   // `recomputing`: the unit is recomputed inside backward.
   void enter(TrainingState next, bool recomputing = false);
+  void post_forward(const CallFrame& frame, std::vector<at::Tensor>& outputs);
   void begin_iteration();
   // A unit of several modules whose round is still open (one of its modules
   // did not run) finishes it: idle, and either ending at the end of
@@ -160,10 +195,14 @@ class FSDPState {
   void issue_unshard(FSDPState* s) const;
 
   std::unique_ptr<FSDPParamGroup> group_;  // null for a unit without parameters of its own
-  FullyShardOptions options_;
-  bool reshard_after_forward_;
-  bool reshard_after_forward_explicit_;
-  TrainingState training_state_ = TrainingState::kIdle;
+  // Of the options the unit was sharded with, what its hooks read (the
+  // rest, param_init's closure above all, is not kept alive by the unit).
+  MixedPrecisionPolicy mixed_precision_;
+  int prefetch_depth_;
+  bool strategy_reshards_after_forward_;           // full_shard, hybrid_shard
+  std::optional<bool> reshard_after_forward_set_;  // explicitly, for this unit
+  TrainingStateMachine training_;
+  std::vector<CallFrame> open_calls_;
   std::shared_ptr<FSDPTree> tree_;
   bool is_root_ = false;
   std::string name_;

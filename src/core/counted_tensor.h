@@ -17,6 +17,22 @@ class CountedTensor {
   ~CountedTensor() { reset(); }
   CountedTensor(const CountedTensor&) = delete;
   CountedTensor& operator=(const CountedTensor&) = delete;
+  // A move hands the tensor and its count over (the totals do not change),
+  // so collectives can return the buffers they hold in a record.
+  CountedTensor(CountedTensor&& other) noexcept
+      : kind_(other.kind_), tensor_(std::move(other.tensor_)), bytes_(other.bytes_) {
+    other.bytes_ = 0;
+  }
+  CountedTensor& operator=(CountedTensor&& other) noexcept {
+    if (this == &other) return *this;
+    reset();
+    memory::count(other.kind_, -other.bytes_);  // counted under this slot's kind from now on
+    tensor_ = std::move(other.tensor_);
+    bytes_ = other.bytes_;
+    memory::count(kind_, bytes_);
+    other.bytes_ = 0;
+    return *this;
+  }
 
   // Holds `t` (undefined: holds nothing), releasing what was held before.
   void reset(at::Tensor t = at::Tensor()) {

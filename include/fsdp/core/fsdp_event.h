@@ -1,0 +1,24 @@
+#pragma once
+// The event log's entries (fsdp::event_log): what FSDP scheduled, in order.
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp {
+
+// One entry of the event log: FSDP's schedule, its hooks and the points
+// where it issued and waited for each collective. What a collective moved
+// is the flight recorder's (dist/flight_recorder.h), the one record of
+// collectives. Compute boundaries (pre_forward, post_forward, pre_backward,
+// post_backward) have equal issue and wait times.
+struct FSDPEvent {
+  enum class Kind { kAllGather, kReduceScatter, kAllReduce, kPreForward, kPostForward, kPreBackward, kPostBackward };
+  Kind kind;
+  std::string unit;      // the unit's name from the root ("h.0"), "<root>" for the root
+  int64_t sequence = 0;  // position in issue order, from 0 at construction
+  double issued_s = 0;   // seconds since the log started
+  double waited_s = -1;  // when its wait returned; -1 while in flight
+};
+const char* to_string(FSDPEvent::Kind kind);
+
+}  // namespace fsdp

@@ -1,0 +1,88 @@
+#pragma once
+// One unit's parameters laid end to end in one flat buffer, and this rank's
+// shard of it (the memory side of FSDP2's FSDPParam, for a whole unit at
+// once): the layout, the sharded buffer the optimizer updates, the gathered
+// buffer forward and backward read (allocated before use, its storage
+// freed after), and the view each parameter points at in either state.
+// Initialisation ends here: deferred parameters filled one at a time, the
+// start-up broadcast. What moves between the two buffers is the
+// collectives' (fsdp_collectives.h); when, the group's.
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/core/options.h"
+#include "fsdp/dist/device_mesh.h"
+
+#include "core/fsdp_param.h"
+
+namespace fsdp {
+
+class FlatShard {
+ public:
+  // Takes ownership of `params`' data: afterwards each parameter points at
+  // its slice of the shard, and the full tensors are released.
+  FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options);
+  FlatShard(const FlatShard&) = delete;
+  FlatShard& operator=(const FlatShard&) = delete;
+
+  std::vector<FSDPParam>& params() { return params_; }
+  const std::vector<FSDPParam>& params() const { return params_; }
+  dist::ProcessGroup& shard_group() const { return *shard_group_; }
+  dist::ProcessGroup& replicate_group() const { return *replicate_group_; }
+  dist::ProcessGroup& world_group() const { return *world_group_; }
+  at::Device device() const { return device_; }
+
+  // The shard the optimizer updates is in the parameters' own dtype (FSDP2
+  // keeps no fp32 copy of a bf16 module); the gathered buffer is in the
+  // policy's param dtype, gradients are reduced in its reduce dtype.
+  at::ScalarType master_dtype() const { return master_dtype_; }
+  at::ScalarType param_dtype() const { return param_dtype_; }
+  at::ScalarType reduce_dtype() const { return reduce_dtype_; }
+  at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().device(device_).dtype(dtype); }
+
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t padded_numel() const;
+
+  // One rank per shard group and no cast: the gathered form is the shard
+  // itself, so there is nothing to gather, allocate or free.
+  bool gathered_is_shard() const;
+  const at::Tensor& sharded() const { return sharded_; }
+  const at::Tensor& gathered() const { return gathered_; }
+  // The gathered buffer's storage, back to its size (counted as gathered
+  // bytes) or down to 0 bytes; never replaced: see [Note: FSDP and autograd].
+  void allocate_gathered();
+  void free_gathered();
+
+  // What a parameter's data is in each state: a 1-D slice of the shard, or
+  // its full shape over the gathered buffer.
+  at::Tensor sharded_view(const FSDPParam& p) const;
+  at::Tensor gathered_view(const FSDPParam& p) const;
+
+  int64_t sharded_bytes() const { return static_cast<int64_t>(sharded_.nbytes()); }
+  // Bytes the gathered buffer holds now (0 while freed, and when it is the shard).
+  int64_t gathered_bytes_held() const;
+  // Bytes one all-gather writes, and one reduction holds at most (input,
+  // receive buffer, reduced shard), for memory bounds.
+  int64_t gathered_bytes() const;
+  int64_t reduction_bytes() const;
+
+ private:
+  void init_shard(const FullyShardOptions& options);
+
+  std::vector<FSDPParam> params_;
+  dist::ProcessGroup* shard_group_;
+  dist::ProcessGroup* replicate_group_;
+  dist::ProcessGroup* world_group_;
+  at::Device device_{at::kCPU};
+  at::ScalarType master_dtype_;
+  at::ScalarType param_dtype_;
+  at::ScalarType reduce_dtype_;
+  int64_t shard_numel_ = 0;
+  at::Tensor sharded_;   // [shard_numel_] master dtype
+  at::Tensor gathered_;  // [padded_numel()] param dtype; storage freed while sharded (the shard when gathered_is_shard)
+};
+
+}  // namespace fsdp

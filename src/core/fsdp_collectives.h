@@ -1,0 +1,57 @@
+#pragma once
+// FSDP's collectives on one unit's flat buffers (FSDP2's
+// _fsdp_collectives): functions that keep no state, each returning the
+// record of what it left in flight. Whoever holds a record owns that
+// collective: its wait, its buffers, and its cleanup after an error. One
+// record per collective, so a reduce-scatter and the replica all-reduce
+// after it never share a handle.
+
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/dist/collectives.h"
+
+#include "core/counted_tensor.h"
+
+namespace fsdp {
+
+class CommContext;
+
+// Where a unit's collective runs, where it is logged, and under what name.
+struct UnitComm {
+  dist::ProcessGroup& group;
+  CommContext& comm;
+  const std::string& unit;
+};
+
+// One collective in flight, with the buffers it reads and writes.
+struct PendingCollective {
+  std::optional<dist::Work> work;  // none: finished already (one rank, nothing to send)
+  size_t event = 0;                // its entry in the event log
+  CountedTensor input{memory::BufferKind::kComm};   // freed once the collective is done
+  CountedTensor output{memory::BufferKind::kComm};  // the result, for whoever takes it
+
+  bool in_flight() const { return work.has_value(); }
+  // Waits (under `scope` in profiles), marks the wait in the event log and
+  // frees the input. With nothing in flight it only frees the input.
+  void wait(CommContext& comm, const char* scope);
+  // After an error: waits, swallowing failures (the caller's error is the
+  // one reported), and drops both buffers.
+  void abandon() noexcept;
+};
+
+// `shard` gathered from every rank into `gathered` (W x its size), cast to
+// gathered's dtype first. With one rank it is a copy (casting as it copies)
+// and nothing is left in flight.
+PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const at::Tensor& gathered);
+
+// `input` (W x S elements) reduce-scattered, averaging, into a fresh shard
+// of S elements: the record's output. With one rank the input is the output.
+PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input);
+
+// `buffer` averaged across the group, in place.
+PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer);
+
+}  // namespace fsdp

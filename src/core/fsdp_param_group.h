@@ -1,0 +1,142 @@
+#pragma once
+// All parameters of one fully_shard call (FSDP2's FSDPParamGroup): the
+// coordinator of a unit's memory (FlatShard), its collectives
+// (fsdp_collectives.h) and its gradient path (GradientFlow), through the
+// sharded/unsharded state machine. When its steps run is decided by
+// FSDPState and CommContext.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdp/core/options.h"
+#include "fsdp/dist/device_mesh.h"
+
+#include "core/flat_shard.h"
+#include "core/fsdp_collectives.h"
+#include "core/gradient_paths.h"
+
+namespace fsdp {
+
+class CommContext;
+
+enum class ShardedState { kSharded, kUnsharded };
+
+class FSDPParamGroup {
+ public:
+  // Takes ownership of `params`' data (see FlatShard).
+  FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options);
+  FSDPParamGroup(const FSDPParamGroup&) = delete;
+  FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
+
+  // Where collectives are issued and logged, and the unit's name in the log.
+  void attach(CommContext* comm, const std::string* unit_name);
+
+  ShardedState sharded_state() const { return state_; }
+  std::vector<FSDPParam>& params() { return shard_.params(); }
+  const std::vector<FSDPParam>& params() const { return shard_.params(); }
+  dist::ProcessGroup& shard_group() const { return shard_.shard_group(); }
+  dist::ProcessGroup& replicate_group() const { return shard_.replicate_group(); }
+  dist::ProcessGroup& world_group() const { return shard_.world_group(); }
+  at::Device device() const { return shard_.device(); }
+  // Read at each use, not fixed at sharding: a unit frozen as a whole
+  // when sharded may be unfrozen later (every rank the same).
+  bool has_trainable_params() const;
+  GradientPath gradient_path() const { return flow_->path(); }
+
+  // --- parameters -------------------------------------------------------
+  // Issues the all-gather (no-op when unsharded or already in flight).
+  void unshard();
+  // Waits for it and points every parameter at its gathered view.
+  void wait_for_unshard();
+  // Points parameters back at their shards (and their gradients back at
+  // the sharded ones) and frees the gathered buffer.
+  void reshard();
+  // Changes whenever the unit is gathered or released (or a pending gather
+  // is dropped): an UnshardHandle acts only on the gather it issued.
+  uint64_t epoch() const { return epoch_; }
+
+  // --- backward ---------------------------------------------------------
+  // Pre-backward: gradients become views of the buffer autograd accumulates into.
+  void prepare_gradients();
+  // The unit's backward is done: collects its gradients, reshards, and
+  // hands the reduction to the CommContext (or keeps accumulating, without
+  // gradient sync). Once per gathering in backward (FSDPState guarantees
+  // it): a unit recomputed after its post-backward runs it again, once its
+  // earlier reduction is finished, and the reductions add up.
+  void post_backward();
+  // Reduction stages, run by CommContext in this order.
+  void issue_reduce_scatter();
+  void wait_reduce_scatter();
+  void hold_partial_reduction();
+  void issue_replica_all_reduce();
+  void wait_replica_all_reduce();
+  void assign_gradients();
+  bool reduces_across_replicas() const;
+  // Whether a synchronised backward holds its reduction (HSDP without
+  // requires_all_reduce) instead of handing it to the optimizer.
+  bool holds_reduction() const;
+
+  // Whether each trainable parameter got a gradient on this rank since the
+  // last synchronised backward (appended in parameter order), and the
+  // verdict of all ranks: parameters no rank used keep the gradient they had.
+  bool reduced_this_backward() const { return reduced_this_backward_; }
+  void append_used(std::vector<uint8_t>& out) const;
+  size_t apply_used(const uint8_t* used_anywhere);
+  void mark_used(size_t index) { used_[index] = 1; }
+
+  // Per-iteration bookkeeping: a new forward, and the end of a backward.
+  void begin_iteration();
+  void end_backward();
+  // After an error in forward or backward: in-flight collectives finished,
+  // parameters resharded, partial gradients of this backward dropped.
+  void abandon() noexcept;
+  // Back to sharded after a forward whose graph was dropped: the gradients
+  // of the iteration before it (and any accumulation) are kept.
+  void drop_forward() noexcept;
+
+  // --- run-time knobs (FSDP2's setters) ----------------------------------
+  bool requires_gradient_sync() const { return settings_.requires_gradient_sync; }
+  void set_requires_gradient_sync(bool sync) { settings_.requires_gradient_sync = sync; }
+  bool requires_all_reduce() const { return settings_.requires_all_reduce; }
+  void set_requires_all_reduce(bool all_reduce) { settings_.requires_all_reduce = all_reduce; }
+  void set_reshard_after_backward(bool reshard) { settings_.reshard_after_backward = reshard; }
+  // A factor or a hook would act on the whole in-place buffer, so setting
+  // one leaves that path first (see [Note: gradients in place]).
+  void set_gradient_divide_factor(std::optional<double> factor);
+  void set_reduced_grad_hook(ReducedGradHook hook);
+
+  // Bytes of the master shard, and of the gathered buffer when held.
+  int64_t sharded_param_bytes() const { return shard_.sharded_bytes(); }
+  int64_t unsharded_bytes_held() const { return shard_.gathered_bytes_held(); }
+  int64_t flat_numel() const { return shard_.padded_numel(); }
+  int64_t gathered_bytes() const { return shard_.gathered_bytes(); }
+  int64_t reduction_bytes() const { return shard_.reduction_bytes(); }
+
+ private:
+  void finish_all_gather();
+  void register_grad_hooks();
+  void leave_in_place_path();
+  UnitComm on(dist::ProcessGroup& group) const;
+
+  FlatShard shard_;
+  std::unique_ptr<GradientFlow> flow_;
+  ReductionSettings settings_;
+  CommContext* comm_ = nullptr;
+  const std::string* name_ = nullptr;
+  PendingCollective all_gather_;
+  std::vector<uint8_t> used_;  // per parameter: a gradient arrived on this rank
+  bool reduced_this_backward_ = false;
+  ShardedState state_ = ShardedState::kSharded;
+  uint64_t epoch_ = 0;
+  // Between micro-steps of accumulation (a backward without synchronisation
+  // left gradients for a later one): whether each parameter had a gradient
+  // is recorded once per window, at its first backward, not per backward.
+  bool accumulating_ = false;
+};
+
+}  // namespace fsdp

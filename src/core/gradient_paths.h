@@ -1,0 +1,93 @@
+#pragma once
+// How a unit's gradients travel from autograd to the optimizer: one class
+// per path, decided once at sharding (see [Note: gradients in place] in
+// gradient_paths.cpp for what each step does on each path). Each owns its
+// gradient buffers and the records of its reductions; the group calls
+// them at its hooks and CommContext at its pipeline's stages.
+
+#include <memory>
+#include <optional>
+
+#include "fsdp/core/options.h"
+
+#include "core/flat_shard.h"
+#include "core/fsdp_collectives.h"
+
+namespace fsdp {
+
+enum class GradientPath {
+  // One rank per shard group, no cast anywhere: parameters and gradients
+  // are views of persistent flat buffers in both states; autograd adds into
+  // them; only replicas communicate (an all-reduce).
+  kInPlace,
+  // One rank per shard group, gradients reduced in another dtype: the
+  // parameters alias their shard (no gather), gradients go through a flat
+  // buffer that is cast and handed over as the reduced shard.
+  kAliasedShard,
+  // A gathered buffer per unshard, a flat gradient buffer per backward, a
+  // reduce-scatter (and an all-reduce across replicas).
+  kGathered,
+};
+const char* to_string(GradientPath path);
+
+// The run-time knobs the reduction reads (FSDP2's setters of the same names).
+struct ReductionSettings {
+  bool requires_gradient_sync = true;
+  bool requires_all_reduce = true;     // HSDP: all-reduce across replicas on sync
+  bool reshard_after_backward = true;  // false: stays gathered after a backward that does not sync
+  // Gradients are summed across ranks and divided by this instead of the
+  // number of ranks (token-normalised losses); unset: averaged.
+  std::optional<double> gradient_divide_factor;
+  ReducedGradHook reduced_grad_hook;
+};
+
+class GradientFlow {
+ public:
+  virtual ~GradientFlow() = default;
+  virtual GradientPath path() const = 0;
+
+  // The parameter now points at its gathered form (at its shard): its
+  // gradient follows it there.
+  virtual void on_unsharded(FSDPParam& p) = 0;
+  virtual void on_resharded(FSDPParam& p) = 0;
+  // Pre-backward on a gathered unit with trainable parameters: gradients
+  // become views of the buffer autograd accumulates into.
+  virtual void prepare() = 0;
+
+  // Post-backward, in this order. Before the unit reshards (`unsharded`:
+  // it is gathered now): gradients autograd left outside the buffer are
+  // collected into it.
+  virtual void collect(bool unsharded) = 0;
+  // Whether the unit may stay gathered after a backward without sync.
+  virtual bool may_stay_gathered() const = 0;
+  // After any reshard: this backward's gradients join those kept from
+  // micro-steps without sync and, with `sync`, wait to be reduced.
+  virtual void stage(bool sync) = 0;
+
+  // The reduction's stages, run by CommContext in this order.
+  virtual void issue_reduce_scatter(const UnitComm& on) = 0;
+  virtual void wait_reduce_scatter(CommContext& comm) = 0;
+  // HSDP without requires_all_reduce: this backward's reduce-scatter output
+  // is kept and added to the next one's before its all-reduce.
+  virtual void hold_partial_reduction() = 0;
+  virtual void issue_all_reduce(const UnitComm& on) = 0;
+  virtual void wait_all_reduce(CommContext& comm) = 0;
+  // The reduced gradients handed to the parameters; `ranks` is how many
+  // ranks the collectives averaged over (for a divide factor).
+  virtual void assign(const ReductionSettings& settings, double ranks) = 0;
+
+  // A forward whose graph was dropped: its gradient buffer goes, the
+  // gradients of earlier iterations stay.
+  virtual void drop_backward() noexcept = 0;
+  // After an error: reductions in flight finished, this backward's partial
+  // gradients dropped.
+  virtual void abandon() noexcept = 0;
+};
+
+// The path `shard` allows: in place when nothing is gathered or cast.
+std::unique_ptr<GradientFlow> make_gradient_flow(FlatShard& shard);
+// Off the in-place path (before a divide factor or a reduced-gradient hook
+// is set): the unit must be sharded; gradients get memory of their own.
+std::unique_ptr<GradientFlow> leave_in_place(std::unique_ptr<GradientFlow> flow, FlatShard& shard);
+
+}  // namespace fsdp
