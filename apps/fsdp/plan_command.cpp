@@ -35,8 +35,8 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 "tokens, %lld micro-step%s; prefetch %lld; activation checkpointing %s; chunked loss %s",
                 m.family.c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
                 static_cast<long long>(m.vocab), world, world == 1 ? "" : "s",
-                (train::name_of(job.fsdp.sharding) +
-                 (job.fsdp.sharding == train::Sharding::kHybridShard ? " " + std::to_string(job.fsdp.fsdp_size) : ""))
+                (to_string(job.fsdp.sharding) +
+                 (job.fsdp.sharding == ShardingStrategy::kHybridShard ? " " + std::to_string(job.fsdp.fsdp_size) : ""))
                     .c_str(),
                 train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
                 static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),

@@ -1,33 +1,14 @@
 #include "fsdp/core/options.h"
 
-#include <algorithm>
-#include <cctype>
-
 #include <ATen/ATen.h>
 
 #include "fsdp/common/error.h"
 
 namespace fsdp {
 
-const char* to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::kFullShard: return "full_shard";
-    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
-    case ShardingStrategy::kNoShard: return "no_shard";
-    case ShardingStrategy::kHybridShard: return "hybrid_shard";
-  }
-  return "?";
-}
-
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                 ShardingStrategy::kHybridShard}) {
-    if (lower == to_string(s)) return s;
-  }
-  throw Error("unknown sharding strategy '" + name +
-              "': expected full_shard, shard_grad_op, no_shard or hybrid_shard");
+  if (const auto strategy = parse_spelling<ShardingStrategy>(name)) return *strategy;
+  throw Error("unknown sharding strategy '" + name + "': expected " + spellings_text<ShardingStrategy>());
 }
 
 dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingStrategy strategy, int fsdp_size) {

@@ -11,6 +11,7 @@
 
 #include "fsdp/common/error.h"
 #include "tokenizer_tables.h"
+#include "utf8.h"
 
 namespace fsdp::data {
 namespace {
@@ -25,14 +26,10 @@ constexpr size_t kCachedPieceLimit = 256;
 void check_utf8(const std::string& text) {
   // ICU would replace an invalid sequence with U+FFFD and train on text the
   // file does not hold; say where it is instead.
-  for (int32_t i = 0, n = static_cast<int32_t>(text.size()); i < n;) {
-    const int32_t at = i;
-    UChar32 c;
-    U8_NEXT(reinterpret_cast<const uint8_t*>(text.data()), i, n, c);
-    FSDP_CHECK(c >= 0, "the text is not valid UTF-8 at byte ", at, " (byte 0x", std::hex,
-               static_cast<int>(static_cast<unsigned char>(text[static_cast<size_t>(at)])), std::dec,
-               "); convert it to UTF-8 first (iconv -f ENCODING -t UTF-8)");
-  }
+  const int64_t at = first_invalid_utf8(text);
+  FSDP_CHECK(at < 0, "the text is not valid UTF-8 at byte ", at, " (byte 0x", std::hex,
+             static_cast<int>(static_cast<unsigned char>(text[static_cast<size_t>(at)])), std::dec,
+             "); convert it to UTF-8 first (iconv -f ENCODING -t UTF-8)");
 }
 
 constexpr int32_t kSplitMatchTimeLimit = 1000;

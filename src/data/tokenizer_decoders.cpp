@@ -3,9 +3,9 @@
 // sequence of them gives the same text: Replace, ByteFallback, Fuse, Strip,
 // Metaspace.
 
-#include <unicode/utf8.h>
 
 #include "tokenizer_tables.h"
+#include "utf8.h"
 
 namespace fsdp::data {
 namespace {
@@ -26,15 +26,6 @@ int byte_token(const std::string& token) {
   return high < 0 || low < 0 ? -1 : high * 16 + low;
 }
 
-bool is_utf8(const std::string& s) {
-  for (int32_t i = 0, n = static_cast<int32_t>(s.size()); i < n;) {
-    UChar32 c;
-    U8_NEXT(reinterpret_cast<const uint8_t*>(s.data()), i, n, c);
-    if (c < 0) return false;
-  }
-  return true;
-}
-
 // Each run of byte tokens becomes one token of its bytes when they are
 // UTF-8, else one U+FFFD per byte.
 std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
@@ -43,7 +34,7 @@ std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
   size_t run_length = 0;
   const auto flush = [&] {
     if (run_length == 0) return;
-    if (is_utf8(run)) {
+    if (first_invalid_utf8(run) < 0) {
       out.push_back(run);
     } else {
       for (size_t k = 0; k < run_length; ++k) out.emplace_back("\xef\xbf\xbd");
@@ -66,10 +57,7 @@ std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
 }
 
 // The length of the UTF-8 character that starts at s[i].
-size_t char_length(const std::string& s, size_t i) {
-  const auto lead = static_cast<unsigned char>(s[i]);
-  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-}
+size_t char_length(const std::string& s, size_t i) { return utf8_length(static_cast<unsigned char>(s[i])); }
 
 // At most `start` leading and `stop` trailing copies of the character `c`.
 void strip(std::string& token, const std::string& c, size_t start, size_t stop) {

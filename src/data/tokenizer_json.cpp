@@ -11,6 +11,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/io/input_file.h"
 #include "tokenizer_tables.h"
+#include "utf8.h"
 
 namespace fsdp::data {
 namespace {
@@ -54,8 +55,7 @@ std::string text(const json& component, const char* key, const std::string& wher
 // A field that must be one character (Hugging Face reads it as a Rust char).
 std::string character(const json& component, const char* key, const std::string& where, const char* what) {
   const auto c = text(component, key, where, what);
-  const auto lead = c.empty() ? 0 : static_cast<unsigned char>(c[0]);
-  const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+  const size_t length = c.empty() ? 1 : utf8_length(static_cast<unsigned char>(c[0]));
   FSDP_CHECK(!c.empty() && c.size() == length, where, ": ", what, " \"", key, "\" is \"", c,
              "\"; expected one character");
   return c;

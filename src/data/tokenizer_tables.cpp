@@ -1,4 +1,5 @@
 #include "tokenizer_tables.h"
+#include "utf8.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -167,8 +168,7 @@ void finish_tables(TokenizerTables& t, const std::vector<std::pair<std::string, 
     // ByteLevel decoder does.
     std::string bytes;
     for (size_t i = 0; i < token.size();) {
-      const auto lead = static_cast<unsigned char>(token[i]);
-      const size_t len = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      const size_t len = utf8_length(static_cast<unsigned char>(token[i]));
       const std::string ch = token.substr(i, len);
       const auto it = byte_of_char.find(ch);
       bytes += it != byte_of_char.end() ? std::string(1, static_cast<char>(it->second)) : ch;

@@ -220,25 +220,22 @@ c10::intrusive_ptr<c10d::Store> rendezvous(LaunchEnv env, std::chrono::milliseco
 
 }  // namespace
 
-const char* to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
+const char* to_string(Backend backend) { return spelling_of(backend); }
 
 Backend parse_backend(const std::string& name) {
-  if (name == "gloo") return Backend::kGloo;
-  if (name == "nccl") {
-#ifdef FSDP_WITH_NCCL
-    return Backend::kNccl;
-#else
-    throw Error("backend 'nccl' is not in this build (built against a CPU LibTorch): use 'gloo'");
+  const auto backend = parse_spelling<Backend>(name);
+  FSDP_CHECK(backend.has_value(), "unknown backend '", name, "': expected ", spellings_text<Backend>(/*quoted=*/true));
+#ifndef FSDP_WITH_NCCL
+  FSDP_CHECK(*backend != Backend::kNccl,
+             "backend 'nccl' is not in this build (built against a CPU LibTorch): use 'gloo'");
 #endif
-  }
-  throw Error("unknown backend '" + name + "': expected 'gloo' or 'nccl'");
+  return *backend;
 }
 
 DeviceChoice parse_device_choice(const std::string& name) {
-  if (name == "auto") return DeviceChoice::kAuto;
-  if (name == "cpu") return DeviceChoice::kCpu;
-  if (name == "cuda") return DeviceChoice::kCuda;
-  throw Error("unknown device '" + name + "': expected 'auto', 'cpu' or 'cuda'");
+  const auto choice = parse_spelling<DeviceChoice>(name);
+  FSDP_CHECK(choice.has_value(), "unknown device '", name, "': expected ", spellings_text<DeviceChoice>(/*quoted=*/true));
+  return *choice;
 }
 
 c10::Device choose_device(DeviceChoice choice, const LaunchEnv& env) {

@@ -114,9 +114,9 @@ int64_t Moment::total() const {
 
 int shard_group_size(const train::TrainConfig& job, int world) {
   switch (job.fsdp.sharding) {
-    case train::Sharding::kNoShard:
+    case ShardingStrategy::kNoShard:
       return 1;
-    case train::Sharding::kHybridShard:
+    case ShardingStrategy::kHybridShard:
       return static_cast<int>(job.fsdp.fsdp_size);
     default:
       return world;
@@ -155,7 +155,7 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   s.flash = target.flash_attention;
   const bool aliased = S == 1 && !bf16;  // the shard is the unit: no gathered copy
   const bool full_shard =
-      job.fsdp.sharding == train::Sharding::kFullShard || job.fsdp.sharding == train::Sharding::kHybridShard;
+      job.fsdp.sharding == ShardingStrategy::kFullShard || job.fsdp.sharding == ShardingStrategy::kHybridShard;
   // Explicit prefetch gathers exactly the next block, whatever the depth.
   const int64_t depth = job.fsdp.explicit_prefetch ? 1 : job.fsdp.prefetch_depth;
 

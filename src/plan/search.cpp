@@ -12,13 +12,13 @@ namespace {
 
 // Collectives per step, least first: replicas all-reduce once; keeping
 // units gathered through backward saves their second all-gather.
-int communication_rank(train::Sharding s) {
+int communication_rank(ShardingStrategy s) {
   switch (s) {
-    case train::Sharding::kNoShard:
+    case ShardingStrategy::kNoShard:
       return 0;
-    case train::Sharding::kShardGradOp:
+    case ShardingStrategy::kShardGradOp:
       return 1;
-    case train::Sharding::kHybridShard:
+    case ShardingStrategy::kHybridShard:
       return 2;
     default:
       return 3;
@@ -62,15 +62,15 @@ std::string format_bytes(int64_t bytes) {
 
 Choice choose(const ModelShape& model, const train::TrainConfig& job, int world, const Target& target,
               int64_t budget_bytes, int64_t overhead_bytes, double headroom) {
-  std::vector<std::pair<train::Sharding, int64_t>> meshes = {{train::Sharding::kFullShard, 0}};
+  std::vector<std::pair<ShardingStrategy, int64_t>> meshes = {{ShardingStrategy::kFullShard, 0}};
   if (world > 1) {
-    meshes.push_back({train::Sharding::kShardGradOp, 0});
-    meshes.push_back({train::Sharding::kNoShard, 0});
+    meshes.push_back({ShardingStrategy::kShardGradOp, 0});
+    meshes.push_back({ShardingStrategy::kNoShard, 0});
     for (int64_t f : divisors(world)) {
-      if (f > 1 && f < world) meshes.push_back({train::Sharding::kHybridShard, f});
+      if (f > 1 && f < world) meshes.push_back({ShardingStrategy::kHybridShard, f});
     }
   } else {
-    meshes.push_back({train::Sharding::kNoShard, 0});
+    meshes.push_back({ShardingStrategy::kNoShard, 0});
   }
   const int64_t sequences = job.data.batch_size * job.data.grad_accum;  // per rank per step, kept
   std::vector<int64_t> depths = {job.fsdp.prefetch_depth};
@@ -138,8 +138,8 @@ std::string why_not(const Candidate& other, const Candidate& best, int64_t budge
 }
 
 std::string train_flags(const train::TrainConfig& job) {
-  std::string flags = "--sharding " + train::name_of(job.fsdp.sharding);
-  if (job.fsdp.sharding == train::Sharding::kHybridShard) flags += " --fsdp-size " + std::to_string(job.fsdp.fsdp_size);
+  std::string flags = std::string("--sharding ") + to_string(job.fsdp.sharding);
+  if (job.fsdp.sharding == ShardingStrategy::kHybridShard) flags += " --fsdp-size " + std::to_string(job.fsdp.fsdp_size);
   flags += " --batch-size " + std::to_string(job.data.batch_size) + " --grad-accum " +
            std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) + " --precision " +
            train::name_of(job.runtime.precision) + " --prefetch-depth " + std::to_string(job.fsdp.prefetch_depth);

@@ -33,16 +33,6 @@ void move_keeping_deferred(torch::nn::Module& module, const at::Device& device) 
 }  // namespace
 namespace {
 
-ShardingStrategy strategy_of(Sharding s) {
-  switch (s) {
-    case Sharding::kShardGradOp: return ShardingStrategy::kShardGradOp;
-    case Sharding::kNoShard: return ShardingStrategy::kNoShard;
-    case Sharding::kHybridShard: return ShardingStrategy::kHybridShard;
-    case Sharding::kFullShard: break;
-  }
-  return ShardingStrategy::kFullShard;
-}
-
 // For a token id a preset's vocabulary cannot hold: the flag that resizes
 // it, and the presets whose vocabulary already holds it (the first, the
 // smallest, of each vocabulary).
@@ -168,7 +158,7 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
 }
 
 std::shared_ptr<dist::DeviceMesh> build_mesh(const TrainConfig::Fsdp& f, const std::shared_ptr<dist::World>& world) {
-  return std::make_shared<dist::DeviceMesh>(make_mesh(world, strategy_of(f.sharding), static_cast<int>(f.fsdp_size)));
+  return std::make_shared<dist::DeviceMesh>(make_mesh(world, f.sharding, static_cast<int>(f.fsdp_size)));
 }
 
 void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const std::shared_ptr<dist::DeviceMesh>& mesh,
@@ -178,7 +168,7 @@ void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const st
   par.activation_checkpoint = config.model.activation_checkpoint;
   par.explicit_prefetch = f.explicit_prefetch;
   par.fsdp.mesh = mesh;
-  par.fsdp.strategy = strategy_of(f.sharding);
+  par.fsdp.strategy = f.sharding;
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
   if (init_weights) {
     par.fsdp.param_init = [init_weights](const std::string& fqn, at::Tensor& full) { init_weights->fill(fqn, full); };

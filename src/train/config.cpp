@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "fsdp/common/enum_spellings.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/suggest.h"
 #include "fsdp/io/input_file.h"
@@ -19,109 +20,30 @@
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/models/wrap_policy.h"
 
+// Each enum the configuration holds has one table of its spellings
+// ([Note: enum spellings] in fsdp/common/enum_spellings.h); the sharding
+// strategy's is beside its enum.
+namespace fsdp {
+template <>
+struct EnumSpellings<train::Precision> {
+  static constexpr Spelling<train::Precision> kTable[] = {
+      {train::Precision::kFp32, "fp32"}, {train::Precision::kBf16, "bf16"}, {train::Precision::kFp16, "fp16"}};
+};
+template <>
+struct EnumSpellings<train::LrScheduleKind> {
+  static constexpr Spelling<train::LrScheduleKind> kTable[] = {{train::LrScheduleKind::kCosine, "cosine"},
+                                                               {train::LrScheduleKind::kLinear, "linear"},
+                                                               {train::LrScheduleKind::kConstant, "constant"}};
+};
+template <>
+struct EnumSpellings<train::OnSaveError> {
+  static constexpr Spelling<train::OnSaveError> kTable[] = {{train::OnSaveError::kStop, "stop"},
+                                                            {train::OnSaveError::kContinue, "continue"}};
+};
+}  // namespace fsdp
+
 namespace fsdp::train {
 namespace {
-
-// [Note: enum spellings]
-// Each enum the configuration holds has one table of its spellings, in
-// enumerator order: YAML values, --help's alternatives and name_of() all
-// read it. The table is checked against the enum when it compiles: entry i
-// is enumerator i, no spelling repeats, and there are as many entries as
-// the enum has enumerators (an enumerator added without a spelling is a
-// compile error, not a value that prints as garbage).
-template <typename E>
-struct Spelling {
-  E value;
-  const char* name;
-};
-
-template <typename E>
-struct EnumSpellings;  // kTable: {enumerator, spelling}, in enumerator order
-
-template <>
-struct EnumSpellings<Precision> {
-  static constexpr Spelling<Precision> kTable[] = {
-      {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
-};
-template <>
-struct EnumSpellings<Sharding> {
-  static constexpr Spelling<Sharding> kTable[] = {{Sharding::kFullShard, "full_shard"},
-                                                  {Sharding::kShardGradOp, "shard_grad_op"},
-                                                  {Sharding::kNoShard, "no_shard"},
-                                                  {Sharding::kHybridShard, "hybrid_shard"}};
-};
-template <>
-struct EnumSpellings<LrScheduleKind> {
-  static constexpr Spelling<LrScheduleKind> kTable[] = {
-      {LrScheduleKind::kCosine, "cosine"}, {LrScheduleKind::kLinear, "linear"}, {LrScheduleKind::kConstant, "constant"}};
-};
-template <>
-struct EnumSpellings<OnSaveError> {
-  static constexpr Spelling<OnSaveError> kTable[] = {{OnSaveError::kStop, "stop"}, {OnSaveError::kContinue, "continue"}};
-};
-
-// Whether V is a named enumerator. GCC and Clang spell a template argument
-// that names an enumerator by its name ("[with auto V =
-// fsdp::train::Precision::kBf16]") and any other value as a cast
-// ("(fsdp::train::Precision)3"), so counting the named values from 0 counts
-// the enumerators of a dense enum.
-template <auto V>
-constexpr bool names_an_enumerator() {
-  constexpr std::string_view signature = __PRETTY_FUNCTION__;
-  constexpr size_t eq = signature.rfind("= ");
-  return eq != std::string_view::npos && signature[eq + 2] != '(';
-}
-
-template <typename E, int I = 0>
-constexpr size_t enumerator_count() {
-  if constexpr (names_an_enumerator<static_cast<E>(I)>()) {
-    return enumerator_count<E, I + 1>();
-  } else {
-    return I;
-  }
-}
-
-template <typename E>
-constexpr bool spellings_in_enumerator_order() {
-  const auto& table = EnumSpellings<E>::kTable;
-  for (size_t i = 0; i < std::size(table); ++i) {
-    if (static_cast<size_t>(table[i].value) != i) return false;
-    for (size_t j = 0; j < i; ++j) {
-      if (std::string_view(table[i].name) == std::string_view(table[j].name)) return false;
-    }
-  }
-  return true;
-}
-
-template <typename E, typename = void>
-constexpr bool kHasSpellings = false;
-template <typename E>
-constexpr bool kHasSpellings<E, std::void_t<decltype(EnumSpellings<E>::kTable)>> = true;
-
-template <typename E>
-const auto& spelling_table() {
-  static_assert(kHasSpellings<E>, "an enum configuration key needs its EnumSpellings<E> table");
-  static_assert(std::size(EnumSpellings<E>::kTable) == enumerator_count<E>(),
-                "EnumSpellings<E>::kTable must spell every enumerator of E, no more");
-  static_assert(spellings_in_enumerator_order<E>(),
-                "EnumSpellings<E>::kTable must list E's enumerators in declaration order, each spelling once");
-  return EnumSpellings<E>::kTable;
-}
-
-template <typename E>
-std::vector<std::string> spellings() {
-  std::vector<std::string> out;
-  for (const auto& s : spelling_table<E>()) out.emplace_back(s.name);
-  return out;
-}
-
-template <typename E>
-std::string spelling_of(E value) {
-  const auto& table = spelling_table<E>();
-  const auto i = static_cast<size_t>(value);
-  FSDP_ASSERT(i < std::size(table));
-  return table[i].name;
-}
 
 // A key's kind follows from its field's C++ type; any other type is a
 // compile error (the kind used to be written by hand beside a void*, where
@@ -393,7 +315,6 @@ void assign(TrainConfig& config, const Field& f, const std::string& value, const
 }  // namespace
 
 std::string name_of(Precision p) { return spelling_of(p); }
-std::string name_of(Sharding s) { return spelling_of(s); }
 std::string name_of(LrScheduleKind k) { return spelling_of(k); }
 std::string name_of(OnSaveError e) { return spelling_of(e); }
 
@@ -524,7 +445,7 @@ void TrainConfig::validate() const {
   FSDP_CHECK(model.vocab_size >= 0, "model.vocab_size is ", model.vocab_size, ": expected 0 (the preset's) or more");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
-  FSDP_CHECK(fsdp.sharding != Sharding::kHybridShard || fsdp.fsdp_size >= 1,
+  FSDP_CHECK(fsdp.sharding != ShardingStrategy::kHybridShard || fsdp.fsdp_size >= 1,
              "fsdp.sharding is hybrid_shard but fsdp.fsdp_size is ", fsdp.fsdp_size,
              ": set the shard-group size (--fsdp-size)");
   FSDP_CHECK(checkpoint.save_every >= 0, "checkpoint.save_every is ", checkpoint.save_every, ": expected 0 or more");

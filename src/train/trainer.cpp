@@ -310,7 +310,7 @@ TrainSummary Trainer::run() {
                      {"step", start_step_},
                      {"params", params_},
                      {"world_size", world_->size()},
-                     {"sharding", name_of(config_.fsdp.sharding)},
+                     {"sharding", to_string(config_.fsdp.sharding)},
                      {"precision", name_of(config_.runtime.precision)},
                      {"threads_per_rank", at::get_num_threads()},
                      {"peak_flops_per_rank", peak_flops_},
@@ -564,7 +564,7 @@ checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
   } catch (const Error&) {
     // A model without a Hugging Face equivalent: the checkpoint still resumes.
   }
-  state.sharding = name_of(config_.fsdp.sharding);
+  state.sharding = to_string(config_.fsdp.sharding);
   state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
   return state;
 }

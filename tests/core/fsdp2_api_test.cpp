@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
@@ -637,6 +638,57 @@ TEST(AfterSharding, ToAnotherDtypeIsRefusedAndChangesNothing) {
   for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
   ShardedLoop loop;
   expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+}
+
+// [Note: the training state machine]: a unit's state changes through the
+// table only. Assigning a state directly does not compile, and a change
+// the table does not have is refused, naming both states and the unit.
+static_assert(!std::is_assignable_v<TrainingStateMachine&, TrainingState>,
+              "a TrainingState must not be assignable to a unit's state machine");
+static_assert(!std::is_constructible_v<TrainingStateMachine, TrainingState>,
+              "a unit's state machine starts idle, not from a given state");
+
+TEST(TrainingStateMachine, RefusesEveryTransitionOutsideTheTable) {
+  using S = TrainingState;
+  const S all[] = {S::kIdle, S::kForward, S::kPreBackward, S::kPostBackward};
+  // The table of [Note: the training state machine], row by row (from), with
+  // the recomputation-only entry (post_backward -> pre_backward) apart.
+  const std::set<std::pair<S, S>> allowed = {
+      {S::kIdle, S::kForward},           {S::kIdle, S::kPreBackward},          {S::kIdle, S::kPostBackward},
+      {S::kIdle, S::kIdle},              {S::kForward, S::kIdle},              {S::kPreBackward, S::kPreBackward},
+      {S::kPreBackward, S::kPostBackward}, {S::kPreBackward, S::kIdle},        {S::kPostBackward, S::kIdle}};
+  const auto reach = [](TrainingStateMachine& m, S state) {
+    m.enter_idle();
+    if (state == S::kForward) m.enter(S::kForward, false, "h.0", "forward");
+    if (state == S::kPreBackward) m.enter(S::kPreBackward, false, "h.0", "backward");
+    if (state == S::kPostBackward) m.enter(S::kPostBackward, false, "h.0", "backward");
+  };
+  for (S from : all) {
+    for (S to : all) {
+      TrainingStateMachine m;
+      reach(m, from);
+      ASSERT_EQ(m.get(), from);
+      if (allowed.count({from, to}) != 0) {
+        EXPECT_NO_THROW(m.enter(to, false, "h.0", "backward")) << to_string(from) << " -> " << to_string(to);
+        EXPECT_EQ(m.get(), to);
+        continue;
+      }
+      try {
+        m.enter(to, false, "h.0", "backward");
+        ADD_FAILURE() << to_string(from) << " -> " << to_string(to) << " was allowed";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(std::string("from ") + to_string(from) + " to " + to_string(to)), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("unit h.0"), std::string::npos) << what;
+        EXPECT_EQ(m.get(), from) << "a refused transition changed the state";
+      }
+    }
+  }
+  // Only a recomputation inside backward enters pre_backward from post_backward.
+  TrainingStateMachine m;
+  reach(m, S::kPostBackward);
+  EXPECT_NO_THROW(m.enter(S::kPreBackward, /*recomputing=*/true, "h.0", "backward"));
 }
 
 }  // namespace

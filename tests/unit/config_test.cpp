@@ -38,7 +38,7 @@ TEST(Config, YamlSectionsSetFields) {
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.5e-3);
   EXPECT_EQ(c.optim.lr_schedule, LrScheduleKind::kLinear);
   EXPECT_EQ(name_of(c.optim.lr_schedule), "linear");
-  EXPECT_EQ(c.fsdp.sharding, Sharding::kHybridShard);
+  EXPECT_EQ(c.fsdp.sharding, ShardingStrategy::kHybridShard);
   EXPECT_EQ(c.runtime.steps, 7);
   EXPECT_TRUE(c.runtime.keep_denormals);
   EXPECT_EQ(c.fsdp.fsdp_size, 2);
@@ -81,7 +81,7 @@ TEST(Config, CrossFieldChecks) {
   c.data.seq_len = 0;
   expect_error([&] { c.validate(); }, {"data.seq_len is 0"});
   TrainConfig h;
-  h.fsdp.sharding = Sharding::kHybridShard;
+  h.fsdp.sharding = ShardingStrategy::kHybridShard;
   expect_error([&] { h.validate(); }, {"fsdp_size"});
 }
 
@@ -200,7 +200,7 @@ TEST(Config, EnumKeysTakeAndPrintEachSpelling) {
   }
   EXPECT_EQ(enum_keys, 4u) << "lr_schedule, precision, sharding, on_save_error";
   EXPECT_EQ(name_of(Precision::kFp16), "fp16");
-  EXPECT_EQ(name_of(Sharding::kShardGradOp), "shard_grad_op");
+  EXPECT_EQ(std::string(to_string(ShardingStrategy::kShardGradOp)), "shard_grad_op");
   EXPECT_EQ(name_of(LrScheduleKind::kConstant), "constant");
   EXPECT_EQ(name_of(OnSaveError::kContinue), "continue");
   TrainConfig c;

@@ -10,19 +10,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "fsdp/common/deferred_tensor.h"  // deferred_empty, for param_init
+#include "fsdp/common/deferred_tensor.h"
+#include "fsdp/common/sharding.h"  // deferred_empty, for param_init
 #include "fsdp/dist/device_mesh.h"
 
 namespace fsdp {
 
-enum class ShardingStrategy {
-  kFullShard,    // free gathered parameters after forward, gather again for backward
-  kShardGradOp,  // keep them gathered from forward until the end of backward
-  kNoShard,      // replicate; all-reduce gradients (DDP); needs a mesh with shard size 1
-  kHybridShard,  // full shard inside each shard group, replicate across groups (2-D mesh)
-};
-
-const char* to_string(ShardingStrategy strategy);
 // Accepts full_shard, shard_grad_op, no_shard, hybrid_shard (any case).
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 

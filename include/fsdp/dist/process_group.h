@@ -13,6 +13,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "fsdp/common/compat.h"
+#include "fsdp/common/enum_spellings.h"
 #include "fsdp/dist/launch_env.h"
 
 namespace c10d {
@@ -32,6 +33,23 @@ Backend parse_backend(const std::string& name);
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 // Throws fsdp::Error naming the accepted choices (auto, cpu, cuda).
 DeviceChoice parse_device_choice(const std::string& name);
+
+}  // namespace fsdp::dist
+
+namespace fsdp {
+template <>
+struct EnumSpellings<dist::Backend> {
+  static constexpr Spelling<dist::Backend> kTable[] = {{dist::Backend::kGloo, "gloo"}, {dist::Backend::kNccl, "nccl"}};
+};
+template <>
+struct EnumSpellings<dist::DeviceChoice> {
+  static constexpr Spelling<dist::DeviceChoice> kTable[] = {
+      {dist::DeviceChoice::kAuto, "auto"}, {dist::DeviceChoice::kCpu, "cpu"}, {dist::DeviceChoice::kCuda, "cuda"}};
+};
+}  // namespace fsdp
+
+namespace fsdp::dist {
+
 // The one device decision of a rank: the CPU, or CUDA device LOCAL_RANK
 // (modulo the visible count). Throws when CUDA is asked for and this build
 // has none or no device is visible.

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/common/sharding.h"
 #include "fsdp/train/lr_schedule.h"
 
 namespace YAML {
@@ -24,11 +25,9 @@ namespace fsdp::train {
 // read; nothing compares their names elsewhere. Each enum's spellings are
 // one table in config.cpp, checked against the enum at compile time.
 enum class Precision { kFp32, kBf16, kFp16 };
-enum class Sharding { kFullShard, kShardGradOp, kNoShard, kHybridShard };
 enum class OnSaveError { kStop, kContinue };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
 std::string name_of(Precision p);
-std::string name_of(Sharding s);
 std::string name_of(LrScheduleKind k);
 std::string name_of(OnSaveError e);
 
@@ -97,7 +96,7 @@ struct TrainConfig {
     double skip_spikes = 0;     // skip updates whose loss z-score exceeds this; 0: off
   } guard;
   struct Fsdp {
-    Sharding sharding = Sharding::kFullShard;
+    ShardingStrategy sharding = ShardingStrategy::kFullShard;
     int64_t fsdp_size = 0;  // shard-group size for hybrid_shard
     int64_t prefetch_depth = 1;
     bool explicit_prefetch = false;
