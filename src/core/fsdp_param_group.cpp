@@ -170,6 +170,7 @@ bool FSDPParamGroup::holds_reduction() const { return reduces_across_replicas() 
 
 void FSDPParamGroup::leave_in_place_path() {
   if (flow_->path() != GradientPath::kInPlace) return;
+  if (comm_ != nullptr) comm_->finish(*this);  // a reduction in flight ends on the path that issued it
   reshard();
   flow_ = leave_in_place(std::move(flow_), shard_);
 }
@@ -221,7 +222,11 @@ void FSDPParamGroup::drop_forward() noexcept {
 }
 
 void FSDPParamGroup::abandon() noexcept {
-  all_gather_.abandon();
+  try {
+    finish_all_gather();  // marked waited in the event log, as every issued collective is
+  } catch (const std::exception&) {
+    all_gather_.abandon();
+  }
   flow_->abandon();
   try {  // partial full-shape gradients give way to the sharded ones from before
     reshard();

@@ -303,6 +303,7 @@ void FSDPState::pre_forward(const torch::nn::Module& module) {
 }
 
 void FSDPState::wrap_inputs(const std::vector<at::Tensor*>& inputs) {
+  FSDP_ASSERT(!open_calls_.empty());
   CallFrame& frame = open_calls_.back();
   if (!frame.grad_enabled || frame.inner) return;
   torch::autograd::variable_list wrapped;
@@ -334,6 +335,7 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
 }
 
 void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
+  FSDP_ASSERT(!open_calls_.empty());
   const CallFrame frame = open_calls_.back();
   open_calls_.pop_back();
   post_forward(frame, outputs);

@@ -157,7 +157,7 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
 std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root);
 
 // One collective or compute boundary FSDP recorded for `root`'s tree (see
-// comm_context.h): the last CommContext::kMaxEvents, oldest first.
+// fsdp_event.h): the last 8,192, oldest first.
 std::vector<FSDPEvent> event_log(const torch::nn::Module& root);
 void clear_event_log(const torch::nn::Module& root);
 

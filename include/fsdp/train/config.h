@@ -23,7 +23,8 @@ namespace fsdp::train {
 
 // Enumerated keys are parsed into these once, when the configuration is
 // read; nothing compares their names elsewhere. Each enum's spellings are
-// one table in config.cpp, checked against the enum at compile time.
+// one table (config.cpp; the sharding strategy's in common/sharding.h),
+// checked against the enum at compile time (common/enum_spellings.h).
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class OnSaveError { kStop, kContinue };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
