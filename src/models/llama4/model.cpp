@@ -7,6 +7,7 @@
 #include "fsdp/models/attention.h"
 #include "fsdp/models/family.h"
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/moe/dispatch.h"
 #include "fsdp/models/moe/moe.h"
 #include "fsdp/nn/activation_checkpoint.h"
 
@@ -104,10 +105,10 @@ Llama4MoeImpl::Llama4MoeImpl(const Llama4Config& c) : top_k(c.num_experts_per_to
   shared_expert = register_module("shared_expert", nn::SwiGLU(C, c.text.intermediate_size, kInitStd));
 }
 
-// Dispatch as SparseMoeBlock's ([Note: expert dispatch] in moe.cpp): each
-// expert computes only the tokens routed to it. What differs is where the
-// router's weight goes: Hugging Face multiplies the expert's input by the
-// sigmoid of the token's router logit, not its output.
+// Routed as every MoE family is ([Note: expert dispatch] in
+// moe/dispatch.cpp). What differs is where the router's weight goes:
+// Hugging Face multiplies the expert's input by the sigmoid of the token's
+// router logit, not its output.
 std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
   const auto tokens = x.reshape({-1, C});  // (N, C)
@@ -115,30 +116,16 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
   const int64_t E = logits.size(-1);
   const auto [top, chosen] = logits.topk(top_k, -1);
   const auto scores = torch::sigmoid(top.to(torch::kFloat)).to(x.scalar_type()).reshape({-1});  // per slot
-
-  const auto slot_expert = chosen.reshape({-1});
-  const auto order = std::get<1>(slot_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const auto counts = torch::bincount(slot_expert, {}, E).cpu();  // read on the host
-  const auto* count = counts.data_ptr<int64_t>();
   // Views of each expert's weights; their gradients meet again as one
-  // tensor per fused parameter (unbind's backward stacks them, zeros for
-  // experts no token chose).
+  // tensor per fused parameter (unbind's backward stacks them).
   const auto gate_up = experts->gate_up_proj.unbind(0), down = experts->down_proj.unbind(0);
-  auto routed = torch::zeros_like(tokens);
-  int64_t begin = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    if (count[e] == 0) continue;
-    const auto slots = order.narrow(0, begin, count[e]);
-    const auto token_ids = slots.div(top_k, "floor");
-    const auto in = tokens.index_select(0, token_ids) * scores.index_select(0, slots).unsqueeze(1);
-    const auto gate_and_up = in.matmul(gate_up[static_cast<size_t>(e)]).chunk(2, -1);
-    routed.index_add_(0, token_ids,
-                      (gate_and_up[1] * torch::silu(gate_and_up[0])).matmul(down[static_cast<size_t>(e)]));
-    begin += count[e];
-  }
+  const auto [routed, counts] =
+      dispatch_to_experts(tokens, chosen, scores, E, RoutingWeightAt::kInput, [&](int64_t e, const torch::Tensor& in) {
+        const auto gate_and_up = in.matmul(gate_up[static_cast<size_t>(e)]).chunk(2, -1);
+        return (gate_and_up[1] * torch::silu(gate_and_up[0])).matmul(down[static_cast<size_t>(e)]);
+      });
   const auto out = shared_expert(tokens) + routed;
-  auto stats = torch::stack(
-      {torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(logits.device(), torch::kFloat)});
+  auto stats = torch::stack({torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(logits.device())});
   return {out.view(x.sizes()), stats};
 }
 

@@ -1,6 +1,7 @@
 #include "fsdp/models/moe/moe.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/models/moe/dispatch.h"
 
 namespace fsdp::models {
 
@@ -16,14 +17,8 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(int64_t hidden, const MoEConfig& c)
   }
 }
 
-// [Note: expert dispatch]
-// Each token has k routing slots (token t's j-th choice is slot t * k + j).
-// Sorting the slots by expert makes each expert's slots one contiguous run;
-// the expert gathers its tokens (index_select), computes them, weights them
-// by their routing probability, and index_add_ puts them back at their
-// tokens. An expert with no slots does no work and gets a zero gradient.
-// Work is proportional to N * k, not
-// N * E as with computing every expert on every token under a mask.
+// Routed as every MoE family is ([Note: expert dispatch] in dispatch.cpp),
+// each routing weight multiplying its expert's output.
 std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch::Tensor& x) {
   const int64_t C = x.size(-1);
   const auto tokens = x.reshape({-1, C});  // (N, C)
@@ -31,30 +26,10 @@ std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch
   auto [weights, chosen] = probs.topk(top_k, -1);                          // (N, k)
   if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type()).reshape({-1});  // per slot
-
-  const auto slot_expert = chosen.reshape({-1});  // (N * k)
-  const auto order = std::get<1>(slot_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const auto counts = torch::bincount(slot_expert, {}, num_experts).cpu();  // (E) int64, read on the host
-  const auto* count = counts.data_ptr<int64_t>();
-
-  auto out = torch::zeros_like(tokens);
-  int64_t begin = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (count[e] == 0) {
-      // An expert no token chose still gets a gradient, zero, as one
-      // fused expert tensor would (transformers' layout): computing it on
-      // no rows costs nothing and keeps AdamW's decay and moments moving
-      // for it at every world size.
-      if (torch::GradMode::is_enabled()) out = out + expert_list[static_cast<size_t>(e)](tokens.narrow(0, 0, 0)).sum();
-      continue;
-    }
-    const auto slots = order.narrow(0, begin, count[e]);
-    const auto token_ids = slots.div(top_k, "floor");
-    auto y = expert_list[static_cast<size_t>(e)](tokens.index_select(0, token_ids));
-    out.index_add_(0, token_ids, y * weights.index_select(0, slots).unsqueeze(1));
-    begin += count[e];
-  }
-  auto stats = torch::stack({probs.sum(0), counts.to(probs.device(), torch::kFloat)});
+  const auto [out, counts] =
+      dispatch_to_experts(tokens, chosen, weights, num_experts, RoutingWeightAt::kOutput,
+                          [&](int64_t e, const torch::Tensor& rows) { return expert_list[static_cast<size_t>(e)](rows); });
+  auto stats = torch::stack({probs.sum(0), counts.to(probs.device())});
   return {out.view(x.sizes()), stats};
 }
 

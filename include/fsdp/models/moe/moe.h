@@ -5,7 +5,8 @@
 // (renormalised over those k with norm_topk_prob) and its output is the
 // probability-weighted sum of those experts' SwiGLU outputs. Each expert
 // computes only the tokens routed to it: token slots are grouped by expert,
-// gathered, computed, and scatter-added back ([Note: expert dispatch]).
+// gathered, computed, and scatter-added back (moe/dispatch.h, shared with
+// Llama 4).
 
 #include <torch/torch.h>
 
