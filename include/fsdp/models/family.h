@@ -2,8 +2,8 @@
 // One model family as the registry sees it: its presets, how to build it,
 // and its Hugging Face adapter (config.json both ways, parameter names,
 // tensors a checkpoint may hold that are not parameters). Each family's
-// folder defines one (gpt2/model.cpp: gpt2_family()); the registry is the
-// table of them.
+// folder defines one in its family.cpp (gpt2/family.cpp: gpt2_family());
+// the registry is the table of them.
 
 #include <functional>
 #include <string>

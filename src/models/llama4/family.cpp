@@ -1,0 +1,57 @@
+// Llama 4: presets and the Hugging Face adapters, for Llama4ForCausalLM
+// (llama4_text) and the language model of Llama4ForConditionalGeneration
+// (llama4).
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/models/family.h"
+#include "fsdp/models/llama4/config.h"
+#include "fsdp/models/llama4/model.h"
+
+namespace fsdp::models {
+
+namespace {
+FamilySpec llama4_spec(const std::string& name, Llama4Config (*from_hf)(const nlohmann::json&, const std::string&)) {
+  FamilySpec f;
+  f.name = name;
+  f.from_hf = [from_hf](const nlohmann::json& j, const std::string& where) -> CausalLM {
+    return std::make_shared<Llama4ForCausalLMImpl>(from_hf(j, where));
+  };
+  f.to_hf = [](const CausalLMImpl& m) {
+    return llama4_config_to_hf(dynamic_cast<const Llama4ForCausalLMImpl&>(m).config);
+  };
+  f.ignored_hf_tensor = [](const std::string& key) { return key == "lm_head.weight"; };
+  return f;
+}
+}  // namespace
+
+FamilySpec llama4_text_family() {
+  FamilySpec f = llama4_spec("llama4_text", llama4_text_config_from_hf);
+  f.presets = llama4_preset_names();
+  f.build_preset = [](const std::string& name, double dropout) -> CausalLM {
+    auto c = llama4_preset(name);
+    c.text.attention_dropout = dropout;
+    return std::make_shared<Llama4ForCausalLMImpl>(c);
+  };
+  f.preset_vocab_size = [](const std::string& name) { return llama4_preset(name).text.vocab_size; };
+  f.preset_parameter_count = [](const std::string& name) { return llama4_parameter_count(llama4_preset(name)); };
+  return f;
+}
+
+// Llama4ForConditionalGeneration's directories: the language model's
+// tensors under language_model.; the vision tower's and projector's are
+// not read. A model loaded from one is a llama4_text model from then on.
+FamilySpec llama4_family() {
+  FamilySpec f = llama4_spec("llama4", llama4_config_from_hf);
+  f.hf_keys = [](const std::string& fqn) { return std::vector<std::string>{"language_model." + fqn, fqn}; };
+  f.ignored_hf_tensor = [](const std::string& key) {
+    return key.rfind("vision_model.", 0) == 0 || key.rfind("multi_modal_projector.", 0) == 0 ||
+           key == "language_model.lm_head.weight";
+  };
+  f.partial_load_note =
+      "is Llama4ForConditionalGeneration: its language model is trained; the vision tower and projector "
+      "(vision_model., multi_modal_projector.) are not read, and --export-hf writes Llama4ForCausalLM";
+  return f;
+}
+
+}  // namespace fsdp::models
