@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fsdp plan against measured runs: for each configuration of a grid (GPT-2
-and Llama-style models; W = 1, 2, 4; every sharding strategy; fp32 and
+and Llama-style models, a tied head at a large vocabulary, Qwen3-MoE and
+Llama 4; W = 1, 2, 4; every sharding strategy; fp32 and
 bf16; activation checkpointing and chunked loss on and off) this predicts
 the per-rank peak with `fsdp plan --json` and trains 3 steps with the same
 flags, then compares:
@@ -55,6 +56,15 @@ GRID = [
     ("llama-d6 W2 full_shard fp32 +AC chunked loss", 2, "--model llama-d6 --activation-checkpoint --chunk-loss"),
     ("llama-d6 W4 shard_grad_op fp32", 4, "--model llama-d6 --sharding shard_grad_op"),
     ("llama-d6 W4 hybrid 2x2 bf16", 4, "--model llama-d6 --sharding hybrid_shard --fsdp-size 2 --precision bf16"),
+    # A tied head at a large vocabulary (32000 x 768).
+    ("llama-w768 W1 fp32 tied", 1, "--model llama-w768"),
+    ("llama-w768 W2 full_shard fp32 tied", 2, "--model llama-w768"),
+    ("llama-w768 W2 full_shard bf16 tied +AC", 2, "--model llama-w768 --precision bf16 --activation-checkpoint"),
+    # Mixture-of-Experts: Qwen3-MoE's routed experts, Llama 4's with a shared one.
+    ("qwen3-moe-tiny W1 fp32", 1, "--model qwen3-moe-tiny --seq-len 128 --batch-size 16"),
+    ("qwen3-moe-tiny W2 full_shard bf16", 2, "--model qwen3-moe-tiny --seq-len 128 --batch-size 16 --precision bf16"),
+    ("llama4-tiny W1 fp32", 1, "--model llama4-tiny --seq-len 128 --batch-size 16"),
+    ("llama4-tiny W2 full_shard fp32 +AC", 2, "--model llama4-tiny --seq-len 128 --batch-size 16 --activation-checkpoint"),
 ]
 
 MIB = 1 << 20
@@ -96,19 +106,24 @@ def phase_maxima(snapshot_path, step_start_us):
     live = sum(seg["total_size"] for seg in snapshot["segments"])
     live -= sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
     maxima = {}
+    blocks_done = False  # block 0's post-backward seen: what backward runs next is the root's (the embedding's)
     for e in trace:
         live += e["size"] if e["action"] == "alloc" else -e["size"]
         if e["time_us"] < step_start_us:
             continue
         phase = e["frames"][0]["name"]
         index = re.search(r"\.(\d+)$", phase)
+        if phase.startswith("post-backward ") and index and index.group(1) == "0":
+            blocks_done = True
+        elif phase in ("optimizer", "data"):
+            blocks_done = False
         if phase.startswith("forward ") and index:
             moment = f"forward block {index.group(1)}"
         elif phase.split(" ")[0] in ("backward", "recompute") and index:
             moment = f"backward block {index.group(1)}"
         elif phase.startswith("post-backward ") and index:
             moment = f"post-backward block {index.group(1)}"
-        elif phase == "post-backward <root>":
+        elif phase == "post-backward <root>" or (phase == "backward" and blocks_done):
             moment = "backward root"
         elif phase == "backward":
             moment = "loss backward"

@@ -73,6 +73,7 @@ nlohmann::json to_json(const plan::Prediction& p, int64_t overhead, double headr
   return {{"block_activation_bytes", p.block_activation_bytes},
           {"block_checkpointed_bytes", p.block_checkpointed_bytes},
           {"peak_phase", p.peak.phase},
+          {"worst_routing_tensor_peak_bytes", p.worst_routing_peak_bytes},
           {"tensor_peak_bytes", p.peak.total()},
           {"overhead_bytes", overhead},
           {"tensors_plus_overhead_bytes", p.peak.total() + overhead},
@@ -151,6 +152,10 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
               plan::format_bytes(prediction.block_checkpointed_bytes).c_str(),
               pf.selective_ac ? "selective: the input, every other matmul's output, the attention's"
                               : "the input; the block being recomputed holds all of its own");
+  if (prediction.worst_routing_peak_bytes > 0) {
+    std::printf("experts at the expected load (balanced routing); if one expert got every token: %s of tensors\n",
+                plan::format_bytes(prediction.worst_routing_peak_bytes).c_str());
+  }
   if (budget == 0) return 0;
 
   const auto choice = plan::choose(shape, job, pf.world_size, target, budget, overhead, headroom);

@@ -70,13 +70,14 @@ KernelTiming time_attention(const plan::ModelShape& s, int64_t batch, int64_t se
 // (each block, then the root), as the trainer's optimizer sees them.
 KernelTiming time_adamw(const plan::ModelShape& s, double seconds) {
   std::vector<at::Tensor> params, grads;
+  int64_t total = 0;
   for (int64_t i = 0; i <= s.layers; ++i) {
-    params.push_back(at::randn({i < s.layers ? s.block_params : s.root_params}) * 0.02);
+    params.push_back(at::randn({i < s.layers ? s.block_params[static_cast<size_t>(i)] : s.root_params}) * 0.02);
     grads.push_back(at::randn_like(params.back()) * 1e-3);
+    total += params.back().numel();
   }
   KernelTiming t;
-  t.kernel =
-      "AdamW step, fp32, " + std::to_string((s.layers * s.block_params + s.root_params) / 1000000) + "M parameters";
+  t.kernel = "AdamW step, fp32, " + std::to_string(total / 1000000) + "M parameters";
   const auto options = torch::optim::AdamWOptions(3e-4).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
   std::vector<at::Tensor> ours_params;
   for (size_t i = 0; i < params.size(); ++i) {

@@ -101,20 +101,7 @@ std::vector<Gemm> step_gemms(const plan::ModelShape& s, int64_t batch, int64_t s
     add_linear(out, what, M, in, features, in_out, s.layers);
     out[first].count = forwards;
   };
-  if (s.family == "gpt2") {
-    linear("qkv", C, 3 * C, true);
-    linear("attention out", C, C, true);
-    linear("mlp up", C, s.ffn, true);
-    linear("mlp down", s.ffn, C, true);
-  } else {
-    linear("q", C, s.heads * hd, false);
-    linear("k", C, s.kv_heads * hd, false);
-    linear("v", C, s.kv_heads * hd, false);
-    linear("attention out", s.heads * hd, C, false);
-    linear("mlp gate", C, s.ffn, false);
-    linear("mlp up", C, s.ffn, false);
-    linear("mlp down", s.ffn, C, false);
-  }
+  for (const auto& p : s.projections) linear(p.name, p.in, p.out, p.in_out);
   // Attention over the whole T x T square, per (sequence, query head).
   const int64_t bh = batch * s.heads, T = seq_len;
   out.push_back({"attention q k^T", T, hd, T, bh, false, true, forwards});

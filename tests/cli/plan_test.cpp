@@ -89,7 +89,14 @@ INSTANTIATE_TEST_SUITE_P(
                       PlanCase{"llama_w2_shard_grad_op_bf16", 2,
                                "--model llama-tiny --sharding shard_grad_op --precision bf16"},
                       PlanCase{"gpt2_w2_no_shard_chunked", 2, "--model gpt2-tiny --sharding no_shard --chunk-loss"},
-                      PlanCase{"llama_w2_accumulation_bf16", 2, "--model llama-tiny --grad-accum 3 --precision bf16"}),
+                      PlanCase{"llama_w2_accumulation_bf16", 2, "--model llama-tiny --grad-accum 3 --precision bf16"},
+                      // A tied head at a large vocabulary: its gradient waits for the embedding's.
+                      PlanCase{"qwen3_w2_tied_large_vocab", 2, "--model qwen3-tiny --vocab-size 32000"},
+                      // Mixture-of-Experts: routed and shared experts, dense and sparse layers mixed.
+                      PlanCase{"qwen3_moe_fp32", 1, "--model qwen3-moe-tiny"},
+                      PlanCase{"qwen3_moe_w2_bf16", 2, "--model qwen3-moe-tiny --precision bf16"},
+                      PlanCase{"llama4_fp32", 1, "--model llama4-tiny"},
+                      PlanCase{"llama4_w2_ac", 2, "--model llama4-tiny --activation-checkpoint"}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
 // The recorded snapshot replays (tools/memory_peak.py, independent of the
@@ -168,7 +175,7 @@ void expect_refused(const std::string& args, const std::string& message, int exi
 }
 
 TEST(PlanErrors, ModelsWithoutFormulasAndBadSizesAreRefusedByName) {
-  expect_refused("plan --model qwen3-moe-tiny", "qwen3_moe model", 1);
+  expect_refused("plan --model example", "no memory formula for the example family", 1);
   expect_refused("plan --model gpt2-tiny --budget lots", "--budget", 0);
   expect_refused("plan --model gpt2-tiny --sharding hybrid_shard --fsdp-size 3 --world-size 4",
                  "does not divide 4 ranks", 1);

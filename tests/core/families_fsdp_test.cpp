@@ -238,8 +238,8 @@ TEST(WrapPolicyFsdp, SizeMakesEachModuleWithEnoughOwnParametersAUnitAndTrainsThe
       {"", 2 * 512 * 64 + 64 + 2 * 128}};
   EXPECT_EQ(units, expected);
   auto& llama = dynamic_cast<models::LlamaForCausalLMImpl&>(*model);
-  EXPECT_TRUE(is_fully_sharded(*llama.model->blocks[0]->self_attn));
-  EXPECT_FALSE(is_fully_sharded(*llama.model->blocks[0]));
+  EXPECT_TRUE(is_fully_sharded(*llama.model->layer(0).self_attn));
+  EXPECT_FALSE(is_fully_sharded(llama.model->layer(0)));
   std::string worst;
   EXPECT_LT(max_relative_difference(sharded, train_reference(llama_model(config), 3, test_world().size()), &worst), 1e-5) << worst;
   // A limit above every module: the root holds everything.

@@ -115,7 +115,7 @@ TEST(Registry, PublishedParameterCounts) {
 
 TEST(Llama4, ConfigKeysItDoesNotImplementAreRefusedByName) {
   const auto good = hf_config(*build_preset("llama4-tiny"));
-  EXPECT_EQ(llama4_text_config_from_hf(good, "x").moe_layers, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(llama4_text_config_from_hf(good, "x").text.moe.sparse_layers(4), (std::vector<int64_t>{1, 3}));
   const auto refused = [&](const char* key, const nlohmann::json& value) {
     auto j = good;
     j[key] = value;

@@ -41,7 +41,7 @@ torch::Tensor naive_moe(SparseMoeBlockImpl& block, const torch::Tensor& x) {
       const int64_t e = order[static_cast<size_t>(j)];
       auto w = probs[e];
       if (block.norm_topk_prob) w = w / total;
-      auto& expert = *block.expert_list[static_cast<size_t>(e)];
+      auto& expert = block.expert(e);
       const auto h = torch::silu(torch::matmul(token, expert.gate_proj->weight.t())) *
                      torch::matmul(token, expert.up_proj->weight.t());
       out = out + w * torch::matmul(h, expert.down_proj->weight.t());
@@ -95,11 +95,11 @@ TEST(Dispatch, AnExpertWithNoTokensGetsAZeroGradient) {
   EXPECT_EQ(stats[1][0].item<double>(), 8);
   EXPECT_EQ(stats[1][1].item<double>(), 8);
   for (int e = 2; e < 6; ++e) {
-    const auto& g = block->expert_list[static_cast<size_t>(e)]->up_proj->weight.grad();
+    const auto& g = block->expert(e).up_proj->weight.grad();
     ASSERT_TRUE(g.defined()) << e;
     EXPECT_EQ(g.abs().max().item<float>(), 0.0f) << e;
   }
-  EXPECT_GT(block->expert_list[0]->up_proj->weight.grad().abs().max().item<float>(), 0.0f);
+  EXPECT_GT(block->expert(0).up_proj->weight.grad().abs().max().item<float>(), 0.0f);
 }
 
 TEST(LoadBalancingLoss, HandComputed) {
@@ -156,10 +156,13 @@ TEST(Qwen3MoeModel, AuxiliaryLossIsTheScaledLossOverTheSparseLayers) {
   auto [cos, sin] = rotary_tables(16, m.config.head_size(), m.config.rope_theta);
   auto x = m.model->embed_tokens(tokens);
   std::vector<torch::Tensor> logits;
-  for (auto& block : m.model->blocks) {
-    auto h = x + block->self_attn(block->input_layernorm(x), cos, sin);
-    if (block->sparse_mlp) logits.push_back(block->sparse_mlp->gate(block->post_attention_layernorm(h)).view({32, 8}));
-    x = std::get<0>(block->forward(x, cos, sin));
+  for (size_t i = 0; i < m.model->size(); ++i) {
+    auto& block = m.model->layer(i);
+    auto h = x + block.self_attn->forward(block.input_layernorm(x), cos, sin);
+    if (auto moe = std::dynamic_pointer_cast<SparseMoeBlockImpl>(block.routed)) {
+      logits.push_back(moe->gate(block.post_attention_layernorm(h)).view({32, 8}));
+    }
+    x = std::get<0>(block.forward(x, cos, sin));
   }
   ASSERT_EQ(logits.size(), 2u);
   EXPECT_NEAR(aux.item<double>(), 0.01 * reference_aux_loss(logits, 2).item<double>(), 1e-7);
@@ -225,10 +228,13 @@ TEST(Llama4Moe, AuxiliaryLossOnlyWhenTheConfigAsksForRouterLogits) {
     const auto angles = torch::outer(torch::arange(16, torch::kFloat), rope_inv_freq(t.head_size(), t.rope_theta,
                                                                                      t.rope_scaling));
     auto x = asks.model->embed_tokens(tokens);
-    for (auto& block : asks.model->blocks) {
-      auto h = x + block->self_attn(block->input_layernorm(x), angles.cos(), angles.sin());
-      if (block->moe) logits.push_back(block->moe->router(block->post_attention_layernorm(h)).view({32, 4}));
-      x = std::get<0>(block->forward(x, angles.cos(), angles.sin()));
+    for (size_t i = 0; i < asks.model->size(); ++i) {
+      auto& block = asks.model->layer(i);
+      auto h = x + block.self_attn->forward(block.input_layernorm(x), angles.cos(), angles.sin());
+      if (auto moe = std::dynamic_pointer_cast<Llama4MoeImpl>(block.routed)) {
+        logits.push_back(moe->router(block.post_attention_layernorm(h)).view({32, 4}));
+      }
+      x = std::get<0>(block.forward(x, angles.cos(), angles.sin()));
     }
   }
   ASSERT_EQ(logits.size(), 2u);

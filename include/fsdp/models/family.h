@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/models/shape.h"
 
 namespace fsdp::models {
 
@@ -32,6 +33,9 @@ struct FamilySpec {
   // Tensors a Hugging Face file may hold that are not parameters here
   // (buffers such as rotary tables, a tied head saved twice).
   std::function<bool(const std::string& key)> ignored_hf_tensor = [](const std::string&) { return false; };
+  // Its shapes and memory formula (shape.h), for fsdp plan and the matmul
+  // bench; null for a family they do not model.
+  std::function<ModelShape(const CausalLMImpl& model)> shape;
   // Said when training starts from such a directory, where part of what it
   // holds is not read (Llama 4's vision tower); empty for most families.
   std::string partial_load_note;

@@ -10,27 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/models/shape.h"
 #include "fsdp/train/config.h"
 
 namespace fsdp::plan {
 
-// What the prediction needs of a model: read from a built (deferred) model
-// by model_shape.h, or written by hand in tests.
-struct ModelShape {
-  std::string family;  // gpt2, llama, qwen3 (the families with activation formulas)
-  int64_t layers = 0;
-  int64_t hidden = 0;  // C
-  int64_t heads = 0;
-  int64_t kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t ffn = 0;  // the MLP's inner width (GPT-2: 4C)
-  int64_t vocab = 0;
-  int64_t max_seq_len = 0;
-  int64_t block_params = 0;  // parameters of one block (every block alike)
-  int64_t root_params = 0;   // the rest: embeddings, final norm, an untied head
-  bool layer_norm = false;   // GPT-2's LayerNorm (else RMSNorm)
-  bool qk_norm = false;      // Qwen3's per-head norms
-};
+// What the prediction needs of a model: its family's shapes and memory
+// formula (models/shape.h), read from a built (deferred) model by
+// model_shape.h.
+using ModelShape = models::ModelShape;
 
 // What runs the job, where it differs from this CPU build.
 struct Target {
@@ -64,8 +52,11 @@ struct Prediction {
   Moment peak;                   // the largest moment
   std::vector<Moment> timeline;  // every moment walked, in order
   int64_t state_bytes = 0;       // sharded parameters + gradients + optimizer state
-  int64_t block_activation_bytes = 0;    // what one block keeps for backward, without checkpointing
+  int64_t block_activation_bytes = 0;    // what the largest block keeps for backward, without checkpointing
   int64_t block_checkpointed_bytes = 0;  // ... and with the job's checkpointing (its input; selective: more)
+  // Mixture-of-Experts models: the peak when one expert gets every token
+  // of a micro-batch (the prediction assumes balanced routing); 0 otherwise.
+  int64_t worst_routing_peak_bytes = 0;
 };
 
 // `world` ranks run `job` (its model, data, fsdp and runtime sections).

@@ -5,8 +5,41 @@
 #include "fsdp/models/family.h"
 #include "fsdp/models/gpt2/config.h"
 #include "fsdp/models/gpt2/model.h"
+#include "fsdp/models/shape.h"
 
 namespace fsdp::models {
+
+namespace {
+ModelShape gpt2_shape(const GPT2Config& c) {
+  ModelShape s;
+  s.family = "gpt2";
+  s.layers = c.n_layer;
+  s.hidden = c.n_embd;
+  s.heads = s.kv_heads = c.n_head;
+  s.head_dim = c.n_embd / c.n_head;
+  s.ffn = 4 * c.n_embd;
+  s.vocab = c.vocab_size;
+  s.max_seq_len = c.n_positions;
+  s.layer_norm = true;
+  s.tied_head = true;
+  const int64_t C = s.hidden;
+  s.projections = {{"qkv", C, 3 * C, true}, {"attention out", C, C, true}, {"mlp up", C, s.ffn, true},
+                   {"mlp down", s.ffn, C, true}};
+  s.block_memory = [heads = s.heads, C, ffn = s.ffn](int64_t /*layer*/, const ActivationSizes& sz) {
+    const int64_t N = sz.N, cb = sz.compute, probs = attention_kept(heads, sz);
+    BlockMemory m;
+    // input, ln_1, c_attn's qkv (3C), attention output, residual h, ln_2,
+    // c_fc's output (4C) and GELU's (4C): 15 C-wide rows and the input.
+    m.kept = N * C * cb + 2 * layer_norm_saved(N, C, sz) + N * (3 * C + C + C + 2 * ffn) * cb + probs;
+    // Selective checkpointing: the input, qkv and c_fc's outputs, the
+    // attention's output with its statistic.
+    m.selective = N * C * cb + N * (3 * C + ffn + C) * cb + probs;
+    m.backward_transient = (2 * N * ffn + 2 * N * C) * cb;
+    return m;
+  };
+  return s;
+}
+}  // namespace
 
 FamilySpec gpt2_family() {
   FamilySpec f;
@@ -39,6 +72,7 @@ FamilySpec gpt2_family() {
     };
     return ends_with("attn.bias") || ends_with("attn.masked_bias") || key == "lm_head.weight";
   };
+  f.shape = [](const CausalLMImpl& m) { return gpt2_shape(dynamic_cast<const GPT2LMHeadModelImpl&>(m).config); };
   return f;
 }
 

@@ -61,12 +61,6 @@ const std::map<std::string, LlamaConfig>& presets() {
 int64_t swiglu(int64_t hidden, int64_t inner) { return 3 * hidden * inner; }
 }  // namespace
 
-bool MoEConfig::is_sparse(int64_t layer) const {
-  if (num_experts <= 0) return false;
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
-  return (layer + 1) % decoder_sparse_step == 0;
-}
-
 const std::vector<std::string>& llama_preset_names() {
   static const std::vector<std::string> names = {"llama-tiny",  "llama-d6", "llama-w768", "llama3-1b",   "llama3-3b",   "llama3-8b",
                                                  "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama2-tiny",

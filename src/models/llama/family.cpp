@@ -5,6 +5,7 @@
 #include "fsdp/models/family.h"
 #include "fsdp/models/llama/config.h"
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/llama/shape.h"
 
 namespace fsdp::models {
 
@@ -30,6 +31,7 @@ FamilySpec llama_family() {
   f.ignored_hf_tensor = [](const std::string& key) {
     return key.find("rotary_emb.inv_freq") != std::string::npos || key == "lm_head.weight";
   };
+  f.shape = [](const CausalLMImpl& m) { return llama_shape(dynamic_cast<const LlamaForCausalLMImpl&>(m).config); };
   return f;
 }
 

@@ -3,11 +3,10 @@
 #include <cmath>
 
 #include "fsdp/common/error.h"
-#include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/kv_cache.h"
 #include "fsdp/models/llama/config.h"
-#include "fsdp/nn/activation_checkpoint.h"
+#include "fsdp/models/moe/moe.h"
 
 namespace fsdp::models {
 
@@ -83,103 +82,33 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   return o_proj(causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), &dropout));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t index) {
-  self_attn = register_module("self_attn", LlamaAttention(c));
+namespace {
+DecoderLMOptions options_of(const LlamaConfig& c) {
+  return {c.family,        c.vocab_size,   c.hidden_size,         c.num_hidden_layers, c.max_position_embeddings,
+          c.rms_norm_eps, c.tie_word_embeddings, c.moe.router_aux_loss_coef};
+}
+
+DecoderLayerParts layer_of(const LlamaConfig& c, int64_t index) {
+  DecoderLayerParts p;
+  p.attention = std::make_shared<LlamaAttentionImpl>(c);
   if (c.moe.is_sparse(index)) {
-    sparse_mlp = register_module("mlp", SparseMoeBlock(c.hidden_size, c.moe));
+    p.routed = std::make_shared<SparseMoeBlockImpl>(c.hidden_size, c.moe);
   } else {
-    mlp = register_module("mlp", nn::SwiGLU(c.hidden_size, c.intermediate_size));
+    p.dense = nn::SwiGLU(c.hidden_size, c.intermediate_size);
   }
-  input_layernorm = register_module("input_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
+  p.hidden_size = c.hidden_size;
+  p.rms_norm_eps = c.rms_norm_eps;
+  return p;
 }
+}  // namespace
 
-std::vector<torch::Tensor> LlamaDecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
-                                                                const torch::Tensor& sin) {
-  // Called through their hooks (FSDP_MODULE holders; the dense MLP, an nn
-  // layer, through fsdp::call): a size-based wrap policy may make them units.
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
-  if (!sparse_mlp) return {h + fsdp::call(mlp, post_attention_layernorm(h))};
-  auto [y, stats] = sparse_mlp(post_attention_layernorm(h));
-  return {h + y, stats};
-}
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
+    : DecoderLMImpl(options_of(c), [&c](int64_t i) { return layer_of(c, i); }), config(c) {}
 
-std::tuple<torch::Tensor, torch::Tensor> LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
-                                                                        const torch::Tensor& cos,
-                                                                        const torch::Tensor& sin) {
-  return nn::maybe_checkpoint(
-      checkpoint_activations, [this, cos, sin](const torch::Tensor& t) { return forward_block(t, cos, sin); }, x);
-}
-
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
-  embed_tokens = register_module("embed_tokens", nn::Embedding(c.vocab_size, c.hidden_size, 0.02));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    blocks.emplace_back(c, i);
-    layers->push_back(blocks.back());
-  }
-  norm = register_module("norm", nn::RMSNorm(c.hidden_size, c.rms_norm_eps));
-}
-
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) {
-  model = register_module("model", LlamaModel(c));
-  if (c.tie_word_embeddings) {
-    model->embed_tokens->share_with_output_head();
-  } else {
-    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size));
-  }
-}
-
-torch::Tensor LlamaForCausalLMImpl::forward(torch::Tensor tokens) {
-  const int64_t T = tokens.size(1);
-  const int64_t past = kv_cache != nullptr ? kv_cache->length : 0;  // tokens before these
-  FSDP_CHECK(past + T <= config.max_position_embeddings, "sequence length ", past + T, " exceeds the model's ",
-             config.max_position_embeddings, " positions (max_position_embeddings)");
-  for (size_t i = 0; i < model->blocks.size(); ++i) {
-    model->blocks[i]->self_attn->cache = kv_cache;
-    model->blocks[i]->self_attn->layer = i;
-  }
+std::pair<torch::Tensor, torch::Tensor> LlamaForCausalLMImpl::position_tables(int64_t past, int64_t T,
+                                                                              const torch::Device& device) const {
   auto [cos, sin] = rotary_tables(past + T, config.head_size(), config.rope_theta, config.rope_scaling);
-  cos = cos.narrow(0, past, T).to(tokens.device());
-  sin = sin.narrow(0, past, T).to(tokens.device());
-  auto x = model->embed_tokens(tokens);
-  std::vector<torch::Tensor> router_stats;
-  for (auto& block : model->blocks) {
-    auto [y, stats] = block(x, cos, sin);
-    x = y;
-    if (stats.defined()) router_stats.push_back(stats);
-  }
-  aux_loss_ = torch::Tensor();
-  if (!router_stats.empty() && torch::GradMode::is_enabled() && config.moe.router_aux_loss_coef > 0) {
-    aux_loss_ = config.moe.router_aux_loss_coef * load_balancing_loss(router_stats, tokens.numel());
-  }
-  return model->norm(x);
-}
-
-std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::blocks() {
-  std::vector<std::shared_ptr<torch::nn::Module>> out;
-  for (auto& b : model->blocks) out.push_back(b.ptr());
-  return out;
-}
-
-std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::wrap_candidates() {
-  // Not the experts: which of them run depends on each rank's tokens, and
-  // a unit must be called on every rank (its gathers are collectives).
-  std::vector<std::shared_ptr<torch::nn::Module>> out;
-  for (auto& b : model->blocks) {
-    out.push_back(b->self_attn.ptr());
-    if (b->sparse_mlp) {
-      out.push_back(b->sparse_mlp.ptr());
-    } else {
-      out.push_back(b->mlp.ptr());
-    }
-    out.push_back(b.ptr());
-  }
-  return out;
-}
-
-void LlamaForCausalLMImpl::set_activation_checkpointing(bool enabled) {
-  for (auto& b : model->blocks) b->checkpoint_activations = enabled;
+  return {cos.narrow(0, past, T).to(device), sin.narrow(0, past, T).to(device)};
 }
 
 }  // namespace fsdp::models

@@ -25,7 +25,8 @@ void default_layer_lists(Llama4Config& c, int64_t no_rope_interval, int64_t moe_
     for (int64_t i = 0; i < layers; ++i) c.no_rope_layers.push_back((i + 1) % no_rope_interval != 0 ? 1 : 0);
   }
   if (!moe_layers_given) {
-    for (int64_t i = moe_step - 1; i < layers; i += moe_step) c.moe_layers.push_back(i);
+    c.text.moe.decoder_sparse_step = moe_step;
+    c.text.moe.mlp_only_layers.clear();
   }
   if (c.chunked_attention.empty()) {
     for (int64_t i = 0; i < layers; ++i) c.chunked_attention.push_back(c.no_rope_layers[static_cast<size_t>(i)] != 0);
@@ -42,8 +43,8 @@ Llama4Config shape(int64_t vocab, int64_t hidden, int64_t expert_width, int64_t 
   c.text.rope_theta = 500000.0;
   c.text.family = "llama4_text";
   c.intermediate_size_mlp = mlp_width;
-  c.num_local_experts = experts;
-  c.num_experts_per_tok = top_k;
+  c.text.moe = {experts, top_k, expert_width, /*norm_topk_prob=*/false};
+  c.text.moe.router_aux_loss_coef = 0.001;
   c.use_qk_norm = qk_norm;
   default_layer_lists(c, 4, moe_step, false);
   return c;
@@ -63,7 +64,7 @@ const std::map<std::string, Llama4Config>& presets() {
     tiny.floor_scale = 4;
     tiny.text.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 16};
     tiny.output_router_logits = true;
-    tiny.router_aux_loss_coef = 0.01;
+    tiny.text.moe.router_aux_loss_coef = 0.01;
     m["llama4-tiny"] = tiny;
     // meta-llama/Llama-4-Scout-17B-16E's text_config.
     Llama4Config scout = shape(202048, 5120, 8192, 16384, 48, 40, 8, 10485760, 16, 1, 1, true);
@@ -86,8 +87,8 @@ int64_t parameter_count(const Llama4Config& c, bool active) {
   for (int64_t i = 0; i < t.num_hidden_layers; ++i) {
     int64_t mlp = swiglu(C, c.intermediate_size_mlp);
     if (c.is_moe(i)) {
-      const int64_t experts = active ? c.num_experts_per_tok : c.num_local_experts;
-      mlp = c.num_local_experts * C + (experts + 1) * swiglu(C, t.intermediate_size);  // router, routed, shared
+      const int64_t experts = active ? t.moe.num_experts_per_tok : t.moe.num_experts;
+      mlp = t.moe.num_experts * C + (experts + 1) * swiglu(C, t.intermediate_size);  // router, routed, shared
     }
     total += attn + mlp + 2 * C;
   }
@@ -104,9 +105,6 @@ std::vector<int64_t> layer_list(hf::ConfigReader& r, const char* key, int64_t la
 }
 }  // namespace
 
-bool Llama4Config::is_moe(int64_t layer) const {
-  return std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
-}
 bool Llama4Config::uses_rope(int64_t layer) const { return no_rope_layers.at(static_cast<size_t>(layer)) != 0; }
 bool Llama4Config::is_chunked(int64_t layer) const {
   return attention_chunk_size > 0 && chunked_attention.at(static_cast<size_t>(layer));
@@ -142,18 +140,22 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   // Written by Meta's and transformers' tools; none changes the model.
   r.ignore({"for_llm_compressor", "_attn_implementation_autoset", "cache_implementation", "attn_implementation"});
   c.intermediate_size_mlp = r.get_size("intermediate_size_mlp");
-  c.num_local_experts = r.get_size("num_local_experts");
-  c.num_experts_per_tok = r.get_size("num_experts_per_tok");
-  FSDP_CHECK(c.num_experts_per_tok <= c.num_local_experts, where, ": config.json num_experts_per_tok ",
-             c.num_experts_per_tok, " must be at most num_local_experts (", c.num_local_experts, ")");
+  auto& moe = t.moe;
+  moe.num_experts = r.get_size("num_local_experts");
+  moe.num_experts_per_tok = r.get_size("num_experts_per_tok");
+  moe.moe_intermediate_size = t.intermediate_size;
+  moe.norm_topk_prob = false;
+  FSDP_CHECK(moe.num_experts_per_tok <= moe.num_experts, where, ": config.json num_experts_per_tok ",
+             moe.num_experts_per_tok, " must be at most num_local_experts (", moe.num_experts, ")");
   const int64_t layers = t.num_hidden_layers;
   // Per-layer lists are built below, bounded by get_size's limit on the
   // layer count ([Note: dimension limits]).
   const bool moe_layers_given = r.has("moe_layers");
-  c.moe_layers = r.get_or<std::vector<int64_t>>("moe_layers", {});
-  for (const int64_t layer : c.moe_layers) {
+  const auto moe_layers = r.get_or<std::vector<int64_t>>("moe_layers", {});
+  for (const int64_t layer : moe_layers) {
     FSDP_CHECK(layer >= 0 && layer < layers, where, ": config.json moe_layers names layer ", layer, " of ", layers);
   }
+  if (moe_layers_given) moe.set_sparse_layers(moe_layers, layers);
   const int64_t moe_step = r.get_size_or("interleave_moe_layer_step", 1);
   c.no_rope_layers = layer_list(r, "no_rope_layers", layers);
   for (const int64_t v : c.no_rope_layers) {
@@ -193,7 +195,7 @@ Llama4Config llama4_text_config_from_hf(const nlohmann::json& j, const std::stri
   c.attn_scale = r.get_or<double>("attn_scale", 0.1);
   FSDP_CHECK(c.floor_scale > 0, where, ": config.json floor_scale must be positive");
   c.output_router_logits = r.get_or<bool>("output_router_logits", false);
-  c.router_aux_loss_coef = r.get_or<double>("router_aux_loss_coef", 0.001);
+  moe.router_aux_loss_coef = r.get_or<double>("router_aux_loss_coef", 0.001);
   r.accept_only("router_jitter_noise", 0.0, "router jitter noise");
   r.finish();
   return c;
@@ -218,9 +220,9 @@ nlohmann::json llama4_config_to_hf(const Llama4Config& c) {
   j["architectures"] = {"Llama4ForCausalLM"};
   j["model_type"] = "llama4_text";
   j["intermediate_size_mlp"] = c.intermediate_size_mlp;
-  j["num_local_experts"] = c.num_local_experts;
-  j["num_experts_per_tok"] = c.num_experts_per_tok;
-  j["moe_layers"] = c.moe_layers;
+  j["num_local_experts"] = c.text.moe.num_experts;
+  j["num_experts_per_tok"] = c.text.moe.num_experts_per_tok;
+  j["moe_layers"] = c.text.moe.sparse_layers(c.text.num_hidden_layers);
   j["no_rope_layers"] = c.no_rope_layers;
   std::vector<std::string> types;
   for (const bool chunked : c.chunked_attention) types.push_back(chunked ? "chunked_attention" : "full_attention");
@@ -234,7 +236,7 @@ nlohmann::json llama4_config_to_hf(const Llama4Config& c) {
                          : nlohmann::json(c.floor_scale);
   j["attn_scale"] = c.attn_scale;
   j["output_router_logits"] = c.output_router_logits;
-  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  j["router_aux_loss_coef"] = c.text.moe.router_aux_loss_coef;
   j["router_jitter_noise"] = 0.0;
   return j;
 }

@@ -7,10 +7,39 @@
 #include "fsdp/models/family.h"
 #include "fsdp/models/llama4/config.h"
 #include "fsdp/models/llama4/model.h"
+#include "fsdp/models/llama/shape.h"
+#include "fsdp/models/moe/shape.h"
 
 namespace fsdp::models {
 
 namespace {
+// The Llama decoder's formula with Llama 4's attention and feed-forward:
+// chunked layers keep each window's probabilities only, the q/k norm (an
+// L2 norm, RoPE layers only) keeps what Qwen3's does, and a MoE layer adds
+// the shared expert beside the routed ones.
+ModelShape llama4_shape(const Llama4Config& c) {
+  auto s = llama_shape(c.text);
+  s.ffn = c.intermediate_size_mlp;
+  for (auto& p : s.projections) {
+    if (p.in == c.text.intermediate_size) p.in = s.ffn;
+    if (p.out == c.text.intermediate_size) p.out = s.ffn;
+  }
+  s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
+    auto t = c.text;
+    t.qk_norm = c.use_qk_norm && c.uses_rope(layer);
+    const bool moe = c.is_moe(layer);
+    auto m = llama_dense_block_memory(t, moe ? 0 : c.intermediate_size_mlp, sizes);
+    if (c.is_chunked(layer) && c.attention_chunk_size < sizes.T) {
+      const int64_t heads = t.num_attention_heads;
+      const int64_t fewer = attention_kept(heads, sizes) - attention_kept(heads, sizes, c.attention_chunk_size);
+      m.kept -= fewer;
+      m.selective -= fewer;
+    }
+    return moe ? add_routed_memory(m, t.hidden_size, t.moe, t.intermediate_size, sizes) : m;
+  };
+  return s;
+}
+
 FamilySpec llama4_spec(const std::string& name, Llama4Config (*from_hf)(const nlohmann::json&, const std::string&)) {
   FamilySpec f;
   f.name = name;
@@ -21,6 +50,7 @@ FamilySpec llama4_spec(const std::string& name, Llama4Config (*from_hf)(const nl
     return llama4_config_to_hf(dynamic_cast<const Llama4ForCausalLMImpl&>(m).config);
   };
   f.ignored_hf_tensor = [](const std::string& key) { return key == "lm_head.weight"; };
+  f.shape = [](const CausalLMImpl& m) { return llama4_shape(dynamic_cast<const Llama4ForCausalLMImpl&>(m).config); };
   return f;
 }
 }  // namespace

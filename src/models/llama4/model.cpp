@@ -3,12 +3,9 @@
 #include <cmath>
 
 #include "fsdp/common/error.h"
-#include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/llama/model.h"
 #include "fsdp/models/moe/dispatch.h"
-#include "fsdp/models/moe/moe.h"
-#include "fsdp/nn/activation_checkpoint.h"
 
 namespace fsdp::models {
 
@@ -97,10 +94,10 @@ Llama4ExpertsImpl::Llama4ExpertsImpl(int64_t experts, int64_t hidden, int64_t wi
   down_proj = register_parameter("down_proj", nn::new_parameter({experts, width, hidden}, normal));
 }
 
-Llama4MoeImpl::Llama4MoeImpl(const Llama4Config& c) : top_k(c.num_experts_per_tok) {
+Llama4MoeImpl::Llama4MoeImpl(const Llama4Config& c) : top_k(c.text.moe.num_experts_per_tok) {
   const int64_t C = c.text.hidden_size;
-  router = register_module("router", linear(C, c.num_local_experts));
-  experts = register_module("experts", Llama4Experts(c.num_local_experts, C, c.text.intermediate_size));
+  router = register_module("router", linear(C, c.text.moe.num_experts));
+  experts = register_module("experts", Llama4Experts(c.text.moe.num_experts, C, c.text.moe.moe_intermediate_size));
   shared_expert = register_module("shared_expert", nn::SwiGLU(C, c.text.intermediate_size, kInitStd));
 }
 
@@ -128,99 +125,44 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
   return {out.view(x.sizes()), stats};
 }
 
-Llama4DecoderLayerImpl::Llama4DecoderLayerImpl(const Llama4Config& c, int64_t index) {
-  self_attn = register_module("self_attn", Llama4Attention(c, index));
+namespace {
+DecoderLMOptions options_of(const Llama4Config& c) {
+  const auto& t = c.text;
+  FSDP_CHECK(static_cast<int64_t>(c.no_rope_layers.size()) == t.num_hidden_layers &&
+                 static_cast<int64_t>(c.chunked_attention.size()) == t.num_hidden_layers,
+             "Llama 4: no_rope_layers and layer_types need one entry per layer (", t.num_hidden_layers, ")");
+  FSDP_CHECK(t.moe.num_experts == 0 || t.moe.moe_intermediate_size == t.intermediate_size,
+             "Llama 4: the routed experts' width ", t.moe.moe_intermediate_size,
+             " must equal intermediate_size ", t.intermediate_size, " (the shared expert's)");
+  const double aux = c.output_router_logits ? t.moe.router_aux_loss_coef : 0.0;
+  return {"llama4_text", t.vocab_size, t.hidden_size, t.num_hidden_layers, t.max_position_embeddings,
+          t.rms_norm_eps, t.tie_word_embeddings, aux};
+}
+
+DecoderLayerParts layer_of(const Llama4Config& c, int64_t index) {
+  DecoderLayerParts p;
+  p.attention = std::make_shared<Llama4AttentionImpl>(c, index);
   if (c.is_moe(index)) {
-    moe = register_module("feed_forward", Llama4Moe(c));
+    p.routed = std::make_shared<Llama4MoeImpl>(c);
   } else {
-    dense = register_module("feed_forward", nn::SwiGLU(c.text.hidden_size, c.intermediate_size_mlp, kInitStd));
+    p.dense = nn::SwiGLU(c.text.hidden_size, c.intermediate_size_mlp, kInitStd);
   }
-  const int64_t C = c.text.hidden_size;
-  input_layernorm = register_module("input_layernorm", nn::RMSNorm(C, c.text.rms_norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", nn::RMSNorm(C, c.text.rms_norm_eps));
+  p.feed_forward_name = "feed_forward";
+  p.hidden_size = c.text.hidden_size;
+  p.rms_norm_eps = c.text.rms_norm_eps;
+  return p;
 }
+}  // namespace
 
-std::vector<torch::Tensor> Llama4DecoderLayerImpl::forward_block(const torch::Tensor& x, const torch::Tensor& cos,
-                                                                 const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
-  if (!moe) return {h + fsdp::call(dense, post_attention_layernorm(h))};
-  auto [y, stats] = moe(post_attention_layernorm(h));
-  return {h + y, stats};
-}
+Llama4ForCausalLMImpl::Llama4ForCausalLMImpl(const Llama4Config& c)
+    : DecoderLMImpl(options_of(c), [&c](int64_t i) { return layer_of(c, i); }), config(c) {}
 
-std::tuple<torch::Tensor, torch::Tensor> Llama4DecoderLayerImpl::forward(const torch::Tensor& x,
-                                                                         const torch::Tensor& cos,
-                                                                         const torch::Tensor& sin) {
-  return nn::maybe_checkpoint(
-      checkpoint_activations, [this, cos, sin](const torch::Tensor& t) { return forward_block(t, cos, sin); }, x);
-}
-
-Llama4TextModelImpl::Llama4TextModelImpl(const Llama4Config& c) {
-  embed_tokens = register_module("embed_tokens", nn::Embedding(c.text.vocab_size, c.text.hidden_size, kInitStd));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.text.num_hidden_layers; ++i) {
-    blocks.emplace_back(c, i);
-    layers->push_back(blocks.back());
-  }
-  norm = register_module("norm", nn::RMSNorm(c.text.hidden_size, c.text.rms_norm_eps));
-}
-
-Llama4ForCausalLMImpl::Llama4ForCausalLMImpl(const Llama4Config& c) : config(c) {
-  FSDP_CHECK(static_cast<int64_t>(c.no_rope_layers.size()) == c.text.num_hidden_layers &&
-                 static_cast<int64_t>(c.chunked_attention.size()) == c.text.num_hidden_layers,
-             "Llama 4: no_rope_layers and layer_types need one entry per layer (", c.text.num_hidden_layers, ")");
-  model = register_module("model", Llama4TextModel(c));
-  if (c.text.tie_word_embeddings) {
-    model->embed_tokens->share_with_output_head();
-  } else {
-    lm_head = register_module("lm_head", linear(c.text.hidden_size, c.text.vocab_size));
-  }
-}
-
-torch::Tensor Llama4ForCausalLMImpl::forward(torch::Tensor tokens) {
+std::pair<torch::Tensor, torch::Tensor> Llama4ForCausalLMImpl::position_tables(int64_t past, int64_t T,
+                                                                               const torch::Device& device) const {
   const auto& t = config.text;
-  const int64_t T = tokens.size(1);
-  FSDP_CHECK(T <= t.max_position_embeddings, "sequence length ", T, " exceeds the model's ", t.max_position_embeddings,
-             " positions (max_position_embeddings)");
-  const auto angles = torch::outer(torch::arange(T, torch::kFloat), rope_inv_freq(t.head_size(), t.rope_theta,
-                                                                                  t.rope_scaling))
-                         .to(tokens.device());  // (T, hs/2)
-  const auto cos = angles.cos(), sin = angles.sin();
-  auto x = model->embed_tokens(tokens);
-  std::vector<torch::Tensor> router_stats;
-  for (auto& block : model->blocks) {
-    auto [y, stats] = block(x, cos, sin);
-    x = y;
-    if (stats.defined()) router_stats.push_back(stats);
-  }
-  aux_loss_ = torch::Tensor();
-  if (config.output_router_logits && config.router_aux_loss_coef > 0 && !router_stats.empty() &&
-      torch::GradMode::is_enabled()) {
-    aux_loss_ = config.router_aux_loss_coef * load_balancing_loss(router_stats, tokens.numel());
-  }
-  return model->norm(x);
-}
-
-std::vector<std::shared_ptr<torch::nn::Module>> Llama4ForCausalLMImpl::blocks() {
-  std::vector<std::shared_ptr<torch::nn::Module>> out;
-  for (auto& b : model->blocks) out.push_back(b.ptr());
-  return out;
-}
-
-std::vector<std::shared_ptr<torch::nn::Module>> Llama4ForCausalLMImpl::wrap_candidates() {
-  // The whole feed-forward, experts included: every rank calls it, whatever
-  // its tokens chose.
-  std::vector<std::shared_ptr<torch::nn::Module>> out;
-  for (auto& b : model->blocks) {
-    out.push_back(b->self_attn.ptr());
-    out.push_back(b->moe ? std::shared_ptr<torch::nn::Module>(b->moe.ptr()) : b->dense.ptr());
-    out.push_back(b.ptr());
-  }
-  return out;
-}
-
-void Llama4ForCausalLMImpl::set_activation_checkpointing(bool enabled) {
-  for (auto& b : model->blocks) b->checkpoint_activations = enabled;
+  const auto positions = torch::arange(past, past + T, torch::kFloat);
+  const auto angles = torch::outer(positions, rope_inv_freq(t.head_size(), t.rope_theta, t.rope_scaling));
+  return {angles.cos().to(device), angles.sin().to(device)};  // (T, hs/2)
 }
 
 }  // namespace fsdp::models

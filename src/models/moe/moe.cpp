@@ -11,10 +11,7 @@ SparseMoeBlockImpl::SparseMoeBlockImpl(int64_t hidden, const MoEConfig& c)
              " must be in 1..num_experts (", num_experts, ")");
   gate = register_module("gate", nn::Linear(hidden, num_experts, /*bias=*/false));
   experts = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < num_experts; ++e) {
-    expert_list.emplace_back(hidden, c.moe_intermediate_size);
-    experts->push_back(expert_list.back());
-  }
+  for (int64_t e = 0; e < num_experts; ++e) experts->push_back(nn::SwiGLU(hidden, c.moe_intermediate_size));
 }
 
 // Routed as every MoE family is ([Note: expert dispatch] in dispatch.cpp),
@@ -28,7 +25,7 @@ std::tuple<torch::Tensor, torch::Tensor> SparseMoeBlockImpl::forward(const torch
   weights = weights.to(x.scalar_type()).reshape({-1});  // per slot
   const auto [out, counts] =
       dispatch_to_experts(tokens, chosen, weights, num_experts, RoutingWeightAt::kOutput,
-                          [&](int64_t e, const torch::Tensor& rows) { return expert_list[static_cast<size_t>(e)](rows); });
+                          [&](int64_t e, const torch::Tensor& rows) { return expert(e).forward(rows); });
   auto stats = torch::stack({probs.sum(0), counts.to(probs.device())});
   return {out.view(x.sizes()), stats};
 }

@@ -3,6 +3,7 @@
 
 #include "fsdp/models/family.h"
 #include "fsdp/models/llama/model.h"
+#include "fsdp/models/llama/shape.h"
 #include "fsdp/models/qwen3/config.h"
 
 namespace fsdp::models {
@@ -28,6 +29,7 @@ FamilySpec qwen3_spec(const std::string& name, const std::vector<std::string>& p
   };
   // Tied checkpoints may hold the head as well (it is the embedding).
   f.ignored_hf_tensor = [](const std::string& key) { return key == "lm_head.weight"; };
+  f.shape = [](const CausalLMImpl& m) { return llama_shape(dynamic_cast<const LlamaForCausalLMImpl&>(m).config); };
   return f;
 }
 }  // namespace

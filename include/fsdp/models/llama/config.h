@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "fsdp/models/moe/config.h"
+
 namespace fsdp::models {
 
 namespace hf {
@@ -25,20 +27,6 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
-};
-
-// Qwen3-MoE's sparse blocks; num_experts == 0 means a dense model.
-struct MoEConfig {
-  int64_t num_experts = 0;
-  int64_t num_experts_per_tok = 0;
-  int64_t moe_intermediate_size = 0;
-  bool norm_topk_prob = true;
-  int64_t decoder_sparse_step = 1;
-  std::vector<int64_t> mlp_only_layers;
-  double router_aux_loss_coef = 0.0;
-  // Hugging Face's rule: sparse unless listed in mlp_only_layers, every
-  // decoder_sparse_step-th layer.
-  bool is_sparse(int64_t layer) const;
 };
 
 struct LlamaConfig {
@@ -56,7 +44,7 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over each query and key head
   RopeScaling rope_scaling;
-  MoEConfig moe;
+  MoEConfig moe;  // Qwen3-MoE; Llama 4's routed experts
   std::string family = "llama";  // llama, qwen3 or qwen3_moe: which config.json it writes
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }

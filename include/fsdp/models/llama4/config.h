@@ -17,12 +17,12 @@ namespace fsdp::models {
 struct Llama4Config {
   // vocab_size, hidden_size, heads, head_dim, positions, rms_norm_eps, rope
   // and the tied head as Llama's; intermediate_size is the width of each
-  // expert and of the shared expert (Hugging Face's naming).
+  // expert and of the shared expert (Hugging Face's naming), and
+  // text.moe the routed experts (num_local_experts, num_experts_per_tok,
+  // moe_layers, router_aux_loss_coef; moe_intermediate_size equals
+  // intermediate_size).
   LlamaConfig text;
   int64_t intermediate_size_mlp = 16384;  // the dense layers' SwiGLU width
-  int64_t num_local_experts = 16;
-  int64_t num_experts_per_tok = 1;
-  std::vector<int64_t> moe_layers;      // layer indices with experts
   std::vector<int64_t> no_rope_layers;  // one per layer: 1 rotates q/k, 0 is a NoPE layer
   std::vector<bool> chunked_attention;  // one per layer: local attention within chunks
   int64_t attention_chunk_size = 8192;  // 0: no chunked layers
@@ -32,12 +32,12 @@ struct Llama4Config {
   double floor_scale = 8192;
   double attn_scale = 0.1;
   // Hugging Face's Llama4ForCausalLM returns router logits but adds no
-  // load-balancing loss; here it is added, times router_aux_loss_coef,
-  // when output_router_logits asks for the router's outputs (Mixtral's rule).
+  // load-balancing loss; here it is added, times text.moe's
+  // router_aux_loss_coef, when output_router_logits asks for the router's
+  // outputs (Mixtral's rule).
   bool output_router_logits = false;
-  double router_aux_loss_coef = 0.001;
 
-  bool is_moe(int64_t layer) const;
+  bool is_moe(int64_t layer) const { return text.moe.is_sparse(layer); }
   bool uses_rope(int64_t layer) const;
   bool is_chunked(int64_t layer) const;
 };

@@ -10,18 +10,16 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/models/causal_lm.h"
+#include "fsdp/models/common/decoder.h"
 #include "fsdp/models/llama4/config.h"
-#include "fsdp/nn/layers.h"
-#include "fsdp/core/module_holder.h"
 
 namespace fsdp::models {
 
 // B = batch, T = time, C = hidden, E = experts, I = expert width, hs = head size
-struct Llama4AttentionImpl : torch::nn::Module {
+struct Llama4AttentionImpl : DecoderAttentionImpl {
   Llama4AttentionImpl(const Llama4Config& config, int64_t layer);
   // cos, sin: (T, hs / 2), one entry per rotated pair.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) override;
   int64_t n_heads, n_kv_heads, head_dim;
   bool rope, qk_norm, temperature_tuning;
   int64_t chunk;  // 0: attends to every earlier position
@@ -29,7 +27,6 @@ struct Llama4AttentionImpl : torch::nn::Module {
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
-FSDP_MODULE(Llama4Attention);
 
 // The routed experts as Hugging Face stores them: gate_up_proj (E, C, 2I)
 // holding each expert's gate and up projections side by side, down_proj
@@ -40,11 +37,11 @@ struct Llama4ExpertsImpl : torch::nn::Module {
 };
 TORCH_MODULE(Llama4Experts);
 
-struct Llama4MoeImpl : torch::nn::Module {
-  Llama4MoeImpl(const Llama4Config& config);
+struct Llama4MoeImpl : RoutedFeedForwardImpl {
+  explicit Llama4MoeImpl(const Llama4Config& config);
   // (..., C) -> (output, router statistics (2, E)) as SparseMoeBlock's
   // (moe/moe.h), for the load-balancing loss.
-  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x);
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) override;
   int64_t top_k;
   nn::Linear router{nullptr};  // (E, C)
   Llama4Experts experts{nullptr};
@@ -52,49 +49,18 @@ struct Llama4MoeImpl : torch::nn::Module {
 };
 FSDP_MODULE(Llama4Moe);
 
-struct Llama4DecoderLayerImpl : torch::nn::Module {
-  Llama4DecoderLayerImpl(const Llama4Config& config, int64_t index);
-  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                   const torch::Tensor& sin);
-  std::vector<torch::Tensor> forward_block(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  Llama4Attention self_attn{nullptr};
-  nn::SwiGLU dense{nullptr};  // dense layers, registered as "feed_forward"
-  Llama4Moe moe{nullptr};     // MoE layers, registered as "feed_forward" too
-  nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  bool checkpoint_activations = false;
-};
-FSDP_MODULE(Llama4DecoderLayer);
-
-struct Llama4TextModelImpl : torch::nn::Module {
-  explicit Llama4TextModelImpl(const Llama4Config& config);
-  nn::Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  std::vector<Llama4DecoderLayer> blocks;
-  nn::RMSNorm norm{nullptr};
-};
-TORCH_MODULE(Llama4TextModel);
-
-struct Llama4ForCausalLMImpl : CausalLMImpl {
+// The shared decoder (common/decoder.h) with Llama 4's attention and
+// feed-forward, registered as "feed_forward".
+struct Llama4ForCausalLMImpl : DecoderLMImpl {
   explicit Llama4ForCausalLMImpl(const Llama4Config& config);
-  torch::Tensor forward(torch::Tensor tokens) override;
-  torch::Tensor output_weight() override { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
-  std::vector<std::shared_ptr<torch::nn::Module>> blocks() override;
-  std::vector<std::shared_ptr<torch::nn::Module>> wrap_candidates() override;
-  void set_activation_checkpointing(bool enabled) override;
-  std::string family() const override { return "llama4_text"; }
-  int64_t vocab_size() const override { return config.text.vocab_size; }
-  int64_t max_seq_len() const override { return config.text.max_position_embeddings; }
-  int64_t dim() const override { return config.text.hidden_size; }
-  int64_t n_layers() const override { return config.text.num_hidden_layers; }
   int64_t active_parameter_count() const override { return llama4_active_parameter_count(config); }
-  torch::Tensor auxiliary_loss() override { return aux_loss_; }
 
   Llama4Config config;
-  Llama4TextModel model{nullptr};
-  nn::Linear lm_head{nullptr};  // null when tied
 
- private:
-  torch::Tensor aux_loss_;
+ protected:
+  // cos, sin: (T, hs / 2).
+  std::pair<torch::Tensor, torch::Tensor> position_tables(int64_t past, int64_t T,
+                                                          const torch::Device& device) const override;
 };
 
 // Rotation of adjacent pairs (x[2i], x[2i+1]) by angle i, Hugging Face's

@@ -10,26 +10,27 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/models/llama/config.h"
-#include "fsdp/nn/layers.h"
 #include "fsdp/core/module_holder.h"
+#include "fsdp/models/common/decoder.h"
+#include "fsdp/models/moe/config.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::models {
 
 // N = tokens, C = hidden, E = experts, k = experts per token
-struct SparseMoeBlockImpl : torch::nn::Module {
+struct SparseMoeBlockImpl : RoutedFeedForwardImpl {
   SparseMoeBlockImpl(int64_t hidden, const MoEConfig& config);
   // (..., C) -> (output (..., C), router statistics (2, E)): row 0 the sum
   // over tokens of each expert's routing probability (differentiable: the
   // load-balancing loss's gradient reaches the router through it), row 1
   // how many of the N * k routing slots each expert got.
-  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x);
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) override;
+  nn::SwiGLUImpl& expert(int64_t e) const { return *experts->ptr<nn::SwiGLUImpl>(static_cast<size_t>(e)); }
 
   int64_t num_experts, top_k;
   bool norm_topk_prob;
   nn::Linear gate{nullptr};  // (E, C)
-  torch::nn::ModuleList experts{nullptr};
-  std::vector<nn::SwiGLU> expert_list;  // the modules of experts, typed
+  torch::nn::ModuleList experts{nullptr};  // nn::SwiGLU each
 };
 FSDP_MODULE(SparseMoeBlock);
 

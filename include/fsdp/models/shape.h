@@ -1,0 +1,85 @@
+#pragma once
+// A model's shapes as its family describes them, and its memory formula:
+// what fsdp plan predicts from (plan/memory_model.h) and what the matmul
+// bench times (bench/matmul_bench.h). Each family fills one in its
+// family.cpp (FamilySpec::shape); the readers know no family by name.
+// Light header: no LibTorch.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fsdp::models {
+
+// One micro-batch on one rank, as the memory formulas size it: B
+// sequences of T tokens (N = B * T rows), `compute` bytes per activation
+// element (4 fp32, 2 bf16), and whether attention keeps a row statistic
+// (flash attention) instead of its probabilities. A Mixture-of-Experts
+// layer's experts get their tokens evenly (the expected load) or, with
+// `worst_expert_load`, one expert gets every token (a token's k choices
+// are distinct experts).
+struct ActivationSizes {
+  int64_t B = 0, T = 0, N = 0;
+  int64_t compute = 4;
+  bool flash = false;
+  bool worst_expert_load = false;
+};
+
+// Bytes one block holds for backward: `kept` without checkpointing (its
+// input included), `selective` under torchtitan's op-level selective
+// checkpointing, `backward_transient` the largest gradients its backward
+// holds at once besides what it keeps.
+struct BlockMemory {
+  int64_t kept = 0;
+  int64_t selective = 0;
+  int64_t backward_transient = 0;
+};
+
+// A weight matrix a block multiplies by, once per layer: `in` x `out`
+// features, stored (in, out) and applied as x @ W when `in_out` (GPT-2's
+// Conv1D), else (out, in) and x @ W^T.
+struct Projection {
+  std::string name;
+  int64_t in = 0, out = 0;
+  bool in_out = false;
+};
+
+struct ModelShape {
+  std::string family;  // the registry's name, for messages
+  int64_t layers = 0;
+  int64_t hidden = 0;  // C
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t ffn = 0;  // the dense MLP's inner width (GPT-2: 4C)
+  int64_t vocab = 0;
+  int64_t max_seq_len = 0;
+  bool layer_norm = false;  // the final norm is a LayerNorm (else RMSNorm)
+  bool tied_head = false;   // the output head is the embedding's weight
+  // A dense block's projections in forward order, attention's products aside.
+  std::vector<Projection> projections;
+  // Parameters of each block, in order, and of the rest (embeddings, final
+  // norm, an untied head): counted off the built model by the planner.
+  std::vector<int64_t> block_params;
+  int64_t root_params = 0;
+  // The family's memory formula: block `layer`'s bytes for one micro-batch.
+  std::function<BlockMemory(int64_t layer, const ActivationSizes& sizes)> block_memory;
+};
+
+// What the layers models are built from (nn/) keep for backward, for the
+// families' formulas.
+// The attention kernel, beyond q, k, v and its output: the probabilities
+// (B x heads x T x `window` keys, `window` = T for full causal attention),
+// or flash attention's per-row log-sum-exp (fp32).
+int64_t attention_kept(int64_t heads, const ActivationSizes& s, int64_t window = 0);
+// One RMSNorm (nn::RMSNorm, composite ops) over `rows` x `width`: besides
+// its input (counted where it was made), fp32: the normalised rows and the
+// output; bf16: the input's fp32 copy, the normalised rows cast back and
+// the output; both rsqrt's per-row output.
+int64_t rms_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s);
+// One LayerNorm: its output, per-row mean and rstd, and in bf16 the fp32
+// copy of the weight nn::layer_norm_rows keeps.
+int64_t layer_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s);
+
+}  // namespace fsdp::models

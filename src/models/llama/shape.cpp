@@ -1,0 +1,60 @@
+#include "fsdp/models/llama/shape.h"
+
+#include "fsdp/models/moe/shape.h"
+
+namespace fsdp::models {
+
+BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const ActivationSizes& s) {
+  const int64_t N = s.N, C = c.hidden_size, cb = s.compute, hd = c.head_size();
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const int64_t q = heads * hd, kv = kv_heads * hd;
+  const int64_t probs = attention_kept(heads, s);
+  // The rotation's tables need no gradient, so it keeps nothing: q and k
+  // after it are kept by the attention. Qwen3's per-head norms keep the
+  // input's fp32 form (in fp32, the projection's output itself) and the
+  // normalised rows (in the compute dtype), and rsqrt's output per head
+  // and token; their output is not kept (the rotation does not need it).
+  int64_t qk = N * (q + kv) * cb;
+  if (c.qk_norm) qk += N * (q + kv) * (4 + cb) + N * (heads + kv_heads) * 4;
+  BlockMemory m;
+  m.kept = N * C * cb                      // input
+           + rms_norm_saved(N, C, s)       // input_layernorm
+           + qk + N * kv * cb              // q and k after the rotation, v
+           + probs + N * q * cb            // attention probabilities and output
+           + N * C * cb                    // residual h (post_attention_layernorm's input)
+           + rms_norm_saved(N, C, s)       // post_attention_layernorm
+           + 4 * N * ffn * cb;             // gate, silu(gate), up, their product
+  // torchtitan's op-level selective checkpointing: the block's input,
+  // every other matmul's output in forward order (q, v, gate, down) and
+  // the attention's output with its statistic.
+  m.selective = N * C * cb + N * (q + kv + ffn + C) * cb + N * q * cb + probs;
+  // Two ffn-wide gradients (an activation's input and output gradient)
+  // and the residual stream's.
+  m.backward_transient = (2 * N * ffn + 2 * N * C) * cb;
+  return m;
+}
+
+ModelShape llama_shape(const LlamaConfig& c) {
+  ModelShape s;
+  s.family = c.family;
+  s.layers = c.num_hidden_layers;
+  s.hidden = c.hidden_size;
+  s.heads = c.num_attention_heads;
+  s.kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_size();
+  s.ffn = c.intermediate_size;
+  s.vocab = c.vocab_size;
+  s.max_seq_len = c.max_position_embeddings;
+  s.tied_head = c.tie_word_embeddings;
+  const int64_t C = c.hidden_size, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  s.projections = {{"q", C, q},        {"k", C, kv},          {"v", C, kv},           {"attention out", q, C},
+                   {"mlp gate", C, s.ffn}, {"mlp up", C, s.ffn}, {"mlp down", s.ffn, C}};
+  s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
+    if (!c.moe.is_sparse(layer)) return llama_dense_block_memory(c, c.intermediate_size, sizes);
+    auto m = llama_dense_block_memory(c, 0, sizes);
+    return add_routed_memory(m, c.hidden_size, c.moe, /*shared_expert_ffn=*/0, sizes);
+  };
+  return s;
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,21 @@
+#include "fsdp/models/shape.h"
+
+namespace fsdp::models {
+
+int64_t attention_kept(int64_t heads, const ActivationSizes& s, int64_t window) {
+  if (s.flash) return s.B * heads * s.T * 4;
+  return s.B * heads * s.T * (window > 0 ? window : s.T) * s.compute;
+}
+
+int64_t rms_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s) {
+  const int64_t elems = rows * width, per_row = rows * 4;
+  if (s.compute == 4) return elems * (4 + 4) + per_row;
+  return elems * (4 + 2 + 2) + per_row;
+}
+
+int64_t layer_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s) {
+  const int64_t stats = 2 * rows * 4;
+  return rows * width * s.compute + stats + (s.compute == 4 ? 0 : width * 4);
+}
+
+}  // namespace fsdp::models
