@@ -59,6 +59,7 @@ GRID = [
     # A tied head at a large vocabulary (32000 x 768).
     ("llama-w768 W1 fp32 tied", 1, "--model llama-w768"),
     ("llama-w768 W2 full_shard fp32 tied", 2, "--model llama-w768"),
+    ("llama-w768 W2 full_shard fp32 tied, 2 x 128", 2, "--model llama-w768 --seq-len 128 --batch-size 2"),
     ("llama-w768 W2 full_shard bf16 tied +AC", 2, "--model llama-w768 --precision bf16 --activation-checkpoint"),
     # Mixture-of-Experts: Qwen3-MoE's routed experts, Llama 4's with a shared one.
     ("qwen3-moe-tiny W1 fp32", 1, "--model qwen3-moe-tiny --seq-len 128 --batch-size 16"),

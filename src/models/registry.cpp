@@ -14,11 +14,20 @@
 
 namespace fsdp::models {
 
+// Each defined in its folder's family.cpp.
+FamilySpec gpt2_family();
+FamilySpec llama_family();
+FamilySpec mistral_family();
+FamilySpec qwen3_family();
+FamilySpec qwen3_moe_family();
+FamilySpec llama4_text_family();
+FamilySpec llama4_family();
+FamilySpec example_family();
+
 const std::vector<FamilySpec>& families() {
-  // One line per family; each is defined in its folder under models/.
   static const std::vector<FamilySpec> table = {
-      gpt2_family(),        llama_family(),  qwen3_family(), qwen3_moe_family(),
-      llama4_text_family(), llama4_family(), example_family(),
+      gpt2_family(),      llama_family(),       mistral_family(), qwen3_family(),
+      qwen3_moe_family(), llama4_text_family(), llama4_family(),  example_family(),
   };
   return table;
 }

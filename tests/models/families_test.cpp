@@ -52,8 +52,8 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 // The tiny preset of each family with a Hugging Face equivalent.
-const std::vector<std::string> kTiny = {"gpt2-tiny", "llama-tiny", "llama2-tiny", "qwen3-tiny", "qwen3-moe-tiny",
-                                        "llama4-tiny"};
+const std::vector<std::string> kTiny = {"gpt2-tiny",  "llama-tiny",     "llama2-tiny", "mistral-tiny",
+                                        "qwen3-tiny", "qwen3-moe-tiny", "llama4-tiny"};
 
 class Family : public ::testing::TestWithParam<std::string> {};
 
@@ -76,6 +76,7 @@ TEST(Registry, PublishedParameterCounts) {
   EXPECT_EQ(count("gpt2"), 124439808);
   EXPECT_EQ(count("llama3-8b"), 8030261248LL);     // Meta's Llama 3 8B
   EXPECT_EQ(count("llama3.2-1b"), 1235814400LL);   // Llama 3.2 1B, tied
+  EXPECT_EQ(count("mistral-7b"), 7248023552LL);    // Mistral 7B v0.3
   EXPECT_EQ(count("llama3.2-3b"), 3212749824LL);   // Llama 3.2 3B, tied
   // Qwen3 by hand. 0.6B: embedding 151936 * 1024 (tied) + 28 layers of
   // q 1024*2048, k and v 1024*1024, o 2048*1024, MLP 3*1024*3072, norms
@@ -521,10 +522,24 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
   q["use_sliding_window"] = true;
   write_json(dir + "/config.json", q);
   EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); }).find("'use_sliding_window'"), std::string::npos);
-  q["model_type"] = "mistral";
+  q["model_type"] = "mixtral";
   write_json(dir + "/config.json", q);
   EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); })
-                .find("model_type 'mistral' is not supported (expected gpt2, llama, qwen3, qwen3_moe, llama4_text, llama4)"),
+                .find("model_type 'mixtral' is not supported (expected gpt2, llama, mistral, qwen3, qwen3_moe, "
+                      "llama4_text, llama4)"),
+            std::string::npos);
+  // Mistral's window: none, or one that cuts nothing, is Llama; a shorter one is refused by name.
+  auto m = good;
+  m["model_type"] = "mistral";
+  m["sliding_window"] = nullptr;
+  write_json(dir + "/config.json", m);
+  EXPECT_EQ(build_from_hf_dir(dir, false)->family(), "mistral");
+  m["sliding_window"] = m["max_position_embeddings"];
+  write_json(dir + "/config.json", m);
+  EXPECT_NO_THROW(build_from_hf_dir(dir, false));
+  m["sliding_window"] = 4;
+  write_json(dir + "/config.json", m);
+  EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); }).find("sliding_window 4 is shorter than"),
             std::string::npos);
 }
 

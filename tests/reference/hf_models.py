@@ -8,7 +8,7 @@ q/k norms, routed experts).
 import torch
 import transformers
 
-FAMILIES = ("gpt2", "llama", "llama2", "qwen3", "qwen3_moe", "llama4")
+FAMILIES = ("gpt2", "llama", "llama2", "mistral", "qwen3", "qwen3_moe", "llama4")
 VOCAB = 512
 
 
@@ -47,6 +47,9 @@ def config(family):
             tie_word_embeddings=False,
             rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                  high_freq_factor=4.0, original_max_position_embeddings=16))
+    if family == "mistral":
+        # Mistral 7B v0.3's form: no sliding window, theta 1e6, untied.
+        return transformers.MistralConfig(sliding_window=None, rope_theta=1e6, tie_word_embeddings=False, **decoder)
     if family == "qwen3":
         return transformers.Qwen3Config(head_dim=16, tie_word_embeddings=False, **decoder)
     if family == "qwen3_moe":

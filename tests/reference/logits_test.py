@@ -85,6 +85,8 @@ def refused_by_name(args, work):
                                                                      rope_theta=10000.0), "yarn"),
         "attention_bias": (hf_models.config("qwen3"), "attention_bias", True, "attention_bias"),
         "router_jitter_noise": (hf_models.config("llama4"), "router_jitter_noise", 0.1, "router_jitter_noise"),
+        # Mistral 7B v0.1's window, shorter than its positions.
+        "sliding_window": (hf_models.config("mistral"), "sliding_window", 64, "sliding_window"),
     }
     for name, (config, key, value, expected) in cases.items():
         setattr(config, key, value)

@@ -1,9 +1,10 @@
 #pragma once
 // One model family as the registry sees it: its presets, how to build it,
 // and its Hugging Face adapter (config.json both ways, parameter names,
-// tensors a checkpoint may hold that are not parameters). Each family's
-// folder defines one in its family.cpp (gpt2/family.cpp: gpt2_family());
-// the registry is the table of them.
+// tensors a checkpoint may hold that are not parameters), its shapes and
+// memory formula. Each family's folder defines one in its family.cpp
+// (gpt2/family.cpp: gpt2_family()); the registry (registry.cpp) declares
+// and lists them.
 
 #include <functional>
 #include <string>
@@ -41,12 +42,5 @@ struct FamilySpec {
   std::string partial_load_note;
 };
 
-FamilySpec gpt2_family();
-FamilySpec llama_family();
-FamilySpec qwen3_family();
-FamilySpec qwen3_moe_family();
-FamilySpec llama4_text_family();
-FamilySpec llama4_family();
-FamilySpec example_family();
 
 }  // namespace fsdp::models
