@@ -141,7 +141,8 @@ def dcp_peer(a):
         if rank == 0:
             shutil.rmtree(target, ignore_errors=True)
         dist.barrier()
-        saves[threads] = timed(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(target, thread_count=threads)))
+        writer = dcp.FileSystemWriter(target, thread_count=threads)
+        saves[threads] = timed(lambda: dcp.save(state, storage_writer=writer))
     if rank == 0:
         print(json.dumps({"load_s": load, "save_s": saves}))
         sys.stdout.flush()

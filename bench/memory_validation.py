@@ -65,7 +65,8 @@ GRID = [
     ("qwen3-moe-tiny W1 fp32", 1, "--model qwen3-moe-tiny --seq-len 128 --batch-size 16"),
     ("qwen3-moe-tiny W2 full_shard bf16", 2, "--model qwen3-moe-tiny --seq-len 128 --batch-size 16 --precision bf16"),
     ("llama4-tiny W1 fp32", 1, "--model llama4-tiny --seq-len 128 --batch-size 16"),
-    ("llama4-tiny W2 full_shard fp32 +AC", 2, "--model llama4-tiny --seq-len 128 --batch-size 16 --activation-checkpoint"),
+    ("llama4-tiny W2 full_shard fp32 +AC", 2,
+     "--model llama4-tiny --seq-len 128 --batch-size 16 --activation-checkpoint"),
 ]
 
 MIB = 1 << 20

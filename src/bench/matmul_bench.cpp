@@ -95,13 +95,15 @@ std::vector<Gemm> step_gemms(const plan::ModelShape& s, int64_t batch, int64_t s
   const int64_t M = batch * seq_len, C = s.hidden, hd = s.head_dim;
   // Forward products run again in backward when blocks are recomputed.
   const int64_t forwards = s.layers * (recompute ? 2 : 1);
+  // A routed layer's experts each compute their share of the N * k rows
+  // (the expected load).
   std::vector<Gemm> out;
-  const auto linear = [&](const std::string& what, int64_t in, int64_t features, bool in_out) {
+  for (const auto& p : s.projections) {
+    const int64_t count = (p.layers > 0 ? p.layers : s.layers) * p.per_layer;
     const size_t first = out.size();
-    add_linear(out, what, M, in, features, in_out, s.layers);
-    out[first].count = forwards;
-  };
-  for (const auto& p : s.projections) linear(p.name, p.in, p.out, p.in_out);
+    add_linear(out, p.name, std::max<int64_t>(1, M * p.slots / p.per_layer), p.in, p.out, p.in_out, count);
+    out[first].count = count * (recompute ? 2 : 1);
+  }
   // Attention over the whole T x T square, per (sequence, query head).
   const int64_t bh = batch * s.heads, T = seq_len;
   out.push_back({"attention q k^T", T, hd, T, bh, false, true, forwards});

@@ -1,7 +1,6 @@
 #include "fsdp/plan/memory_model.h"
 
 #include <algorithm>
-#include <functional>
 
 #include "fsdp/common/error.h"
 #include "fsdp/nn/logits_layout.h"
@@ -88,21 +87,31 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
     out.block_checkpointed_bytes =
         std::max(out.block_checkpointed_bytes, target.selective_checkpointing ? mem.selective : act_input);
   }
-  // Sums over blocks [first, last) of one per-block quantity.
-  const auto sum = [&](int64_t first, int64_t last, const std::function<int64_t(size_t)>& of) {
-    int64_t total = 0;
-    for (int64_t i = std::max<int64_t>(first, 0); i < std::min(last, L); ++i) total += of(static_cast<size_t>(i));
-    return total;
+  // Prefix sums over the blocks: [0, i) of each per-block quantity.
+  std::vector<int64_t> kept_sum{0}, padded_sum{0}, shard_sum{0}, params_sum{0};
+  for (size_t j = 0; j < block.size(); ++j) {
+    kept_sum.push_back(kept_sum.back() + kept[j]);
+    padded_sum.push_back(padded_sum.back() + block[j].padded);
+    shard_sum.push_back(shard_sum.back() + block[j].shard);
+    params_sum.push_back(params_sum.back() + block[j].params);
+  }
+  // Blocks [first, last) of one of them.
+  const auto range = [&](const std::vector<int64_t>& sums, int64_t first, int64_t last) {
+    first = std::clamp<int64_t>(first, 0, L);
+    last = std::clamp<int64_t>(last, first, L);
+    return sums[static_cast<size_t>(last)] - sums[static_cast<size_t>(first)];
   };
-  const auto kept_before = [&](int64_t i) { return sum(0, i, [&](size_t j) { return kept[j]; }); };
-  const auto padded = [&](int64_t first, int64_t last) { return sum(first, last, [&](size_t j) { return block[j].padded; }); };
+  const auto kept_before = [&](int64_t i) { return range(kept_sum, 0, i); };
+  const auto padded = [&](int64_t first, int64_t last) { return range(padded_sum, first, last); };
 
-  int64_t shards = root.shard + sum(0, L, [&](size_t j) { return block[j].shard; });
+  int64_t shards = root.shard + range(shard_sum, 0, L);
   const int64_t params_bytes = shards * s.master;
   const int64_t optimizer_bytes = 2 * shards * s.master;  // AdamW's two moments, in the shards' dtype
   out.state_bytes = 2 * params_bytes + optimizer_bytes;
   const int64_t gathered_root = aliased ? 0 : root.padded * s.compute;
-  const auto gathered_blocks = [&](int64_t first, int64_t last) { return aliased ? 0 : padded(first, last) * s.compute; };
+  const auto gathered_blocks = [&](int64_t first, int64_t last) {
+    return aliased ? 0 : padded(first, last) * s.compute;
+  };
   const int64_t head_act = head_activations(m, s);
   const int64_t head_weight = m.vocab * m.hidden;
   const int64_t chunk_rows = std::min<int64_t>(1024, s.N);
@@ -167,7 +176,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // its forward and the gradients land in it; otherwise a unit's reduced
   // shard appears at its post-backward. Blocks [first, last) and the root.
   const auto sharded_grads = [&](int64_t first, int64_t last, bool root_has) {
-    const int64_t blocks = sum(first, last, [&](size_t j) { return aliased ? block[j].params : block[j].shard; });
+    const int64_t blocks = range(aliased ? params_sum : shard_sum, first, last);
     return (blocks + (root_has ? (aliased ? root.params : root.shard) : 0)) * s.master;
   };
 
@@ -307,10 +316,17 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
                job.data.batch_size, " x ", job.data.seq_len, " tokens): too large to plan");
   }
   auto out = walk(m, job, S, target, s);
+  // Routing shows only where some block's formula depends on it.
   Sizes worst = s;
   worst.worst_expert_load = true;
-  const auto worst_peak = walk(m, job, S, target, worst).peak.total();
-  if (worst_peak != out.peak.total()) out.worst_routing_peak_bytes = worst_peak;
+  bool routed = false;
+  for (int64_t i = 0; i < m.layers && !routed; ++i) {
+    routed = m.block_memory(i, s).backward_transient != m.block_memory(i, worst).backward_transient;
+  }
+  if (routed) {
+    const auto worst_peak = walk(m, job, S, target, worst).peak.total();
+    if (worst_peak != out.peak.total()) out.worst_routing_peak_bytes = worst_peak;
+  }
   return out;
 }
 

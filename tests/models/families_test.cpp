@@ -541,6 +541,11 @@ TEST(HfConfig, KeysThatChangeTheArchitectureAndAreNotImplementedAreRefusedByName
   write_json(dir + "/config.json", m);
   EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); }).find("sliding_window 4 is shorter than"),
             std::string::npos);
+  m.erase("sliding_window");  // absent: transformers' default, 4096, cuts an 8192-position model
+  m["max_position_embeddings"] = 8192;
+  write_json(dir + "/config.json", m);
+  EXPECT_NE(error_of([&] { build_from_hf_dir(dir, false); }).find("sliding_window 4096 (transformers' default)"),
+            std::string::npos);
 }
 
 TEST(Llama31, RopeScalingMatchesTheFormulaComputedHere) {

@@ -74,7 +74,8 @@ TEST(Llama, HuggingFaceNames) {
   EXPECT_EQ(n.size(), 2u + 2 * 9 + 1) << "embed, head, norm and 9 tensors per layer";
   auto& llama = static_cast<LlamaForCausalLMImpl&>(*model);
   // Grouped-query attention: 4 query heads share 2 key/value heads of 16.
-  EXPECT_EQ(std::dynamic_pointer_cast<LlamaAttentionImpl>(llama.model->layer(0).self_attn)->k_proj->weight.sizes(), (std::vector<int64_t>{32, 64}));
+  const auto attention = std::dynamic_pointer_cast<LlamaAttentionImpl>(llama.model->layer(0).self_attn);
+  EXPECT_EQ(attention->k_proj->weight.sizes(), (std::vector<int64_t>{32, 64}));
   EXPECT_EQ(model->forward(torch::zeros({2, 5}, torch::kLong)).sizes(), (std::vector<int64_t>{2, 5, 64}));
 }
 

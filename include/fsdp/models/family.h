@@ -42,5 +42,4 @@ struct FamilySpec {
   std::string partial_load_note;
 };
 
-
 }  // namespace fsdp::models

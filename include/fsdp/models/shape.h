@@ -36,13 +36,19 @@ struct BlockMemory {
   int64_t backward_transient = 0;
 };
 
-// A weight matrix a block multiplies by, once per layer: `in` x `out`
-// features, stored (in, out) and applied as x @ W when `in_out` (GPT-2's
-// Conv1D), else (out, in) and x @ W^T.
+// A weight matrix the blocks multiply by: `in` x `out` features, stored
+// (in, out) and applied as x @ W when `in_out` (GPT-2's Conv1D), else
+// (out, in) and x @ W^T. `per_layer` of them in each of `layers` layers
+// (0: every layer); together they multiply `slots` rows per token (a
+// routed layer's E experts share its N * k routing slots: N * k / E rows
+// each at the expected load).
 struct Projection {
   std::string name;
   int64_t in = 0, out = 0;
   bool in_out = false;
+  int64_t layers = 0;
+  int64_t per_layer = 1;
+  int64_t slots = 1;
 };
 
 struct ModelShape {
@@ -57,7 +63,7 @@ struct ModelShape {
   int64_t max_seq_len = 0;
   bool layer_norm = false;  // the final norm is a LayerNorm (else RMSNorm)
   bool tied_head = false;   // the output head is the embedding's weight
-  // A dense block's projections in forward order, attention's products aside.
+  // The blocks' projections in forward order, attention's products aside.
   std::vector<Projection> projections;
   // Parameters of each block, in order, and of the rest (embeddings, final
   // norm, an untied head): counted off the built model by the planner.

@@ -8,8 +8,9 @@
 
 namespace fsdp::plan {
 
-// Throws fsdp::Error naming the model when its family has no activation
-// formulas (memory_model.h) or its blocks differ in size.
+// The family's shape (FamilySpec::shape) with each block's parameters
+// counted off the model. Throws fsdp::Error naming the model when its
+// family has no memory formula.
 ModelShape model_shape(const train::TrainConfig::Model& model);
 
 }  // namespace fsdp::plan

@@ -1,10 +1,12 @@
 #include "fsdp/models/llama/shape.h"
 
+#include <vector>
+
 #include "fsdp/models/moe/shape.h"
 
 namespace fsdp::models {
 
-BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const ActivationSizes& s) {
+BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const ActivationSizes& s, QkNorm qk_norm) {
   const int64_t N = s.N, C = c.hidden_size, cb = s.compute, hd = c.head_size();
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
   const int64_t q = heads * hd, kv = kv_heads * hd;
@@ -14,8 +16,11 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
   // input's fp32 form (in fp32, the projection's output itself) and the
   // normalised rows (in the compute dtype), and rsqrt's output per head
   // and token; their output is not kept (the rotation does not need it).
+  // Llama 4's L2 norm has no weight: it keeps its input's fp32 form and
+  // rsqrt's output, not the normalised rows.
   int64_t qk = N * (q + kv) * cb;
-  if (c.qk_norm) qk += N * (q + kv) * (4 + cb) + N * (heads + kv_heads) * 4;
+  if (qk_norm == QkNorm::kRms) qk += N * (q + kv) * (4 + cb) + N * (heads + kv_heads) * 4;
+  if (qk_norm == QkNorm::kL2) qk += N * (q + kv) * 4 + N * (heads + kv_heads) * 4;
   BlockMemory m;
   m.kept = N * C * cb                      // input
            + rms_norm_saved(N, C, s)       // input_layernorm
@@ -47,11 +52,27 @@ ModelShape llama_shape(const LlamaConfig& c) {
   s.max_seq_len = c.max_position_embeddings;
   s.tied_head = c.tie_word_embeddings;
   const int64_t C = c.hidden_size, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  s.projections = {{"q", C, q},        {"k", C, kv},          {"v", C, kv},           {"attention out", q, C},
-                   {"mlp gate", C, s.ffn}, {"mlp up", C, s.ffn}, {"mlp down", s.ffn, C}};
+  s.projections = {{"q", C, q}, {"k", C, kv}, {"v", C, kv}, {"attention out", q, C}};
+  const int64_t sparse = static_cast<int64_t>(c.moe.sparse_layers(c.num_hidden_layers).size());
+  if (sparse < s.layers) {
+    const int64_t dense = sparse > 0 ? s.layers - sparse : 0;  // 0: every layer
+    for (auto p : std::vector<Projection>{{"mlp gate", C, s.ffn}, {"mlp up", C, s.ffn}, {"mlp down", s.ffn, C}}) {
+      p.layers = dense;
+      s.projections.push_back(p);
+    }
+  }
+  if (sparse > 0) {
+    const auto& m = c.moe;
+    const int64_t I = m.moe_intermediate_size, E = m.num_experts, k = m.num_experts_per_tok;
+    s.projections.push_back({"router", C, E, false, sparse});
+    s.projections.push_back({"expert gate", C, I, false, sparse, E, k});
+    s.projections.push_back({"expert up", C, I, false, sparse, E, k});
+    s.projections.push_back({"expert down", I, C, false, sparse, E, k});
+  }
   s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
-    if (!c.moe.is_sparse(layer)) return llama_dense_block_memory(c, c.intermediate_size, sizes);
-    auto m = llama_dense_block_memory(c, 0, sizes);
+    const auto qk = c.qk_norm ? QkNorm::kRms : QkNorm::kNone;
+    if (!c.moe.is_sparse(layer)) return llama_dense_block_memory(c, c.intermediate_size, sizes, qk);
+    auto m = llama_dense_block_memory(c, 0, sizes, qk);
     return add_routed_memory(m, c.hidden_size, c.moe, /*shared_expert_ffn=*/0, sizes);
   };
   return s;

@@ -14,28 +14,43 @@ namespace fsdp::models {
 
 namespace {
 // The Llama decoder's formula with Llama 4's attention and feed-forward:
-// chunked layers keep each window's probabilities only, the q/k norm (an
-// L2 norm, RoPE layers only) keeps what Qwen3's does, and a MoE layer adds
+// chunked layers keep each window's probabilities only, the q/k L2 norm
+// (RoPE layers only) its input and rsqrt's output, and a MoE layer adds
 // the shared expert beside the routed ones.
 ModelShape llama4_shape(const Llama4Config& c) {
-  auto s = llama_shape(c.text);
+  const auto& t = c.text;
+  auto s = llama_shape(t);
   s.ffn = c.intermediate_size_mlp;
-  for (auto& p : s.projections) {
-    if (p.in == c.text.intermediate_size) p.in = s.ffn;
-    if (p.out == c.text.intermediate_size) p.out = s.ffn;
+  const int64_t C = t.hidden_size, I = t.intermediate_size, mlp = c.intermediate_size_mlp;
+  const int64_t sparse = static_cast<int64_t>(t.moe.sparse_layers(t.num_hidden_layers).size());
+  s.projections.resize(4);  // the attention's
+  if (sparse < s.layers) {
+    const int64_t dense = sparse > 0 ? s.layers - sparse : 0;
+    s.projections.push_back({"mlp gate", C, mlp, false, dense});
+    s.projections.push_back({"mlp up", C, mlp, false, dense});
+    s.projections.push_back({"mlp down", mlp, C, false, dense});
+  }
+  if (sparse > 0) {
+    const int64_t E = t.moe.num_experts, k = t.moe.num_experts_per_tok;
+    s.projections.push_back({"router", C, E, false, sparse});
+    s.projections.push_back({"expert gate_up", C, 2 * I, true, sparse, E, k});
+    s.projections.push_back({"expert down", I, C, true, sparse, E, k});
+    s.projections.push_back({"shared gate", C, I, false, sparse});
+    s.projections.push_back({"shared up", C, I, false, sparse});
+    s.projections.push_back({"shared down", I, C, false, sparse});
   }
   s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
-    auto t = c.text;
-    t.qk_norm = c.use_qk_norm && c.uses_rope(layer);
+    const auto& text = c.text;
+    const auto qk = c.use_qk_norm && c.uses_rope(layer) ? QkNorm::kL2 : QkNorm::kNone;
     const bool moe = c.is_moe(layer);
-    auto m = llama_dense_block_memory(t, moe ? 0 : c.intermediate_size_mlp, sizes);
+    auto m = llama_dense_block_memory(text, moe ? 0 : c.intermediate_size_mlp, sizes, qk);
     if (c.is_chunked(layer) && c.attention_chunk_size < sizes.T) {
-      const int64_t heads = t.num_attention_heads;
+      const int64_t heads = text.num_attention_heads;
       const int64_t fewer = attention_kept(heads, sizes) - attention_kept(heads, sizes, c.attention_chunk_size);
       m.kept -= fewer;
       m.selective -= fewer;
     }
-    return moe ? add_routed_memory(m, t.hidden_size, t.moe, t.intermediate_size, sizes) : m;
+    return moe ? add_routed_memory(m, text.hidden_size, text.moe, text.intermediate_size, sizes) : m;
   };
   return s;
 }

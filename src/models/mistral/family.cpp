@@ -47,10 +47,14 @@ LlamaConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
   LlamaConfig c;
   read_decoder_keys(r, c);
   c.family = "mistral";
-  const auto& window = r.raw("sliding_window");
-  FSDP_CHECK(window.is_null() || (window.is_number_integer() && window.get<int64_t>() >= c.max_position_embeddings),
-             where, ": config.json sliding_window ", window.dump(), " is shorter than max_position_embeddings ",
-             c.max_position_embeddings,
+  // Absent, transformers' MistralConfig applies its default window, 4096.
+  const bool given = j.contains("sliding_window");
+  const nlohmann::json window = given ? r.raw("sliding_window") : nlohmann::json(4096);
+  FSDP_CHECK(window.is_null() || window.is_number_integer(), where, ": config.json sliding_window is ", window.dump(),
+             " (expected null or a number of positions)");
+  FSDP_CHECK(window.is_null() || window.get<int64_t>() >= c.max_position_embeddings, where,
+             ": config.json sliding_window ", window.dump(), given ? "" : " (transformers' default)",
+             " is shorter than max_position_embeddings ", c.max_position_embeddings,
              ": sliding-window attention is not implemented (expected null or at least the model's positions)");
   r.finish();
   return c;

@@ -45,7 +45,7 @@ struct LlamaConfig {
   bool qk_norm = false;  // Qwen3: RMSNorm over each query and key head
   RopeScaling rope_scaling;
   MoEConfig moe;  // Qwen3-MoE; Llama 4's routed experts
-  std::string family = "llama";  // llama, qwen3 or qwen3_moe: which config.json it writes
+  std::string family = "llama";  // llama, mistral, qwen3, qwen3_moe or llama4_text: which config.json it writes
 
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
 };

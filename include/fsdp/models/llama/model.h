@@ -5,7 +5,8 @@
 // the rotate-half convention (Llama 3.1's rope scaling optional), SwiGLU,
 // grouped-query attention, a tied or untied output head. With qk_norm it
 // is Qwen3 (self_attn.q_norm / k_norm), and with MoE options Qwen3-MoE
-// (mlp.gate, mlp.experts.N.*): the Qwen3 families build this class. The
+// (mlp.gate, mlp.experts.N.*): the Qwen3 and Mistral families build this
+// class. The
 // layer and the model around it are the shared decoder (common/decoder.h).
 
 #include <string>
