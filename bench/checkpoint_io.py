@@ -6,9 +6,9 @@ The state is a W-rank training run's: GPT-2 small's parameters and both
 AdamW moments (1.49 GB), sharded over W = 2 ranks. Measured, each
 `--reps` times, interleaved:
 
-- the disk: `dd` writing a file of the checkpoint's size through the page
-  cache and fsyncing it (`conv=fsync`, as both savers do), and reading it
-  back cold;
+- the disk: `dd` writing the checkpoint's size as W files at once (one
+  per rank, as both savers write) through the page cache and fsyncing them
+  (`conv=fsync`, as both savers do), and reading them back cold;
 - fsdp.cpp: `fsdp train --ckpt-dir` saving (the trainer's own "saved ...
   (X s)": every file written and fsynced, the directory renamed into place)
   and `--resume` loading ("loaded in X s": read, checksums verified, into
@@ -68,20 +68,28 @@ def run(cmd, **kw):
     return out.stdout + out.stderr
 
 
-def disk(path, nbytes):
-    """dd's write (through the cache, fsynced) and cold read of NBYTES, in seconds."""
+def disk(directory, nbytes, streams):
+    """dd's write (through the cache, fsynced) and cold read of NBYTES in
+    STREAMS files at once, as the savers write one file per rank; seconds."""
     block = 16 << 20
-    count = -(-nbytes // block)
-    if os.path.exists(path):
-        os.remove(path)
-    start = time.perf_counter()
-    run(["dd", "if=/dev/zero", f"of={path}", f"bs={block}", f"count={count}", "conv=fsync", "status=none"])
-    write = time.perf_counter() - start
-    evict(path)
-    start = time.perf_counter()
-    run(["dd", f"if={path}", "of=/dev/null", f"bs={block}", "status=none"])
-    read = time.perf_counter() - start
-    os.remove(path)
+    count = -(-nbytes // (block * streams))
+    paths = [os.path.join(directory, f"dd.{i}.bin") for i in range(streams)]
+
+    def parallel(commands):
+        start = time.perf_counter()
+        procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands]
+        for p in procs:
+            if p.wait() != 0:
+                sys.exit(f"dd failed: {p.stderr.read().decode()}")
+        return time.perf_counter() - start
+
+    write = parallel([["dd", "if=/dev/zero", f"of={p}", f"bs={block}", f"count={count}", "conv=fsync", "status=none"]
+                      for p in paths])
+    for p in paths:
+        evict(p)
+    read = parallel([["dd", f"if={p}", "of=/dev/null", f"bs={block}", "status=none"] for p in paths])
+    for p in paths:
+        os.remove(p)
     return write, read
 
 
@@ -178,7 +186,7 @@ def main():
         step = os.path.join(ckpt, open(os.path.join(ckpt, "latest")).read().strip())
         nbytes = tree_bytes(step)
         rows["fsdp load"].append(fsdp_load(a.world, ckpt, out))
-        write, read = disk(os.path.join(a.dir, "dd.bin"), nbytes)
+        write, read = disk(a.dir, nbytes, a.world)
         rows["disk write"].append(write)
         rows["disk read"].append(read)
         shutil.rmtree(dcp_dir, ignore_errors=True)
