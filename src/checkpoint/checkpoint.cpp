@@ -334,7 +334,8 @@ at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta
     const int64_t adam_step = entry["adam_step"].get<int64_t>();
     if (adam_step == 0) continue;
     auto moment = [&](const char* prefix) {
-      at::Tensor m = at::zeros_like(s.param);
+      // Every element is written: gather_range fails unless the pieces cover it.
+      at::Tensor m = at::empty_like(s.param);
       gather_range(files, pieces, prefix + s.fqn, s.begin, m.view({-1}), std::string(prefix) + s.fqn);
       return m;
     };
