@@ -26,14 +26,18 @@ std::string train(const std::string& out_dir, int steps, const std::string& extr
          std::to_string(steps) + " --out-dir " + out_dir + " " + extra;
 }
 
-// A W = 2 job training until stopped, once it has logged two steps.
+// A W = 2 job training until stopped, once it has logged two steps and
+// published its first checkpoint (step 2's, written after step 2's log
+// line: a job killed between the two would leave nothing to resume).
 std::unique_ptr<BackgroundCommand> live_job(const std::string& dir, const std::string& extra = "") {
   auto job = std::make_unique<BackgroundCommand>(
       kCli + " launch -n 2 -- " + train(dir + "/run", 100000, "--save-every 2 " + extra), dir + "/live.log");
-  for (int i = 0; i < 600 && train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_GE(train_losses(read_metrics(dir + "/run/metrics.jsonl")).size(), 2u) << job->output();
+  const std::string latest = dir + "/run/checkpoints/latest";
+  const auto started = [&] {
+    return train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() >= 2 && fs::exists(latest);
+  };
+  for (int i = 0; i < 600 && !started(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(started()) << job->output();
   return job;
 }
 
