@@ -39,6 +39,19 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
   return m;
 }
 
+std::vector<Projection> llama_attention_projections(const LlamaConfig& c) {
+  const int64_t C = c.hidden_size, hd = c.head_size();
+  const int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  return {{"q", C, q}, {"k", C, kv}, {"v", C, kv}, {"attention out", q, C}};
+}
+
+void add_swiglu_projections(std::vector<Projection>& out, const std::string& prefix, int64_t hidden, int64_t ffn,
+                            int64_t layers, int64_t per_layer, int64_t slots) {
+  out.push_back({prefix + " gate", hidden, ffn, false, layers, per_layer, slots});
+  out.push_back({prefix + " up", hidden, ffn, false, layers, per_layer, slots});
+  out.push_back({prefix + " down", ffn, hidden, false, layers, per_layer, slots});
+}
+
 ModelShape llama_shape(const LlamaConfig& c) {
   ModelShape s;
   s.family = c.family;
@@ -51,23 +64,15 @@ ModelShape llama_shape(const LlamaConfig& c) {
   s.vocab = c.vocab_size;
   s.max_seq_len = c.max_position_embeddings;
   s.tied_head = c.tie_word_embeddings;
-  const int64_t C = c.hidden_size, q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  s.projections = {{"q", C, q}, {"k", C, kv}, {"v", C, kv}, {"attention out", q, C}};
+  const int64_t C = c.hidden_size;
+  s.projections = llama_attention_projections(c);
   const int64_t sparse = static_cast<int64_t>(c.moe.sparse_layers(c.num_hidden_layers).size());
-  if (sparse < s.layers) {
-    const int64_t dense = sparse > 0 ? s.layers - sparse : 0;  // 0: every layer
-    for (auto p : std::vector<Projection>{{"mlp gate", C, s.ffn}, {"mlp up", C, s.ffn}, {"mlp down", s.ffn, C}}) {
-      p.layers = dense;
-      s.projections.push_back(p);
-    }
-  }
+  if (sparse < s.layers) add_swiglu_projections(s.projections, "mlp", C, s.ffn, sparse > 0 ? s.layers - sparse : 0);
   if (sparse > 0) {
     const auto& m = c.moe;
-    const int64_t I = m.moe_intermediate_size, E = m.num_experts, k = m.num_experts_per_tok;
-    s.projections.push_back({"router", C, E, false, sparse});
-    s.projections.push_back({"expert gate", C, I, false, sparse, E, k});
-    s.projections.push_back({"expert up", C, I, false, sparse, E, k});
-    s.projections.push_back({"expert down", I, C, false, sparse, E, k});
+    s.projections.push_back({"router", C, m.num_experts, false, sparse});
+    add_swiglu_projections(s.projections, "expert", C, m.moe_intermediate_size, sparse, m.num_experts,
+                           m.num_experts_per_tok);
   }
   s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
     const auto qk = c.qk_norm ? QkNorm::kRms : QkNorm::kNone;

@@ -23,21 +23,15 @@ ModelShape llama4_shape(const Llama4Config& c) {
   s.ffn = c.intermediate_size_mlp;
   const int64_t C = t.hidden_size, I = t.intermediate_size, mlp = c.intermediate_size_mlp;
   const int64_t sparse = static_cast<int64_t>(t.moe.sparse_layers(t.num_hidden_layers).size());
-  s.projections.resize(4);  // the attention's
-  if (sparse < s.layers) {
-    const int64_t dense = sparse > 0 ? s.layers - sparse : 0;
-    s.projections.push_back({"mlp gate", C, mlp, false, dense});
-    s.projections.push_back({"mlp up", C, mlp, false, dense});
-    s.projections.push_back({"mlp down", mlp, C, false, dense});
-  }
+  s.projections = llama_attention_projections(t);
+  if (sparse < s.layers) add_swiglu_projections(s.projections, "mlp", C, mlp, sparse > 0 ? s.layers - sparse : 0);
   if (sparse > 0) {
+    // The routed experts fused as Hugging Face stores them: x @ W.
     const int64_t E = t.moe.num_experts, k = t.moe.num_experts_per_tok;
     s.projections.push_back({"router", C, E, false, sparse});
     s.projections.push_back({"expert gate_up", C, 2 * I, true, sparse, E, k});
     s.projections.push_back({"expert down", I, C, true, sparse, E, k});
-    s.projections.push_back({"shared gate", C, I, false, sparse});
-    s.projections.push_back({"shared up", C, I, false, sparse});
-    s.projections.push_back({"shared down", I, C, false, sparse});
+    add_swiglu_projections(s.projections, "shared", C, I, sparse);
   }
   s.block_memory = [c](int64_t layer, const ActivationSizes& sizes) {
     const auto& text = c.text;
