@@ -24,10 +24,7 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
     FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
                "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
                "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
-    FSDP_CHECK(p.param.scalar_type() == master_dtype_, "fully_shard: parameter '", p.fqn, "' is ",
-               p.param.scalar_type(), " but '", first.fqn, "' in the same unit is ", master_dtype_,
-               ": one unit holds one dtype; convert the module (module->to(dtype)) or shard these parameters in "
-               "separate units");
+    FSDP_ASSERT(p.param.scalar_type() == master_dtype_);  // the group gives each dtype a flat shard of its own
     FSDP_CHECK(at::isFloatingType(p.param.scalar_type()), "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), ": only floating-point parameters can be sharded; list it in ignored_params");
     FSDP_CHECK(p.param.device() == device_, "fully_shard: parameter '", p.fqn, "' is on ", p.param.device(),

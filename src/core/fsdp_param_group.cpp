@@ -63,10 +63,48 @@ class GradUsedHook : public torch::autograd::FunctionPostHook {
 
 bool FSDPParam::requires_grad() const { return param.requires_grad(); }
 
+// [Note: a unit of several dtypes]
+// A unit may hold parameters of several dtypes: fp32 norms beside bf16
+// matrices, a frozen bf16 base beside fp32 adapters. Each dtype gets a flat
+// shard of its own (its layout, padding, gathered buffer and gradient path),
+// so every collective still moves one dtype and the one-dtype machinery is
+// used unchanged. Mixed precision applies to each: with a param dtype every
+// shard is gathered in it (casting those not already in it); without one,
+// each is gathered in its own dtype. Gradients are reduced in the policy's
+// reduce dtype, or else in the dtype they were gathered in, and handed to
+// the optimizer in each parameter's own dtype. A dtype none of whose
+// parameters is trainable has no gradient path at all: a frozen bf16 base
+// costs one all-gather per use and no reduction. The price of the split is
+// one collective per dtype instead of one per unit; FSDP2 instead gathers
+// one byte buffer, which saves the extra all-gather but still needs a
+// reduction per dtype.
+bool FSDPParamGroup::DtypeShard::trainable() const {
+  const auto& ps = shard->params();
+  return std::any_of(ps.begin(), ps.end(), [](const FSDPParam& p) { return p.requires_grad(); });
+}
+
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
-                               const FullyShardOptions& options)
-    : shard_(std::move(params), mesh, options), flow_(make_gradient_flow(shard_)) {
-  used_.assign(shard_.params().size(), 0);
+                               const FullyShardOptions& options) {
+  std::vector<at::ScalarType> dtypes;
+  for (const auto& p : params) {
+    if (std::find(dtypes.begin(), dtypes.end(), p.param.scalar_type()) == dtypes.end()) {
+      dtypes.push_back(p.param.scalar_type());
+    }
+  }
+  for (const at::ScalarType dtype : dtypes) {
+    std::vector<FSDPParam> of_dtype;
+    for (auto& p : params) {
+      if (p.param.scalar_type() == dtype) of_dtype.push_back(std::move(p));
+    }
+    DtypeShard part;
+    part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options);
+    part.flow = make_gradient_flow(*part.shard);
+    parts_.push_back(std::move(part));
+  }
+  for (auto& part : parts_) {
+    for (auto& p : part.shard->params()) params_.push_back(&p);
+  }
+  used_.assign(params_.size(), 0);
 }
 
 void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
@@ -77,25 +115,36 @@ void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
 UnitComm FSDPParamGroup::on(dist::ProcessGroup& group) const { return UnitComm{group, *comm_, *name_}; }
 
 bool FSDPParamGroup::has_trainable_params() const {
-  const auto& ps = shard_.params();
-  return std::any_of(ps.begin(), ps.end(), [](const FSDPParam& p) { return p.requires_grad(); });
+  return std::any_of(params_.begin(), params_.end(), [](const FSDPParam* p) { return p->requires_grad(); });
+}
+
+bool FSDPParamGroup::gather_in_flight() const {
+  return std::any_of(parts_.begin(), parts_.end(), [](const DtypeShard& d) { return d.all_gather.in_flight(); });
 }
 
 void FSDPParamGroup::unshard() {
-  if (state_ == ShardedState::kUnsharded || all_gather_.in_flight() || shard_.gathered_is_shard()) return;
-  shard_.allocate_gathered();
-  all_gather_ = all_gather(on(shard_group()), shard_.sharded(), shard_.gathered());
+  if (state_ == ShardedState::kUnsharded || gather_in_flight()) return;
+  for (auto& part : parts_) {
+    FlatShard& shard = *part.shard;
+    if (shard.gathered_is_shard()) continue;
+    shard.allocate_gathered();
+    part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gathered());
+  }
 }
 
-void FSDPParamGroup::finish_all_gather() { all_gather_.wait(*comm_, "FSDP::all_gather_wait"); }
+void FSDPParamGroup::finish_all_gather() {
+  for (auto& part : parts_) part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
+}
 
 void FSDPParamGroup::wait_for_unshard() {
   if (state_ == ShardedState::kUnsharded) return;
   unshard();  // no-op when prefetched
   finish_all_gather();
-  for (auto& p : shard_.params()) {
-    p.param.set_data(shard_.gathered_view(p));
-    flow_->on_unsharded(p);
+  for (auto& part : parts_) {
+    for (auto& p : part.shard->params()) {
+      p.param.set_data(part.shard->gathered_view(p));
+      part.flow->on_unsharded(p);
+    }
   }
   register_grad_hooks();
   state_ = ShardedState::kUnsharded;
@@ -103,23 +152,24 @@ void FSDPParamGroup::wait_for_unshard() {
 }
 
 void FSDPParamGroup::reshard() {
-  if (all_gather_.in_flight()) ++epoch_;  // a pending gather dropped
+  if (gather_in_flight()) ++epoch_;  // a pending gather dropped
   finish_all_gather();  // prefetched but never used: finish before freeing
   if (state_ == ShardedState::kUnsharded) {
     ++epoch_;
-    for (auto& p : shard_.params()) {
-      p.param.set_data(shard_.sharded_view(p));
-      flow_->on_resharded(p);
+    for (auto& part : parts_) {
+      for (auto& p : part.shard->params()) {
+        p.param.set_data(part.shard->sharded_view(p));
+        part.flow->on_resharded(p);
+      }
     }
     state_ = ShardedState::kSharded;
   }
-  shard_.free_gathered();
+  for (auto& part : parts_) part.shard->free_gathered();
 }
 
 void FSDPParamGroup::register_grad_hooks() {
-  auto& ps = shard_.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    auto& p = ps[i];
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDPParam& p = *params_[i];
     if (!p.requires_grad()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(p.param);
     if (accumulator == p.grad_accumulator) continue;
@@ -129,8 +179,10 @@ void FSDPParamGroup::register_grad_hooks() {
 }
 
 void FSDPParamGroup::prepare_gradients() {
-  if (!has_trainable_params() || state_ != ShardedState::kUnsharded) return;
-  flow_->prepare();
+  if (state_ != ShardedState::kUnsharded) return;
+  for (auto& part : parts_) {
+    if (part.trainable()) part.flow->prepare();
+  }
 }
 
 void FSDPParamGroup::post_backward() {
@@ -140,11 +192,21 @@ void FSDPParamGroup::post_backward() {
     return;
   }
   const bool sync = settings_.requires_gradient_sync;
-  flow_->collect(state_ == ShardedState::kUnsharded);
+  bool may_stay_gathered = true;
+  for (auto& part : parts_) {
+    part.reducing = false;
+    if (!part.trainable()) continue;
+    part.flow->collect(state_ == ShardedState::kUnsharded);
+    may_stay_gathered = may_stay_gathered && part.flow->may_stay_gathered();
+  }
   // Kept gathered for the next micro-step's forward only: a backward that
   // syncs hands sharded gradients to sharded parameters.
-  if (!flow_->may_stay_gathered() || settings_.reshard_after_backward || sync) reshard();
-  flow_->stage(sync);
+  if (!may_stay_gathered || settings_.reshard_after_backward || sync) reshard();
+  for (auto& part : parts_) {
+    if (!part.trainable()) continue;
+    part.flow->stage(sync);
+    part.reducing = sync;
+  }
   // A held reduction (HSDP without all-reduce) is accumulation too: which
   // parameters got gradients is kept for the window, and decided at the sync.
   accumulating_ = !sync || holds_reduction();
@@ -153,15 +215,65 @@ void FSDPParamGroup::post_backward() {
   comm_->reduce(*this);
 }
 
-void FSDPParamGroup::issue_reduce_scatter() { flow_->issue_reduce_scatter(on(shard_group())); }
-void FSDPParamGroup::wait_reduce_scatter() { flow_->wait_reduce_scatter(*comm_); }
-void FSDPParamGroup::hold_partial_reduction() { flow_->hold_partial_reduction(); }
-void FSDPParamGroup::issue_replica_all_reduce() { flow_->issue_all_reduce(on(replicate_group())); }
-void FSDPParamGroup::wait_replica_all_reduce() { flow_->wait_all_reduce(*comm_); }
+void FSDPParamGroup::issue_reduce_scatter() {
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->issue_reduce_scatter(on(shard_group()));
+  }
+}
+void FSDPParamGroup::wait_reduce_scatter() {
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->wait_reduce_scatter(*comm_);
+  }
+}
+void FSDPParamGroup::hold_partial_reduction() {
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->hold_partial_reduction();
+    part.reducing = false;
+  }
+}
+void FSDPParamGroup::issue_replica_all_reduce() {
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->issue_all_reduce(on(replicate_group()));
+  }
+}
+void FSDPParamGroup::wait_replica_all_reduce() {
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->wait_all_reduce(*comm_);
+  }
+}
 
 void FSDPParamGroup::assign_gradients() {
   const double ranks = static_cast<double>(shard_group().size()) * replicate_group().size();
-  flow_->assign(settings_, ranks);
+  for (auto& part : parts_) {
+    if (part.reducing) part.flow->assign(settings_, ranks);
+    part.reducing = false;
+  }
+}
+
+int64_t FSDPParamGroup::sharded_param_bytes() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.shard->sharded_bytes();
+  return total;
+}
+int64_t FSDPParamGroup::unsharded_bytes_held() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.shard->gathered_bytes_held();
+  return total;
+}
+int64_t FSDPParamGroup::flat_numel() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.shard->padded_numel();
+  return total;
+}
+int64_t FSDPParamGroup::gathered_bytes() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.shard->gathered_bytes();
+  return total;
+}
+int64_t FSDPParamGroup::reduction_bytes() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.shard->reduction_bytes();
+  return total;
 }
 
 bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group().size() > 1; }
@@ -169,10 +281,12 @@ bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group().
 bool FSDPParamGroup::holds_reduction() const { return reduces_across_replicas() && !settings_.requires_all_reduce; }
 
 void FSDPParamGroup::leave_in_place_path() {
-  if (flow_->path() != GradientPath::kInPlace) return;
+  const bool in_place = std::any_of(parts_.begin(), parts_.end(),
+                                    [](const DtypeShard& d) { return d.flow->path() == GradientPath::kInPlace; });
+  if (!in_place) return;
   if (comm_ != nullptr) comm_->finish(*this);  // a reduction in flight ends on the path that issued it
   reshard();
-  flow_ = leave_in_place(std::move(flow_), shard_);
+  for (auto& part : parts_) part.flow = leave_in_place(std::move(part.flow), *part.shard);
 }
 
 void FSDPParamGroup::set_gradient_divide_factor(std::optional<double> factor) {
@@ -186,17 +300,16 @@ void FSDPParamGroup::set_reduced_grad_hook(ReducedGradHook hook) {
 }
 
 void FSDPParamGroup::append_used(std::vector<uint8_t>& out) const {
-  const auto& ps = shard_.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (ps[i].requires_grad()) out.push_back(used_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i]->requires_grad()) out.push_back(used_[i]);
   }
 }
 
 size_t FSDPParamGroup::apply_used(const uint8_t* used_anywhere) {
   size_t k = 0;
-  for (auto& p : shard_.params()) {
-    if (!p.requires_grad()) continue;
-    if (used_anywhere[k++] == 0 && !p.grad_existed_before) p.param.mutable_grad() = at::Tensor();
+  for (FSDPParam* p : params_) {
+    if (!p->requires_grad()) continue;
+    if (used_anywhere[k++] == 0 && !p->grad_existed_before) p->param.mutable_grad() = at::Tensor();
   }
   std::fill(used_.begin(), used_.end(), 0);
   return k;
@@ -204,7 +317,7 @@ size_t FSDPParamGroup::apply_used(const uint8_t* used_anywhere) {
 
 void FSDPParamGroup::begin_iteration() {
   if (!accumulating_) {
-    for (auto& p : shard_.params()) p.grad_existence_recorded = false;
+    for (FSDPParam* p : params_) p->grad_existence_recorded = false;
   }
 }
 
@@ -214,7 +327,7 @@ void FSDPParamGroup::end_backward() {
 }
 
 void FSDPParamGroup::drop_forward() noexcept {
-  flow_->drop_backward();
+  for (auto& part : parts_) part.flow->drop_backward();
   try {
     reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
   } catch (const std::exception&) {
@@ -222,12 +335,15 @@ void FSDPParamGroup::drop_forward() noexcept {
 }
 
 void FSDPParamGroup::abandon() noexcept {
-  try {
-    finish_all_gather();  // marked waited in the event log, as every issued collective is
-  } catch (const std::exception&) {
-    all_gather_.abandon();
+  for (auto& part : parts_) {
+    try {
+      part.all_gather.wait(*comm_, "FSDP::all_gather_wait");  // marked waited in the event log, as every issued one is
+    } catch (const std::exception&) {
+      part.all_gather.abandon();
+    }
+    part.flow->abandon();
+    part.reducing = false;
   }
-  flow_->abandon();
   try {  // partial full-shape gradients give way to the sharded ones from before
     reshard();
   } catch (const std::exception&) {

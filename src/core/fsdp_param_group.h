@@ -3,7 +3,8 @@
 // coordinator of a unit's memory (FlatShard), its collectives
 // (fsdp_collectives.h) and its gradient path (GradientFlow), through the
 // sharded/unsharded state machine. When its steps run is decided by
-// FSDPState and CommContext.
+// FSDPState and CommContext. A unit whose parameters have several dtypes
+// holds one flat shard per dtype: see [Note: a unit of several dtypes].
 
 #include <cstdint>
 #include <memory>
@@ -37,16 +38,18 @@ class FSDPParamGroup {
   void attach(CommContext* comm, const std::string* unit_name);
 
   ShardedState sharded_state() const { return state_; }
-  std::vector<FSDPParam>& params() { return shard_.params(); }
-  const std::vector<FSDPParam>& params() const { return shard_.params(); }
-  dist::ProcessGroup& shard_group() const { return shard_.shard_group(); }
-  dist::ProcessGroup& replicate_group() const { return shard_.replicate_group(); }
-  dist::ProcessGroup& world_group() const { return shard_.world_group(); }
-  at::Device device() const { return shard_.device(); }
+  // Every parameter of the unit, dtype by dtype (each dtype's in module order).
+  const std::vector<FSDPParam*>& params() const { return params_; }
+  // One flat shard per dtype, in the order of the dtypes' first parameters.
+  size_t num_shards() const { return parts_.size(); }
+  const FlatShard& shard(size_t i) const { return *parts_[i].shard; }
+  dist::ProcessGroup& shard_group() const { return front().shard_group(); }
+  dist::ProcessGroup& replicate_group() const { return front().replicate_group(); }
+  dist::ProcessGroup& world_group() const { return front().world_group(); }
+  at::Device device() const { return front().device(); }
   // Read at each use, not fixed at sharding: a unit frozen as a whole
   // when sharded may be unfrozen later (every rank the same).
   bool has_trainable_params() const;
-  GradientPath gradient_path() const { return flow_->path(); }
 
   // --- parameters -------------------------------------------------------
   // Issues the all-gather (no-op when unsharded or already in flight).
@@ -110,26 +113,37 @@ class FSDPParamGroup {
   void set_gradient_divide_factor(std::optional<double> factor);
   void set_reduced_grad_hook(ReducedGradHook hook);
 
-  // Bytes of the master shard, and of the gathered buffer when held.
-  int64_t sharded_param_bytes() const { return shard_.sharded_bytes(); }
-  int64_t unsharded_bytes_held() const { return shard_.gathered_bytes_held(); }
-  int64_t flat_numel() const { return shard_.padded_numel(); }
-  int64_t gathered_bytes() const { return shard_.gathered_bytes(); }
-  int64_t reduction_bytes() const { return shard_.reduction_bytes(); }
+  // Bytes of the master shards, and of the gathered buffers when held;
+  // elements of the padded flat buffers; the sums over the unit's dtypes.
+  int64_t sharded_param_bytes() const;
+  int64_t unsharded_bytes_held() const;
+  int64_t flat_numel() const;
+  int64_t gathered_bytes() const;
+  int64_t reduction_bytes() const;
 
  private:
+  // One dtype's parameters: their flat shard, gradient path and all-gather.
+  struct DtypeShard {
+    std::unique_ptr<FlatShard> shard;
+    std::unique_ptr<GradientFlow> flow;
+    PendingCollective all_gather;
+    bool reducing = false;  // staged by a synchronised backward, until its gradients are assigned
+    bool trainable() const;
+  };
+
+  const FlatShard& front() const { return *parts_.front().shard; }
+  bool gather_in_flight() const;
   void finish_all_gather();
   void register_grad_hooks();
   void leave_in_place_path();
   UnitComm on(dist::ProcessGroup& group) const;
 
-  FlatShard shard_;
-  std::unique_ptr<GradientFlow> flow_;
+  std::vector<DtypeShard> parts_;
+  std::vector<FSDPParam*> params_;
   ReductionSettings settings_;
   CommContext* comm_ = nullptr;
   const std::string* name_ = nullptr;
-  PendingCollective all_gather_;
-  std::vector<uint8_t> used_;  // per parameter: a gradient arrived on this rank
+  std::vector<uint8_t> used_;  // per parameter of params_: a gradient arrived on this rank
   bool reduced_this_backward_ = false;
   ShardedState state_ = ShardedState::kSharded;
   uint64_t epoch_ = 0;

@@ -43,11 +43,14 @@ struct UnitStateHolder : torch::nn::Module {
  private:
   void check_to(const torch::Device* device, const torch::Dtype* dtype) const {
     if (state->group() == nullptr) return;
-    const at::Tensor& p = state->group()->params().front().param;
-    const bool same_device = device == nullptr || (device->type() == p.device().type() &&
-                                                   (!device->has_index() || device->index() == p.device().index()));
-    const bool same_dtype = dtype == nullptr || *dtype == p.scalar_type();
-    if (same_device && same_dtype) return;
+    const auto& params = state->group()->params();
+    const bool unchanged = std::all_of(params.begin(), params.end(), [&](const FSDPParam* fp) {
+      const at::Tensor& p = fp->param;
+      const bool same_device = device == nullptr || (device->type() == p.device().type() &&
+                                                     (!device->has_index() || device->index() == p.device().index()));
+      return same_device && (dtype == nullptr || *dtype == p.scalar_type());
+    });
+    if (unchanged) return;
     std::ostringstream target;
     if (device != nullptr) target << *device;
     if (device != nullptr && dtype != nullptr) target << ", ";
@@ -187,11 +190,11 @@ void explain_forward_error(const torch::nn::Module& module, const c10::Error& er
     // A shard is told from the parameter itself when it is a slice, empty
     // (a rank may hold none of a parameter), or a matrix flattened; a
     // whole vector looks the same sharded or not.
-    const bool named = std::any_of(params.begin(), params.end(), [&](const FSDPParam& p) {
-      const int64_t n = p.param.numel();
+    const bool named = std::any_of(params.begin(), params.end(), [&](const FSDPParam* p) {
+      const int64_t n = p->param.numel();
       if (n == 0) return empty_tensor_named;
-      if (p.shape.size() >= 2 && vector_named) return true;  // "got 1-D tensor": a flattened matrix
-      return numbers.count(n) > 0 && (n != p.numel || p.shape.size() >= 2);
+      if (p->shape.size() >= 2 && vector_named) return true;  // "got 1-D tensor": a flattened matrix
+      return numbers.count(n) > 0 && (n != p->numel || p->shape.size() >= 2);
     });
     if (named) sharded += (sharded.empty() ? "" : ", ") + s->name();
   }
@@ -222,7 +225,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
     }
     if (FSDPState* existing = detail::state_of(module)) {
       const std::string holds = existing->group() != nullptr
-                                    ? " (its parameters start with '" + existing->group()->params().front().fqn + "')"
+                                    ? " (its parameters start with '" + existing->group()->params().front()->fqn + "')"
                                     : "";
       throw Error("fully_shard: module " + module.name() + holds +
                   " is sharded already; apply fully_shard once per module, children before parents");
@@ -265,7 +268,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
     for (const auto& [name, state] : children) {
       (void)name;
       if (state->group() == nullptr) continue;
-      for (const auto& p : state->group()->params()) held_below[key_of(p.param)] = state;
+      for (const FSDPParam* p : state->group()->params()) held_below[key_of(p->param)] = state;
     }
     for (const auto& item : module.named_parameters(/*recurse=*/true)) {
       const std::string& fqn = item.key();
@@ -279,8 +282,8 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
         if (held->second != path_owner) {
           // Its name as seen from this module, when its unit is below.
           std::string holder_name;
-          for (const auto& p : held->second->group()->params()) {
-            if (key_of(p.param) == key) holder_name = p.fqn;
+          for (const FSDPParam* p : held->second->group()->params()) {
+            if (key_of(p->param) == key) holder_name = p->fqn;
           }
           for (const auto& [name, child] : children) {
             if (child == held->second && !name.empty() && holder_name.rfind(name + ".", 0) != 0) {
@@ -330,9 +333,9 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
     tree->states.push_back(child);
     child->join_tree(tree, false, unit_name);
     if (child->group() == nullptr) continue;
-    for (auto& p : child->group()->params()) {
-      const auto it = name_here.find(key_of(p.param));
-      if (it != name_here.end()) p.fqn = it->second;
+    for (FSDPParam* p : child->group()->params()) {
+      const auto it = name_here.find(key_of(p->param));
+      if (it != name_here.end()) p->fqn = it->second;
     }
   }
   for (torch::nn::Module* module : modules) {
@@ -482,16 +485,19 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
     // forward); its shard is current, so release the gathered copy.
     group->reshard();
     auto& g = group->shard_group();
-    const auto& ps = group->params();
-    // Every parameter's local view is a slice of one contiguous shard;
-    // rebuild that shard from the views (some may be empty).
-    at::Tensor shard = at::zeros({group->flat_numel() / g.size()}, ps.front().param.options());
-    for (const auto& p : ps) {
-      if (p.local.numel > 0) shard.narrow(0, p.local.begin_in_shard, p.local.numel).copy_(p.param.detach());
+    for (size_t i = 0; i < group->num_shards(); ++i) {
+      // Each dtype's flat shard as its parameters' sharded views hold it
+      // (some may be empty).
+      const FlatShard& flat_shard = group->shard(i);
+      const auto& ps = flat_shard.params();
+      at::Tensor shard = at::zeros({flat_shard.shard_numel()}, ps.front().param.options());
+      for (const auto& p : ps) {
+        if (p.local.numel > 0) shard.narrow(0, p.local.begin_in_shard, p.local.numel).copy_(p.param.detach());
+      }
+      at::Tensor flat = at::empty({flat_shard.padded_numel()}, shard.options());
+      dist::all_gather_into_tensor(g, flat, shard).wait();
+      for (const auto& p : ps) full[key_of(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
     }
-    at::Tensor flat = at::empty({group->flat_numel()}, shard.options());
-    dist::all_gather_into_tensor(g, flat, shard).wait();
-    for (const auto& p : ps) full[key_of(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, param] : unique_named_parameters(root)) {
@@ -509,16 +515,16 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
     if (group == nullptr) continue;
     group->reshard();
     const int replica = group->replicate_group().rank();
-    for (const auto& p : group->params()) {
+    for (const FSDPParam* p : group->params()) {
       LocalShard s;
-      s.param = p.param;
-      s.local = p.param.detach();  // sharded: the parameter's data is its 1-D slice
-      s.shape = p.shape;
-      s.begin = p.local.begin_in_param;
-      s.numel = p.local.numel;
+      s.param = p->param;
+      s.local = p->param.detach();  // sharded: the parameter's data is its 1-D slice
+      s.shape = p->shape;
+      s.begin = p->local.begin_in_param;
+      s.numel = p->local.numel;
       s.sharded = true;
       s.replica = replica;
-      managed[key_of(p.param)] = s;
+      managed[key_of(p->param)] = s;
     }
   }
   std::vector<LocalShard> out;
@@ -544,7 +550,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   for (const auto& [name, state] : units_under(root)) {
     (void)name;
     if (state->group() == nullptr) continue;
-    for (const auto& p : state->group()->params()) managed[key_of(p.param)] = p.shape;
+    for (const FSDPParam* p : state->group()->params()) managed[key_of(p->param)] = p->shape;
   }
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& [name, param] : unique_named_parameters(root)) {

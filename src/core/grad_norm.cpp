@@ -89,7 +89,7 @@ double grad_norm(torch::nn::Module& root, double norm_type) {
     auto it = std::find(groups.begin(), groups.end(), g);
     const auto index = static_cast<size_t>(it - groups.begin());
     if (it == groups.end()) groups.push_back(g);
-    for (const auto& p : state->group()->params()) group_of_param[p.param.unsafeGetTensorImpl()] = index;
+    for (const FSDPParam* p : state->group()->params()) group_of_param[p->param.unsafeGetTensorImpl()] = index;
   }
   std::vector<Partial> sharded(groups.size());
   Partial replicated;

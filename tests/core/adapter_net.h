@@ -24,7 +24,16 @@ struct AdapterNetConfig {
   bool gate = false;        // a per-block gate vector, used only when use_gate
   int twice_block = -1;     // this block is applied twice in a row
   bool checkpoint = false;  // each block call is a checkpointed region of its own
+  // Linear layers may be in another dtype than the norms (bf16 matrices
+  // beside fp32 norms): each is applied in its weight's dtype, its output
+  // cast back to its input's.
+  bool own_dtype_linears = false;
 };
+
+inline torch::Tensor apply_linear(torch::nn::Linear& m, const torch::Tensor& x, bool own_dtype) {
+  if (!own_dtype) return fsdp::call(m, x);
+  return fsdp::call(m, x.to(m->weight.scalar_type())).to(x.scalar_type());
+}
 
 // Fails in backward: autograd surfaces the exception from loss.backward().
 struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
@@ -38,7 +47,8 @@ struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
 // B = batch, C = channels
 struct AdapterBlockImpl : torch::nn::Module {
   explicit AdapterBlockImpl(const AdapterNetConfig& c)
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+      : own_dtype(c.own_dtype_linears),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
         base(register_module("base", torch::nn::Linear(c.dim, c.dim))) {
     if (c.adapters) {
       lora_a = register_module("lora_a", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.rank).bias(false)));
@@ -50,13 +60,14 @@ struct AdapterBlockImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {  // (B, C)
     if (throw_in_forward) throw std::runtime_error("injected failure in forward");
     torch::Tensor h = norm(x);
-    torch::Tensor y = fsdp::call(base, h);
-    if (lora_a) y = y + lora_b(lora_a(h));
+    torch::Tensor y = apply_linear(base, h, own_dtype);
+    if (lora_a) y = y + apply_linear(lora_b, apply_linear(lora_a, h, own_dtype), own_dtype);
     if (gate.defined() && use_gate) y = y * gate;
     if (throw_in_backward) y = ThrowInBackward::apply(y);
     return x + torch::tanh(y);
   }
 
+  bool own_dtype;
   torch::nn::LayerNorm norm;
   torch::nn::Linear base;
   torch::nn::Linear lora_a{nullptr}, lora_b{nullptr};
@@ -76,13 +87,14 @@ struct AdapterNetImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {  // (B, C) -> (B, 2)
-    torch::Tensor h = fsdp::call(in_proj, x);  // units of their own in the list-form tests
+    const bool own = config.own_dtype_linears;
+    torch::Tensor h = apply_linear(in_proj, x, own);  // units of their own in the list-form tests
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (static_cast<int>(i) == skipped_block) continue;
       h = call_block(i, h);
       if (static_cast<int>(i) == config.twice_block) h = call_block(i, h);
     }
-    return fsdp::call(head, h);
+    return apply_linear(head, h, own);
   }
 
   torch::Tensor call_block(size_t i, const torch::Tensor& h) {
@@ -96,6 +108,26 @@ struct AdapterNetImpl : torch::nn::Module {
     for (auto& b : blocks) {
       for (auto& p : b->norm->parameters()) p.set_requires_grad(false);
       for (auto& p : b->base->parameters()) p.set_requires_grad(false);
+    }
+  }
+  // Every linear layer in `dtype`, the norms and gates left in fp32.
+  void linears_to(torch::Dtype dtype, bool adapters_too) {
+    in_proj->to(dtype);
+    head->to(dtype);
+    for (auto& b : blocks) {
+      b->base->to(dtype);
+      if (adapters_too && b->lora_a) {
+        b->lora_a->to(dtype);
+        b->lora_b->to(dtype);
+      }
+    }
+  }
+  // Only the adapters train, as in LoRA fine-tuning of a whole model.
+  void freeze_all_but_adapters() {
+    for (auto& p : parameters()) p.set_requires_grad(false);
+    for (auto& b : blocks) {
+      for (auto& p : b->lora_a->parameters()) p.set_requires_grad(true);
+      for (auto& p : b->lora_b->parameters()) p.set_requires_grad(true);
     }
   }
   void freeze_block(size_t i) {

@@ -117,16 +117,50 @@ TEST(FullyShardOwnership, BlockOutlivingItsRootStillRuns) {
   EXPECT_TRUE(torch::allclose(call(block, x), expected, 1e-5, 1e-6));
 }
 
-TEST(FullyShardErrors, MixedDtypesInOneUnit) {
+TEST(FullyShardMixedDtypes, EachDtypeShardedAndGatheredInItsOwnOrThePolicysDtype) {
   struct MixedImpl : torch::nn::Module {
     MixedImpl() {
-      register_parameter("single", torch::randn({3}));
-      register_parameter("double_precision", torch::randn({3}, torch::kDouble));
+      register_parameter("single", torch::randn({5}));
+      register_parameter("double_precision", torch::randn({3, 3}, torch::kDouble));
+      register_parameter("single_too", torch::randn({2}));
     }
   };
-  auto mixed = std::make_shared<MixedImpl>();
-  expect_error_on_every_rank([&] { fully_shard(*mixed, default_options()); },
-                             {"'double_precision'", "Double", "'single'", "Float", "one unit holds one dtype"});
+  const int64_t w = test_world().size();
+  for (const bool policy : {false, true}) {
+    torch::manual_seed(3);
+    auto mixed = std::make_shared<MixedImpl>();
+    std::vector<std::pair<std::string, torch::Tensor>> expected;
+    for (const auto& item : mixed->named_parameters()) expected.emplace_back(item.key(), item.value().detach().clone());
+    auto options = default_options();
+    if (policy) options.mixed_precision.param_dtype = torch::kBFloat16;
+    fully_shard(*mixed, options);
+    // Each dtype padded to a multiple of W on its own: 7 fp32 and 9 fp64 elements.
+    const int64_t shard_fp32 = (7 + w - 1) / w, shard_fp64 = (9 + w - 1) / w;
+    EXPECT_EQ(sharded_param_bytes(*mixed), shard_fp32 * 4 + shard_fp64 * 8);
+    for (const auto& item : mixed->named_parameters()) {
+      const auto& original = std::find_if(expected.begin(), expected.end(), [&](const auto& e) {
+                               return e.first == item.key();
+                             })->second;
+      EXPECT_EQ(item.value().scalar_type(), original.scalar_type()) << item.key() << " sharded";
+    }
+    unshard(*mixed);
+    for (const auto& [name, original] : expected) {
+      const torch::Tensor gathered = mixed->named_parameters()[name];
+      const auto dtype = policy ? torch::kBFloat16 : original.scalar_type();
+      EXPECT_EQ(gathered.scalar_type(), dtype) << name << " gathered";
+      EXPECT_TRUE(torch::equal(gathered, original.to(dtype))) << name;
+    }
+    reshard(*mixed);
+    EXPECT_EQ(memory::gathered_bytes(), 0);
+    const auto full = full_parameters(*mixed);
+    ASSERT_EQ(full.size(), expected.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(full[i].first, expected[i].first);
+      EXPECT_TRUE(torch::equal(full[i].second, expected[i].second)) << full[i].first << " not returned as it was";
+    }
+    // Converting the unit is refused whichever dtype is named: some parameter would change.
+    expect_error_on_every_rank([&] { mixed->to(torch::kDouble); }, {"sharded by fully_shard"});
+  }
 }
 
 TEST(FullyShardErrors, NoShardNeedsAReplicateMesh) {
