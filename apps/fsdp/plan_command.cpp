@@ -36,7 +36,10 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 m.family.c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
                 static_cast<long long>(m.vocab), world, world == 1 ? "" : "s",
                 (to_string(job.fsdp.sharding) +
-                 (job.fsdp.sharding == ShardingStrategy::kHybridShard ? " " + std::to_string(job.fsdp.fsdp_size) : ""))
+                 (job.fsdp.sharding == ShardingStrategy::kHybridShard ? " " + std::to_string(job.fsdp.fsdp_size) : "") +
+                 (job.fsdp.reshard_after_forward > 0
+                      ? ", blocks kept over " + std::to_string(job.fsdp.reshard_after_forward) + " ranks after forward"
+                      : ""))
                     .c_str(),
                 train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
                 static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),

@@ -23,10 +23,10 @@ double CommContext::now_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-size_t CommContext::record(FSDPEvent::Kind kind, const std::string& unit) {
+size_t CommContext::record(FSDPEvent::Kind kind, const std::string& unit, int ranks) {
   const bool collective =
       kind == FSDPEvent::Kind::kAllGather || kind == FSDPEvent::Kind::kReduceScatter || kind == FSDPEvent::Kind::kAllReduce;
-  FSDPEvent e{kind, unit, next_sequence_++, now_s(), -1};
+  FSDPEvent e{kind, unit, next_sequence_++, now_s(), -1, ranks};
   if (!collective) e.waited_s = e.issued_s;
   if (events_.size() == kMaxEvents) events_.pop_front();
   events_.push_back(std::move(e));

@@ -55,7 +55,7 @@ class CommContext {
 
   // Event log, bounded to the last kMaxEvents entries.
   static constexpr size_t kMaxEvents = 8192;
-  size_t record(FSDPEvent::Kind kind, const std::string& unit);
+  size_t record(FSDPEvent::Kind kind, const std::string& unit, int ranks = 0);
   void mark_waited(size_t sequence);
   std::vector<FSDPEvent> events() const { return {events_.begin(), events_.end()}; }
   void clear_events() { events_.clear(); }

@@ -45,7 +45,7 @@ PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const 
     out.input.reset(memory::flat_copy(shard, gathered.scalar_type()));
   }
   const at::Tensor& input = out.input.defined() ? out.input.get() : shard;
-  out.event = on.comm.record(FSDPEvent::Kind::kAllGather, on.unit);
+  out.event = on.comm.record(FSDPEvent::Kind::kAllGather, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
   out.work = dist::all_gather_into_tensor(on.group, gathered, input);
   return out;
@@ -62,7 +62,7 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
   const at::Tensor& in = input.get();
   out.output.reset(memory::empty_flat(in.numel() / on.group.size(), in.options()));
   out.input = std::move(input);
-  out.event = on.comm.record(FSDPEvent::Kind::kReduceScatter, on.unit);
+  out.event = on.comm.record(FSDPEvent::Kind::kReduceScatter, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
   out.work = dist::reduce_scatter_tensor(on.group, out.output.get(), out.input.get(), dist::ReduceOp::kAvg);
   return out;
@@ -72,7 +72,7 @@ PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
   PendingCollective out;
   RECORD_USER_SCOPE("FSDP::all_reduce");
   CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
-  out.event = on.comm.record(FSDPEvent::Kind::kAllReduce, on.unit);
+  out.event = on.comm.record(FSDPEvent::Kind::kAllReduce, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
   out.work = dist::all_reduce(on.group, buffer, dist::ReduceOp::kAvg);
   return out;

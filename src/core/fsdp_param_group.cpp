@@ -84,7 +84,8 @@ bool FSDPParamGroup::DtypeShard::trainable() const {
 }
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
-                               const FullyShardOptions& options) {
+                               const FullyShardOptions& options)
+    : mesh_(options.mesh) {
   std::vector<at::ScalarType> dtypes;
   for (const auto& p : params) {
     if (std::find(dtypes.begin(), dtypes.end(), p.param.scalar_type()) == dtypes.end()) {
@@ -128,12 +129,57 @@ void FSDPParamGroup::unshard() {
     FlatShard& shard = *part.shard;
     if (shard.gathered_is_shard()) continue;
     shard.allocate_gathered();
-    part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gathered());
+    if (part.post_forward.defined()) {
+      part.all_gather = all_gather(on(*post_forward_group_), part.post_forward.get(), shard.gathered());
+    } else {
+      part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gathered());
+    }
   }
 }
 
 void FSDPParamGroup::finish_all_gather() {
-  for (auto& part : parts_) part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
+  for (auto& part : parts_) {
+    part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
+    part.post_forward.reset();  // read by the gather, or never to be: a full one comes next
+  }
+}
+
+// [Note: resharding to fewer ranks]
+// reshard_after_forward = k keeps, between a unit's forward and its
+// backward, 1/k of the gathered buffer on each rank instead of 1/W: rank
+// j of each group of k consecutive ranks (of the shard group) keeps the
+// buffer's j-th k-th. The buffer is padded to a multiple of W, so of k
+// too, and the k parts laid end to end are the buffer: backward's gather
+// is an all-gather inside the group, from the kept parts, in the gathered
+// dtype (no cast). Any reshard before that (a no-grad forward, an error, a
+// unit that did not run backward) drops the kept part, and the next gather
+// is the full one from the shards: slower, never wrong.
+void FSDPParamGroup::reshard_to(int ranks) {
+  dist::ProcessGroup& within = mesh_->shard_subgroup(ranks);
+  if (state_ != ShardedState::kUnsharded || within.size() == shard_group().size()) {
+    reshard();
+    return;
+  }
+  const int index = within.rank();
+  std::vector<at::Tensor> kept;
+  for (auto& part : parts_) {
+    const FlatShard& shard = *part.shard;
+    if (shard.gathered_is_shard()) {
+      kept.emplace_back();
+      continue;
+    }
+    const int64_t chunk = shard.padded_numel() / ranks;
+    kept.push_back(shard.gathered().narrow(0, index * chunk, chunk).clone());
+  }
+  reshard();
+  for (size_t i = 0; i < parts_.size(); ++i) parts_[i].post_forward.reset(kept[i]);
+  post_forward_group_ = &within;
+}
+
+int64_t FSDPParamGroup::post_forward_bytes_held() const {
+  int64_t total = 0;
+  for (const auto& part : parts_) total += part.post_forward.defined() ? part.post_forward.get().nbytes() : 0;
+  return total;
 }
 
 void FSDPParamGroup::wait_for_unshard() {

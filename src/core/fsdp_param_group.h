@@ -57,8 +57,18 @@ class FSDPParamGroup {
   // Waits for it and points every parameter at its gathered view.
   void wait_for_unshard();
   // Points parameters back at their shards (and their gradients back at
-  // the sharded ones) and frees the gathered buffer.
+  // the sharded ones) and frees the gathered buffer (and a post-forward shard).
   void reshard();
+  // After forward (reshard_after_forward = k): reshards, keeping this rank's
+  // 1/k of the gathered buffer, its part within its group of k consecutive
+  // ranks of the shard group; the next unshard gathers inside that group.
+  // `ranks` divides the shard group's size.
+  void reshard_to(int ranks);
+  // The group reshard_to(ranks) will use, made now: every rank must make it
+  // at the same point (fully_shard, or the setter).
+  void prepare_reshard_to(int ranks) const { (void)mesh_->shard_subgroup(ranks); }
+  // Bytes of the post-forward shards held now.
+  int64_t post_forward_bytes_held() const;
   // Changes whenever the unit is gathered or released (or a pending gather
   // is dropped): an UnshardHandle acts only on the gather it issued.
   uint64_t epoch() const { return epoch_; }
@@ -127,6 +137,9 @@ class FSDPParamGroup {
     std::unique_ptr<FlatShard> shard;
     std::unique_ptr<GradientFlow> flow;
     PendingCollective all_gather;
+    // reshard_to(k): this rank's 1/k of the gathered buffer, in its dtype,
+    // until the next gather reads it.
+    CountedTensor post_forward{memory::BufferKind::kGathered};
     bool reducing = false;  // staged by a synchronised backward, until its gradients are assigned
     bool trainable() const;
   };
@@ -138,6 +151,8 @@ class FSDPParamGroup {
   void leave_in_place_path();
   UnitComm on(dist::ProcessGroup& group) const;
 
+  std::shared_ptr<dist::DeviceMesh> mesh_;  // kept alive: the shards hold its groups
+  dist::ProcessGroup* post_forward_group_ = nullptr;  // where the post-forward shards gather
   std::vector<DtypeShard> parts_;
   std::vector<FSDPParam*> params_;
   ReductionSettings settings_;

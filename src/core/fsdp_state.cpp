@@ -197,7 +197,9 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
       prefetch_depth_(options.prefetch_depth),
       strategy_reshards_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
                                        options.strategy == ShardingStrategy::kHybridShard),
-      reshard_after_forward_set_(options.reshard_after_forward) {}
+      reshard_after_forward_set_(options.reshard_after_forward) {
+  if (reshard_after_forward_set_) set_reshard_after_forward(*reshard_after_forward_set_);
+}
 
 FSDPState::~FSDPState() {
   if (!tree_) return;
@@ -230,11 +232,24 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   if (group_) group_->attach(&tree_->comm, &name_);
 }
 
-bool FSDPState::reshards_after_forward() const {
-  return reshard_after_forward_set_.value_or(strategy_reshards_after_forward_ && !is_root_);
+int FSDPState::post_forward_ranks() const {
+  if (!group_) return 1;
+  const int shard = group_->shard_group().size();
+  const ReshardAfterForward r =
+      reshard_after_forward_set_.value_or(ReshardAfterForward(strategy_reshards_after_forward_ && !is_root_));
+  return r.ranks == ReshardAfterForward::kShardGroup ? shard : r.ranks;
 }
 
-void FSDPState::set_reshard_after_forward(bool reshard) { reshard_after_forward_set_ = reshard; }
+void FSDPState::set_reshard_after_forward(ReshardAfterForward reshard) {
+  if (group_ && reshard.ranks != ReshardAfterForward::kShardGroup) {
+    const int shard = group_->shard_group().size();
+    FSDP_CHECK(reshard.ranks >= 1 && shard % reshard.ranks == 0, "reshard_after_forward=", reshard.ranks,
+               ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
+               "group's size, ", shard, " (true frees them, false keeps them gathered)");
+    group_->prepare_reshard_to(reshard.ranks);
+  }
+  reshard_after_forward_set_ = reshard;
+}
 
 void FSDPState::enter(TrainingState next, bool recomputing) {
   training_.enter(next, recomputing, name_, to_string(tree_->iteration.phase));
@@ -404,8 +419,14 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
     order.push_back(this);
     calls_.backward_cursor = calls_.post_forward_indices.size();
   }
-  if (group_ && reshards_after_forward()) {
-    group_->reshard();
+  const int keep_over = post_forward_ranks();
+  if (group_ && keep_over > 1) {
+    // Without a backward to come nothing is kept for one.
+    if (needs_backward && keep_over < group_->shard_group().size()) {
+      group_->reshard_to(keep_over);
+    } else {
+      group_->reshard();
+    }
   } else if (group_ && needs_backward) {
     // Staying gathered (the root, shard_grad_op): gradient views now, so a
     // parameter used after this forward (a tied output head) accumulates

@@ -150,13 +150,15 @@ class FSDPState {
   const std::shared_ptr<FSDPTree>& tree() const { return tree_; }
   TrainingState training_state() const { return training_.get(); }
 
-  // Whether post-forward frees the gathered parameters. By default the
-  // strategy decides (full_shard, hybrid_shard), and the root keeps them,
-  // since its backward starts right after its forward; set explicitly
-  // (FullyShardOptions::reshard_after_forward, fsdp::set_reshard_after_forward)
-  // it holds for the root too.
-  bool reshards_after_forward() const;
-  void set_reshard_after_forward(bool reshard);
+  // Over how many ranks post-forward leaves the parameters sharded: the
+  // shard group's size (freed), 1 (kept gathered) or a divisor between. By
+  // default the strategy decides (full_shard, hybrid_shard free them), and
+  // the root keeps them, since its backward starts right after its
+  // forward; set explicitly (FullyShardOptions::reshard_after_forward,
+  // fsdp::set_reshard_after_forward) it holds for the root too. Setting a
+  // divisor makes its groups, so every rank sets it at the same point.
+  int post_forward_ranks() const;
+  void set_reshard_after_forward(ReshardAfterForward reshard);
 
   // The modules this unit was applied to (more than one: FSDP2's list form).
   void set_modules(std::vector<const torch::nn::Module*> modules) { modules_ = std::move(modules); }
@@ -200,7 +202,7 @@ class FSDPState {
   MixedPrecisionPolicy mixed_precision_;
   int prefetch_depth_;
   bool strategy_reshards_after_forward_;           // full_shard, hybrid_shard
-  std::optional<bool> reshard_after_forward_set_;  // explicitly, for this unit
+  std::optional<ReshardAfterForward> reshard_after_forward_set_;  // explicitly, for this unit
   TrainingStateMachine training_;
   std::vector<CallFrame> open_calls_;
   std::shared_ptr<FSDPTree> tree_;

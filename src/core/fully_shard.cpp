@@ -96,6 +96,12 @@ void validate_options(const FullyShardOptions& o) {
   FSDP_CHECK(o.strategy != ShardingStrategy::kNoShard || layout.shard == 1,
              "fully_shard: no_shard replicates every parameter, so the mesh must have shard size 1; it has ",
              layout.shard, " (use fsdp::make_mesh(world, ShardingStrategy::kNoShard))");
+  if (o.reshard_after_forward && o.reshard_after_forward->ranks != ReshardAfterForward::kShardGroup) {
+    const int ranks = o.reshard_after_forward->ranks;
+    FSDP_CHECK(ranks >= 1 && layout.shard % ranks == 0, "fully_shard: reshard_after_forward=", ranks,
+               ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
+               "group's size, ", layout.shard, " (true frees them, false keeps them gathered)");
+  }
 }
 
 // sync_module_states for what no unit shards: buffers (running statistics,
@@ -425,7 +431,7 @@ void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool r
                  [&](FSDPParamGroup& g) { g.set_reduced_grad_hook(hook); });
 }
 
-void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse) {
+void set_reshard_after_forward(torch::nn::Module& module, ReshardAfterForward reshard, bool recurse) {
   for (FSDPState* s : units_for(module, recurse, "set_reshard_after_forward")) s->set_reshard_after_forward(reshard);
 }
 

@@ -66,7 +66,9 @@ std::vector<std::pair<std::string, int64_t>> parallelize(CausalLMImpl& model, co
     fully_shard(*unit.module, unit_options);
     made.emplace_back(prefix.at(unit.module.get()), unit.own_params);
   }
-  fully_shard(model, options.fsdp);
+  FullyShardOptions root_options = options.fsdp;
+  root_options.reshard_after_forward.reset();
+  fully_shard(model, root_options);
   made.emplace_back("", root_params);
   if (options.explicit_prefetch) {
     // The example trainer's --explicit-prefetch: block i gathers block i+1

@@ -58,8 +58,18 @@ namespace {
 // The per-rank timeline of one step on shard groups of S ranks.
 Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const Target& target, const Sizes& s) {
   const bool aliased = S == 1 && s.compute == 4;  // the shard is the unit: no gathered copy
-  const bool full_shard =
-      job.fsdp.sharding == ShardingStrategy::kFullShard || job.fsdp.sharding == ShardingStrategy::kHybridShard;
+  // Whether blocks free their gathered parameters after forward: the
+  // strategy decides unless --reshard-after-forward names a number of
+  // ranks (1 keeps them gathered).
+  const int64_t keep_over = job.fsdp.reshard_after_forward;
+  const bool full_shard = keep_over > 0 ? keep_over > 1
+                                        : job.fsdp.sharding == ShardingStrategy::kFullShard ||
+                                              job.fsdp.sharding == ShardingStrategy::kHybridShard;
+  // Kept sharded over fewer ranks than the shard group: each block keeps
+  // 1/k of its gathered buffer from its post-forward until its backward's
+  // gather has read it (core/fsdp_param_group.cpp, [Note: resharding to
+  // fewer ranks]). Blocks [first, last)'s.
+  const bool partial = !aliased && keep_over > 1 && keep_over < S;
   // Explicit prefetch gathers exactly the next block, whatever the depth.
   const int64_t depth = job.fsdp.explicit_prefetch ? 1 : job.fsdp.prefetch_depth;
 
@@ -112,6 +122,10 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const auto gathered_blocks = [&](int64_t first, int64_t last) {
     return aliased ? 0 : padded(first, last) * s.compute;
   };
+  const auto kept_parts = [&](int64_t first, int64_t last) {
+    return partial ? padded(first, last) / keep_over * s.compute : int64_t{0};
+  };
+  const std::string kept_name = "parameters kept over " + std::to_string(keep_over) + " ranks";
   const int64_t head_act = head_activations(m, s);
   const int64_t head_weight = m.vocab * m.hidden;
   const int64_t chunk_rows = std::min<int64_t>(1024, s.N);
@@ -187,6 +201,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
     // Under shard_grad_op each block done made its gradient buffer.
     moment("forward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(full_shard ? i : 0, ahead)},
+            {kept_name, kept_parts(0, i)},
             {"activations", kept_before(i) + act_block[static_cast<size_t>(i)]},
             {"unsharded gradients and reduce-scatter", full_shard || aliased ? 0 : padded(0, i) * s.compute},
             {"gradients", aliased ? sharded_grads(0, i + 1, true) : 0},
@@ -204,6 +219,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const int64_t logits =
       chunked ? chunk_rows * logits_row : (transposed ? nn::transposed_logits_stride(s.N) : s.N) * logits_row;
   moment("loss", {{"gathered units", gathered_after_forward},
+                  {kept_name, kept_parts(0, L)},
                   {"activations", blocks_kept},
                   {"logits and loss", logits},
                   {"unsharded gradients and reduce-scatter", kept_grad_buffers(L)},
@@ -221,6 +237,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
     loss_backward += logits;  // the fused kernel left the gradient in the logits' buffer
   }
   moment("loss backward", {{"gathered units", gathered_after_forward},
+                           {kept_name, kept_parts(0, L)},
                            {"activations", blocks_kept},
                            {"logits and loss", loss_backward},
                            {"unsharded gradients and reduce-scatter", kept_grad_buffers(L)},
@@ -240,6 +257,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
     const int64_t before = i + 1 < L ? in_flight(block[static_cast<size_t>(i + 1)]) : 0;
     moment("backward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(first_held, i + 1)},
+            {kept_name, kept_parts(0, first_held)},
             {"activations", kept_before(i) + act_block[static_cast<size_t>(i)] + transient[static_cast<size_t>(i)]},
             {"unsharded gradients and reduce-scatter", block_grads + kept_grad_buffers(i) + before},
             {"the tied head's gradient", tied_grad},
@@ -247,6 +265,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
             {"gradients kept between micro-steps", unsynced(i + 1)}});
     moment("post-backward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(first_held, i + 1)},
+            {kept_name, kept_parts(0, first_held)},
             {"activations", kept_before(i)},
             {"unsharded gradients and reduce-scatter",
              reduction(b, 0, b.params * s.compute, before) + kept_grad_buffers(i)},
@@ -284,6 +303,7 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   const int S = shard_group_size(job, world);
   FSDP_CHECK(S >= 1 && world % S == 0, "fsdp plan: a shard group of ", S, " ranks does not divide ", world,
              " ranks (--fsdp-size)");
+  job.validate_for_shard_group(S);
   FSDP_CHECK(m.max_seq_len <= 0 || job.data.seq_len <= m.max_seq_len, "data.seq_len ", job.data.seq_len,
              " exceeds the model's ", m.max_seq_len, " positions");
   FSDP_CHECK(job.fsdp.wrap_policy == "block", "fsdp plan: only --wrap-policy block is modelled");

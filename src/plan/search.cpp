@@ -96,6 +96,9 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
             c.job.model.chunk_loss = chunk;
             c.job.data.batch_size = micro;
             c.job.data.grad_accum = sequences / micro;
+            // The job's --reshard-after-forward where it divides this mesh's shard group.
+            const int64_t keep_over = c.job.fsdp.reshard_after_forward;
+            if (keep_over > 0 && shard_group_size(c.job, world) % keep_over != 0) c.job.fsdp.reshard_after_forward = 0;
             try {
               c.peak_bytes =
                   with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
@@ -143,6 +146,9 @@ std::string train_flags(const train::TrainConfig& job) {
   flags += " --batch-size " + std::to_string(job.data.batch_size) + " --grad-accum " +
            std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) + " --precision " +
            train::name_of(job.runtime.precision) + " --prefetch-depth " + std::to_string(job.fsdp.prefetch_depth);
+  if (job.fsdp.reshard_after_forward > 0) {
+    flags += " --reshard-after-forward " + std::to_string(job.fsdp.reshard_after_forward);
+  }
   if (job.model.activation_checkpoint) flags += " --activation-checkpoint";
   if (job.model.chunk_loss) flags += " --chunk-loss";
   return flags;

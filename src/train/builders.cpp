@@ -170,6 +170,8 @@ void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const st
   par.fsdp.mesh = mesh;
   par.fsdp.strategy = f.sharding;
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
+  config.validate_for_shard_group(mesh->layout().shard);
+  if (f.reshard_after_forward > 0) par.fsdp.reshard_after_forward = static_cast<int>(f.reshard_after_forward);
   if (init_weights) {
     par.fsdp.param_init = [init_weights](const std::string& fqn, at::Tensor& full) { init_weights->fill(fqn, full); };
   }

@@ -240,6 +240,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, sharding, "--sharding", "sharding strategy"),
       FSDP_FIELD(fsdp, fsdp_size, "--fsdp-size", "shard-group size for hybrid_shard"),
       FSDP_FIELD(fsdp, prefetch_depth, "--prefetch-depth", "units gathered ahead"),
+      FSDP_FIELD(fsdp, reshard_after_forward, "--reshard-after-forward", "ranks a block stays sharded over between forward and backward: 0 lets --sharding decide, k (dividing the shard group) keeps 1/k per rank so backward gathers inside groups of k ranks, e.g. one node's"),
       FSDP_FIELD(fsdp, explicit_prefetch, "--explicit-prefetch", "each block prefetches its neighbour"),
       FSDP_FIELD(fsdp, wrap_policy, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
       FSDP_FIELD(checkpoint, dir, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
@@ -413,6 +414,13 @@ void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path
   }
 }
 
+void TrainConfig::validate_for_shard_group(int shard_group) const {
+  FSDP_CHECK(fsdp.reshard_after_forward == 0 || shard_group % fsdp.reshard_after_forward == 0,
+             "fsdp.reshard_after_forward is ", fsdp.reshard_after_forward, ": expected a number of ranks dividing the "
+             "shard group's ", shard_group, " (the world size under full_shard and shard_grad_op, fsdp.fsdp_size "
+             "under hybrid_shard), or 0 to let fsdp.sharding decide");
+}
+
 void TrainConfig::validate() const {
   const auto positive = [](int64_t v, const char* key) {
     FSDP_CHECK(v >= 1, key, " is ", v, ": expected at least 1");
@@ -445,6 +453,8 @@ void TrainConfig::validate() const {
   FSDP_CHECK(model.vocab_size >= 0, "model.vocab_size is ", model.vocab_size, ": expected 0 (the preset's) or more");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
+  FSDP_CHECK(fsdp.reshard_after_forward >= 0, "fsdp.reshard_after_forward is ", fsdp.reshard_after_forward,
+             ": expected 0 (the strategy decides) or a number of ranks dividing the shard group's size");
   FSDP_CHECK(fsdp.sharding != ShardingStrategy::kHybridShard || fsdp.fsdp_size >= 1,
              "fsdp.sharding is hybrid_shard but fsdp.fsdp_size is ", fsdp.fsdp_size,
              ": set the shard-group size (--fsdp-size)");

@@ -101,6 +101,26 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The recorded snapshot replays (tools/memory_peak.py, independent of the
 // writer) to the same peak the trainer's accounting reports.
+// --reshard-after-forward 2 at W = 4: each block keeps half of its gathered
+// parameters from its forward until its backward gathers them again. At
+// this job's peak (the loss's backward) every block's part is held: the
+// run's peak grows by what the plan's part says (measured: 20.31 MiB both),
+// and the plan still predicts the run's peak.
+TEST(PlanAgainstAccounting, PartsKeptOverFewerRanksAreWhatTheRunAdds) {
+  const std::string flags = "--model gpt2-d6 --seq-len 256 --batch-size 2";
+  const std::string kept = " --reshard-after-forward 2";
+  const auto plan_kept = plan_json("--world-size 4 " + flags + kept);
+  const auto freed = train_metrics("freed_after_forward", flags, 4);
+  const auto run_kept = train_metrics("kept_over_2", flags + kept, 4);
+  EXPECT_EQ(plan_kept["peak_phase"], "loss backward");
+  const double part = plan_kept["parts"]["parameters kept over 2 ranks"].get<double>() / kMiB;
+  EXPECT_GT(part, 10.0);
+  const double grown = run_kept["allocated_peak_mb"].get<double>() - freed["allocated_peak_mb"].get<double>();
+  EXPECT_NEAR(grown, part, 0.02 * part);
+  EXPECT_NEAR(plan_kept["tensor_peak_bytes"].get<double>() / kMiB / run_kept["allocated_peak_mb"].get<double>(), 1.0,
+              0.02);
+}
+
 TEST(MemorySnapshot, RecordedPeakEqualsTheAccountingPeak) {
   const std::string dir = temp_dir("snapshot");
   const auto r = run_command("OMP_NUM_THREADS=1 " + kCli +

@@ -182,6 +182,58 @@ TEST(ReshardAfterForward, OptionSetForTheRootFreesItAfterForward) {
   EXPECT_EQ(memory::gathered_bytes(), 0);
 }
 
+// --- reshard_after_forward = k: kept sharded over fewer ranks ---------------
+
+// Every unit (the root too: set explicitly, it holds for the root) keeps
+// 1/k of its gathered buffer after forward; backward's gathers run over k
+// ranks, forward's over all W.
+TEST(ReshardAfterForwardToFewerRanks, BackwardGathersInsideGroupsOfKAndTrainsAsOneProcess) {
+  const int w = test_world().size();
+  if (w != 4) GTEST_SKIP() << "needs a shard group with a divisor strictly between 1 and its size (W = 4)";
+  for (const bool by_setter : {false, true}) {
+    constexpr int k = 2;
+    const auto set_k = [&](FullyShardOptions& o) { o.reshard_after_forward = k; };
+    auto net = by_setter ? sharded_net(ShardingStrategy::kFullShard) : sharded_net(ShardingStrategy::kFullShard, set_k);
+    if (by_setter) set_reshard_after_forward(*net, k);
+    std::vector<torch::nn::Module*> units{net.get()};
+    for (auto& b : net->blocks) units.push_back(b.get());
+    int64_t kept_bytes = 0;
+    for (auto* u : units) kept_bytes += detail::state_of(*u)->group()->flat_numel() * 4 / k;
+    ShardedLoop loop;
+    std::vector<int64_t> held_after_forward;
+    std::vector<FSDPEvent> last_step;
+    loop.before_micro = [](AdapterNet& n, int, int) { clear_event_log(*n); };
+    loop.after_forward = [&](AdapterNet&, int, int) { held_after_forward.push_back(memory::gathered_bytes()); };
+    loop.before_step = [&](AdapterNet& n, int) { last_step = event_log(*n); };
+    expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+    for (int64_t bytes : held_after_forward) EXPECT_EQ(bytes, kept_bytes) << "held between forward and backward";
+    EXPECT_EQ(memory::gathered_bytes(), 0) << "a kept part outlived its backward";
+    for (const std::string unit : {"<root>", "b0", "b1", "b2"}) {
+      std::vector<int> gathers, reductions;
+      for (const auto& e : last_step) {
+        if (e.unit != unit) continue;
+        if (e.kind == FSDPEvent::Kind::kAllGather) gathers.push_back(e.ranks);
+        if (e.kind == FSDPEvent::Kind::kReduceScatter) reductions.push_back(e.ranks);
+      }
+      EXPECT_EQ(gathers, (std::vector<int>{w, k})) << unit << ": forward over the shard group, backward inside a group";
+      EXPECT_EQ(reductions, (std::vector<int>{w})) << unit;
+    }
+  }
+}
+
+TEST(ReshardAfterForwardToFewerRanks, ANumberThatDoesNotDivideTheShardGroupIsRefused) {
+  const int w = test_world().size();
+  const int k = w == 3 ? 2 : 3;
+  expect_error_on_every_rank(
+      [&] { sharded_net(ShardingStrategy::kFullShard, [&](FullyShardOptions& o) { o.reshard_after_forward = k; }); },
+      {"reshard_after_forward=" + std::to_string(k), "must divide", std::to_string(w)});
+  auto net = sharded_net(ShardingStrategy::kFullShard);
+  expect_error_on_every_rank([&] { set_reshard_after_forward(*net, k); }, {"must divide"});
+  // Nothing was changed: it still trains as one process.
+  ShardedLoop loop;
+  expect_equal_training(train_sharded(net, loop), train_plain(loop.steps, 1));
+}
+
 // --- reshard_after_backward -------------------------------------------------
 
 TEST(ReshardAfterBackward, FalseSkipsTheNextMicroStepsGatherAndStillMatches) {

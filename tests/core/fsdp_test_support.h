@@ -8,7 +8,12 @@
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include "../dist/dist_test_world.h"
+#include "fsdp/common/error.h"
+#include "fsdp/dist/collectives.h"
 
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/options.h"
@@ -59,5 +64,18 @@ NamedTensors train_reference(const RunSpec& spec, std::vector<double>* grad_norm
 
 // ||a - b|| / ||b|| (L2) of each parameter, the worst over all.
 double max_relative_difference(const NamedTensors& actual, const NamedTensors& expected, std::string* worst_name);
+
+// Expects an fsdp::Error containing every needle, then proves with a
+// barrier that no rank is stuck in a collective.
+template <typename Fn>
+void expect_error_on_every_rank(Fn&& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  dist::barrier(test_world().group());
+}
 
 }  // namespace fsdp::testing

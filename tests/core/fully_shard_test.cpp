@@ -35,19 +35,6 @@ FullyShardOptions default_options() {
   return o;
 }
 
-// Expects an fsdp::Error containing every needle, then proves with a
-// barrier that no rank is stuck in a collective.
-template <typename Fn>
-void expect_error_on_every_rank(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-  dist::barrier(test_world().group());
-}
-
 // A module that registers the tensor it is given, to share one parameter.
 struct HolderImpl : torch::nn::Module {
   explicit HolderImpl(torch::Tensor t) { w = register_parameter("w", t); }

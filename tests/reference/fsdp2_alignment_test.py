@@ -2,7 +2,8 @@
 same Hugging Face directories, token file and settings: per-step losses
 over 20 steps and the trained weights.
 
-  fsdp2_alignment_test.py --world W [--hsdp R] [--grad-accum A] [--precision fp32|bf16] [--families ...]
+  fsdp2_alignment_test.py --world W [--hsdp R] [--grad-accum A] [--precision fp32|bf16]
+                          [--reshard-after-forward K] [--families ...]
 
 fp32: every step's loss within 1e-5 relative, and every trained tensor
 within 1e-4 relative (||ours - theirs|| / ||theirs||; measured up to
@@ -63,6 +64,8 @@ def run_fsdp(args, directory, tokens, out):
     command += flags(SETTINGS)
     if args.hsdp:
         command += ["--sharding", "hybrid_shard", "--fsdp-size", str(args.world // args.hsdp)]
+    if args.reshard_after_forward:
+        command += ["--reshard-after-forward", str(args.reshard_after_forward)]
     harness.run(command)
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     losses = [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
@@ -80,6 +83,8 @@ def run_fsdp2(args, directory, tokens, out, precision=None):
     command += flags(SETTINGS)
     if args.hsdp:
         command += ["--hsdp", str(args.hsdp)]
+    if args.reshard_after_forward:
+        command += ["--reshard-after-forward", str(args.reshard_after_forward)]
     harness.run(command)
     records = [json.loads(line) for line in open(losses)]
     return (np.array([r["loss"] for r in records]), load_file(os.path.join(final, "model.safetensors")),
@@ -109,6 +114,8 @@ def main():
         parser.add_argument("--world", type=int, required=True)
         parser.add_argument("--hsdp", type=int, default=0, help="replicas (hybrid_shard, 2-D mesh)")
         parser.add_argument("--grad-accum", type=int, default=1)
+        parser.add_argument("--reshard-after-forward", type=int, default=0,
+                            help="blocks keep their parameters sharded over this many ranks after forward")
         parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
         parser.add_argument("--families", nargs="+", default=list(hf_models.FAMILIES))
         parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -119,7 +126,9 @@ def main():
     tokens = os.path.join(work, "tokens.bin")
     token_files.write(tokens, token_files.learnable_stream(16384, hf_models.VOCAB))
     shape = f"W={args.world}" + (f" ({args.hsdp}x{args.world // args.hsdp} HSDP)" if args.hsdp else "") + \
-        (f", {args.grad_accum} micro-steps" if args.grad_accum > 1 else "") + f", {args.precision}"
+        (f", {args.grad_accum} micro-steps" if args.grad_accum > 1 else "") + \
+        (f", blocks kept over {args.reshard_after_forward} ranks after forward" if args.reshard_after_forward else "") + \
+        f", {args.precision}"
     rows = []
     for family in args.families:
         directory = os.path.join(work, family)

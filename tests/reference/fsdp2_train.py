@@ -61,6 +61,8 @@ def parse():
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--precision", choices=("fp32", "bf16", "fp64"), default="fp32")
     p.add_argument("--hsdp", type=int, default=0, help="replicas of a 2-D mesh (0: 1-D)")
+    p.add_argument("--reshard-after-forward", type=int, default=0,
+                   help="blocks keep their parameters sharded over this many ranks between forward and backward")
     p.add_argument("--resume-dcp", help="start from this DCP checkpoint (tools/dcp_convert.py export)")
     p.add_argument("--save-dcp", help="save a DCP checkpoint here at the end")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -168,8 +170,9 @@ def main():
         mesh = init_device_mesh(args.device, (world,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if args.precision == "bf16" else MixedPrecisionPolicy()
+    reshard = args.reshard_after_forward or True
     for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if args.gradient_divide_factor:
         model.set_gradient_divide_factor(args.gradient_divide_factor)

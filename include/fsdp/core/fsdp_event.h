@@ -18,6 +18,7 @@ struct FSDPEvent {
   int64_t sequence = 0;  // position in issue order, from 0 at construction
   double issued_s = 0;   // seconds since the log started
   double waited_s = -1;  // when its wait returned; -1 while in flight
+  int ranks = 0;         // how many ranks a collective ran over; 0 for compute boundaries
 };
 const char* to_string(FSDPEvent::Kind kind);
 

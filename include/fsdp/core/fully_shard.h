@@ -76,7 +76,7 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool sync, bool recur
 // backward with true adds it in and all-reduces across replicas. The
 // optimizer must not step in between (gradients are not assigned yet).
 void set_requires_all_reduce(torch::nn::Module& module, bool all_reduce, bool recurse = true);
-void set_reshard_after_forward(torch::nn::Module& module, bool reshard, bool recurse = true);
+void set_reshard_after_forward(torch::nn::Module& module, ReshardAfterForward reshard, bool recurse = true);
 // false: a backward that does not sync gradients leaves the unit gathered,
 // so the next micro-step's forward needs no all-gather. A backward that
 // syncs always reshards: the optimizer steps sharded parameters.

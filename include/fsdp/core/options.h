@@ -47,13 +47,30 @@ using ReducedGradHook = std::function<void(at::Tensor& reduced)>;
 // one at a time, so a rank never holds more than its shard plus one parameter.
 using ParamInitFn = std::function<void(const std::string& fqn, at::Tensor& full)>;
 
+// What a unit does with its gathered parameters after forward (FSDP2's
+// reshard_after_forward, a bool or an int): frees them (true) and gathers
+// again over the shard group for backward; keeps them (false); or, given a
+// number of ranks k dividing the shard group's size, keeps them sharded
+// over groups of k consecutive ranks of the shard group, so backward's
+// all-gather runs inside one such group (ZeRO++'s hpZ: with k = ranks per
+// node it never leaves the node), for 1/k of the parameters held per rank
+// between forward and backward. k = the shard group's size is true, k = 1
+// is false.
+struct ReshardAfterForward {
+  ReshardAfterForward(bool free) : ranks(free ? kShardGroup : 1) {}  // NOLINT: converts, as FSDP2's bool
+  ReshardAfterForward(int group_ranks) : ranks(group_ranks) {}       // NOLINT: converts, as FSDP2's int
+  static constexpr int kShardGroup = 0;  // the whole shard group, whatever its size
+  int ranks;
+};
+
 struct FullyShardOptions {
   std::shared_ptr<dist::DeviceMesh> mesh;  // required
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  // Free gathered parameters after forward (gather again for backward).
+  // Free gathered parameters after forward (gather again for backward),
+  // keep them, or keep them sharded over fewer ranks (ReshardAfterForward).
   // Unset: the strategy decides, and the root keeps its own. Set: it holds
-  // for this unit, the root included (FSDP2's reshard_after_forward).
-  std::optional<bool> reshard_after_forward;
+  // for this unit, the root included.
+  std::optional<ReshardAfterForward> reshard_after_forward;
   MixedPrecisionPolicy mixed_precision;
   // Units whose all-gather is issued ahead of use: forward in recorded
   // order, backward in reverse. 0 turns implicit prefetch off.

@@ -2,6 +2,7 @@
 // DeviceMesh: the world arranged as 1-D (shard) or 2-D (replicate x shard,
 // for HSDP), with one process group per dimension for this rank.
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -25,12 +26,20 @@ class DeviceMesh {
   // This rank's group along the replicate dimension (size 1 for a 1-D mesh).
   ProcessGroup& replicate_group() const { return *replicate_group_; }
   World& world() const { return *world_; }
+  // This rank's group of `ranks` consecutive members of its shard group
+  // (`ranks` divides the shard group's size; equal to it: the shard group).
+  // Made on first use, by every rank at the same point (each with its own
+  // group's members), and kept with the mesh.
+  ProcessGroup& shard_subgroup(int ranks) const;
 
  private:
   std::shared_ptr<World> world_;
   MeshLayout layout_;
   std::shared_ptr<ProcessGroup> shard_group_;
   std::shared_ptr<ProcessGroup> replicate_group_;
+  // Shared by copies of the mesh, as the groups above are.
+  std::shared_ptr<std::map<int, std::shared_ptr<ProcessGroup>>> shard_subgroups_ =
+      std::make_shared<std::map<int, std::shared_ptr<ProcessGroup>>>();
 };
 
 }  // namespace fsdp::dist

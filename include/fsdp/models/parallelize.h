@@ -14,6 +14,9 @@
 namespace fsdp::models {
 
 struct ParallelizeOptions {
+  // `fsdp` applies to every unit; its reshard_after_forward to every unit
+  // but the root, whose backward starts right after its forward (FSDP2's
+  // root keeps its parameters too).
   bool activation_checkpoint = false;
   bool explicit_prefetch = false;  // each block prefetches its neighbour instead of the implicit order
   WrapPolicy wrap;

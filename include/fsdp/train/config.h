@@ -100,6 +100,12 @@ struct TrainConfig {
     ShardingStrategy sharding = ShardingStrategy::kFullShard;
     int64_t fsdp_size = 0;  // shard-group size for hybrid_shard
     int64_t prefetch_depth = 1;
+    // Ranks a block's parameters stay sharded over between its forward and
+    // backward: 0 lets the strategy decide (full_shard frees them over the
+    // whole shard group, shard_grad_op keeps them gathered); a divisor k of
+    // the shard group's size keeps 1/k per rank, so backward gathers inside
+    // groups of k ranks (one node's). The root always keeps its own.
+    int64_t reshard_after_forward = 0;
     bool explicit_prefetch = false;
     std::string wrap_policy = "block";  // block, or size:N (models/wrap_policy.h)
   } fsdp;
@@ -129,6 +135,9 @@ struct TrainConfig {
   }
   // Cross-field checks (allowed values, positive sizes, ...).
   void validate() const;
+  // Checks that need the shard group's size (the world size, --fsdp-size
+  // under hybrid_shard, 1 under no_shard): --reshard-after-forward divides it.
+  void validate_for_shard_group(int shard_group) const;
   std::string to_yaml() const;
   // "key: this -> other" for every key whose value differs.
   std::vector<std::string> differences(const TrainConfig& other) const;
