@@ -176,12 +176,6 @@ void FSDPParamGroup::reshard_to(int ranks) {
   post_forward_group_ = &within;
 }
 
-int64_t FSDPParamGroup::post_forward_bytes_held() const {
-  int64_t total = 0;
-  for (const auto& part : parts_) total += part.post_forward.defined() ? part.post_forward.get().nbytes() : 0;
-  return total;
-}
-
 void FSDPParamGroup::wait_for_unshard() {
   if (state_ == ShardedState::kUnsharded) return;
   unshard();  // no-op when prefetched
@@ -296,30 +290,27 @@ void FSDPParamGroup::assign_gradients() {
   }
 }
 
-int64_t FSDPParamGroup::sharded_param_bytes() const {
+template <typename Fn>
+int64_t FSDPParamGroup::sum_over_shards(Fn&& of) const {
   int64_t total = 0;
-  for (const auto& part : parts_) total += part.shard->sharded_bytes();
+  for (const auto& part : parts_) total += of(*part.shard);
   return total;
+}
+
+int64_t FSDPParamGroup::sharded_param_bytes() const {
+  return sum_over_shards([](const FlatShard& s) { return s.sharded_bytes(); });
 }
 int64_t FSDPParamGroup::unsharded_bytes_held() const {
-  int64_t total = 0;
-  for (const auto& part : parts_) total += part.shard->gathered_bytes_held();
-  return total;
+  return sum_over_shards([](const FlatShard& s) { return s.gathered_bytes_held(); });
 }
 int64_t FSDPParamGroup::flat_numel() const {
-  int64_t total = 0;
-  for (const auto& part : parts_) total += part.shard->padded_numel();
-  return total;
+  return sum_over_shards([](const FlatShard& s) { return s.padded_numel(); });
 }
 int64_t FSDPParamGroup::gathered_bytes() const {
-  int64_t total = 0;
-  for (const auto& part : parts_) total += part.shard->gathered_bytes();
-  return total;
+  return sum_over_shards([](const FlatShard& s) { return s.gathered_bytes(); });
 }
 int64_t FSDPParamGroup::reduction_bytes() const {
-  int64_t total = 0;
-  for (const auto& part : parts_) total += part.shard->reduction_bytes();
-  return total;
+  return sum_over_shards([](const FlatShard& s) { return s.reduction_bytes(); });
 }
 
 bool FSDPParamGroup::reduces_across_replicas() const { return replicate_group().size() > 1; }

@@ -67,8 +67,6 @@ class FSDPParamGroup {
   // The group reshard_to(ranks) will use, made now: every rank must make it
   // at the same point (fully_shard, or the setter).
   void prepare_reshard_to(int ranks) const { (void)mesh_->shard_subgroup(ranks); }
-  // Bytes of the post-forward shards held now.
-  int64_t post_forward_bytes_held() const;
   // Changes whenever the unit is gathered or released (or a pending gather
   // is dropped): an UnshardHandle acts only on the gather it issued.
   uint64_t epoch() const { return epoch_; }
@@ -145,6 +143,8 @@ class FSDPParamGroup {
   };
 
   const FlatShard& front() const { return *parts_.front().shard; }
+  template <typename Fn>
+  int64_t sum_over_shards(Fn&& of) const;
   bool gather_in_flight() const;
   void finish_all_gather();
   void register_grad_hooks();
