@@ -255,39 +255,34 @@ void FSDPParamGroup::post_backward() {
   comm_->reduce(*this);
 }
 
-void FSDPParamGroup::issue_reduce_scatter() {
+template <typename Fn>
+void FSDPParamGroup::for_each_reducing(Fn&& stage) {
   for (auto& part : parts_) {
-    if (part.reducing) part.flow->issue_reduce_scatter(on(shard_group()));
+    if (part.reducing) stage(*part.flow);
   }
+}
+
+void FSDPParamGroup::issue_reduce_scatter() {
+  for_each_reducing([&](GradientFlow& f) { f.issue_reduce_scatter(on(shard_group())); });
 }
 void FSDPParamGroup::wait_reduce_scatter() {
-  for (auto& part : parts_) {
-    if (part.reducing) part.flow->wait_reduce_scatter(*comm_);
-  }
+  for_each_reducing([&](GradientFlow& f) { f.wait_reduce_scatter(*comm_); });
 }
 void FSDPParamGroup::hold_partial_reduction() {
-  for (auto& part : parts_) {
-    if (part.reducing) part.flow->hold_partial_reduction();
-    part.reducing = false;
-  }
+  for_each_reducing([](GradientFlow& f) { f.hold_partial_reduction(); });
+  for (auto& part : parts_) part.reducing = false;
 }
 void FSDPParamGroup::issue_replica_all_reduce() {
-  for (auto& part : parts_) {
-    if (part.reducing) part.flow->issue_all_reduce(on(replicate_group()));
-  }
+  for_each_reducing([&](GradientFlow& f) { f.issue_all_reduce(on(replicate_group())); });
 }
 void FSDPParamGroup::wait_replica_all_reduce() {
-  for (auto& part : parts_) {
-    if (part.reducing) part.flow->wait_all_reduce(*comm_);
-  }
+  for_each_reducing([&](GradientFlow& f) { f.wait_all_reduce(*comm_); });
 }
 
 void FSDPParamGroup::assign_gradients() {
   const double ranks = static_cast<double>(shard_group().size()) * replicate_group().size();
-  for (auto& part : parts_) {
-    if (part.reducing) part.flow->assign(settings_, ranks);
-    part.reducing = false;
-  }
+  for_each_reducing([&](GradientFlow& f) { f.assign(settings_, ranks); });
+  for (auto& part : parts_) part.reducing = false;
 }
 
 template <typename Fn>

@@ -145,6 +145,9 @@ class FSDPParamGroup {
   const FlatShard& front() const { return *parts_.front().shard; }
   template <typename Fn>
   int64_t sum_over_shards(Fn&& of) const;
+  // `stage` on the gradient path of each dtype this backward's reduction covers.
+  template <typename Fn>
+  void for_each_reducing(Fn&& stage);
   bool gather_in_flight() const;
   void finish_all_gather();
   void register_grad_hooks();
