@@ -38,6 +38,7 @@ struct Scenario {
   AdapterNetConfig net;
   Dtypes dtypes = Dtypes::kFp32;
   double tolerance = kTolerance;   // on the final parameters' relative difference
+  int reshard_to = 0;              // > 0: reshard_after_forward = this many ranks
   bool freeze_bases = false;
   int frozen_block = -1;
   int unfreeze_at_step = -1;       // the frozen block becomes trainable from this step on
@@ -122,6 +123,7 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
     options.mixed_precision.reduce_dtype = torch::kFloat;
   }
   if (s.dtypes == Dtypes::kBf16Matrices) options.mixed_precision.reduce_dtype = torch::kFloat;
+  if (s.reshard_to > 0) options.reshard_after_forward = s.reshard_to;
   options.prefetch_depth = s.prefetch_depth;
   if (s.replicated) {
     // Buckets of about 2 KB: several per model, each a few parameters.
@@ -360,6 +362,29 @@ TEST_P(MixedDtypes, Fp32NormsBesideBf16MatricesMatchOneProcess) {
   // slice would move one by as much.
   s.tolerance = 1e-2;
   expect_matches_reference(s);
+}
+
+TEST_P(MixedDtypes, UnderABf16PolicyEveryDtypeComputesInBf16) {
+  if (!runs_here()) GTEST_SKIP();
+  Scenario s = scenario(Dtypes::kBf16Matrices);
+  s.bf16 = true;  // param_dtype bf16 for the fp32 norms too; the reference computes all in bf16
+  s.tolerance = 1e-2;  // bf16 matrices, as above
+  expect_matches_reference(s);
+}
+
+TEST_P(MixedDtypes, KeptOverFewerRanksAfterForwardEachDtypeGathersInsideItsGroup) {
+  if (test_world().size() != 4 || GetParam() != ShardingStrategy::kFullShard) {
+    GTEST_SKIP() << "a shard group with a divisor strictly between 1 and its size: full_shard at W = 4";
+  }
+  Scenario s = scenario(Dtypes::kFp64Matrices);
+  s.reshard_to = 2;
+  RunLog log;
+  expect_matches_reference(s, &log);
+  std::vector<int> ranks;
+  for (const auto& e : log.last_step_events) {
+    if (e.unit == "b0" && e.kind == FSDPEvent::Kind::kAllGather) ranks.push_back(e.ranks);
+  }
+  EXPECT_EQ(ranks, (std::vector<int>{4, 4, 2, 2})) << "forward over all 4 ranks, backward inside pairs, per dtype";
 }
 
 TEST_P(MixedDtypes, FrozenBf16BaseWithFp32AdaptersMatchesOneProcess) {
