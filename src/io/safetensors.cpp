@@ -210,7 +210,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section to 8 bytes
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
-  file_ = std::make_unique<AtomicFile>(path);
+  file_ = std::make_unique<AtomicFile>(path, AtomicFile::Mode::kStreamed);
   put(len, 8);
   put(text.data(), text.size());
 }

@@ -5,13 +5,20 @@
 // Light header: no LibTorch.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace fsdp::io {
 
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);  // throws fsdp::Error naming the path
+  // kStreamed, for large files written once (checkpoints, exports): the
+  // bytes bypass the page cache (O_DIRECT) through aligned staging buffers,
+  // one written by a background thread while the next fills; where the
+  // filesystem refuses O_DIRECT (tmpfs), the same as kBuffered. See
+  // [Note: checkpoint writes past the page cache].
+  enum class Mode { kBuffered, kStreamed };
+  explicit AtomicFile(std::string path, Mode mode = Mode::kBuffered);  // throws fsdp::Error naming the path
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   ~AtomicFile();  // without commit(): removes the temporary file
@@ -21,10 +28,14 @@ class AtomicFile {
   void commit();
 
  private:
+  struct Streamed;
+  void write_through(const void* data, size_t size);
+
   std::string path_;
   std::string tmp_path_;
   int fd_ = -1;
   bool committed_ = false;
+  std::unique_ptr<Streamed> streamed_;  // set while O_DIRECT staging is in use
 };
 
 // Convenience: the whole content at once.
