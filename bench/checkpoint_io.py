@@ -7,8 +7,10 @@ AdamW moments (1.49 GB), sharded over W = 2 ranks. Measured, each
 `--reps` times, interleaved:
 
 - the disk: `dd` writing the checkpoint's size as W files at once (one
-  per rank, as both savers write) through the page cache and fsyncing them
-  (`conv=fsync`, as both savers do), and reading them back cold;
+  per rank, as both savers write), fsynced (`conv=fsync`, as both savers
+  do), once through the page cache and once past it (`oflag=direct`, as
+  fsdp.cpp writes), the faster of the two kept as the disk's rate; and
+  reading them back cold;
 - fsdp.cpp: `fsdp train --ckpt-dir` saving (the trainer's own "saved ...
   (X s)": every file written and fsynced, the directory renamed into place)
   and `--resume` loading ("loaded in X s": read, checksums verified, into
@@ -69,8 +71,9 @@ def run(cmd, **kw):
 
 
 def disk(directory, nbytes, streams):
-    """dd's write (through the cache, fsynced) and cold read of NBYTES in
-    STREAMS files at once, as the savers write one file per rank; seconds."""
+    """dd's write (fsynced; through the cache and past it, the faster) and
+    cold read of NBYTES in STREAMS files at once, as the savers write one
+    file per rank; seconds."""
     block = 16 << 20
     count = -(-nbytes // (block * streams))
     paths = [os.path.join(directory, f"dd.{i}.bin") for i in range(streams)]
@@ -83,8 +86,9 @@ def disk(directory, nbytes, streams):
                 sys.exit(f"dd failed: {p.stderr.read().decode()}")
         return time.perf_counter() - start
 
-    write = parallel([["dd", "if=/dev/zero", f"of={p}", f"bs={block}", f"count={count}", "conv=fsync", "status=none"]
-                      for p in paths])
+    write = min(parallel([["dd", "if=/dev/zero", f"of={p}", f"bs={block}", f"count={count}", "conv=fsync",
+                            "status=none", *flags] for p in paths])
+                for flags in ([], ["oflag=direct"]))
     for p in paths:
         evict(p)
     read = parallel([["dd", f"if={p}", "of=/dev/null", f"bs={block}", "status=none"] for p in paths])
