@@ -186,7 +186,7 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t begin, i
   FSDP_CHECK(begin >= 0 && count >= 0 && count <= numel && begin <= numel - count, "'", path_, "', tensor '", name,
              "': range [", begin, ", +", count, ") is outside its ", numel, " elements");
   auto* data = static_cast<char*>(map_) + data_start_ + e.begin + begin * static_cast<int64_t>(c10::elementSize(e.dtype));
-  return at::from_blob(data, {count}, at::TensorOptions().dtype(e.dtype)).clone();
+  return at::from_blob(data, {count}, at::TensorOptions().dtype(e.dtype));
 }
 
 SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<Spec>& specs,

@@ -44,7 +44,8 @@ class SafetensorsFile {
   // A tensor over the mapped bytes (valid while this object lives); reading
   // it touches only its own pages.
   at::Tensor view(const std::string& name) const;
-  // The elements [begin, begin + count) of the tensor flattened, copied.
+  // The elements [begin, begin + count) of the tensor flattened, over the
+  // mapped bytes like view(): the caller copies them where they go, once.
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t count) const;
 
  private:
