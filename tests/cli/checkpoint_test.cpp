@@ -214,7 +214,8 @@ TEST(Checkpoint, UnitsOfSeveralDtypesResumeAtOtherWorldSizes) {
     for (size_t i = 0; i < actual.size(); ++i) {
       ASSERT_EQ(actual[i].scalar_type(), expected[i].scalar_type()) << "parameter " << i << " at W = " << w;
       const auto a = actual[i].to(torch::kDouble), e = expected[i].to(torch::kDouble);
-      EXPECT_LE((a - e).norm().item<double>(), tolerance * e.norm().item<double>()) << "parameter " << i << " at W = " << w;
+      EXPECT_LE((a - e).norm().item<double>(), tolerance * e.norm().item<double>())
+          << "parameter " << i << " at W = " << w;
       if (actual[i].scalar_type() == torch::kBFloat16) {
         EXPECT_TRUE(torch::equal(actual[i], start[i])) << "the frozen bf16 parameter " << i << " changed";
       } else {

@@ -368,7 +368,10 @@ TEST_P(MixedDtypes, UnderABf16PolicyEveryDtypeComputesInBf16) {
   if (!runs_here()) GTEST_SKIP();
   Scenario s = scenario(Dtypes::kBf16Matrices);
   s.bf16 = true;  // param_dtype bf16 for the fp32 norms too; the reference computes all in bf16
-  s.tolerance = 1e-2;  // bf16 matrices, as above
+  // bf16 matrices, as above, and the norms' biases, which start at zero,
+  // relative to their own small norm: measured up to 1.2e-2 (W = 4,
+  // LibTorch 1.13's bf16 kernels).
+  s.tolerance = 3e-2;
   expect_matches_reference(s);
 }
 
@@ -390,6 +393,12 @@ TEST_P(MixedDtypes, KeptOverFewerRanksAfterForwardEachDtypeGathersInsideItsGroup
 TEST_P(MixedDtypes, FrozenBf16BaseWithFp32AdaptersMatchesOneProcess) {
   if (!runs_here()) GTEST_SKIP();
   Scenario s = scenario(Dtypes::kBf16FrozenBase);
+  // The adapters' gradients reach them through the bf16 base. With more
+  // than two ranks their fp32 average sums in another order than the
+  // reference's, which moves parameters by 1e-7 and flips the rounding of
+  // some bf16 activations in the next step's forward: measured up to
+  // 1.4e-4 (W = 4, 2 x 2 HSDP, LibTorch 1.13). Two terms sum exactly.
+  if (test_world().size() > 2) s.tolerance = 1e-3;
   RunLog log;
   expect_matches_reference(s, &log);
   // The frozen bf16 base is gathered in every forward and backward and
