@@ -196,9 +196,8 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
       mixed_precision_(options.mixed_precision),
       prefetch_depth_(options.prefetch_depth),
       strategy_reshards_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
-                                       options.strategy == ShardingStrategy::kHybridShard),
-      reshard_after_forward_set_(options.reshard_after_forward) {
-  if (reshard_after_forward_set_) set_reshard_after_forward(*reshard_after_forward_set_);
+                                       options.strategy == ShardingStrategy::kHybridShard) {
+  if (options.reshard_after_forward) set_reshard_after_forward(*options.reshard_after_forward);
 }
 
 FSDPState::~FSDPState() {
@@ -240,12 +239,16 @@ int FSDPState::post_forward_ranks() const {
   return r.ranks == ReshardAfterForward::kShardGroup ? shard : r.ranks;
 }
 
+void FSDPState::check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size) {
+  if (reshard.ranks == ReshardAfterForward::kShardGroup) return;
+  FSDP_CHECK(reshard.ranks >= 1 && shard_group_size % reshard.ranks == 0, "reshard_after_forward=", reshard.ranks,
+             ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
+             "group's size, ", shard_group_size, " (true frees them, false keeps them gathered)");
+}
+
 void FSDPState::set_reshard_after_forward(ReshardAfterForward reshard) {
   if (group_ && reshard.ranks != ReshardAfterForward::kShardGroup) {
-    const int shard = group_->shard_group().size();
-    FSDP_CHECK(reshard.ranks >= 1 && shard % reshard.ranks == 0, "reshard_after_forward=", reshard.ranks,
-               ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
-               "group's size, ", shard, " (true frees them, false keeps them gathered)");
+    check_reshard_after_forward(reshard, group_->shard_group().size());
     group_->prepare_reshard_to(reshard.ranks);
   }
   reshard_after_forward_set_ = reshard;
@@ -422,8 +425,8 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
   const int keep_over = post_forward_ranks();
   if (group_ && keep_over > 1) {
     // Without a backward to come nothing is kept for one.
-    if (needs_backward && keep_over < group_->shard_group().size()) {
-      group_->reshard_to(keep_over);
+    if (needs_backward) {
+      group_->reshard_to(keep_over);  // over the whole shard group: a plain reshard
     } else {
       group_->reshard();
     }

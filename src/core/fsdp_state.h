@@ -159,6 +159,8 @@ class FSDPState {
   // divisor makes its groups, so every rank sets it at the same point.
   int post_forward_ranks() const;
   void set_reshard_after_forward(ReshardAfterForward reshard);
+  // Refuses a number of ranks that does not divide the shard group's size.
+  static void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size);
 
   // The modules this unit was applied to (more than one: FSDP2's list form).
   void set_modules(std::vector<const torch::nn::Module*> modules) { modules_ = std::move(modules); }

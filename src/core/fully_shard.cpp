@@ -96,12 +96,8 @@ void validate_options(const FullyShardOptions& o) {
   FSDP_CHECK(o.strategy != ShardingStrategy::kNoShard || layout.shard == 1,
              "fully_shard: no_shard replicates every parameter, so the mesh must have shard size 1; it has ",
              layout.shard, " (use fsdp::make_mesh(world, ShardingStrategy::kNoShard))");
-  if (o.reshard_after_forward && o.reshard_after_forward->ranks != ReshardAfterForward::kShardGroup) {
-    const int ranks = o.reshard_after_forward->ranks;
-    FSDP_CHECK(ranks >= 1 && layout.shard % ranks == 0, "fully_shard: reshard_after_forward=", ranks,
-               ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
-               "group's size, ", layout.shard, " (true frees them, false keeps them gathered)");
-  }
+  // Before any parameter moves into a shard (FSDPState checks it again, for the setter).
+  if (o.reshard_after_forward) FSDPState::check_reshard_after_forward(*o.reshard_after_forward, layout.shard);
 }
 
 // sync_module_states for what no unit shards: buffers (running statistics,

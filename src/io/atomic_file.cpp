@@ -118,8 +118,7 @@ void AtomicFile::write(const void* data, size_t size) {
     size -= n;
     if (s.fill < Streamed::kBuffer) break;
     // Full: hand it to the writer once the other one is written.
-    const int error = s.wait();
-    FSDP_CHECK(error == 0, "writing '", path_, "' failed: ", std::strerror(error), " (the previous file is untouched)");
+    check_written(s.wait());
     s.pending = std::async(std::launch::async, [fd = fd_, buffer = s.buffers[s.current].data, at = s.offset] {
       return Streamed::write_all(fd, buffer, Streamed::kBuffer, at);
     });
@@ -127,6 +126,10 @@ void AtomicFile::write(const void* data, size_t size) {
     s.current ^= 1;
     s.fill = 0;
   }
+}
+
+void AtomicFile::check_written(int error) const {
+  FSDP_CHECK(error == 0, "writing '", path_, "' failed: ", std::strerror(error), " (the previous file is untouched)");
 }
 
 void AtomicFile::write_through(const void* data, size_t size) {
@@ -143,13 +146,11 @@ void AtomicFile::write_through(const void* data, size_t size) {
 void AtomicFile::commit() {
   if (streamed_) {
     Streamed& s = *streamed_;
-    int error = s.wait();
-    FSDP_CHECK(error == 0, "writing '", path_, "' failed: ", std::strerror(error), " (the previous file is untouched)");
+    check_written(s.wait());
     // The tail, padded to the alignment, then cut back to the file's size.
     const size_t padded = (s.fill + Streamed::kAlign - 1) / Streamed::kAlign * Streamed::kAlign;
     std::memset(s.buffers[s.current].data + s.fill, 0, padded - s.fill);
-    error = Streamed::write_all(fd_, s.buffers[s.current].data, padded, s.offset);
-    FSDP_CHECK(error == 0, "writing '", path_, "' failed: ", std::strerror(error), " (the previous file is untouched)");
+    check_written(Streamed::write_all(fd_, s.buffers[s.current].data, padded, s.offset));
     FSDP_CHECK(::ftruncate(fd_, s.offset + static_cast<off_t>(s.fill)) == 0, "writing '", path_,
                "' failed at truncate: ", std::strerror(errno));
   }

@@ -30,6 +30,7 @@ class AtomicFile {
  private:
   struct Streamed;
   void write_through(const void* data, size_t size);
+  void check_written(int error) const;  // an errno from a streamed write, or 0
 
   std::string path_;
   std::string tmp_path_;
