@@ -304,13 +304,17 @@ std::vector<std::string> summarize_ranks(const std::vector<RankRecord>& ranks, i
   std::vector<std::string> lines;
   for (const auto& r : ranks) {
     const std::string who = "rank " + std::to_string(r.rank);
-    if (r.killed_by_signal != 0) {
-      lines.push_back(who + " is dead (" + killed_by(r.killed_by_signal) + ")" + last_words(r.entries, now_ns));
+    // The stop comes first: a rank held stopped at the failure is the cause,
+    // whatever it died of once continued (its sockets were closed by then,
+    // so often SIGPIPE).
+    if (r.stopped) {
+      const std::string then = r.killed_by_signal != 0 ? " (then " + killed_by(r.killed_by_signal) + ")" : "";
+      lines.push_back(who + " was stopped (SIGSTOP, Ctrl-Z or a debugger) while the others waited for it" + then +
+                      last_words(r.entries, now_ns));
       continue;
     }
-    if (r.stopped) {
-      lines.push_back(who + " was stopped (SIGSTOP, Ctrl-Z or a debugger) while the others waited for it" +
-                      last_words(r.entries, now_ns));
+    if (r.killed_by_signal != 0) {
+      lines.push_back(who + " is dead (" + killed_by(r.killed_by_signal) + ")" + last_words(r.entries, now_ns));
       continue;
     }
     if (r.entries.empty()) {

@@ -84,5 +84,19 @@ TEST(FlightRecorder, ARankKilledBySignalIsDeadWithItsLastCollectiveNotWaiting) {
             "rank 4 waits in all_gather_into_tensor #8 on group 'world' (256 Float, 1.0 KiB), issued 2.5 s ago");
 }
 
+TEST(FlightRecorder, ARankSeenStoppedIsNamedStoppedEvenWhenItDiedOnceContinued) {
+  // The launcher continues a stopped rank to stop it; with its peers gone it
+  // may die of SIGPIPE before the summary is written. The stop was the cause.
+  const int64_t s = 1'000'000'000;
+  const FlightEntry failed = entry(28, "all_reduce", 1 * s, FlightEntry::kFailed);
+  RankRecord stopped_then_killed{1, 0, {failed}, 13};
+  stopped_then_killed.stopped = true;
+  const auto lines = summarize_ranks({stopped_then_killed}, 5 * s);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "rank 1 was stopped (SIGSTOP, Ctrl-Z or a debugger) while the others waited for it "
+                      "(then killed by signal 13, SIGPIPE); its last collective, which failed: all_reduce #28 on "
+                      "group 'world' (256 Float, 1.0 KiB), issued 4.0 s ago");
+}
+
 }  // namespace
 }  // namespace fsdp::dist

@@ -131,7 +131,8 @@ struct RankRecord {
   int killed_by_signal = 0;
   // Set by the reader: the process was stopped (SIGSTOP, Ctrl-Z, a
   // debugger) when the failure was seen, so it was not waiting: it held
-  // the others.
+  // the others. Described as stopped even when it died after being
+  // continued.
   bool stopped = false;
 };
 // Reads rank<N>.fr from `dir`; nullopt when absent or not a recorder file.
