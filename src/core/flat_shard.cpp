@@ -1,5 +1,7 @@
 #include "core/flat_shard.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "fsdp/common/buffer_accounting.h"
@@ -19,12 +21,15 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
   FSDP_ASSERT(!params_.empty());
   const FSDPParam& first = params_.front();
   master_dtype_ = first.param.scalar_type();
+  placed_ = first.shard_dim >= 0;
+  rank_ = shard_group_->rank();
   device_ = first.param.device();
   for (const auto& p : params_) {
     FSDP_CHECK(!p.param.is_meta(), "fully_shard: parameter '", p.fqn,
                "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
                "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
-    FSDP_ASSERT(p.param.scalar_type() == master_dtype_);  // the group gives each dtype a flat shard of its own
+    // The group gives each dtype, and each layout, a flat shard of its own.
+    FSDP_ASSERT(p.param.scalar_type() == master_dtype_ && (p.shard_dim >= 0) == placed_);
     FSDP_CHECK(at::isFloatingType(p.param.scalar_type()), "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), ": only floating-point parameters can be sharded; list it in ignored_params");
     FSDP_CHECK(p.param.device() == device_, "fully_shard: parameter '", p.fqn, "' is on ", p.param.device(),
@@ -34,6 +39,8 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
   param_dtype_ = mp.param_dtype.value_or(master_dtype_);
   reduce_dtype_ = mp.reduce_dtype.value_or(param_dtype_);
 
+  // Both layouts keep the gathered buffer parameter-major: each parameter's
+  // full elements at `offset`, end to end.
   int64_t offset = 0;
   for (auto& p : params_) {
     p.shape = p.param.sizes().vec();
@@ -41,9 +48,66 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
     p.offset = offset;
     offset += p.numel;
   }
-  shard_numel_ = dist::shard_numel(offset, shard_group_->size());
-  for (auto& p : params_) p.local = shard_range(p.offset, p.numel, shard_numel_, shard_group_->rank());
+  if (placed_) {
+    lay_out_placed();
+  } else {
+    lay_out_flat();
+  }
   init_shard(options);
+}
+
+void FlatShard::lay_out_flat() {
+  const int64_t total = params_.back().offset + params_.back().numel;
+  shard_numel_ = dist::shard_numel(total, shard_group_->size());
+  for (auto& p : params_) p.local = shard_range(p.offset, p.numel, shard_numel_, rank_);
+}
+
+// [Note: per-parameter placements]
+// Under FullyShardOptions::shard_placement a parameter placed on Shard(d)
+// is cut as torch.chunk cuts it along d: chunks of c = ceil(size_d / W)
+// rows, the last ranks holding fewer or none. Every rank's shard reserves
+// the padded chunk (c rows) for each parameter, end to end, so the shard
+// is the same size on every rank and the rank-r chunk is a tensor of the
+// chunk's shape (its first rows_held(r) rows along d are the parameter's):
+// an expert weight [E, in, out] on Shard(0) leaves each rank whole experts;
+// a matrix on Shard(1) leaves each rank whole rows of columns. An
+// all-gather of these shards is rank-major, but the parameters view the
+// gathered buffer in their own full shape, so the group gathers into a
+// wire buffer and copy_out lays each chunk into place (FSDP2's copy-out);
+// before a reduce-scatter, copy_in lays each gradient's chunks out
+// rank-major (FSDP2's chunk-cat). These two copies are the layout's cost
+// over the flat one, where parameters view the gathered buffer in place.
+// With one rank in the shard group the two orders are the same and
+// nothing is copied. Placed and flat parameters of one unit go to separate
+// flat shards, as dtypes do.
+void FlatShard::lay_out_placed() {
+  const int ranks = shard_group_->size();
+  int64_t in_shard = 0;
+  for (auto& p : params_) {
+    const int64_t d = p.shard_dim;
+    p.chunk_shape = p.shape;
+    p.chunk_shape[d] = (p.shape[d] + ranks - 1) / ranks;
+    const int64_t rows = p.rows_held(rank_);
+    const int64_t inner = p.chunk_numel() / std::max<int64_t>(p.chunk_shape[d], 1);  // elements per row along d
+    int64_t row_stride = 1;
+    for (size_t i = d + 1; i < p.shape.size(); ++i) row_stride *= p.shape[i];
+    p.local.begin_in_shard = in_shard;
+    p.local.numel = rows * inner;
+    p.local.begin_in_param = rows > 0 ? rank_ * p.chunk_shape[d] * row_stride : 0;
+    in_shard += p.chunk_numel();
+  }
+  shard_numel_ = in_shard;
+}
+
+int64_t FSDPParam::chunk_numel() const {
+  int64_t n = 1;
+  for (const int64_t size : chunk_shape) n *= size;
+  return n;
+}
+
+int64_t FSDPParam::rows_held(int rank) const {
+  const int64_t chunk = chunk_shape[shard_dim];
+  return std::clamp<int64_t>(shape[shard_dim] - rank * chunk, 0, chunk);
 }
 
 void FlatShard::init_shard(const FullyShardOptions& options) {
@@ -67,7 +131,9 @@ void FlatShard::init_shard(const FullyShardOptions& options) {
       if (shard_group_->size() > 1) dist::broadcast(*shard_group_, buffer, 0).wait();
       full = buffer;
     }
-    if (p.local.numel > 0) {
+    if (p.local.numel > 0 && placed_) {
+      shard_view(sharded_, p).copy_(full.narrow(p.shard_dim, rank_ * p.chunk_shape[p.shard_dim], p.rows_held(rank_)));
+    } else if (p.local.numel > 0) {
       sharded_.narrow(0, p.local.begin_in_shard, p.local.numel)
           .copy_(full.reshape({-1}).narrow(0, p.local.begin_in_param, p.local.numel));
     }
@@ -82,8 +148,51 @@ int64_t FlatShard::padded_numel() const { return shard_numel_ * shard_group_->si
 
 bool FlatShard::gathered_is_shard() const { return shard_group_->size() == 1 && param_dtype_ == master_dtype_; }
 
-at::Tensor FlatShard::sharded_view(const FSDPParam& p) const {
-  return sharded_.narrow(0, p.local.begin_in_shard, p.local.numel);
+at::Tensor FlatShard::sharded_view(const FSDPParam& p) const { return shard_view(sharded_, p); }
+
+at::Tensor FlatShard::shard_view(const at::Tensor& flat, const FSDPParam& p) const {
+  if (!placed_) return flat.narrow(0, p.local.begin_in_shard, p.local.numel);
+  return flat.narrow(0, p.local.begin_in_shard, p.chunk_numel())
+      .view(p.chunk_shape)
+      .narrow(p.shard_dim, 0, p.rows_held(rank_));
+}
+
+bool FlatShard::local_is_range(const FSDPParam& p) const {
+  if (!placed_ || p.local.numel == 0 || p.rows_held(rank_) == p.shape[p.shard_dim]) return true;
+  for (int64_t i = 0; i < p.shard_dim; ++i) {
+    if (p.shape[i] != 1) return false;
+  }
+  return true;
+}
+
+void FlatShard::copy_out(const at::Tensor& wire, const at::Tensor& out) const {
+  const int ranks = shard_group_->size();
+  const at::Tensor by_rank = wire.view({ranks, shard_numel_});
+  for (const auto& p : params_) {
+    const at::Tensor full = out.narrow(0, p.offset, p.numel).view(p.shape);
+    const int64_t chunk = p.chunk_shape[p.shard_dim];
+    for (int r = 0; r < ranks && p.rows_held(r) > 0; ++r) {
+      const int64_t rows = p.rows_held(r);
+      full.narrow(p.shard_dim, r * chunk, rows)
+          .copy_(by_rank[r].narrow(0, p.local.begin_in_shard, p.chunk_numel()).view(p.chunk_shape).narrow(p.shard_dim, 0, rows));
+    }
+  }
+}
+
+at::Tensor FlatShard::copy_in(const at::Tensor& grads) const {
+  const int ranks = shard_group_->size();
+  at::Tensor wire = memory::empty_flat(padded_numel(), grads.options()).zero_();
+  const at::Tensor by_rank = wire.view({ranks, shard_numel_});
+  for (const auto& p : params_) {
+    const at::Tensor full = grads.narrow(0, p.offset, p.numel).view(p.shape);
+    const int64_t chunk = p.chunk_shape[p.shard_dim];
+    for (int r = 0; r < ranks && p.rows_held(r) > 0; ++r) {
+      const int64_t rows = p.rows_held(r);
+      by_rank[r].narrow(0, p.local.begin_in_shard, p.chunk_numel()).view(p.chunk_shape).narrow(p.shard_dim, 0, rows)
+          .copy_(full.narrow(p.shard_dim, r * chunk, rows));
+    }
+  }
+  return wire;
 }
 
 at::Tensor FlatShard::gathered_view(const FSDPParam& p) const {

@@ -56,10 +56,30 @@ class FlatShard {
   void allocate_gathered();
   void free_gathered();
 
-  // What a parameter's data is in each state: a 1-D slice of the shard, or
-  // its full shape over the gathered buffer.
+  // What a parameter's data is in each state: its part of the shard (a 1-D
+  // slice, or its chunk's shape under a placement), or its full shape over
+  // the gathered buffer.
   at::Tensor sharded_view(const FSDPParam& p) const;
   at::Tensor gathered_view(const FSDPParam& p) const;
+  // The parameter's part of any tensor laid out as the shard (a reduced
+  // gradient), as sharded_view takes it from the shard.
+  at::Tensor shard_view(const at::Tensor& flat, const FSDPParam& p) const;
+  // Whether the parameter's part of the shard is one range of its flattened
+  // elements (always in the flat layout; under Shard(d) when d = 0 or the
+  // dims before d are 1, or when the rank holds all or none of it).
+  bool local_is_range(const FSDPParam& p) const;
+
+  // Per-parameter placements (Shard(d)): the shard is rank-major, the
+  // gathered buffer parameter-major, so over more than one rank an
+  // all-gather lands in a wire buffer and is copied out, and gradients are
+  // copied into one before their reduce-scatter. See [Note: per-parameter
+  // placements].
+  bool placed() const { return placed_; }
+  bool reorders() const { return placed_ && shard_group_->size() > 1; }
+  // `wire` (the shard group's shards end to end) into parameter-major `out`.
+  void copy_out(const at::Tensor& wire, const at::Tensor& out) const;
+  // Parameter-major `grads` into a fresh wire buffer, padding zeroed.
+  at::Tensor copy_in(const at::Tensor& grads) const;
 
   int64_t sharded_bytes() const { return static_cast<int64_t>(sharded_.nbytes()); }
   // Bytes the gathered buffer holds now (0 while freed, and when it is the shard).
@@ -71,6 +91,8 @@ class FlatShard {
 
  private:
   void init_shard(const FullyShardOptions& options);
+  void lay_out_flat();
+  void lay_out_placed();
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;
@@ -80,6 +102,8 @@ class FlatShard {
   at::ScalarType master_dtype_;
   at::ScalarType param_dtype_;
   at::ScalarType reduce_dtype_;
+  bool placed_ = false;
+  int rank_ = 0;  // in the shard group
   int64_t shard_numel_ = 0;
   at::Tensor sharded_;   // [shard_numel_] master dtype
   at::Tensor gathered_;  // [padded_numel()] param dtype; storage freed while sharded (the shard when gathered_is_shard)

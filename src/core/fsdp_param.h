@@ -3,8 +3,9 @@
 // parameter tensor keeps its identity for the whole run, so optimizers and
 // parameter groups built from module->parameters() stay valid; what changes
 // is the data it points at:
-//   sharded:   a 1-D view of this rank's slice of the unit's fp32 master shard
-//              (possibly empty): what the optimizer updates;
+//   sharded:   a view of this rank's part of the unit's master shard: a 1-D
+//              slice (possibly empty), or under a Shard(d) placement its chunk
+//              in the parameter's shape: what the optimizer updates;
 //   unsharded: a view, in the parameter's original shape and compute dtype,
 //              of the unit's gathered flat buffer: what forward and backward use.
 // See [Note: FSDP and autograd] in fsdp_param_group.cpp.
@@ -32,6 +33,13 @@ struct FSDPParam {
   int64_t numel = 0;
   int64_t offset = 0;                // first element in the unit's flat buffer
   ShardRange local;                  // this rank's part
+  // Shard(d) placement: the dim it is chunked along (-1: the flat layout),
+  // and the padded chunk every rank's shard reserves for it.
+  int64_t shard_dim = -1;
+  std::vector<int64_t> chunk_shape;
+  int64_t chunk_numel() const;
+  // Rows of the chunk along shard_dim that rank `rank` holds (0 to chunk).
+  int64_t rows_held(int rank) const;
 
   // Held so the post-accumulate hook lives as long as the node; the node is
   // re-created by autograd when the parameter's dtype changes (set_data).

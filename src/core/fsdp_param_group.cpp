@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "fsdp/common/compat.h"
+#include "fsdp/common/flat_buffer.h"
 
 #include "core/comm_context.h"
 
@@ -86,16 +87,19 @@ bool FSDPParamGroup::DtypeShard::trainable() const {
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
                                const FullyShardOptions& options)
     : mesh_(options.mesh) {
-  std::vector<at::ScalarType> dtypes;
+  // One flat shard per dtype and layout (flat, or placed: [Note:
+  // per-parameter placements] in flat_shard.cpp), in order of first use.
+  using Kind = std::pair<at::ScalarType, bool>;
+  const auto kind_of = [](const FSDPParam& p) { return Kind{p.param.scalar_type(), p.shard_dim >= 0}; };
+  std::vector<Kind> kinds;
   for (const auto& p : params) {
-    if (std::find(dtypes.begin(), dtypes.end(), p.param.scalar_type()) == dtypes.end()) {
-      dtypes.push_back(p.param.scalar_type());
-    }
+    if (std::find(kinds.begin(), kinds.end(), kind_of(p)) == kinds.end()) kinds.push_back(kind_of(p));
   }
-  for (const at::ScalarType dtype : dtypes) {
+  for (const Kind& kind : kinds) {
     std::vector<FSDPParam> of_dtype;
     for (auto& p : params) {
-      if (p.param.scalar_type() == dtype) of_dtype.push_back(std::move(p));
+      if (!p.param.defined() || kind_of(p) != kind) continue;
+      of_dtype.push_back(std::move(p));
     }
     DtypeShard part;
     part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options);
@@ -131,6 +135,11 @@ void FSDPParamGroup::unshard() {
     shard.allocate_gathered();
     if (part.post_forward.defined()) {
       part.all_gather = all_gather(on(*post_forward_group_), part.post_forward.get(), shard.gathered());
+    } else if (shard.reorders()) {
+      // Rank-major into a wire buffer, copied out once the gather is done.
+      at::Tensor wire = memory::empty_flat(shard.padded_numel(), shard.options(shard.param_dtype()));
+      part.all_gather = all_gather(on(shard_group()), shard.sharded(), wire);
+      part.all_gather.output.reset(wire);
     } else {
       part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gathered());
     }
@@ -141,6 +150,10 @@ void FSDPParamGroup::finish_all_gather() {
   for (auto& part : parts_) {
     part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
     part.post_forward.reset();  // read by the gather, or never to be: a full one comes next
+    if (part.all_gather.output.defined()) {
+      part.shard->copy_out(part.all_gather.output.get(), part.shard->gathered());
+      part.all_gather.output.reset();
+    }
   }
 }
 
@@ -373,6 +386,7 @@ void FSDPParamGroup::abandon() noexcept {
     } catch (const std::exception&) {
       part.all_gather.abandon();
     }
+    part.all_gather.output.reset();  // a placed shard's wire buffer, never copied out
     part.flow->abandon();
     part.reducing = false;
   }

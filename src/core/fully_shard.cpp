@@ -305,6 +305,15 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       FSDPParam p;
       p.fqn = join(prefix, fqn);
       p.param = param;
+      if (options.shard_placement) {
+        if (const std::optional<Shard> placement = options.shard_placement(p.fqn, param)) {
+          const int64_t dims = param.dim();
+          FSDP_CHECK(placement->dim >= -dims && placement->dim < dims, "fully_shard: shard_placement put parameter '",
+                     p.fqn, "' of shape ", param.sizes(), " on Shard(", placement->dim, "): expected a dim in [",
+                     -dims, ", ", dims, ")", dims == 0 ? " (a scalar cannot be placed: return nullopt for it)" : "");
+          p.shard_dim = placement->dim < 0 ? placement->dim + dims : placement->dim;
+        }
+      }
       params.push_back(std::move(p));
     }
     if (options.sync_module_states) sync_unmanaged_states(module, children, options);
@@ -494,10 +503,15 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
       const auto& ps = flat_shard.params();
       at::Tensor shard = at::zeros({flat_shard.shard_numel()}, ps.front().param.options());
       for (const auto& p : ps) {
-        if (p.local.numel > 0) shard.narrow(0, p.local.begin_in_shard, p.local.numel).copy_(p.param.detach());
+        if (p.local.numel > 0) flat_shard.shard_view(shard, p).copy_(p.param.detach());
       }
       at::Tensor flat = at::empty({flat_shard.padded_numel()}, shard.options());
       dist::all_gather_into_tensor(g, flat, shard).wait();
+      if (flat_shard.reorders()) {
+        at::Tensor wire = flat;
+        flat = at::empty_like(wire);
+        flat_shard.copy_out(wire, flat);
+      }
       for (const auto& p : ps) full[key_of(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
     }
   }
@@ -517,10 +531,20 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
     if (group == nullptr) continue;
     group->reshard();
     const int replica = group->replicate_group().rank();
+    for (size_t i = 0; i < group->num_shards(); ++i) {
+      const FlatShard& flat_shard = group->shard(i);
+      for (const FSDPParam& p : flat_shard.params()) {
+        FSDP_CHECK(flat_shard.local_is_range(p), "parameter '", p.fqn, "' is placed on Shard(", p.shard_dim,
+                   ") and this rank's chunk of it is not one range of its flattened elements, which is what "
+                   "checkpoints store: place it on Shard(0) (or leave it in the flat layout) to save it");
+      }
+    }
     for (const FSDPParam* p : group->params()) {
       LocalShard s;
       s.param = p->param;
-      s.local = p->param.detach();  // sharded: the parameter's data is its 1-D slice
+      // Sharded: the parameter's data is its 1-D slice, or its chunk (one
+      // range, checked above).
+      s.local = p->param.detach().view({-1});
       s.shape = p->shape;
       s.begin = p->local.begin_in_param;
       s.numel = p->local.numel;

@@ -101,8 +101,10 @@ void attach_existing_grad_view(FSDPParam& p, const at::Tensor& view) {
   if (p.param.grad().defined()) attach_grad_view(p, view);
 }
 
-at::Tensor sharded_alias(const at::Tensor& flat, const FSDPParam& p) {
-  return alias_of(flat, p.local.begin_in_shard, {p.local.numel});
+// The parameter's part of `flat` (laid out as `shard`), as an alias.
+at::Tensor sharded_alias(const FlatShard& shard, const at::Tensor& flat, const FSDPParam& p) {
+  const at::Tensor view = shard.shard_view(flat, p);
+  return at::empty({0}, flat.options()).set_(flat.storage(), view.storage_offset(), view.sizes(), view.strides());
 }
 
 // kInPlace: every gradient is a view of one persistent flat buffer.
@@ -118,7 +120,7 @@ class PersistentGradients final : public GradientFlow {
   void on_resharded(FSDPParam& p) override {
     // After forward a parameter without a gradient keeps none (backward
     // hands one over); stage() attaches every view.
-    if (p.requires_grad()) attach_existing_grad_view(p, sharded_alias(buffer_, p));
+    if (p.requires_grad()) attach_existing_grad_view(p, sharded_alias(shard_, buffer_, p));
   }
   void prepare() override {}  // attached at unshard
 
@@ -129,7 +131,7 @@ class PersistentGradients final : public GradientFlow {
     // is copied in, one that never came is zeros (replicas may still send
     // gradients for a unit not used on this rank).
     for (auto& p : shard_.params()) {
-      if (p.requires_grad()) attach_grad_view(p, sharded_alias(buffer_, p));
+      if (p.requires_grad()) attach_grad_view(p, sharded_alias(shard_, buffer_, p));
     }
   }
 
@@ -243,7 +245,10 @@ class StagedGradients final : public GradientFlow {
     staged_.reset(input);
   }
 
-  void issue_reduce_scatter(const UnitComm& on) override { reduce_scatter_ = reduce_scatter(on, std::move(staged_)); }
+  void issue_reduce_scatter(const UnitComm& on) override {
+    if (shard_.reorders()) staged_.reset(shard_.copy_in(staged_.get()));  // rank-major for the reduce-scatter
+    reduce_scatter_ = reduce_scatter(on, std::move(staged_));
+  }
   void wait_reduce_scatter(CommContext& comm) override {
     reduce_scatter_.wait(comm, "FSDP::reduce_scatter_wait");
     if (reduce_scatter_.output.defined()) reduced_ = std::move(reduce_scatter_.output);
@@ -279,9 +284,9 @@ class StagedGradients final : public GradientFlow {
       // it; a second one (a unit recomputed again) sees the first's.
       record_grad_existence(p);
       if (grad.defined()) {
-        grad.add_(reduced.narrow(0, p.local.begin_in_shard, p.local.numel));  // accumulates unless set to none
+        grad.add_(shard_.shard_view(reduced, p));  // accumulates unless set to none
       } else {
-        grad = sharded_alias(reduced, p);
+        grad = sharded_alias(shard_, reduced, p);
       }
     }
     reduced_.reset();

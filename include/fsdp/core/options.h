@@ -47,6 +47,19 @@ using ReducedGradHook = std::function<void(at::Tensor& reduced)>;
 // one at a time, so a rank never holds more than its shard plus one parameter.
 using ParamInitFn = std::function<void(const std::string& fqn, at::Tensor& full)>;
 
+// A parameter sharded along one of its own dims (FSDP2's Shard(d)): rank r
+// of the shard group holds the r-th chunk of torch.chunk along `dim`
+// (ceil(size / W) rows, fewer or none on the last ranks, padded with zeros
+// in the shard), as a tensor of that chunk's shape. Negative dims count from
+// the end.
+struct Shard {
+  int64_t dim = 0;
+};
+// Chooses each parameter's placement (FSDP2's shard_placement_fn), given
+// its name inside the unit; nullopt keeps the default layout (the unit's
+// parameters end to end, one flat 1-D slice per rank).
+using ShardPlacementFn = std::function<std::optional<Shard>(const std::string& fqn, const at::Tensor& param)>;
+
 // What a unit does with its gathered parameters after forward (FSDP2's
 // reshard_after_forward, a bool or an int): frees them (true) and gathers
 // again over the shard group for backward; keeps them (false); or, given a
@@ -75,6 +88,9 @@ struct FullyShardOptions {
   // Units whose all-gather is issued ahead of use: forward in recorded
   // order, backward in reverse. 0 turns implicit prefetch off.
   int prefetch_depth = 1;
+  // Per-parameter placements; unset: every parameter in the flat layout.
+  // See [Note: per-parameter placements] in flat_shard.cpp.
+  ShardPlacementFn shard_placement;
   // Stay replicated and untouched: no sharding, no gradient reduction.
   std::vector<at::Tensor> ignored_params;
   ParamInitFn param_init;
