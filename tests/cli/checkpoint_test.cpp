@@ -159,7 +159,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Reshard{"4_to_2", 4, 1, "", 2, 2, ""}, Reshard{"2_to_3", 2, 3, "", 3, 2, ""},
                       Reshard{"1_to_4", 1, 4, "", 4, 1, ""},
                       Reshard{"full_to_hybrid", 4, 1, "", 4, 1, "--sharding hybrid_shard --fsdp-size 2"},
-                      Reshard{"no_shard_to_full", 2, 2, "--sharding no_shard", 2, 2, "--sharding full_shard"}),
+                      Reshard{"no_shard_to_full", 2, 2, "--sharding no_shard", 2, 2, "--sharding full_shard"},
+                      Reshard{"rows_2_to_flat_3", 2, 3, "--shard-placement rows", 3, 2, ""},
+                      Reshard{"flat_2_to_rows_3", 2, 3, "", 3, 2, "--shard-placement rows"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Units of three dtypes (a frozen bf16 base, fp32 norms, fp64 adapters;

@@ -3,7 +3,7 @@ same Hugging Face directories, token file and settings: per-step losses
 over 20 steps and the trained weights.
 
   fsdp2_alignment_test.py --world W [--hsdp R] [--grad-accum A] [--precision fp32|bf16]
-                          [--reshard-after-forward K] [--families ...]
+                          [--reshard-after-forward K] [--shard-placement rows] [--families ...]
 
 fp32: every step's loss within 1e-5 relative, and every trained tensor
 within 1e-4 relative (||ours - theirs|| / ||theirs||; measured up to
@@ -66,6 +66,8 @@ def run_fsdp(args, directory, tokens, out):
         command += ["--sharding", "hybrid_shard", "--fsdp-size", str(args.world // args.hsdp)]
     if args.reshard_after_forward:
         command += ["--reshard-after-forward", str(args.reshard_after_forward)]
+    if args.shard_placement:
+        command += ["--shard-placement", args.shard_placement]
     harness.run(command)
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     losses = [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
@@ -116,6 +118,8 @@ def main():
         parser.add_argument("--grad-accum", type=int, default=1)
         parser.add_argument("--reshard-after-forward", type=int, default=0,
                             help="blocks keep their parameters sharded over this many ranks after forward")
+        parser.add_argument("--shard-placement", choices=("flat", "rows"), default="",
+                            help="fsdp's layout; FSDP2 keeps its own, every parameter on Shard(0) (rows)")
         parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
         parser.add_argument("--families", nargs="+", default=list(hf_models.FAMILIES))
         parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -128,6 +132,7 @@ def main():
     shape = f"W={args.world}" + (f" ({args.hsdp}x{args.world // args.hsdp} HSDP)" if args.hsdp else "") + \
         (f", {args.grad_accum} micro-steps" if args.grad_accum > 1 else "") + \
         (f", blocks kept over {args.reshard_after_forward} ranks after forward" if args.reshard_after_forward else "") + \
+        (f", fsdp's parameters placed as {args.shard_placement}" if args.shard_placement else "") + \
         f", {args.precision}"
     rows = []
     for family in args.families:

@@ -108,6 +108,10 @@ struct TrainConfig {
     int64_t reshard_after_forward = 0;
     bool explicit_prefetch = false;
     std::string wrap_policy = "block";  // block, or size:N (models/wrap_policy.h)
+    // flat: each unit's parameters end to end, one 1-D slice per rank;
+    // rows: every parameter chunked along its first dim (Shard(0), FSDP2's
+    // layout), each rank holding whole rows of each.
+    std::string shard_placement = "flat";
   } fsdp;
   struct Checkpoint {
     std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one
