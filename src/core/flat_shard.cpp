@@ -165,33 +165,37 @@ bool FlatShard::local_is_range(const FSDPParam& p) const {
   return true;
 }
 
-void FlatShard::copy_out(const at::Tensor& wire, const at::Tensor& out) const {
-  const int ranks = shard_group_->size();
-  const at::Tensor by_rank = wire.view({ranks, shard_numel_});
-  for (const auto& p : params_) {
-    const at::Tensor full = out.narrow(0, p.offset, p.numel).view(p.shape);
+namespace {
+
+// Calls fn(rows, chunk) for each rank's non-empty chunk of each placed
+// parameter: its rows in a parameter-major tensor, and where they sit in a
+// rank-major wire buffer.
+template <typename Fn>
+void for_each_chunk(const std::vector<FSDPParam>& params, int ranks, int64_t shard_numel,
+                    const at::Tensor& param_major, const at::Tensor& wire, Fn&& fn) {
+  const at::Tensor by_rank = wire.view({ranks, shard_numel});
+  for (const auto& p : params) {
+    const at::Tensor full = param_major.narrow(0, p.offset, p.numel).view(p.shape);
     const int64_t chunk = p.chunk_shape[p.shard_dim];
     for (int r = 0; r < ranks && p.rows_held(r) > 0; ++r) {
       const int64_t rows = p.rows_held(r);
-      full.narrow(p.shard_dim, r * chunk, rows)
-          .copy_(by_rank[r].narrow(0, p.local.begin_in_shard, p.chunk_numel()).view(p.chunk_shape).narrow(p.shard_dim, 0, rows));
+      const at::Tensor in_wire = by_rank[r].narrow(0, p.local.begin_in_shard, p.chunk_numel()).view(p.chunk_shape);
+      fn(full.narrow(p.shard_dim, r * chunk, rows), in_wire.narrow(p.shard_dim, 0, rows));
     }
   }
 }
 
+}  // namespace
+
+void FlatShard::copy_out(const at::Tensor& wire, const at::Tensor& out) const {
+  for_each_chunk(params_, shard_group_->size(), shard_numel_, out, wire,
+                 [](const at::Tensor& rows, const at::Tensor& chunk) { rows.copy_(chunk); });
+}
+
 at::Tensor FlatShard::copy_in(const at::Tensor& grads) const {
-  const int ranks = shard_group_->size();
   at::Tensor wire = memory::empty_flat(padded_numel(), grads.options()).zero_();
-  const at::Tensor by_rank = wire.view({ranks, shard_numel_});
-  for (const auto& p : params_) {
-    const at::Tensor full = grads.narrow(0, p.offset, p.numel).view(p.shape);
-    const int64_t chunk = p.chunk_shape[p.shard_dim];
-    for (int r = 0; r < ranks && p.rows_held(r) > 0; ++r) {
-      const int64_t rows = p.rows_held(r);
-      by_rank[r].narrow(0, p.local.begin_in_shard, p.chunk_numel()).view(p.chunk_shape).narrow(p.shard_dim, 0, rows)
-          .copy_(full.narrow(p.shard_dim, r * chunk, rows));
-    }
-  }
+  for_each_chunk(params_, shard_group_->size(), shard_numel_, grads, wire,
+                 [](const at::Tensor& rows, const at::Tensor& chunk) { chunk.copy_(rows); });
   return wire;
 }
 
