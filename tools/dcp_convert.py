@@ -2,7 +2,7 @@
 """Converts an fsdp.cpp checkpoint into a PyTorch Distributed Checkpoint
 (DCP) directory that an FSDP2 job loads, at any world size:
 
-  tools/dcp_convert.py export CHECKPOINT OUT
+  tools/dcp_convert.py export CHECKPOINT OUT [--shards N] [--via-transformers]
   tools/dcp_convert.py import DCP_DIR --model HF_DIR OUT
 
 
@@ -18,6 +18,11 @@ with `model` the checkpoint's architecture as `transformers` builds it and
 `optimizer` AdamW: the keys an FSDP2 training script saves with the DCP
 API (PyTorch's FSDP2 example with --dcp-api, torchtitan), so the same
 script loads it with `dcp.load` into its sharded model and optimizer.
+Where the checkpoint's tensors are the model's, each is written as FSDP2
+holds it, Shard(0) over the checkpoint's world size (--shards N for
+another), by that many processes each reading only its rows: no full
+tensor is made ([Note: exporting shards as they are]). Otherwise, and
+with --via-transformers, the tensors are loaded whole through transformers.
 
 `import` reads such a DCP directory (an FSDP2 run's, saved at any world
 size) into the model HF_DIR/config.json describes and writes OUT as a
@@ -74,17 +79,27 @@ def checkpoint_dir(path):
     return path
 
 
-def read_checkpoint(path):
-    """(metadata, {kind: {name: full tensor}}) for kind in model, exp_avg, exp_avg_sq."""
+def read_metadata(path):
     meta = json.load(open(os.path.join(path, "metadata.json")))
     if meta.get("format") != "fsdp.cpp-checkpoint":
         fail(f"{path}/metadata.json: format {meta.get('format')!r}, expected 'fsdp.cpp-checkpoint'")
+    return meta
+
+
+def open_rank_files(path, meta):
     files = {}
     for f in meta["files"]:
         name = os.path.join(path, f["name"])
         if not os.path.isfile(name) or os.path.getsize(name) != f["bytes"]:
             fail(f"{name}: missing, or not the {f['bytes']} bytes metadata.json records")
         files[f["rank"]] = safe_open(name, "pt")
+    return files
+
+
+def read_checkpoint(path):
+    """(metadata, {kind: {name: full tensor}}) for kind in model, exp_avg, exp_avg_sq."""
+    meta = read_metadata(path)
+    files = open_rank_files(path, meta)
     tensors = {kind: {} for kind in ("model",) + MOMENTS}
     for name, p in meta["params"].items():
         for kind in tensors:
@@ -119,6 +134,13 @@ def as_transformers(config, tensors, work, label):
 
 def export(args):
     path = checkpoint_dir(args.checkpoint)
+    if os.path.exists(args.out):
+        fail(f"'{args.out}' exists; DCP output goes to a new folder")
+    meta = read_metadata(path)
+    if not args.via_transformers:
+        sources = direct_sources(meta)
+        if sources is not None:
+            return export_shards(path, meta, sources, args.out, args.shards or meta["world_size"])
     meta, tensors = read_checkpoint(path)
     config = yaml.safe_load(meta["config"])["optim"]  # the run's config.yaml, as fsdp.cpp wrote it
     with tempfile.TemporaryDirectory() as work:
@@ -133,12 +155,130 @@ def export(args):
                                   **{k: moments[k][name].detach().clone() for k in MOMENTS}}
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
                  "train_state": {"step": meta["step"], "tokens_seen": meta["trainer"]["tokens_seen"]}}
-        if os.path.exists(args.out):
-            fail(f"'{args.out}' exists; DCP output goes to a new folder")
         dcp.save(state, checkpoint_id=args.out + ".tmp", no_dist=True)
         os.rename(args.out + ".tmp", args.out)  # the folder appears whole
     print(f"wrote {args.out}: DCP checkpoint of step {meta['step']} ({len(state['model'])} model tensors, "
           f"AdamW state for {len(state['optim']['state'])}), from {path}")
+
+
+# [Note: exporting shards as they are]
+# When every tensor of the model's state (as transformers names and shapes
+# it) is one of the checkpoint's parameters, the export writes each in
+# FSDP2's own layout, Shard(0) over N ranks (the checkpoint's world size
+# unless --shards says otherwise): N processes, each reading only its rows
+# of each parameter and moment from the rank files (a row chunk is one
+# range of the flattened parameter, whatever layout saved it), saving them
+# as DTensors with dcp.save. No process holds a full tensor. Models whose
+# transformers layout differs from the checkpoint's (Qwen3-MoE's fused
+# experts) go through transformers' own loading, with full tensors, as
+# --via-transformers does for any model; both load to the same state.
+def meta_model(hf_config):
+    """The model hf_config describes, on the meta device: names and shapes, no memory."""
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "config.json"), "w") as f:
+            f.write(hf_config)
+        config = transformers.AutoConfig.from_pretrained(work)
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def direct_sources(meta):
+    """{model state key: checkpoint parameter} when every key is a checkpoint
+    parameter of the same shape (a tied key: the parameter it shares),
+    else None."""
+    model = meta_model(meta["hf_config"])
+    state = get_model_state_dict(model)
+    params = meta["params"]
+    sources = {}
+    first_name = {id(p): name for name, p in model.named_parameters()}  # a tied parameter's first name
+    for key, tensor in state.items():
+        try:
+            same = [key, first_name.get(id(model.get_parameter(key)), key)]
+        except AttributeError:  # a buffer
+            same = [key]
+        found = [k for k in same if k in params and list(tensor.shape) == params[k]["shape"]]
+        if not found:
+            return None
+        sources[key] = found[0]
+    return sources
+
+
+def read_rows(files, entry, kind, name, begin_row, rows):
+    """Rows [begin_row, begin_row + rows) of a saved tensor: one range of its
+    flattened elements, copied from the rank files' pieces that overlap it."""
+    shape = entry["shape"]
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    lo, n = begin_row * inner, rows * inner
+    out = torch.empty(n, dtype=torch.float32)
+    covered = 0
+    for piece in entry["shards"]:
+        pb, pn = piece["begin"], piece["count"]
+        a, b = max(lo, pb), min(lo + n, pb + pn)
+        if b <= a:
+            continue
+        out[a - lo:b - lo] = files[piece["rank"]].get_slice(f"{kind}/{name}")[a - pb:b - pb].float()
+        covered += b - a
+    if covered < n:
+        fail(f"{kind}/{name}: the rank files hold {covered} of rows {begin_row}..{begin_row + rows}'s {n} elements")
+    return out.view([rows] + shape[1:])
+
+
+def export_rank(rank, world, port, path, meta, sources, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    mesh = init_device_mesh("cpu", (world,))
+    files = open_rank_files(path, meta)
+    params = meta["params"]
+
+    def local(kind, name):
+        entry = params[name]
+        shape = entry["shape"]
+        if not shape:
+            return DTensor.from_local(read_rows(files, dict(entry, shape=[1]), kind, name, 0, 1).view([]), mesh,
+                                      [Replicate()], run_check=False)
+        chunk = -(-shape[0] // world)
+        begin = min(rank * chunk, shape[0])
+        rows = min(chunk, shape[0] - begin)
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(read_rows(files, entry, kind, name, begin, rows), mesh, [Shard(0)], run_check=False,
+                                  shape=torch.Size(shape), stride=stride)
+
+    model = meta_model(meta["hf_config"])
+    config = yaml.safe_load(meta["config"])["optim"]
+    optimizer = adamw(model, float(config["weight_decay"]), float(config["lr"]),
+                      (float(config["beta1"]), float(config["beta2"])), float(config["eps"]))
+    groups = get_optimizer_state_dict(model, optimizer)["param_groups"]
+    steps = {p["adam_step"] for p in params.values() if p["adam_step"] > 0}
+    step = torch.tensor(float(max(steps, default=0)))
+    named = [name for name, _ in model.named_parameters()]
+    state = {"model": {key: local("model", source) for key, source in sources.items()},
+             "optim": {"state": {name: {"step": step.clone(), **{k: local(k, sources[name]) for k in MOMENTS}}
+                                 for name in named},
+                       "param_groups": groups},
+             "train_state": {"step": meta["step"], "tokens_seen": meta["trainer"]["tokens_seen"]}}
+    dcp.save(state, checkpoint_id=out + ".tmp")
+    torch.distributed.barrier()
+    if rank == 0:
+        os.rename(out + ".tmp", out)  # the folder appears whole
+    torch.distributed.destroy_process_group()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def export_shards(path, meta, sources, out, world):
+    import torch.multiprocessing
+    torch.multiprocessing.spawn(export_rank, args=(world, free_port(), path, meta, sources, out), nprocs=world)
+    print(f"wrote {out}: DCP checkpoint of step {meta['step']} ({len(sources)} model tensors with their AdamW "
+          f"state), each on Shard(0) over {world} ranks as FSDP2 holds it, from {path}")
 
 
 def expected_state(model, optimizer):
@@ -317,6 +457,11 @@ def main():
     e = sub.add_parser("export", help="fsdp.cpp checkpoint -> DCP directory")
     e.add_argument("checkpoint")
     e.add_argument("out")
+    e.add_argument("--shards", type=int, default=0,
+                   help="ranks the export's Shard(0) chunks are cut for (default: the checkpoint's world size)")
+    e.add_argument("--via-transformers", action="store_true",
+                   help="load full tensors through transformers and save them whole, as for models whose "
+                        "transformers layout differs from the checkpoint's")
     i = sub.add_parser("import", help="DCP directory -> fsdp.cpp checkpoint folder (--ckpt-dir)")
     i.add_argument("dcp")
     i.add_argument("out")

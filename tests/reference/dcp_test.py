@@ -4,7 +4,12 @@ dcp`, which run tools/dcp_convert.py):
 
 - export: fsdp.cpp trains 20 steps at W = 2, saving at step 10; the step-10
   checkpoint, exported to DCP, is loaded by FSDP2 at W = 4 (resharded)
-  with `dcp.load`, which trains on: its steps 11-20 equal fsdp.cpp's;
+  with `dcp.load`, which trains on: its steps 11-20 equal fsdp.cpp's. The
+  export writes each tensor on Shard(0) over the checkpoint's 2 ranks (and
+  over 3 with --shards 3), as FSDP2 holds it, and both load to exactly
+  the state the export through transformers' full tensors loads to
+  (Qwen3-MoE, whose transformers layout fuses the experts, is exported
+  whole);
 - import: FSDP2 trains 10 steps at W = 4 and saves with `dcp.save`; the
   DCP directory, imported, is resumed by `fsdp train` at W = 2: its steps
   11-20 equal FSDP2's own continuation from the same DCP directory.
@@ -26,6 +31,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 
@@ -75,6 +81,66 @@ def convert(fsdp_cli, command, *arguments):
                           text=True)
 
 
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "dcp_convert.py")
+
+
+def loaded_state(directory, model_dir):
+    """What dcp.load puts into a fresh transformers model's and AdamW's
+    state, by DCP key."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import transformers
+    sys.path.insert(0, os.path.dirname(TOOL))
+    import dcp_convert
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model_dir),
+                                                          dtype=torch.float32)
+    state = dcp_convert.expected_state(model, dcp_convert.adamw(model))
+    dcp.load(state, checkpoint_id=directory, no_dist=True)
+    return dict(dcp_convert.flatten(state))
+
+
+def chunks_per_tensor(directory):
+    import torch.distributed.checkpoint as dcp
+    saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    return {k: (len(v.chunks), v.size[0]) for k, v in saved.items() if hasattr(v, "chunks") and len(v.size) > 0}
+
+
+def check_export_layouts(family, model_dir, checkpoints, exported, base):
+    """The export in shards (FSDP2's Shard(0), the checkpoint's W = 2, or
+    --shards 3) loads to exactly what the export through transformers'
+    full tensors loads to; a model whose transformers layout differs from
+    the checkpoint's (Qwen3-MoE's fused experts) is exported whole."""
+    import torch
+    whole = base + "whole.dcp"
+    result = subprocess.run([sys.executable, TOOL, "export", checkpoints, whole, "--via-transformers"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        harness.fail(f"{family}: export --via-transformers exited {result.returncode}: {result.stderr}")
+    three = base + "three.dcp"
+    result = subprocess.run([sys.executable, TOOL, "export", checkpoints, three, "--shards", "3"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        harness.fail(f"{family}: export --shards 3 exited {result.returncode}: {result.stderr}")
+    expected = loaded_state(whole, model_dir)
+    fused = family == "qwen3_moe"
+    for directory, ranks in ((exported, 2), (three, 3)):
+        got = loaded_state(directory, model_dir)
+        different = sorted(k for k, v in expected.items()
+                           if isinstance(v, torch.Tensor) and not torch.equal(got[k], v))
+        if set(got) != set(expected) or different:
+            harness.fail(f"{family}: {directory} loads to another state than the whole export: "
+                         f"{different[:5] or set(got) ^ set(expected)}")
+        layout = chunks_per_tensor(directory)
+        want = 1 if fused else None
+        wrong = [f"{k} ({n} chunks, {rows} rows)" for k, (n, rows) in layout.items()
+                 if n != (want or min(ranks, rows))]
+        if wrong:
+            harness.fail(f"{family}: {directory}: expected " + ("whole tensors" if fused else f"Shard(0) over {ranks}") +
+                         f", got {wrong[:4]}")
+        print(f"{family}: export " + ("whole (transformers' fused layout)" if fused else f"on Shard(0) over {ranks} ranks") +
+              f" loads equal to the whole export ({len(expected)} keys)")
+
+
 def main():
     args = harness.parse_args(__doc__)
     work = harness.work_dir(args)
@@ -92,6 +158,8 @@ def main():
         result = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"), exported)
         if result.returncode != 0:
             harness.fail(f"{family}: export exited {result.returncode}: {result.stdout} {result.stderr}")
+        check_export_layouts(family, directory, os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"),
+                             exported, base)
         theirs = fsdp2(directory, tokens, base + "fsdp2-resumed", STEPS, ["--resume-dcp", exported], world)
         compare(f"{family}: fsdp.cpp checkpoint -> DCP -> FSDP2 (W=2 -> {world})", theirs, ours)
         again = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints"), exported)
