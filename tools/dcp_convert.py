@@ -184,8 +184,8 @@ def meta_model(hf_config):
 
 def direct_sources(meta):
     """{model state key: checkpoint parameter} when every key is a checkpoint
-    parameter of the same shape (a tied key: the parameter it shares),
-    else None."""
+    parameter of the same shape (a tied key: the parameter it shares, so
+    both read one source) and every checkpoint parameter is used, else None."""
     model = meta_model(meta["hf_config"])
     state = get_model_state_dict(model)
     params = meta["params"]
@@ -193,14 +193,14 @@ def direct_sources(meta):
     first_name = {id(p): name for name, p in model.named_parameters()}  # a tied parameter's first name
     for key, tensor in state.items():
         try:
-            same = [key, first_name.get(id(model.get_parameter(key)), key)]
+            same = [first_name.get(id(model.get_parameter(key)), key), key]
         except AttributeError:  # a buffer
             same = [key]
         found = [k for k in same if k in params and list(tensor.shape) == params[k]["shape"]]
         if not found:
             return None
         sources[key] = found[0]
-    return sources
+    return sources if set(sources.values()) == set(params) else None
 
 
 def read_rows(files, entry, kind, name, begin_row, rows):
@@ -220,8 +220,9 @@ def read_rows(files, entry, kind, name, begin_row, rows):
             continue
         out[a - lo:b - lo] = files[piece["rank"]].get_slice(f"{kind}/{name}")[a - pb:b - pb].float()
         covered += b - a
-    if covered < n:
-        fail(f"{kind}/{name}: the rank files hold {covered} of rows {begin_row}..{begin_row + rows}'s {n} elements")
+    if covered != n:
+        fail(f"{kind}/{name}: the rank files hold {covered} elements for rows {begin_row}..{begin_row + rows}'s {n} "
+             "(a piece missing or overlapping)")
     return out.view([rows] + shape[1:])
 
 

@@ -98,7 +98,7 @@ void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::str
     const int64_t lo = std::max(begin, pb), hi = std::min(begin + n, pb + pn);
     if (hi <= lo) continue;
     const auto& file = files.get(piece["rank"].get<int>());
-    out.narrow(0, lo - begin, hi - lo).copy_(file.read_range(tensor, lo - pb, hi - lo));
+    file.read_range_into(tensor, lo - pb, out.narrow(0, lo - begin, hi - lo));
     covered += hi - lo;
   }
   FSDP_CHECK(covered == n, "checkpoint: ", what, " covers ", covered, " of the ", n, " elements this rank needs");
@@ -274,6 +274,9 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   const std::string name = step_name(state.step);
   const std::string final_dir = dir + "/" + name;
   const std::string tmp_dir = final_dir + ".tmp";
+  // Before anything is written: a model that cannot be saved is refused
+  // on every rank alike, leaving the folder as it was.
+  const auto shards = local_shards(model);
   std::string error;
   if (rank == 0) {
     try {
@@ -286,7 +289,6 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   }
   agree_on_failure(group, error, tmp_dir);
 
-  const auto shards = local_shards(model);
   WrittenFile written;
   const at::Tensor table = write_rank_file(tmp_dir, shards, optimizer, rank, written);
   agree_on_failure(group, written.error, tmp_dir);

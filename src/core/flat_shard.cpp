@@ -157,8 +157,8 @@ at::Tensor FlatShard::shard_view(const at::Tensor& flat, const FSDPParam& p) con
       .narrow(p.shard_dim, 0, p.rows_held(rank_));
 }
 
-bool FlatShard::local_is_range(const FSDPParam& p) const {
-  if (!placed_ || p.local.numel == 0 || p.rows_held(rank_) == p.shape[p.shard_dim]) return true;
+bool FlatShard::chunks_are_ranges(const FSDPParam& p) const {
+  if (!placed_ || p.numel == 0 || p.chunk_shape[p.shard_dim] >= p.shape[p.shard_dim]) return true;
   for (int64_t i = 0; i < p.shard_dim; ++i) {
     if (p.shape[i] != 1) return false;
   }

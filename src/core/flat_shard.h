@@ -64,10 +64,11 @@ class FlatShard {
   // The parameter's part of any tensor laid out as the shard (a reduced
   // gradient), as sharded_view takes it from the shard.
   at::Tensor shard_view(const at::Tensor& flat, const FSDPParam& p) const;
-  // Whether the parameter's part of the shard is one range of its flattened
-  // elements (always in the flat layout; under Shard(d) when d = 0 or the
-  // dims before d are 1, or when the rank holds all or none of it).
-  bool local_is_range(const FSDPParam& p) const;
+  // Whether every rank's part of the parameter is one range of its
+  // flattened elements, the same answer on every rank: always in the flat
+  // layout; under Shard(d) when d = 0, the dims before d are 1, or one
+  // rank holds it all.
+  bool chunks_are_ranges(const FSDPParam& p) const;
 
   // Per-parameter placements (Shard(d)): the shard is rank-major, the
   // gathered buffer parameter-major, so over more than one rank an
@@ -84,9 +85,12 @@ class FlatShard {
   int64_t sharded_bytes() const { return static_cast<int64_t>(sharded_.nbytes()); }
   // Bytes the gathered buffer holds now (0 while freed, and when it is the shard).
   int64_t gathered_bytes_held() const;
-  // Bytes one all-gather writes, and one reduction holds at most (input,
-  // receive buffer, reduced shard), for memory bounds.
+  // Bytes of the gathered buffer; what one all-gather holds while in
+  // flight (the gathered buffer, and a placed shard's wire buffer beside
+  // it), and one reduction at most (input, receive buffer, reduced
+  // shard), for memory bounds.
   int64_t gathered_bytes() const;
+  int64_t gather_bytes_in_flight() const { return gathered_bytes() * (reorders() ? 2 : 1); }
   int64_t reduction_bytes() const;
 
  private:

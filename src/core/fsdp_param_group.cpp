@@ -315,7 +315,7 @@ int64_t FSDPParamGroup::flat_numel() const {
   return sum_over_shards([](const FlatShard& s) { return s.padded_numel(); });
 }
 int64_t FSDPParamGroup::gathered_bytes() const {
-  return sum_over_shards([](const FlatShard& s) { return s.gathered_bytes(); });
+  return sum_over_shards([](const FlatShard& s) { return s.gather_bytes_in_flight(); });
 }
 int64_t FSDPParamGroup::reduction_bytes() const {
   return sum_over_shards([](const FlatShard& s) { return s.reduction_bytes(); });
@@ -376,6 +376,7 @@ void FSDPParamGroup::drop_forward() noexcept {
   try {
     reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
   } catch (const std::exception&) {
+    for (auto& part : parts_) part.all_gather.output.reset();  // a placed shard's wire buffer
   }
 }
 

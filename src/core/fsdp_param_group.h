@@ -122,7 +122,8 @@ class FSDPParamGroup {
   void set_reduced_grad_hook(ReducedGradHook hook);
 
   // Bytes of the master shards, and of the gathered buffers when held;
-  // elements of the padded flat buffers; the sums over the unit's dtypes.
+  // elements of the padded flat buffers; what one gather holds in flight
+  // (FlatShard::gather_bytes_in_flight); the sums over the unit's dtypes.
   int64_t sharded_param_bytes() const;
   int64_t unsharded_bytes_held() const;
   int64_t flat_numel() const;

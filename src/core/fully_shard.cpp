@@ -534,8 +534,8 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
     for (size_t i = 0; i < group->num_shards(); ++i) {
       const FlatShard& flat_shard = group->shard(i);
       for (const FSDPParam& p : flat_shard.params()) {
-        FSDP_CHECK(flat_shard.local_is_range(p), "parameter '", p.fqn, "' is placed on Shard(", p.shard_dim,
-                   ") and this rank's chunk of it is not one range of its flattened elements, which is what "
+        FSDP_CHECK(flat_shard.chunks_are_ranges(p), "parameter '", p.fqn, "' is placed on Shard(", p.shard_dim,
+                   ") and its ranks' chunks are not ranges of its flattened elements, which is what "
                    "checkpoints store: place it on Shard(0) (or leave it in the flat layout) to save it");
       }
     }

@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
 #include "core/fsdp_state.h"
+#include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing {
@@ -224,18 +227,26 @@ TEST(ShardPlacementExperts, EachRankHoldsWholeExpertsAndTrainsAsOneProcess) {
   }
 }
 
-TEST(ShardPlacementExperts, AChunkThatIsNotOneRangeIsRefusedForCheckpointsByName) {
-  if (test_world().size() == 1) GTEST_SKIP() << "one rank holds every expert whole: one range";
-  auto net = make_expert_net();
+// Matrices on Shard(1) hold columns, not ranges: a save is refused on
+// every rank alike (at W = 4 lora_b's 3 columns leave the last rank none,
+// whose own part is an empty range: it must refuse too, or the others
+// would wait for it in the save's collectives), and nothing is written.
+TEST(ShardPlacementCheckpoint, ChunksThatAreNotRangesAreRefusedOnEveryRankBeforeAnythingIsWritten) {
+  if (test_world().size() == 1) GTEST_SKIP() << "one rank holds every matrix whole: one range";
+  auto net = make_net();
   FullyShardOptions options;
   options.mesh = mesh_for(ShardingStrategy::kFullShard);
-  options.shard_placement = [](const std::string&, const at::Tensor& p) -> std::optional<Shard> {
-    if (p.dim() == 3) return Shard{-1};  // the last dim: columns of every expert
-    return std::nullopt;
-  };
+  options.shard_placement = by_kind;
+  for (auto& b : net->blocks) fully_shard(b, options);
   fully_shard(net, options);
-  EXPECT_EQ(net->experts.size(2), chunk_of({5, kDim, kDim}, 2, test_world().rank(), test_world().size())[2]);
-  expect_error_on_every_rank([&] { local_shards(*net); }, {"'experts'", "Shard(2)", "Shard(0)"});
+  torch::optim::AdamW optimizer(unique_parameters(*net));
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/fsdp-placed-save-" +
+                          std::to_string(test_world().size()) + "-" + std::getenv("MASTER_PORT");
+  std::filesystem::remove_all(dir);
+  dist::barrier(test_world().group());
+  expect_error_on_every_rank([&] { checkpoint::save(dir, 1, *net, optimizer, {}, test_world()); },
+                             {"Shard(1)", "place it on Shard(0)"});
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "a refused save wrote into " << dir;
 }
 
 TEST(ShardPlacementRefused, ADimOutsideTheParameterIsNamedAndNothingIsSharded) {

@@ -47,6 +47,11 @@ class SafetensorsFile {
   // The elements [begin, begin + count) of the tensor flattened, over the
   // mapped bytes like view(): the caller copies them where they go, once.
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t count) const;
+  // The same elements written into `out` (count = out.numel()): read
+  // straight into its memory when it is contiguous and of the tensor's
+  // dtype (one copy from the page cache, no page faults on the mapping),
+  // else copied from read_range, converting.
+  void read_range_into(const std::string& name, int64_t begin, const at::Tensor& out) const;
 
  private:
   const SafetensorsEntry& entry(const std::string& name) const;
