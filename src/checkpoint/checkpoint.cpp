@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +22,7 @@
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/io/remove_tree.h"
 #include "fsdp/io/safetensors.h"
+#include "fsdp/io/streamed_read.h"
 
 namespace fsdp::checkpoint {
 
@@ -27,38 +30,81 @@ namespace fs = std::filesystem;
 
 namespace detail {
 
-// The saved files of one checkpoint, opened (and checksummed) on first use.
+// Bytes [at, at + size) of a rank file, to be copied to `to` as the file
+// streams past (a load's read of one range straight into its shard).
+struct FileCopy {
+  uint64_t at = 0;
+  uint64_t size = 0;
+  char* to = nullptr;
+};
+
+// The saved files of one checkpoint, opened on first use, each checksummed
+// once: on its own (get), or while a load streams it (stream).
 class RankFiles {
  public:
   RankFiles(std::string dir, const nlohmann::json& meta) : dir_(std::move(dir)) {
     for (const auto& f : meta["files"]) info_[f["rank"].get<int>()] = f;
   }
-  const io::SafetensorsFile& get(int rank) {
+  // Opened, its size checked, its checksum not yet.
+  const io::SafetensorsFile& open(int rank) {
     auto it = open_.find(rank);
     if (it != open_.end()) return *it->second;
-    const auto info = info_.find(rank);
-    FSDP_CHECK(info != info_.end(), "checkpoint '", dir_, "': metadata lists no file for rank ", rank);
-    const std::string path = dir_ + "/" + info->second["name"].get<std::string>();
+    const std::string path = path_of(rank);
     FSDP_CHECK(fs::exists(path), "checkpoint '", dir_, "': rank file '", path, "' is missing");
     const auto size = static_cast<int64_t>(fs::file_size(path));
-    FSDP_CHECK(size == info->second["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
-               " bytes but was written with ", info->second["bytes"].get<int64_t>(), " (truncated or replaced)");
-    const uint32_t crc = io::file_crc32(path);
-    FSDP_CHECK(crc == info->second["crc32"].get<uint32_t>(), "checkpoint file '", path, "' fails its checksum (CRC-32 ",
-               crc, ", expected ", info->second["crc32"].get<uint32_t>(), "): the file is damaged");
+    FSDP_CHECK(size == info_.at(rank)["bytes"].get<int64_t>(), "checkpoint file '", path, "' is ", size,
+               " bytes but was written with ", info_.at(rank)["bytes"].get<int64_t>(), " (truncated or replaced)");
     return *open_.emplace(rank, std::make_unique<io::SafetensorsFile>(path)).first->second;
+  }
+  // Opened and checksummed.
+  const io::SafetensorsFile& get(int rank) {
+    const auto& file = open(rank);
+    if (verified_.count(rank) == 0) check_crc(rank, io::read_streamed(file.path(), {}));
+    return file;
+  }
+  // Reads the file once, serving `copies` (any order) from its blocks as
+  // they pass, and checks its checksum at the end: the copied bytes are
+  // the file's only if this returns.
+  void stream(int rank, std::vector<FileCopy>& copies) {
+    const auto& file = open(rank);
+    std::sort(copies.begin(), copies.end(), [](const FileCopy& a, const FileCopy& b) { return a.at < b.at; });
+    size_t first = 0;  // copies ending before the current block are done
+    const uint32_t crc = io::read_streamed(file.path(), [&](uint64_t offset, const char* data, size_t size) {
+      const uint64_t end = offset + size;
+      while (first < copies.size() && copies[first].at + copies[first].size <= offset) ++first;
+      for (size_t i = first; i < copies.size() && copies[i].at < end; ++i) {
+        const FileCopy& c = copies[i];
+        const uint64_t lo = std::max(c.at, offset), hi = std::min(c.at + c.size, end);
+        if (hi > lo) std::memcpy(c.to + (lo - c.at), data + (lo - offset), hi - lo);
+      }
+    });
+    check_crc(rank, crc);
   }
 
  private:
+  std::string path_of(int rank) const {
+    const auto info = info_.find(rank);
+    FSDP_CHECK(info != info_.end(), "checkpoint '", dir_, "': metadata lists no file for rank ", rank);
+    return dir_ + "/" + info->second["name"].get<std::string>();
+  }
+  void check_crc(int rank, uint32_t crc) {
+    const auto expected = info_.at(rank)["crc32"].get<uint32_t>();
+    FSDP_CHECK(crc == expected, "checkpoint file '", path_of(rank), "' fails its checksum (CRC-32 ", crc,
+               ", expected ", expected, "): the file is damaged");
+    verified_.insert(rank);
+  }
+
   std::string dir_;
   std::map<int, nlohmann::json> info_;
   std::map<int, std::unique_ptr<io::SafetensorsFile>> open_;
+  std::set<int> verified_;
 };
 
 }  // namespace detail
 
 namespace {
 
+using detail::FileCopy;
 using detail::RankFiles;
 
 std::string step_name(int64_t step) {
@@ -322,30 +368,77 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
 
 namespace {
 
+// What a load reads from each rank file, straight into the shards while
+// the file streams past ([Note: checkpoint reads at the disk's pace]), and
+// the copies that convert dtypes or fill strided memory, made from the
+// mapped file once it is verified.
+struct LoadPlan {
+  std::map<int, std::vector<FileCopy>> streamed;
+  std::vector<std::function<void()>> converted;
+};
+
+// gather_range's plan: elements [begin, begin + out.numel()) of `tensor`.
+void plan_range(RankFiles& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
+                const at::Tensor& out, const std::string& what, LoadPlan& plan) {
+  const int64_t n = out.numel();
+  int64_t covered = 0;
+  for (const auto& piece : pieces) {
+    const int64_t pb = piece["begin"].get<int64_t>(), pn = piece["count"].get<int64_t>();
+    const int64_t lo = std::max(begin, pb), hi = std::min(begin + n, pb + pn);
+    if (hi <= lo) continue;
+    const int rank = piece["rank"].get<int>();
+    const auto& file = files.open(rank);
+    const at::Tensor source = file.read_range(tensor, lo - pb, hi - lo);  // checks the range; reads nothing
+    const at::Tensor to = out.narrow(0, lo - begin, hi - lo);
+    if (to.is_contiguous() && to.device().is_cpu() && to.scalar_type() == source.scalar_type()) {
+      const auto at = static_cast<uint64_t>(static_cast<const char*>(source.data_ptr()) -
+                                            static_cast<const char*>(file.view(tensor).data_ptr())) +
+                      file.file_offset(*file.find(tensor));
+      plan.streamed[rank].push_back({at, static_cast<uint64_t>(to.nbytes()), static_cast<char*>(to.data_ptr())});
+    } else {
+      plan.converted.emplace_back([&files, rank, tensor, lo, pb, hi, to] {
+        to.copy_(files.get(rank).read_range(tensor, lo - pb, hi - lo));
+      });
+    }
+    covered += hi - lo;
+  }
+  FSDP_CHECK(covered == n, "checkpoint: ", what, " covers ", covered, " of the ", n, " elements this rank needs");
+}
+
 // Load: this rank's ranges of every parameter and its AdamW moments; and,
-// when each rank maps to one saved, that rank's random state.
+// when each rank maps to one saved, that rank's random state. The
+// parameters are written as their files stream past, before the files'
+// checksums are known: a failed load leaves them partly loaded (the
+// optimizer's state is set only after every file checked out).
 at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta, const std::vector<LocalShard>& shards,
                        torch::optim::AdamW& optimizer, const dist::World& world) {
   const auto& params = meta["params"];
   RankFiles files(checkpoint, meta);
   torch::NoGradGuard no_grad;
-  for (const auto& s : shards) {
+  LoadPlan plan;
+  std::vector<std::unique_ptr<torch::optim::AdamWParamState>> moments(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& s = shards[i];
     const auto& entry = params[s.fqn];
     const auto& pieces = entry["shards"];
-    gather_range(files, pieces, "model/" + s.fqn, s.begin, s.local, "parameter '" + s.fqn + "'");
+    plan_range(files, pieces, "model/" + s.fqn, s.begin, s.local, "parameter '" + s.fqn + "'", plan);
     const int64_t adam_step = entry["adam_step"].get<int64_t>();
     if (adam_step == 0) continue;
     auto moment = [&](const char* prefix) {
-      // Every element is written: gather_range fails unless the pieces cover it.
+      // Every element is written: plan_range fails unless the pieces cover it.
       at::Tensor m = at::empty_like(s.param);
-      gather_range(files, pieces, prefix + s.fqn, s.begin, m.view({-1}), std::string(prefix) + s.fqn);
+      plan_range(files, pieces, prefix + s.fqn, s.begin, m.view({-1}), std::string(prefix) + s.fqn, plan);
       return m;
     };
-    auto adam = std::make_unique<torch::optim::AdamWParamState>();
-    adam->step(adam_step);
-    adam->exp_avg(moment("exp_avg/"));
-    adam->exp_avg_sq(moment("exp_avg_sq/"));
-    optimizer.state()[compat::optimizer_state_key(s.param)] = std::move(adam);
+    moments[i] = std::make_unique<torch::optim::AdamWParamState>();
+    moments[i]->step(adam_step);
+    moments[i]->exp_avg(moment("exp_avg/"));
+    moments[i]->exp_avg_sq(moment("exp_avg_sq/"));
+  }
+  for (auto& [rank, copies] : plan.streamed) files.stream(rank, copies);
+  for (const auto& convert : plan.converted) convert();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (moments[i]) optimizer.state()[compat::optimizer_state_key(shards[i].param)] = std::move(moments[i]);
   }
   if (meta["world_size"].get<int>() != world.size()) return {};
   // Checked here, where the file is known: set_state's own message names neither.

@@ -1,4 +1,5 @@
 #include "fsdp/io/safetensors.h"
+#include "fsdp/io/streamed_read.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -264,17 +265,7 @@ void SafetensorsWriter::commit() {
   file_->commit();
 }
 
-uint32_t file_crc32(const std::string& path) {
-  const int fd = open_regular_file(path, "file");
-  // Read once, front to back: a deeper readahead keeps the disk streaming.
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<unsigned char> buf(8 << 20);
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  ssize_t n;
-  while ((n = ::read(fd, buf.data(), buf.size())) > 0) crc = ::crc32(crc, buf.data(), static_cast<uInt>(n));
-  ::close(fd);
-  return static_cast<uint32_t>(crc);
-}
+uint32_t file_crc32(const std::string& path) { return read_streamed(path, {}); }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {

@@ -40,6 +40,8 @@ class SafetensorsFile {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const SafetensorsEntry* find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Where an entry's bytes start in the file.
+  uint64_t file_offset(const SafetensorsEntry& e) const { return data_start_ + e.begin; }
 
   // A tensor over the mapped bytes (valid while this object lives); reading
   // it touches only its own pages.
