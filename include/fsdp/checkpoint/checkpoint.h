@@ -47,7 +47,10 @@ std::optional<std::string> latest(const std::string& dir);
 // Collective over `world`. Loads parameters and optimizer state into an
 // already sharded model and its optimizer, whatever world size and strategy
 // saved them. Throws fsdp::Error naming the file and the problem for a
-// missing or damaged file, or metadata from another model.
+// missing or damaged file, or metadata from another model. Each file is
+// read once and its checksum checked at its end, so after a damaged file
+// the parameters may be partly loaded (the optimizer is left as it was):
+// load again, or start over, before training on.
 TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
                   dist::World& world);
 
