@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
+#include <vector>
 
 #include "fsdp/common/error.h"
 
@@ -21,16 +23,19 @@ namespace fsdp::io {
 // and the first one stalled the disk whenever it computed. Measured on the
 // development VM (2-core AMD EPYC, GPT-2 small with AdamW, 1.49 GB over 2
 // ranks): the checksum pass alone took 0.7 to 1.0 s against dd's 0.58 s
-// for both files. Here one pass does both: a background thread reads
-// 16 MiB blocks, with O_DIRECT where the filesystem allows it (as dd
-// past the cache, no copy through the page cache), into one of two aligned
-// buffers, while the caller checksums the other and copies from it the
-// bytes it needs. The checksum is known only at the end, so the caller
-// keeps what it copied out of use until it matches.
+// for both files. Here one pass does both: background reads of 8 MiB
+// blocks, with O_DIRECT where the filesystem allows it (no copy through
+// the page cache), three queued ahead so the disk always has work (one at
+// a time left it idle: dd with iflag=direct took 1.0 to 1.25 s on the same
+// files, against 0.65 s through the cache with its readahead), into a
+// ring of aligned buffers, while the caller checksums the oldest and
+// copies from it the bytes it needs. The checksum is known only at the
+// end, so the caller keeps what it copied out of use until it matches.
 namespace {
 
 constexpr size_t kAlign = 4096;
-constexpr size_t kBlock = size_t{16} << 20;
+constexpr size_t kBlock = size_t{8} << 20;
+constexpr size_t kInFlight = 3;  // reads queued ahead of the block being looked at
 
 struct AlignedBuffer {
   char* data = nullptr;
@@ -71,33 +76,44 @@ uint32_t read_streamed(const std::string& path,
   const auto size = static_cast<uint64_t>(st.st_size);
   if (!direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 
-  AlignedBuffer buffers[2];
+  const size_t depth = kInFlight;
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers;
+  for (size_t i = 0; i < depth + 1; ++i) buffers.push_back(std::make_unique<AlignedBuffer>());
   const auto expected = [&](uint64_t block) { return std::min<uint64_t>(kBlock, size - block * kBlock); };
-  const auto issue = [&](uint64_t block) {
-    return std::async(std::launch::async, [fd, data = buffers[block % 2].data, block] {
-      return read_block(fd, data, kBlock, static_cast<off_t>(block * kBlock));
-    });
-  };
   const uint64_t blocks = (size + kBlock - 1) / kBlock;
+  std::deque<std::future<ssize_t>> reads;  // blocks [done, done + reads.size()) in flight, in order
+  uint64_t issued = 0;
+  const auto issue_more = [&] {
+    while (reads.size() < depth && issued < blocks) {
+      reads.push_back(std::async(std::launch::async, [fd, data = buffers[issued % buffers.size()]->data, block = issued] {
+        return read_block(fd, data, kBlock, static_cast<off_t>(block * kBlock));
+      }));
+      ++issued;
+    }
+  };
   uLong crc = ::crc32(0L, Z_NULL, 0);
-  std::future<ssize_t> next;
-  if (blocks > 0) next = issue(0);
+  issue_more();
   for (uint64_t block = 0; block < blocks; ++block) {
-    ssize_t n = next.get();
+    ssize_t n = reads.front().get();
+    reads.pop_front();
     if (n == -EINVAL && direct && block == 0) {
-      // The filesystem took O_DIRECT at open but refuses its reads (tmpfs).
+      // The filesystem took O_DIRECT at open but refuses its reads (tmpfs):
+      // the reads in flight fail alike; start over, buffered.
+      for (auto& r : reads) r.wait();
+      reads.clear();
       const int buffered = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       FSDP_CHECK(buffered >= 0, "cannot open '", path, "': ", std::strerror(errno));
       ::close(fd);
       fd = buffered;
       direct = false;
-      n = read_block(fd, buffers[0].data, kBlock, 0);
+      n = read_block(fd, buffers[0]->data, kBlock, 0);
+      issued = 1;
     }
     FSDP_CHECK(n >= 0, "cannot read '", path, "': ", std::strerror(static_cast<int>(-n)));
     FSDP_CHECK(static_cast<uint64_t>(n) == expected(block), "'", path, "' ended after ", block * kBlock + n,
                " of its ", size, " bytes (changed while being read)");
-    if (block + 1 < blocks) next = issue(block + 1);
-    const char* data = buffers[block % 2].data;
+    issue_more();
+    const char* data = buffers[block % buffers.size()]->data;
     crc = ::crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n));
     if (on_block) on_block(block * kBlock, data, static_cast<size_t>(n));
   }
