@@ -133,21 +133,28 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
-// Copies elements [begin, begin + out.numel()) of `tensor` (a saved
-// parameter or moment, spread over rank files) into `out`.
-void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
-                  const at::Tensor& out, const std::string& what) {
-  const int64_t n = out.numel();
+// Calls fn(rank, lo, hi, piece_begin) for each saved piece of `tensor`
+// overlapping elements [begin, begin + n); throws unless they cover them.
+template <typename Fn>
+void for_each_piece(const nlohmann::json& pieces, int64_t begin, int64_t n, const std::string& what, Fn&& fn) {
   int64_t covered = 0;
   for (const auto& piece : pieces) {
     const int64_t pb = piece["begin"].get<int64_t>(), pn = piece["count"].get<int64_t>();
     const int64_t lo = std::max(begin, pb), hi = std::min(begin + n, pb + pn);
     if (hi <= lo) continue;
-    const auto& file = files.get(piece["rank"].get<int>());
-    file.read_range_into(tensor, lo - pb, out.narrow(0, lo - begin, hi - lo));
+    fn(piece["rank"].get<int>(), lo, hi, pb);
     covered += hi - lo;
   }
   FSDP_CHECK(covered == n, "checkpoint: ", what, " covers ", covered, " of the ", n, " elements this rank needs");
+}
+
+// Copies elements [begin, begin + out.numel()) of `tensor` (a saved
+// parameter or moment, spread over rank files) into `out`.
+void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
+                  const at::Tensor& out, const std::string& what) {
+  for_each_piece(pieces, begin, out.numel(), what, [&](int rank, int64_t lo, int64_t hi, int64_t pb) {
+    files.get(rank).read_range_into(tensor, lo - pb, out.narrow(0, lo - begin, hi - lo));
+  });
 }
 
 }  // namespace
@@ -380,13 +387,7 @@ struct LoadPlan {
 // gather_range's plan: elements [begin, begin + out.numel()) of `tensor`.
 void plan_range(RankFiles& files, const nlohmann::json& pieces, const std::string& tensor, int64_t begin,
                 const at::Tensor& out, const std::string& what, LoadPlan& plan) {
-  const int64_t n = out.numel();
-  int64_t covered = 0;
-  for (const auto& piece : pieces) {
-    const int64_t pb = piece["begin"].get<int64_t>(), pn = piece["count"].get<int64_t>();
-    const int64_t lo = std::max(begin, pb), hi = std::min(begin + n, pb + pn);
-    if (hi <= lo) continue;
-    const int rank = piece["rank"].get<int>();
+  for_each_piece(pieces, begin, out.numel(), what, [&](int rank, int64_t lo, int64_t hi, int64_t pb) {
     const auto& file = files.open(rank);
     const at::Tensor source = file.read_range(tensor, lo - pb, hi - lo);  // checks the range; reads nothing
     const at::Tensor to = out.narrow(0, lo - begin, hi - lo);
@@ -400,9 +401,7 @@ void plan_range(RankFiles& files, const nlohmann::json& pieces, const std::strin
         to.copy_(files.get(rank).read_range(tensor, lo - pb, hi - lo));
       });
     }
-    covered += hi - lo;
-  }
-  FSDP_CHECK(covered == n, "checkpoint: ", what, " covers ", covered, " of the ", n, " elements this rank needs");
+  });
 }
 
 // Load: this rank's ranges of every parameter and its AdamW moments; and,
