@@ -242,7 +242,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, prefetch_depth, "--prefetch-depth", "units gathered ahead"),
       FSDP_FIELD(fsdp, reshard_after_forward, "--reshard-after-forward", "ranks a block stays sharded over between forward and backward: 0 lets --sharding decide, k (dividing the shard group) keeps 1/k per rank so backward gathers inside groups of k ranks, e.g. one node's"),
       FSDP_FIELD(fsdp, explicit_prefetch, "--explicit-prefetch", "each block prefetches its neighbour"),
-      FSDP_FIELD(fsdp, shard_placement, "--shard-placement", "how parameters are cut: flat (each unit's parameters end to end, 1-D slices) or rows (each parameter on its first dim, FSDP2's Shard(0): whole rows per rank, a copy after each gather)"),
+      FSDP_FIELD(fsdp, shard_placement, "--shard-placement", "how parameters are cut: flat (each unit's parameters end to end, 1-D slices), rows (each parameter on its first dim, FSDP2's Shard(0): whole rows per rank, a copy after each gather) or columns (matrices on Shard(1); not checkpointable)"),
       FSDP_FIELD(fsdp, wrap_policy, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
       FSDP_FIELD(checkpoint, dir, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
       FSDP_FIELD(checkpoint, save_every, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
@@ -479,8 +479,12 @@ void TrainConfig::validate() const {
   FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");
   if (!hf_export.dtype.empty()) models::hf::parse_export_dtype(hf_export.dtype, "export.dtype");
   models::hf::parse_size(hf_export.shard_size, "export.shard_size");
-  FSDP_CHECK(fsdp.shard_placement == "flat" || fsdp.shard_placement == "rows", "fsdp.shard_placement is '",
-             fsdp.shard_placement, "': expected flat or rows");
+  FSDP_CHECK(fsdp.shard_placement == "flat" || fsdp.shard_placement == "rows" || fsdp.shard_placement == "columns",
+             "fsdp.shard_placement is '", fsdp.shard_placement, "': expected flat, rows or columns");
+  FSDP_CHECK(fsdp.shard_placement != "columns" || (checkpoint.dir.empty() && checkpoint.save_every == 0 &&
+                                                   !checkpoint.resume && checkpoint.resume_from == 0),
+             "fsdp.shard_placement columns cannot be checkpointed (a rank's columns of a matrix are not one range "
+             "of it, which is what checkpoints store): use rows or flat with --ckpt-dir, --save-every or --resume");
   const auto wrap = models::parse_wrap_policy(fsdp.wrap_policy, "fsdp.wrap_policy");
   FSDP_CHECK(wrap.kind == models::WrapPolicy::Kind::kBlock || (!model.activation_checkpoint && !fsdp.explicit_prefetch),
              "fsdp.wrap_policy ", fsdp.wrap_policy,

@@ -129,7 +129,10 @@ void Trainer::set_up() {
               std::to_string(config_.runtime.steps) + ": the learning rate rises for the whole run and ends at " +
               rates + " (fewer warm-up steps, or more steps)");
   }
-  if (!checkpointer_->enabled() && config_.hf_export.dir.empty()) {
+  if (!checkpointable()) {
+    log_.say("note: --shard-placement columns cannot be checkpointed: a stop by Ctrl-C or SIGTERM saves nothing "
+             "(--export-hf DIR keeps the trained weights)");
+  } else if (!checkpointer_->enabled() && config_.hf_export.dir.empty()) {
     log_.say("note: no checkpoint is written and nothing is exported: the trained weights are not kept "
              "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them; a stop by Ctrl-C or "
              "SIGTERM saves into the run folder)");
@@ -480,7 +483,7 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   stop_requested_ = stop_requested(world_->group(), step);
   // A stop (Ctrl-C, a scheduler's SIGTERM) keeps the work: a run that saves
   // no checkpoints otherwise saves this one into its run folder.
-  if (stop_requested_ && step + 1 < total && !checkpointer_->enabled()) {
+  if (stop_requested_ && step + 1 < total && !checkpointer_->enabled() && checkpointable()) {
     checkpointer_->redirect(paths_.folder.checkpoints());
   }
   if (!stats.verdict.skip && checkpointer_->due(step, total, stop_requested_)) {
@@ -580,7 +583,7 @@ void Trainer::finish_run() {
     if (config_.sample.tokens > 0) summary_.sample = sample_text();
     if (!config_.hf_export.dir.empty()) export_hf();
   } catch (const std::exception& e) {
-    if (checkpointer_->last_saved_step() != config_.runtime.steps) {
+    if (checkpointer_->last_saved_step() != config_.runtime.steps && checkpointable()) {
       checkpointer_->redirect(paths_.folder.checkpoints());
       checkpointer_->save(state_to_save(config_.runtime.steps), *model_, *optimizer_, metrics_.get());
       throw Error(std::string(e.what()) + " (the trained weights were saved to " + paths_.folder.checkpoints() +

@@ -249,6 +249,18 @@ TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
   expect_clean_failure("--init-from " + dir + "/nothing", {"is not a directory"}, dir);
 }
 
+TEST(TrainErrors, ColumnsPlacementWithCheckpointsIsRefusedByName) {
+  const auto dir = make_temp_dir();
+  for (const std::string with : {"--ckpt-dir " + dir + "/ckpt", std::string("--save-every 1"),
+                                 "--out-dir " + dir + "/run --resume"}) {
+    expect_clean_failure("--model gpt2-tiny --steps 1 --shard-placement columns " + with,
+                         {"fsdp.shard_placement columns cannot be checkpointed", "use rows or flat"}, dir);
+  }
+  expect_clean_failure("--model gpt2-tiny --steps 1 --shard-placement diagonal",
+                       {"fsdp.shard_placement is 'diagonal'", "expected flat, rows or columns"}, dir);
+  EXPECT_FALSE(exists(dir + "/ckpt"));
+}
+
 TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
   // gpt2-tiny has 512 rows; Llama 3's tokenizer has 128,256 tokens. The
   // export says so and leaves the tokenizer out, instead of writing a

@@ -3,7 +3,7 @@ same Hugging Face directories, token file and settings: per-step losses
 over 20 steps and the trained weights.
 
   fsdp2_alignment_test.py --world W [--hsdp R] [--grad-accum A] [--precision fp32|bf16]
-                          [--reshard-after-forward K] [--shard-placement rows] [--families ...]
+                          [--reshard-after-forward K] [--shard-placement rows|columns] [--families ...]
 
 fp32: every step's loss within 1e-5 relative, and every trained tensor
 within 1e-4 relative (||ours - theirs|| / ||theirs||; measured up to
@@ -87,6 +87,8 @@ def run_fsdp2(args, directory, tokens, out, precision=None):
         command += ["--hsdp", str(args.hsdp)]
     if args.reshard_after_forward:
         command += ["--reshard-after-forward", str(args.reshard_after_forward)]
+    if args.shard_placement == "columns":
+        command += ["--shard-placement", "columns"]
     harness.run(command)
     records = [json.loads(line) for line in open(losses)]
     return (np.array([r["loss"] for r in records]), load_file(os.path.join(final, "model.safetensors")),
@@ -118,8 +120,9 @@ def main():
         parser.add_argument("--grad-accum", type=int, default=1)
         parser.add_argument("--reshard-after-forward", type=int, default=0,
                             help="blocks keep their parameters sharded over this many ranks after forward")
-        parser.add_argument("--shard-placement", choices=("flat", "rows"), default="",
-                            help="fsdp's layout; FSDP2 keeps its own, every parameter on Shard(0) (rows)")
+        parser.add_argument("--shard-placement", choices=("flat", "rows", "columns"), default="",
+                            help="fsdp's layout; FSDP2 places its parameters the same way for columns (matrices "
+                                 "on Shard(1)) and keeps its own, every parameter on Shard(0), otherwise")
         parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
         parser.add_argument("--families", nargs="+", default=list(hf_models.FAMILIES))
         parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -36,6 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import token_files
@@ -63,6 +64,8 @@ def parse():
     p.add_argument("--hsdp", type=int, default=0, help="replicas of a 2-D mesh (0: 1-D)")
     p.add_argument("--reshard-after-forward", type=int, default=0,
                    help="blocks keep their parameters sharded over this many ranks between forward and backward")
+    p.add_argument("--shard-placement", choices=("rows", "columns"), default="rows",
+                   help="rows: FSDP2's default, every parameter on Shard(0); columns: matrices on Shard(1)")
     p.add_argument("--resume-dcp", help="start from this DCP checkpoint (tools/dcp_convert.py export)")
     p.add_argument("--save-dcp", help="save a DCP checkpoint here at the end")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -171,9 +174,10 @@ def main():
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if args.precision == "bf16" else MixedPrecisionPolicy()
     reshard = args.reshard_after_forward or True
+    placement = (lambda p: Shard(1) if p.ndim >= 2 else Shard(0)) if args.shard_placement == "columns" else None
     for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard, shard_placement_fn=placement)
+    fully_shard(model, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
     if args.gradient_divide_factor:
         model.set_gradient_divide_factor(args.gradient_divide_factor)
 

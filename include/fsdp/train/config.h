@@ -110,7 +110,9 @@ struct TrainConfig {
     std::string wrap_policy = "block";  // block, or size:N (models/wrap_policy.h)
     // flat: each unit's parameters end to end, one 1-D slice per rank;
     // rows: every parameter chunked along its first dim (Shard(0), FSDP2's
-    // layout), each rank holding whole rows of each.
+    // layout), each rank holding whole rows of each; columns: matrices on
+    // Shard(1), the rest on Shard(0) (not checkpointable: a rank's columns
+    // are not one range of the matrix).
     std::string shard_placement = "flat";
   } fsdp;
   struct Checkpoint {

@@ -47,6 +47,8 @@ class Trainer {
   TrainSummary train();
 
  private:
+  // Whether the layout can be saved (--shard-placement columns cannot).
+  bool checkpointable() const { return config_.fsdp.shard_placement != "columns"; }
   // Where a step's time went: data loading, forward + backward (including
   // the collectives it waited on), clipping + optimizer; comm_seconds is the
   // part of the step spent blocked on collectives.
