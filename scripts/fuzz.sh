@@ -34,7 +34,7 @@ declare -A sources=(
   [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp src/io/input_file.cpp"
   [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
   [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
-  [safetensors]="src/io/safetensors.cpp src/io/atomic_file.cpp src/io/input_file.cpp src/common/error_text.cpp"
+  [safetensors]="src/io/safetensors.cpp src/io/streamed_read.cpp src/io/atomic_file.cpp src/io/input_file.cpp src/common/error_text.cpp"
 )
 declare -A libs=(
   [checkpoint_metadata]="-lz"
