@@ -200,7 +200,12 @@ def main():
                    help="cuda: the model on GPU LOCAL_RANK, FSDP2/DDP over NCCL, --bf16 as FSDP2's "
                         "MixedPrecisionPolicy (bf16 parameters, fp32 reduction) or CUDA autocast on one process")
     p.add_argument("--metrics", required=True)
+    p.add_argument("--profile-step", type=int, default=0,
+                   help="record this step (1-based) with torch.profiler, host calls and CUDA kernels")
+    p.add_argument("--trace", default="", help="where --profile-step's Chrome trace goes (rank 0)")
     a = p.parse_args()
+    if a.profile_step and not a.trace:
+        p.error("--profile-step needs --trace FILE")
     if a.flush_denormal:
         torch.set_flush_denormal(True)
 
@@ -254,6 +259,11 @@ def main():
         tokens = torch.randint(0, vocab, (a.batch_size, a.seq_len + 1), generator=gen).to(device)
         if cuda:
             torch.cuda.synchronize()
+        profiler = None
+        if a.profile_step == step + 1 and rank == 0:
+            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            profiler = torch.profiler.profile(activities=activities)
+            profiler.__enter__()
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16 and not policy_bf16):
             loss = forward_loss(tokens[:, :-1], tokens[:, 1:])
@@ -265,6 +275,9 @@ def main():
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        if profiler:
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(a.trace)
         if out:
             record = {"step": step + 1, "loss": loss_value, "step_time_s": seconds,
                       "tokens_per_s": world * a.batch_size * a.seq_len / seconds, "peak_rss_mb": peak_rss_mb()}

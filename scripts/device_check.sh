@@ -10,7 +10,9 @@
 #      eager and compiled) on GPT-2 124M and a Llama 3.2 1B shape with a
 #      trace of one step, checks agreement with FSDP2 on this card
 #      (tests/reference/fsdp2_alignment_test.py --device cuda: fp32 for every
-#      family, bf16 against fp64), and trains gpt2-d6 and llama-d6 at W = 1.
+#      family, bf16 against fp64), profiles one step of the 1B shape on
+#      both sides (bench/gpu_kernel_summary.py), and trains gpt2-d6 and
+#      llama-d6 at W = 1.
 # Every step has a time limit inside a total budget (FSDP_CHECK_SECONDS,
 # default 540), so a hang costs one step, not the lease. Logs and results go
 # to $OUT (default out/device-check).
@@ -21,7 +23,7 @@ mkdir -p "$out" "$out/runs"
 exec > >(tee "$out/main.log") 2>&1
 budget=${FSDP_CHECK_SECONDS:-540}
 # Which parts run after the build (a lease is short: split them over calls).
-phases=" ${FSDP_CHECK_PHASES:-backtrace tests bench align train} "
+phases=" ${FSDP_CHECK_PHASES:-backtrace tests bench profile align train} "
 begin=$SECONDS
 
 want() { [[ $phases == *" $1 "* ]]; }
@@ -154,6 +156,20 @@ if want bench; then
   PEER_LIMIT=120 peer gpt2-124m-fsdp2-compiled "${gpt2[@]}" --compile
   TRAIN_LIMIT=90 train llama1b-bf16 "${llama[@]}" --precision bf16
   peer llama1b-fsdp2-eager "${llama[@]}"
+fi
+
+# Where the 1B shape's step goes, both sides: one profiled step each
+# (step 9 of 10), GPU time by kind of work and the heaviest kernels
+# (bench/gpu_kernel_summary.py), and the traces kept.
+if want profile; then
+  TRAIN_LIMIT=100 train llama1b-bf16-profiled --model llama3.2-1b --steps 10 --seq-len 2048 --batch-size 4 \
+    --precision bf16 --profile-steps 9:9
+  PEER_LIMIT=100 peer llama1b-fsdp2-eager-profiled --model llama3.2-1b --steps 10 --seq-len 2048 --batch-size 4 \
+    --profile-step 9 --trace "$out/runs/llama1b-fsdp2-eager-step9.json"
+  ours=$(find "$out/runs/llama1b-bf16-profiled" -name 'rank0.json' | head -1)
+  python3 bench/gpu_kernel_summary.py "$ours" \
+    "$out/runs/llama1b-fsdp2-eager-step9.json" --names fsdp.cpp FSDP2 --top 25 >"$out/profile-llama1b.md" 2>&1
+  cat "$out/profile-llama1b.md"
 fi
 
 # Agreement with FSDP2 on this card (tests/reference/fsdp2_alignment_test.py):

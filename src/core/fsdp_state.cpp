@@ -231,12 +231,15 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   if (group_) group_->attach(&tree_->comm, &name_);
 }
 
-int FSDPState::post_forward_ranks() const {
-  if (!group_) return 1;
-  const int shard = group_->shard_group().size();
+std::optional<int> FSDPState::post_forward_ranks() const {
+  if (!group_) return std::nullopt;
   const ReshardAfterForward r =
       reshard_after_forward_set_.value_or(ReshardAfterForward(strategy_reshards_after_forward_ && !is_root_));
-  return r.ranks == ReshardAfterForward::kShardGroup ? shard : r.ranks;
+  // Decided on the request, not on the number of ranks: "free" over a shard
+  // group of one rank is not "keep".
+  if (r.ranks == ReshardAfterForward::kShardGroup) return group_->shard_group().size();
+  if (r.ranks == 1) return std::nullopt;
+  return r.ranks;
 }
 
 void FSDPState::check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size) {
@@ -422,11 +425,11 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
     order.push_back(this);
     calls_.backward_cursor = calls_.post_forward_indices.size();
   }
-  const int keep_over = post_forward_ranks();
-  if (group_ && keep_over > 1) {
+  const std::optional<int> keep_over = post_forward_ranks();
+  if (group_ && keep_over) {
     // Without a backward to come nothing is kept for one.
     if (needs_backward) {
-      group_->reshard_to(keep_over);  // over the whole shard group: a plain reshard
+      group_->reshard_to(*keep_over);  // over the whole shard group: a plain reshard
     } else {
       group_->reshard();
     }

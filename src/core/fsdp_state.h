@@ -151,13 +151,15 @@ class FSDPState {
   TrainingState training_state() const { return training_.get(); }
 
   // Over how many ranks post-forward leaves the parameters sharded: the
-  // shard group's size (freed), 1 (kept gathered) or a divisor between. By
+  // shard group's size (freed, even where that is one rank: a unit gathered
+  // in another dtype than its shard's frees the cast copy), nullopt (kept
+  // gathered) or a divisor between. By
   // default the strategy decides (full_shard, hybrid_shard free them), and
   // the root keeps them, since its backward starts right after its
   // forward; set explicitly (FullyShardOptions::reshard_after_forward,
   // fsdp::set_reshard_after_forward) it holds for the root too. Setting a
   // divisor makes its groups, so every rank sets it at the same point.
-  int post_forward_ranks() const;
+  std::optional<int> post_forward_ranks() const;
   void set_reshard_after_forward(ReshardAfterForward reshard);
   // Refuses a number of ranks that does not divide the shard group's size.
   static void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size);

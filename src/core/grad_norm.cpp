@@ -45,8 +45,11 @@ double sum_of_squares(const at::Tensor& g) {
 double largest(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
 
 // One group's share of the norm: host gradients fold in as they come; a
-// GPU's stay on it, one value per gradient, read with one synchronisation
-// at the end instead of one per parameter.
+// GPU's stay on it and are read with one synchronisation at the end
+// instead of one per parameter. There the L2 norm is PyTorch's: one norm
+// per gradient with fp32 accumulation (`_foreach_norm`, a few launches for
+// them all), squared and summed in double. A double copy of every gradient
+// would cost more than the optimizer step on a large model.
 struct Partial {
   double host = 0;
   std::vector<at::Tensor> device;
@@ -56,14 +59,15 @@ struct Partial {
     if (g.is_cpu()) {
       host = inf ? largest(host, g.abs().max().item<double>()) : host + sum_of_squares(g);
     } else {
-      device.push_back(inf ? g.abs().max().to(at::kDouble) : g.to(at::kDouble).square().sum());
+      device.push_back(inf ? g.abs().max().to(at::kDouble) : g);
     }
   }
 
   double value(bool inf) const {
     if (device.empty()) return host;
-    const at::Tensor all = at::stack(device);
-    return inf ? largest(host, all.max().item<double>()) : host + all.sum().item<double>();  // max keeps a NaN
+    if (inf) return largest(host, at::stack(device).max().item<double>());  // max keeps a NaN
+    const at::Tensor norms = at::stack(at::_foreach_norm(device, 2)).to(at::kDouble);
+    return host + norms.square().sum().item<double>();
   }
 };
 
@@ -130,9 +134,11 @@ double clip_grad_norm_(torch::nn::Module& root, double max_norm, double norm_typ
 void scale_gradients(torch::nn::Module& root, double factor) {
   if (factor == 1.0) return;
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
   for (const auto& p : unique_parameters(root)) {
-    if (p.grad().defined()) p.grad().mul_(factor);
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
+  at::_foreach_mul_(grads, factor);  // on a GPU, a few launches instead of one per gradient
 }
 
 }  // namespace fsdp

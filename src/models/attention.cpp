@@ -291,13 +291,13 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch
 Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dropout* dropout) {
   FSDP_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0, "causal_attention_packed: qkv ",
              qkv.sizes(), " is not (B, T, 3 * ", n_head, " * head size)");
-  if (on_gpu(qkv)) {
-    return device_attention(packed_part(qkv, n_head, 0), packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2),
-                            dropout);
-  }
-  if (!fused(qkv, dropout)) {
-    return composite_attention(packed_part(qkv, n_head, 0), packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2),
-                               dropout);
+  if (on_gpu(qkv) || !fused(qkv, dropout)) {
+    // unbind, not three selects: its backward writes dqkv with one stack,
+    // where each select's would fill a zero qkv-sized tensor to be summed.
+    const int64_t B = qkv.size(0), T = qkv.size(1), hs = qkv.size(2) / (3 * n_head);
+    const auto parts = qkv.reshape({B, T, 3, n_head, hs}).unbind(2);
+    return on_gpu(qkv) ? device_attention(parts[0], parts[1], parts[2], dropout)
+                       : composite_attention(parts[0], parts[1], parts[2], dropout);
   }
   return PackedCausalAttention::apply(qkv, n_head);
 }

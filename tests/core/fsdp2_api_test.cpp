@@ -182,6 +182,21 @@ TEST(ReshardAfterForward, OptionSetForTheRootFreesItAfterForward) {
   EXPECT_EQ(memory::gathered_bytes(), 0);
 }
 
+// A unit computed in another dtype than its shard's (bf16 over fp32 shards)
+// holds a cast copy even on one rank, where nothing is gathered: "free
+// after forward" frees it there as on many ranks, and backward casts again.
+TEST(ReshardAfterForward, FreesTheCastCopyOnOneRankToo) {
+  auto net = sharded_net(ShardingStrategy::kFullShard, [](FullyShardOptions& o) {
+    o.mixed_precision.param_dtype = torch::kBFloat16;
+    o.mixed_precision.reduce_dtype = torch::kFloat;
+  });
+  set_reshard_after_forward(*net, true);
+  torch::Tensor out = fsdp::call(net, local_rows(inputs_of(0, 0, global_rows())));
+  EXPECT_EQ(memory::gathered_bytes(), 0) << "a unit kept its bf16 copy after forward";
+  torch::mse_loss(out.to(torch::kFloat), local_rows(targets_of(0, 0, global_rows()))).backward();
+  EXPECT_EQ(memory::gathered_bytes(), 0);
+}
+
 // --- reshard_after_forward = k: kept sharded over fewer ranks ---------------
 
 // Every unit (the root too: set explicitly, it holds for the root) keeps

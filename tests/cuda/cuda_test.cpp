@@ -1,12 +1,15 @@
 // The CUDA path, run where a GPU is visible (label `cuda`). Elsewhere each
 // test skips, saying why: a CPU build, or a CUDA build with no device.
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "../cli/run_command.h"
 #include "../cli/train_support.h"
 #include "fsdp/common/compat.h"
+#include "fsdp/core/grad_norm.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/generate.h"
 
@@ -155,6 +158,38 @@ TEST(Cuda, StorageFreedAndRegrownInPlaceKeepsViews) {
   compat::resize_storage_bytes(flat, 8 * sizeof(float));
   flat.copy_(torch::arange(10, 18, torch::dtype(torch::kFloat)));
   EXPECT_TRUE(torch::equal(view.cpu(), torch::arange(12, 16, torch::dtype(torch::kFloat))));
+}
+
+// Clipping on the GPU (per-gradient fp32 norms, squared and summed in
+// double) gives the norm a double sum of squares gives, and scales every
+// gradient by the factor the CPU's clipping applies.
+TEST(Cuda, GradientNormAndClippingOnTheGpuMatchTheCpu) {
+  SKIP_WITHOUT_A_GPU();
+  torch::manual_seed(3);
+  torch::nn::Sequential cpu(torch::nn::Linear(257, 129), torch::nn::Linear(129, 5), torch::nn::LayerNorm(
+      torch::nn::LayerNormOptions({5})));
+  auto gpu = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(cpu->clone(torch::kCUDA));
+  ASSERT_TRUE(gpu);
+  double by_hand = 0, largest = 0;
+  const auto cpu_params = cpu->parameters(), gpu_params = gpu->parameters();
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    auto g = torch::randn(cpu_params[i].sizes()) * static_cast<double>(i + 1);
+    cpu_params[i].mutable_grad() = g.clone();
+    gpu_params[i].mutable_grad() = g.to(torch::kCUDA);
+    by_hand += g.to(torch::kDouble).square().sum().item<double>();
+    largest = std::max(largest, g.abs().max().item<double>());
+  }
+  by_hand = std::sqrt(by_hand);
+  EXPECT_NEAR(grad_norm(*gpu, INFINITY), largest, 0.0);
+  const double cpu_norm = clip_grad_norm_(*cpu, 1.0), gpu_norm = clip_grad_norm_(*gpu, 1.0);
+  EXPECT_NEAR(cpu_norm, by_hand, 1e-12 * by_hand);
+  EXPECT_NEAR(gpu_norm, by_hand, 1e-6 * by_hand);
+  double clipped = 0;
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(gpu_params[i].grad().cpu(), cpu_params[i].grad(), 1e-6, 1e-7)) << i;
+    clipped += gpu_params[i].grad().to(torch::kDouble).square().sum().item<double>();
+  }
+  EXPECT_NEAR(std::sqrt(clipped), 1.0, 1e-5);
 }
 
 }  // namespace

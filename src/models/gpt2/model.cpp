@@ -33,9 +33,9 @@ GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c) : n_head(c.n_head) {
 torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
   if (cache == nullptr) return resid_dropout(c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
   const int64_t B = x.size(0), T = x.size(1);
-  const auto qkv = c_attn(x).view({B, T, 3, n_head, -1});
-  auto [k, v] = cache->append(layer, qkv.select(2, 1), qkv.select(2, 2));
-  return resid_dropout(c_proj(cached_attention(qkv.select(2, 0), k, v)));
+  const auto qkv = c_attn(x).view({B, T, 3, n_head, -1}).unbind(2);
+  auto [k, v] = cache->append(layer, qkv[1], qkv[2]);
+  return resid_dropout(c_proj(cached_attention(qkv[0], k, v)));
 }
 
 GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
