@@ -58,6 +58,16 @@ void softmax_cross_entropy_columns(float* logits, int64_t stride, int64_t n, int
 
 // GPT-2's GELU (tanh approximation) and its backward, element-wise, in
 // fp32 or on bf16 bits (computed in float, rounded once).
+// Dropout by a counter-based generator: element i of a call (i counted
+// from `first` over the call's whole tensor) is kept when 32 bits hashed
+// from (i, seed) are at least `threshold` (p * 2^32), and scaled by
+// `scale`; forward and backward apply the same function, so the mask is
+// never stored and does not depend on how the work is split.
+void dropout_apply(const float* x, float* y, int64_t n, uint32_t first, uint64_t seed, uint32_t threshold,
+                   float scale);
+void dropout_apply_bf16(const uint16_t* x, uint16_t* y, int64_t n, uint32_t first, uint64_t seed, uint32_t threshold,
+                        float scale);
+
 void gelu_tanh(const float* x, float* y, int64_t n);
 void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);
 void gelu_tanh_bf16(const uint16_t* x, uint16_t* y, int64_t n);

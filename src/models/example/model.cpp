@@ -4,6 +4,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/family.h"
+#include "fsdp/nn/dropout.h"
 
 namespace fsdp::models {
 
@@ -28,8 +29,8 @@ torch::Tensor ExampleBlockImpl::forward(torch::Tensor x) {
   auto h = attention_norm(x);
   const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_heads, hs}); };
   auto y = causal_attention(heads(wq(h)), heads(wk(h)), heads(wv(h)));  // (B, T, C)
-  x = x + resid_dropout(wo(y));
-  return x + resid_dropout(w2(F::gelu(w1(ffn_norm(x)))));
+  x = x + nn::dropout(resid_dropout, wo(y));
+  return x + nn::dropout(resid_dropout, w2(F::gelu(w1(ffn_norm(x)))));
 }
 
 ExampleTransformerImpl::ExampleTransformerImpl(const ExampleTransformerConfig& c) : max_seq_len(c.max_seq_len) {
@@ -49,7 +50,7 @@ torch::Tensor ExampleTransformerImpl::hidden(torch::Tensor tokens) {
   TORCH_CHECK(tokens.size(1) <= max_seq_len, "sequence length ", tokens.size(1), " exceeds the model's ", max_seq_len,
               " positions");
   auto positions = torch::arange(tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = dropout(tok_embeddings(tokens) + pos_embeddings(positions));
+  auto x = nn::dropout(dropout, tok_embeddings(tokens) + pos_embeddings(positions));
   for (auto& block : blocks) x = block(x);
   return norm(x);
 }

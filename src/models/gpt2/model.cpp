@@ -7,6 +7,7 @@
 #include "fsdp/models/attention.h"
 #include "fsdp/models/kv_cache.h"
 #include "fsdp/nn/activation_checkpoint.h"
+#include "fsdp/nn/dropout.h"
 
 namespace fsdp::models {
 
@@ -31,11 +32,13 @@ GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& c) : n_head(c.n_head) {
 }
 
 torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
-  if (cache == nullptr) return resid_dropout(c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
+  if (cache == nullptr) {
+    return nn::dropout(resid_dropout, c_proj(causal_attention_packed(c_attn(x), n_head, &attn_dropout)));
+  }
   const int64_t B = x.size(0), T = x.size(1);
   const auto qkv = c_attn(x).view({B, T, 3, n_head, -1}).unbind(2);
   auto [k, v] = cache->append(layer, qkv[1], qkv[2]);
-  return resid_dropout(c_proj(cached_attention(qkv[0], k, v)));
+  return nn::dropout(resid_dropout, c_proj(cached_attention(qkv[0], k, v)));
 }
 
 GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
@@ -46,7 +49,7 @@ GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& c) {
 
 torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
   // GPT-2's "gelu_new": the tanh approximation.
-  return dropout(c_proj(nn::gelu_tanh(c_fc(x))));
+  return nn::dropout(dropout, c_proj(nn::gelu_tanh(c_fc(x))));
 }
 
 GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& c) {
@@ -95,7 +98,7 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
     transformer->blocks[i]->attn->layer = i;
   }
   auto positions = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = transformer->drop(transformer->wte(tokens) + transformer->wpe(positions));
+  auto x = nn::dropout(transformer->drop, transformer->wte(tokens) + transformer->wpe(positions));
   for (auto& block : transformer->blocks) x = block(x);
   return transformer->ln_f(x);
 }
