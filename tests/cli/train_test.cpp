@@ -104,7 +104,11 @@ TEST(Train, ActivationCheckpointingAndChunkedLossUnderFsdpKeepTheLosses) {
     ASSERT_EQ(off.exit_code, 0) << off.output;
     const auto c = train_losses(read_metrics(dir + "/" + model + "-off.jsonl"));
     ASSERT_EQ(c.size(), 4u);
-    EXPECT_GT(std::abs(c[0] - a[0]), 1e-4 * a[0]) << model << ": --dropout 0.1 changed nothing";
+    // (over all four steps: at step 1 a tiny model's residual stream
+    // dwarfs the dropped outputs, and the loss may move by less than 1e-4)
+    double moved = 0;
+    for (size_t i = 0; i < c.size(); ++i) moved = std::max(moved, std::abs(c[i] - a[i]) / a[i]);
+    EXPECT_GT(moved, 1e-4) << model << ": --dropout 0.1 changed nothing";
     // The peaks at sequences of 64: at 16, activations are so small that
     // checkpointing saved 0.3% of llama-tiny's peak, less than the few KB
     // by which a peak moves with when a prefetched gather lands (measured
