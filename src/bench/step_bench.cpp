@@ -11,6 +11,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/models/example/model.h"
+#include "fsdp/optim/fused_adamw.h"
 
 namespace fsdp::bench {
 namespace {
@@ -50,6 +51,9 @@ StepBenchResult run_step_bench(const std::shared_ptr<dist::World>& world, const 
   config.n_heads = o.n_heads;
   const int w = world->size();
   const bool compare = w == 1;
+  // Subnormals flushed, as `fsdp train` does by default and the peer does
+  // (torch.set_flush_denormal): AdamW's tiny values otherwise slow every op.
+  at::globalContext().setFlushDenormal(true);
 
   torch::manual_seed(0);
   models::ExampleTransformer sharded(config);
@@ -58,11 +62,13 @@ StepBenchResult run_step_bench(const std::shared_ptr<dist::World>& world, const 
   fsdp_options.strategy = o.strategy;
   for (auto& block : sharded->blocks) fully_shard(block, fsdp_options);
   fully_shard(sharded, fsdp_options);
-  torch::optim::AdamW sharded_optim(sharded->parameters(), torch::optim::AdamWOptions(1e-4));
+  // The project's fused AdamW on both sides, as the trainer runs it: the
+  // peer's is PyTorch's fused one, and the difference measured is FSDP's.
+  optim::FusedAdamW sharded_optim(sharded->parameters(), torch::optim::AdamWOptions(1e-4));
 
   torch::manual_seed(0);
   models::ExampleTransformer plain(compare ? config : models::ExampleTransformerConfig{});
-  torch::optim::AdamW plain_optim(plain->parameters(), torch::optim::AdamWOptions(1e-4));
+  optim::FusedAdamW plain_optim(plain->parameters(), torch::optim::AdamWOptions(1e-4));
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(world->rank());
   const torch::Tensor tokens =
