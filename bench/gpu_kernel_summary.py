@@ -26,7 +26,7 @@ KINDS = (
     ("optimizer", r"adam|multi_tensor"),
     ("loss and softmax", r"softmax|cross_entropy|nll_loss|log_softmax"),
     ("norm", r"norm|rms"),
-    ("reduction", r"reduce|sum|mean|norm"),
+    ("reduction", r"reduce|sum|mean"),
     ("copies and casts", r"memcpy|memset|copy|cast|fill|to_copy|cat|index"),
     ("element-wise", r"elementwise|vectorized|unrolled|pointwise|triton"),
 )

@@ -263,7 +263,7 @@ def main():
         if a.profile_step == step + 1 and rank == 0:
             activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
             profiler = torch.profiler.profile(activities=activities)
-            profiler.__enter__()
+            profiler.start()
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16 and not policy_bf16):
             loss = forward_loss(tokens[:, :-1], tokens[:, 1:])
@@ -276,7 +276,7 @@ def main():
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         if profiler:
-            profiler.__exit__(None, None, None)
+            profiler.stop()
             profiler.export_chrome_trace(a.trace)
         if out:
             record = {"step": step + 1, "loss": loss_value, "step_time_s": seconds,

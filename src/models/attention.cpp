@@ -40,7 +40,7 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, to
   auto scores = qh.matmul(kh.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(hs)));
   auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
   auto weights = scores.masked_fill_(future, -std::numeric_limits<float>::infinity()).softmax(-1);
-  auto y = (dropout_active(dropout) ? nn::dropout(*dropout, weights) : weights).matmul(vh);
+  auto y = (dropout != nullptr ? nn::dropout(*dropout, weights) : weights).matmul(vh);  // itself when off
   return y.transpose(1, 2).reshape({B, T, nh * hs});
 }
 
