@@ -138,10 +138,22 @@ class LlamaBlock(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+def model_shape(name, layers=0, width=0, heads=0):
+    """MODELS[name], with the layers, width and heads given (0: the preset's);
+    a new width keeps the preset's MLP ratio, and GPT-2's key/value heads
+    follow its heads."""
+    family, vocab, c, n_layers, n_heads, kv_heads, ffn = MODELS[name]
+    if width:
+        ffn, c = ffn * width // c, width
+    if heads:
+        kv_heads, n_heads = (heads if family == "gpt2" else kv_heads), heads
+    return family, vocab, c, layers or n_layers, n_heads, kv_heads, ffn
+
+
 class CausalLM(nn.Module):
-    def __init__(self, name, max_positions=1024):
+    def __init__(self, shape, max_positions=1024):
         super().__init__()
-        family, vocab, c, layers, heads, kv_heads, ffn = MODELS[name]
+        family, vocab, c, layers, heads, kv_heads, ffn = shape
         self.family = family
         self.wte = nn.Embedding(vocab, c)
         nn.init.normal_(self.wte.weight, std=0.02)
@@ -181,6 +193,9 @@ def peak_rss_mb():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2-d6")
+    p.add_argument("--layers", type=int, default=0, help="blocks (0: the preset's)")
+    p.add_argument("--width", type=int, default=0, help="hidden width (0: the preset's; the MLP keeps its ratio)")
+    p.add_argument("--heads", type=int, default=0, help="attention heads (0: the preset's)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=6)
@@ -219,8 +234,9 @@ def main():
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = CausalLM(a.model, max_positions=max(1024, a.seq_len)).to(device)
-    vocab = MODELS[a.model][1]
+    shape = model_shape(a.model, a.layers, a.width, a.heads)
+    model = CausalLM(shape, max_positions=max(1024, a.seq_len)).to(device)
+    vocab = shape[1]
     if a.ddp or a.fsdp2:
         import torch.distributed as dist
         dist.init_process_group("nccl" if cuda else "gloo")

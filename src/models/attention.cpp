@@ -23,10 +23,7 @@ bool dropout_active(torch::nn::Dropout* dropout) {
   return dropout != nullptr && (*dropout)->is_training() && (*dropout)->options.p() > 0;
 }
 
-bool fused(const Tensor& t, torch::nn::Dropout* dropout) {
-  return !dropout_active(dropout) && t.device().is_cpu() &&
-         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
-}
+double dropout_p(torch::nn::Dropout* dropout) { return dropout_active(dropout) ? (*dropout)->options.p() : 0.0; }
 
 // LibTorch's ops, for other devices and dtypes and for attention dropout.
 Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
@@ -44,12 +41,6 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, to
   return y.transpose(1, 2).reshape({B, T, nh * hs});
 }
 
-// One head's (T, hs) matrix of a (B, T, heads, hs) tensor: a strided view
-// whose rows are `stride(1)` apart, which BLAS and oneDNN take as is.
-Tensor head(const Tensor& t, int64_t b, int64_t h) { return t.select(0, b).select(1, h); }
-
-uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
-
 // Causal attention skips the future by blocks of query rows: rows [r0, r1)
 // see keys [0, r1) only, so the square's products above the diagonal
 // blocks are never computed (at T = 256 in blocks of 64, 10 of 16 remain).
@@ -60,37 +51,88 @@ uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data
 // (bench/profile_summary.py).
 int64_t query_block(const Tensor& t) { return t.scalar_type() == at::kBFloat16 ? 256 : 64; }
 
-// Rows [r0, r1) of the (T, T) scores, written up to column r1: row i holds
-// i + 1 scores and zeros up to r1; nothing past r1 is read or written.
-void softmax_rows(const Tensor& scores, int64_t r0, int64_t r1, float scale, std::vector<float>& scratch) {
-  const int64_t T = scores.size(0);
-  for (int64_t i = r0; i < r1; ++i) {
-    if (scores.scalar_type() == at::kBFloat16) {
-      kernels::causal_softmax_row_bf16(bf16_bits(scores) + i * T, scratch.data(), i + 1, r1, scale);
+// A block's weights, rows [r0, r0 + n) of the (T, T) square cut at column
+// r1 = r0 + n: an (n, r1) matrix in a thread's scratch, row i - r0 holding
+// query i's i + 1 weights and zeros after them.
+struct WeightBlock {
+  Tensor m;  // (n, r1), contiguous
+  int64_t r0;
+  int64_t n() const { return m.size(0); }
+  int64_t r1() const { return m.size(1); }
+  int64_t row_start(int64_t i) const { return (i - r0) * r1(); }  // element offset of query i's row
+};
+
+WeightBlock block_of(const Tensor& scratch, int64_t r0, int64_t n) {
+  return {scratch.narrow(0, 0, n * (r0 + n)).view({n, r0 + n}), r0};
+}
+
+uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch) {
+  for (int64_t i = w.r0; i < w.r0 + w.n(); ++i) {
+    if (w.m.scalar_type() == at::kBFloat16) {
+      kernels::causal_softmax_row_bf16(bf16_bits(w.m) + w.row_start(i), scratch.data(), i + 1, w.r1(), scale);
     } else {
-      kernels::causal_softmax_row(scores.data_ptr<float>() + i * T, i + 1, r1, scale);
+      kernels::causal_softmax_row(w.m.data_ptr<float>() + w.row_start(i), i + 1, w.r1(), scale);
     }
   }
 }
 
-void softmax_backward_rows(const Tensor& probs, const Tensor& grad, int64_t r0, int64_t r1, float scale,
-                           std::vector<float>& scratch) {
-  const int64_t T = probs.size(0);
-  for (int64_t i = r0; i < r1; ++i) {
-    if (probs.scalar_type() == at::kBFloat16) {
-      kernels::causal_softmax_backward_row_bf16(bf16_bits(probs) + i * T, bf16_bits(grad) + i * T, scratch.data(),
-                                                i + 1, r1, scale);
+// dp becomes the scores' gradient, from the weights p and their gradient.
+void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float scale, std::vector<float>& scratch) {
+  for (int64_t i = p.r0; i < p.r0 + p.n(); ++i) {
+    if (p.m.scalar_type() == at::kBFloat16) {
+      kernels::causal_softmax_backward_row_bf16(bf16_bits(p.m) + p.row_start(i), bf16_bits(dp.m) + dp.row_start(i),
+                                                scratch.data(), i + 1, p.r1(), scale);
     } else {
-      kernels::causal_softmax_backward_row(probs.data_ptr<float>() + i * T, grad.data_ptr<float>() + i * T, i + 1,
-                                           r1, scale);
+      kernels::causal_softmax_backward_row(p.m.data_ptr<float>() + p.row_start(i),
+                                           dp.m.data_ptr<float>() + dp.row_start(i), i + 1, p.r1(), scale);
+    }
+  }
+}
+
+// Dropout on the attention weights, inside the kernel: the call draws one
+// key (nn::dropout_key), each (batch, query head) pair hashes with its own
+// key derived from it, and weight (i, j) of a head is element i * T + j of
+// its (T, T) square, whatever the blocking. Backward recomputes the mask,
+// so nothing of the square is stored. `first` counts in 32 bits, so the
+// kernel takes dropout up to T = 65,535 (longer goes to the composite).
+struct WeightDropout {
+  double p = 0;
+  uint64_t key = 0;
+  bool active() const { return p > 0; }
+  uint64_t head_key(int64_t b, int64_t h, int64_t nh) const {
+    return key + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(b * nh + h + 1);
+  }
+};
+constexpr int64_t kMaxDropoutPositions = 65535;
+
+// out's rows = in's rows with the head's mask (scaled by 1 / (1 - p));
+// in and out may be the same block. Whole rows, so out's zeros after the
+// diagonal are written too.
+void drop_rows(const WeightBlock& in, const WeightBlock& out, int64_t T, const WeightDropout& d, uint64_t key) {
+  const auto threshold = static_cast<uint32_t>(std::ldexp(d.p, 32));
+  const auto scale = static_cast<float>(1.0 / (1.0 - d.p));
+  for (int64_t i = in.r0; i < in.r0 + in.n(); ++i) {
+    const auto first = static_cast<uint32_t>(i * T);
+    if (in.m.scalar_type() == at::kBFloat16) {
+      kernels::dropout_apply_bf16(bf16_bits(in.m) + in.row_start(i), bf16_bits(out.m) + out.row_start(i), in.r1(),
+                                  first, key, threshold, scale);
+    } else {
+      kernels::dropout_apply(in.m.data_ptr<float>() + in.row_start(i), out.m.data_ptr<float>() + out.row_start(i),
+                             in.r1(), first, key, threshold, scale);
     }
   }
 }
 
 float softmax_scale(const Tensor& q) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(3)))); }
 
-// Rows [begin, begin + count) of a (T, hs) head or (T, T) matrix.
+// Rows [begin, begin + count) of a (T, hs) head.
 Tensor rows(const Tensor& t, int64_t begin, int64_t count) { return t.narrow(0, begin, count); }
+
+// One head's (T, hs) matrix of a (B, T, heads, hs) tensor: a strided view
+// whose rows are `stride(1)` apart, which BLAS and oneDNN take as is.
+Tensor head(const Tensor& t, int64_t b, int64_t h) { return t.select(0, b).select(1, h); }
 
 // The state a task thread needs to run ATen ops on saved inputs: autograd
 // off (worker threads start with it on, and the inputs require grad), and
@@ -101,12 +143,18 @@ struct TaskThreadState {
   at::RecordFunctionGuard no_events{false};
 };
 
-// probs (B, nh, T, T) and y (B, T, nh, hs) from q, k, v (B, T, heads, hs).
-// Each (batch, query head) pair is one task, its matmuls single-threaded
-// inside the parallel region: many small products side by side keep the
-// cores busier than one multi-threaded product after another. Only the
-// lower block triangle of probs is written.
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs, const Tensor& y) {
+// A thread's room for one block of weights: block x T elements, so memory
+// grows with T, not T^2.
+Tensor block_scratch(const Tensor& like, int64_t T) { return at::empty({query_block(like) * T}, like.options()); }
+
+// y (B, T, nh, hs) from q, k, v (B, T, heads, hs). Each (batch, query
+// head) pair is one task, its matmuls single-threaded inside the parallel
+// region: many small products side by side keep the cores busier than one
+// multi-threaded product after another. A block of query rows gets its
+// scores, softmax (and dropout) in the thread's scratch and multiplies
+// them into its rows of y; no (T, T) matrix is kept.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const WeightDropout& drop,
+                       const Tensor& y) {
   RECORD_USER_SCOPE("fsdp::causal_attention");
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), rep = nh / k.size(2);
   const float scale = softmax_scale(q);
@@ -114,29 +162,60 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   at::parallel_for(0, B * nh, 1, [&](int64_t begin, int64_t end) {
     TaskThreadState state;
     std::vector<float> scratch(T);
+    const auto weights = block_scratch(q, T);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nh, h = task % nh, g = h / rep;
-      auto scores = probs.select(0, b).select(0, h);
       const auto q_h = head(q, b, h), k_g = head(k, b, g), v_g = head(v, b, g);
       auto y_h = head(y, b, h);
       for (int64_t r0 = 0; r0 < T; r0 += block) {
-        const int64_t r1 = std::min(T, r0 + block), n = r1 - r0;
-        auto visible = rows(scores, r0, n).narrow(1, 0, r1);
-        at::mm_out(visible, rows(q_h, r0, n), rows(k_g, 0, r1).t());
-        softmax_rows(scores, r0, r1, scale, scratch);
+        const int64_t n = std::min(T, r0 + block) - r0;
+        auto w = block_of(weights, r0, n);
+        at::mm_out(w.m, rows(q_h, r0, n), rows(k_g, 0, w.r1()).t());
+        softmax_rows(w, scale, scratch);
+        if (drop.active()) drop_rows(w, w, T, drop, drop.head_key(b, h, nh));
         auto out = rows(y_h, r0, n);
-        at::mm_out(out, visible, rows(v_g, 0, r1));
+        at::mm_out(out, w.m, rows(v_g, 0, w.r1()));
       }
     }
   });
 }
 
+// Sums a key/value head's gradient over its query heads and query blocks:
+// in place for fp32; for bf16 in a float copy (each block's product
+// rounds once, the sum does not), written back at the end.
+class HeadGradient {
+ public:
+  explicit HeadGradient(Tensor grad) : grad_(std::move(grad)), in_place_(grad_.scalar_type() == at::kFloat) {
+    sum_ = in_place_ ? grad_ : at::empty(grad_.sizes(), grad_.options().dtype(at::kFloat));
+    sum_.zero_();
+  }
+  // rows [0, a.size(1)) += a^T b
+  void add(const Tensor& a, const Tensor& b) {
+    auto into = rows(sum_, 0, a.size(1));
+    if (in_place_) {
+      into.addmm_(a.t(), b);
+    } else {
+      into.add_(at::mm(a.t(), b));
+    }
+  }
+  void finish() {
+    if (!in_place_) grad_.copy_(sum_);
+  }
+
+ private:
+  Tensor grad_;
+  bool in_place_;
+  Tensor sum_;
+};
+
 // dq, dk, dv (B, T, heads, hs), every element written. One task per
 // (batch, key/value head): the query heads sharing it add into its dk and
-// dv one after another, so no two threads write the same rows. dq goes by
-// blocks of query rows, as forward; dk and dv by blocks of key columns
-// [c0, c1), which only queries [c0, T) see.
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs, const Tensor& dy,
+// dv one after another, so no two threads write the same rows. Each block
+// of query rows recomputes its weights from q and k (as forward did, the
+// same products in the same order, so the same values), then takes its
+// share of every gradient: dq's rows whole, and its addition to the rows
+// of dk and dv it saw.
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const WeightDropout& drop, const Tensor& dy,
                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   RECORD_USER_SCOPE("fsdp::causal_attention_backward");
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), nkv = k.size(2), rep = nh / nkv;
@@ -145,37 +224,40 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   at::parallel_for(0, B * nkv, 1, [&](int64_t begin, int64_t end) {
     TaskThreadState state;
     std::vector<float> scratch(T);
-    auto dscores = at::empty({T, T}, probs.options());
+    const auto weights = block_scratch(q, T), dweights = block_scratch(q, T);
+    const auto dropped = drop.active() ? block_scratch(q, T) : Tensor();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nkv, g = task % nkv;
       const auto k_g = head(k, b, g), v_g = head(v, b, g);
-      auto dk_g = head(dk, b, g), dv_g = head(dv, b, g);
+      HeadGradient dk_g(head(dk, b, g)), dv_g(head(dv, b, g));
       for (int64_t r = 0; r < rep; ++r) {
         const int64_t h = g * rep + r;
-        const auto p = probs.select(0, b).select(0, h), dy_h = head(dy, b, h), q_h = head(q, b, h);
+        const auto dy_h = head(dy, b, h), q_h = head(q, b, h);
         auto dq_h = head(dq, b, h);
         for (int64_t r0 = 0; r0 < T; r0 += block) {
-          const int64_t r1 = std::min(T, r0 + block), n = r1 - r0;
-          auto visible = rows(dscores, r0, n).narrow(1, 0, r1);
-          at::mm_out(visible, rows(dy_h, r0, n), rows(v_g, 0, r1).t());
-          softmax_backward_rows(p, dscores, r0, r1, scale, scratch);
-          auto dq_rows = rows(dq_h, r0, n);
-          at::mm_out(dq_rows, visible, rows(k_g, 0, r1));
-        }
-        for (int64_t c0 = 0; c0 < T; c0 += block) {
-          const int64_t n = std::min(T, c0 + block) - c0, below = T - c0;
-          const auto p_cols = rows(p, c0, below).narrow(1, c0, n);
-          const auto ds_cols = rows(dscores, c0, below).narrow(1, c0, n);
-          auto dv_rows = rows(dv_g, c0, n), dk_rows = rows(dk_g, c0, n);
-          if (r == 0) {
-            at::mm_out(dv_rows, p_cols.t(), rows(dy_h, c0, below));
-            at::mm_out(dk_rows, ds_cols.t(), rows(q_h, c0, below));
-          } else {
-            dv_rows.addmm_(p_cols.t(), rows(dy_h, c0, below));
-            dk_rows.addmm_(ds_cols.t(), rows(q_h, c0, below));
+          const int64_t n = std::min(T, r0 + block) - r0;
+          auto p = block_of(weights, r0, n), dp = block_of(dweights, r0, n);
+          const auto q_rows = rows(q_h, r0, n), dy_rows = rows(dy_h, r0, n);
+          const auto keys = rows(k_g, 0, p.r1()), values = rows(v_g, 0, p.r1());
+          at::mm_out(p.m, q_rows, keys.t());
+          softmax_rows(p, scale, scratch);
+          at::mm_out(dp.m, dy_rows, values.t());
+          auto used = p;  // the weights y was made of
+          if (drop.active()) {
+            const uint64_t key = drop.head_key(b, h, nh);
+            used = block_of(dropped, r0, n);
+            drop_rows(p, used, T, drop, key);
+            drop_rows(dp, dp, T, drop, key);
           }
+          dv_g.add(used.m, dy_rows);
+          softmax_backward_rows(p, dp, scale, scratch);
+          auto dq_rows = rows(dq_h, r0, n);
+          at::mm_out(dq_rows, dp.m, keys);
+          dk_g.add(dp.m, q_rows);
         }
       }
+      dk_g.finish();
+      dv_g.finish();
     }
   });
 }
@@ -191,25 +273,35 @@ void check_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
              " query heads are not a multiple of ", k.size(2), " key/value heads");
 }
 
+void save_dropout(AutogradContext* ctx, const WeightDropout& d) {
+  ctx->saved_data["p"] = d.p;
+  ctx->saved_data["key"] = static_cast<int64_t>(d.key);
+}
+
+WeightDropout saved_dropout(AutogradContext* ctx) {
+  return {ctx->saved_data["p"].toDouble(), static_cast<uint64_t>(ctx->saved_data["key"].toInt())};
+}
+
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double p) {
     const auto q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
-    auto probs = at::empty({B, nh, T, T}, q.options());
+    const WeightDropout drop{p, p > 0 ? nn::dropout_key() : 0};
     auto y = at::empty({B, T, nh, hs}, q.options());
-    attention_forward(q, k, v, probs, y);
-    ctx->save_for_backward({q, k, v, probs});
+    attention_forward(q, k, v, drop, y);
+    ctx->save_for_backward({q, k, v});
+    save_dropout(ctx, drop);
     return y.view({B, T, nh * hs});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const auto &q = saved[0], &k = saved[1], &v = saved[2];
     const auto dy = grad_outputs[0].to(q.scalar_type()).contiguous().view(q.sizes());
     auto dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options());
     auto dv = at::empty(v.sizes(), v.options());
-    attention_backward(q, k, v, probs, dy, dq, dk, dv);
-    return {dq, dk, dv};
+    attention_backward(q, k, v, saved_dropout(ctx), dy, dq, dk, dv);
+    return {dq, dk, dv, Tensor()};
   }
 };
 
@@ -220,28 +312,29 @@ Tensor packed_part(const Tensor& qkv, int64_t n_head, int64_t i) {
 }
 
 struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAttention> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& qkv_in, int64_t n_head) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& qkv_in, int64_t n_head, double p) {
     const auto qkv = qkv_in.contiguous();
     const auto q = packed_part(qkv, n_head, 0);
     const int64_t B = q.size(0), T = q.size(1), hs = q.size(3);
-    auto probs = at::empty({B, n_head, T, T}, q.options());
+    const WeightDropout drop{p, p > 0 ? nn::dropout_key() : 0};
     auto y = at::empty({B, T, n_head, hs}, q.options());
-    attention_forward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), probs, y);
-    ctx->save_for_backward({qkv, probs});
+    attention_forward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), drop, y);
+    ctx->save_for_backward({qkv});
     ctx->saved_data["n_head"] = n_head;
+    save_dropout(ctx, drop);
     return y.view({B, T, n_head * hs});
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto &qkv = saved[0], &probs = saved[1];
+    const auto& qkv = saved[0];
     const int64_t n_head = ctx->saved_data["n_head"].toInt();
     const auto q = packed_part(qkv, n_head, 0);
     const auto dy = grad_outputs[0].to(qkv.scalar_type()).contiguous().view(q.sizes());
     auto dqkv = at::empty(qkv.sizes(), qkv.options());
-    attention_backward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), probs, dy,
+    attention_backward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), saved_dropout(ctx), dy,
                        packed_part(dqkv, n_head, 0), packed_part(dqkv, n_head, 1), packed_part(dqkv, n_head, 2));
-    return {dqkv, Tensor()};
+    return {dqkv, Tensor(), Tensor()};
   }
 };
 
@@ -251,7 +344,7 @@ struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAtte
 Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
   auto qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, heads, T, hs)
-  const double p = dropout_active(dropout) ? (*dropout)->options.p() : 0.0;
+  const double p = dropout_p(dropout);
 #if FSDP_TORCH_VERSION >= 205
   const bool grouped = nh != k.size(2);
   auto y = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, p, /*is_causal=*/true, /*scale=*/{},
@@ -278,6 +371,14 @@ bool on_gpu(const Tensor& t) {
 #endif
 }
 
+// The CPU kernel takes fp32 and bf16, with dropout below 1 (p = 1 drops
+// everything: the composite's) over at most kMaxDropoutPositions.
+bool fused(const Tensor& t, torch::nn::Dropout* dropout) {
+  const double p = dropout_p(dropout);
+  return t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16) && p < 1 &&
+         (p == 0 || t.size(1) <= kMaxDropoutPositions);
+}
+
 }  // namespace
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
@@ -286,7 +387,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch
   if (!fused(q, dropout) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) {
     return composite_attention(q, k, v, dropout);
   }
-  return CausalAttention::apply(q, k, v);
+  return CausalAttention::apply(q, k, v, dropout_p(dropout));
 }
 
 Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dropout* dropout) {
@@ -300,7 +401,7 @@ Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dro
     return on_gpu(qkv) ? device_attention(parts[0], parts[1], parts[2], dropout)
                        : composite_attention(parts[0], parts[1], parts[2], dropout);
   }
-  return PackedCausalAttention::apply(qkv, n_head);
+  return PackedCausalAttention::apply(qkv, n_head, dropout_p(dropout));
 }
 
 }  // namespace fsdp::models

@@ -24,11 +24,15 @@ bool takes(const torch::Tensor& x) {
          x.numel() <= static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
 }
 
-uint64_t draw_seed() {
+}  // namespace
+
+uint64_t dropout_key() {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get<at::CPUGeneratorImpl>()->random64();
 }
+
+namespace {
 
 // p * 2^32, the hashed bits below which an element is dropped.
 uint32_t threshold_of(double p) { return static_cast<uint32_t>(std::ldexp(p, 32)); }
@@ -54,7 +58,7 @@ void apply_mask(const torch::Tensor& x, const torch::Tensor& out, double p, uint
 struct CounterDropout : public torch::autograd::Function<CounterDropout> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input, double p) {
     RECORD_USER_SCOPE("fsdp::dropout");
-    const uint64_t seed = draw_seed();
+    const uint64_t seed = dropout_key();
     ctx->saved_data["p"] = p;
     ctx->saved_data["seed"] = static_cast<int64_t>(seed);
     const auto x = input.contiguous();

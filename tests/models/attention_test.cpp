@@ -2,7 +2,8 @@
 // against the textbook computation in double: scores, a -inf mask above the
 // diagonal, softmax, weighted values; gradients by autograd through it.
 // Covers grouped-query heads, strided views as inputs, odd lengths, bf16,
-// the composite path for other dtypes and thread-count independence.
+// dropout on the weights, memory that grows with T rather than T^2, the
+// composite path for other dtypes and thread-count independence.
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <limits>
 #include <string>
 
+#include "fsdp/common/allocation_log.h"
+#include "fsdp/common/flat_buffer.h"
 #include "fsdp/models/attention.h"
 #include "../nn/dispatched_operators.h"
 
@@ -144,6 +147,95 @@ TEST(CausalAttention, Bf16IsWithinBf16RoundingOfTheReference) {
   for (int64_t T : {40, 150, 300}) {
     const auto in = inputs(1, T, 2, 1, 16);
     expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), exact(in), 3e-2);
+  }
+}
+
+// Attention dropout, seen through values that are one-hot rows: with
+// v[b, j, g, :] = e_j, output y[b, i, h, j] is query i's dropped weight on
+// key j, so the mask the kernel drew can be read off and the whole
+// computation checked against the reference in double with that mask.
+TEST(CausalAttention, DropoutOnTheWeightsMatchesTheReferenceWithTheMaskItDrew) {
+  const int64_t B = 2, T = 100, nh = 4, nkv = 2, hs = 128;  // fp32 blocks of 64: two, the last ragged
+  const double p = 0.3;
+  auto in = inputs(B, T, nh, nkv, hs);
+  in.v = torch::eye(T, hs, torch::kDouble).view({1, T, 1, hs}).expand({B, T, nkv, hs}).contiguous();
+  torch::nn::Dropout dropout(p);
+  const auto dropped = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return causal_attention(q, k, v, &dropout);
+  };
+  const auto ours = run(dropped, in.q, in.k, in.v, in.dy, torch::kFloat);
+
+  // The weights without dropout, in double, (B, nh, T, T); y's first T
+  // columns per head are the dropped weights.
+  const int64_t rep = nh / nkv;
+  auto kh = in.k.transpose(1, 2).repeat_interleave(rep, 1);
+  auto scores = torch::matmul(in.q.transpose(1, 2), kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hs));
+  auto above = torch::ones({T, T}, torch::kBool).triu(1);
+  auto probs = torch::softmax(scores.masked_fill(above, -std::numeric_limits<double>::infinity()), -1);
+  auto seen = ours.y.to(torch::kDouble).view({B, T, nh, hs}).narrow(3, 0, T).transpose(1, 2);  // (B, nh, T, T)
+  auto kept = seen.ne(0);
+  auto visible = above.logical_not().expand_as(kept);
+  const double fraction = 1.0 - kept.logical_and(visible).sum().item<double>() / visible.sum().item<double>();
+  const double n = visible.sum().item<double>(), sigma = std::sqrt(p * (1 - p) / n);
+  EXPECT_NEAR(fraction, p, 5 * sigma) << "dropped fraction";
+  EXPECT_LT(gap(seen.masked_select(kept), (probs / (1 - p)).masked_select(kept)), 2e-6) << "kept weights scaled";
+
+  // Every pair of heads and batches draws its own mask.
+  EXPECT_FALSE(torch::equal(kept.select(1, 0), kept.select(1, 1)));
+  EXPECT_FALSE(torch::equal(kept.select(0, 0), kept.select(0, 1)));
+
+  const auto with_mask = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    const auto rep_k = k.transpose(1, 2).repeat_interleave(rep, 1), rep_v = v.transpose(1, 2).repeat_interleave(rep, 1);
+    auto s = torch::matmul(q.transpose(1, 2), rep_k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hs));
+    auto w = torch::softmax(s.masked_fill(above, -std::numeric_limits<double>::infinity()), -1);
+    return torch::matmul(w * kept.to(torch::kDouble) / (1 - p), rep_v).transpose(1, 2).reshape({B, T, nh * hs});
+  };
+  expect_close(ours, run(with_mask, in.q, in.k, in.v, in.dy, torch::kDouble), 5e-6);
+}
+
+TEST(CausalAttention, DropoutReplaysItsMaskFromARestoredGenerator) {
+  // What activation checkpointing relies on: the same generator state,
+  // the same mask; a different state, another.
+  const auto in = inputs(1, 70, 2, 2, 16);
+  torch::nn::Dropout dropout(0.5);
+  const auto dropped = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return causal_attention(q, k, v, &dropout);
+  };
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(11);
+    const auto first = run(dropped, in.q, in.k, in.v, in.dy, dtype);
+    torch::manual_seed(11);
+    const auto again = run(dropped, in.q, in.k, in.v, in.dy, dtype);
+    const auto other = run(dropped, in.q, in.k, in.v, in.dy, dtype);
+    EXPECT_TRUE(torch::equal(first.y, again.y) && torch::equal(first.dq, again.dq) &&
+                torch::equal(first.dk, again.dk) && torch::equal(first.dv, again.dv))
+        << dtype;
+    EXPECT_FALSE(torch::equal(first.y, other.y)) << dtype;
+  }
+}
+
+TEST(CausalAttention, LongSequencesKeepNothingOfTheSquare) {
+  // Forward keeps q, k and v for backward, not the (T, T) weights of each
+  // head, and neither pass holds the heads' squares at once: at T = 4096
+  // the two heads' squares are 128 MiB in fp32 (64 in bf16), the inputs
+  // and output 1 MiB (512 KiB) each. Backward's scratch is three blocks
+  // of rows (64 x T in fp32, 256 x T in bf16) per task running.
+  memory::count_cpu_allocations();
+  const int64_t T = 4096, nh = 2, hs = 32;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(3);
+    const auto leaf = [&] { return torch::randn({1, T, nh, hs}, dtype).requires_grad_(); };
+    auto q = leaf(), k = leaf(), v = leaf();
+    auto dy = torch::randn({1, T, nh * hs}, dtype);
+    const int64_t io = q.numel() * q.element_size(), squares = nh * T * T * q.element_size();
+    const int64_t before = memory::allocated_bytes();
+    memory::reset_allocated_peak();
+    auto y = causal_attention(q, k, v);
+    EXPECT_LE(memory::allocated_bytes() - before, io) << dtype << ": forward kept more than its output";
+    y.backward(dy);
+    const int64_t peak = memory::peak_allocated_bytes() - before;
+    EXPECT_LT(peak, squares / 4) << dtype << ": a pass held " << peak << " bytes";
+    EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
   }
 }
 

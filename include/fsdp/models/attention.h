@@ -4,10 +4,13 @@
 // Heads come in token-major layout, (B, T, heads, hs), as the projections
 // produce them, and the result is (B, T, nh * hs), ready for the output
 // projection: no transposed copies on either side. On CPU in fp32 and bf16
-// (without attention dropout) each (batch, head) pair runs as its own
-// matmuls on strided views, with one pass per row for the causal softmax
-// and its backward (no mask tensor, the scale folded in); elsewhere it is
-// LibTorch's matmul, masked_fill and softmax.
+// each (batch, head) pair runs as its own matmuls on strided views, by
+// blocks of query rows, with one pass per row for the causal softmax and
+// its backward (no mask tensor, the scale folded in) and attention dropout
+// applied in the same block; backward recomputes each block's weights, so
+// memory grows with T, not T^2 (nothing of the (T, T) square is kept). On a
+// GPU it is LibTorch's scaled_dot_product_attention; elsewhere LibTorch's
+// matmul, masked_fill and softmax.
 
 #include <torch/torch.h>
 

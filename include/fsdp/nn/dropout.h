@@ -18,6 +18,10 @@ namespace fsdp::nn {
 // its probability is 0.
 torch::Tensor dropout(torch::nn::Dropout& module, const torch::Tensor& x);
 
+// One key for a call's mask, drawn from the default CPU generator as
+// `dropout` draws it (for kernels that drop inside, such as attention's).
+uint64_t dropout_key();
+
 // The CPU kernel with key `seed`, no autograd: for tests that check the
 // mask (elements dropped with probability p, the rest scaled by 1/(1-p)).
 torch::Tensor dropout_with_seed(const torch::Tensor& x, double p, uint64_t seed);
