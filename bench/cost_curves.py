@@ -20,6 +20,7 @@ SVG per curve.
 
     scripts/setup.sh && scripts/build.sh     # once
     python3 bench/cost_curves.py [--curves seq,depth,width,world] [--reps 2] [--precision fp32|bf16]
+    python3 bench/cost_curves.py --replot out/bench/curves.json --out DIR   # charts only
 """
 import argparse
 import json
@@ -99,7 +100,15 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "bench"))
+    p.add_argument("--replot", metavar="CURVES_JSON", help="draw the charts of an earlier run's curves.json, run nothing")
     a = p.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            earlier = json.load(f)
+        os.makedirs(a.out, exist_ok=True)
+        for curve, rows in earlier["curves"].items():
+            chart(curve, rows, earlier["precision"], a.out)
+        return
     if not os.path.exists(FSDP):
         p.error(f"{FSDP} not found: run scripts/build.sh first")
     os.makedirs(a.out, exist_ok=True)
@@ -128,7 +137,7 @@ def main():
                       f"({row['fsdp.cpp']['peak_rss_mb']:.0f} MB), PyTorch {row['PyTorch']['step_s']:.3f} s "
                       f"({row['PyTorch']['peak_rss_mb']:.0f} MB): {row['ratio']:.2f}x", flush=True)
             results["curves"][curve] = rows
-            chart(curve, rows, a)
+            chart(curve, rows, a.precision, a.out)
     with open(os.path.join(a.out, "curves.json"), "w") as f:
         json.dump(results, f, indent=1)
     table = markdown(results)
@@ -141,11 +150,21 @@ AXES = {"seq": "sequence length (1 sequence a step)", "depth": "blocks (width 38
         "width": "width (6 blocks, heads of 64)", "world": "ranks W (global batch 4 x 256)"}
 
 
-def chart(curve, rows, a):
-    import charts
-    series = {f"{side} step s": [(r["point"], r[side]["step_s"]) for r in rows] for side in ("fsdp.cpp", "PyTorch")}
-    charts.lines(os.path.join(a.out, f"curve_{curve}.svg"), series, AXES[curve], "step time, s",
-                 f"step time against {curve}, {a.precision}")
+def chart(curve, rows, precision, out):
+    """Step time against the curve's axis; for the sequence, peak RSS too."""
+    try:
+        import charts
+    except ImportError:
+        print("cost_curves: no matplotlib (scripts/setup.sh installs python3-matplotlib); chart skipped")
+        return
+    sides = ("fsdp.cpp", "PyTorch")
+    charts.lines(os.path.join(out, f"curve_{curve}.svg"),
+                 {side: [(r["point"], r[side]["step_s"]) for r in rows] for side in sides}, AXES[curve],
+                 "step time, s", f"step time against {curve}, {precision}")
+    if curve == "seq":
+        charts.lines(os.path.join(out, "curve_seq_memory.svg"),
+                     {side: [(r["point"], r[side]["peak_rss_mb"]) for r in rows] for side in sides}, AXES[curve],
+                     "peak RSS, MB", f"peak memory against sequence length, {precision}")
 
 
 def markdown(results):

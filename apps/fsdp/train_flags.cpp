@@ -61,7 +61,7 @@ void check_config_file_paths(const train::TrainConfig& from_file, const train::T
       continue;
     }
     std::string where;
-    for (const fs::path base : {config_dir, config_dir.parent_path()}) {
+    for (const fs::path& base : {config_dir, config_dir.parent_path()}) {
       if (fs::exists(base / in_file)) {
         where = "; it is there relative to " + base.string() + ": run from there, or make the path absolute";
         break;

@@ -2,9 +2,10 @@
 
 namespace fsdp::models {
 
-int64_t attention_kept(int64_t heads, const ActivationSizes& s, int64_t window) {
-  if (s.flash) return s.B * heads * s.T * 4;
-  return s.B * heads * s.T * (window > 0 ? window : s.T) * s.compute;
+int64_t attention_kept(int64_t heads, const ActivationSizes& s) {
+  // The CPU kernel recomputes its weights in backward from q and k, which
+  // the families count already (models/attention.h).
+  return s.flash ? s.B * heads * s.T * 4 : 0;
 }
 
 int64_t rms_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s) {

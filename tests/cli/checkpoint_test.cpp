@@ -86,7 +86,7 @@ TEST(Checkpoint, ResumeFindsTheRunFoldersCheckpoints) {
   }
   EXPECT_EQ(logged, 4) << "steps 1 and 2, 3 after the resume, 4 on two ranks";
   // generate --from the run folder or its checkpoints points to ckpt export.
-  for (const std::string from : {dir + "/run", dir + "/run/checkpoints"}) {
+  for (const std::string& from : {dir + "/run", dir + "/run/checkpoints"}) {
     const auto g = run_command(kCli + " generate --from " + from + " --max-new-tokens 2");
     EXPECT_EQ(g.exit_code, 1) << g.output;
     EXPECT_NE(g.output.find("holds a training checkpoint, not a Hugging Face directory; export it first: fsdp ckpt "

@@ -265,7 +265,7 @@ TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
 
 TEST(TrainErrors, ColumnsPlacementWithCheckpointsIsRefusedByName) {
   const auto dir = make_temp_dir();
-  for (const std::string with : {"--ckpt-dir " + dir + "/ckpt", std::string("--save-every 1"),
+  for (const std::string& with : {"--ckpt-dir " + dir + "/ckpt", std::string("--save-every 1"),
                                  "--out-dir " + dir + "/run --resume"}) {
     expect_clean_failure("--model gpt2-tiny --steps 1 --shard-placement columns " + with,
                          {"fsdp.shard_placement columns cannot be checkpointed", "use rows or flat"}, dir);
@@ -279,10 +279,11 @@ TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
   // gpt2-tiny has 512 rows; Llama 3's tokenizer has 128,256 tokens. The
   // export says so and leaves the tokenizer out, instead of writing a
   // directory whose tokenizer the model cannot serve.
+  const std::string llama3 = std::string(FSDP_SOURCE_DIR) + "/data/llama3";
+  if (!exists(llama3 + "/tokenizer.json")) GTEST_SKIP() << "data/llama3 is missing (scripts/fetch_data.sh)";
   const auto dir = make_temp_dir();
-  const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --tokenizer " +
-                             std::string(FSDP_SOURCE_DIR) + "/data/llama3 --export-hf " + dir + "/hf --out-dir " + dir +
-                             "/run");
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --tokenizer " + llama3 +
+                             " --export-hf " + dir + "/hf --out-dir " + dir + "/run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("has 128256 tokens, more than the model's vocabulary of 512"), std::string::npos) << r.output;
   EXPECT_TRUE(exists(dir + "/hf/config.json"));

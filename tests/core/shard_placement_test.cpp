@@ -172,7 +172,9 @@ TEST_P(ShardPlacement, MatricesOnShard1AndNormsOnShard0TrainAsOneProcessHoldingT
         continue;
       }
       EXPECT_EQ(p.sizes().vec(), want) << fqn;
-      if (p.grad().defined()) EXPECT_EQ(p.grad().sizes().vec(), want) << fqn << "'s gradient";
+      if (p.grad().defined()) {
+        EXPECT_EQ(p.grad().sizes().vec(), want) << fqn << "'s gradient";
+      }
     }
   };
   expect_chunks(net);
@@ -208,7 +210,9 @@ TEST(ShardPlacementExperts, EachRankHoldsWholeExpertsAndTrainsAsOneProcess) {
   const auto held = chunk_of(experts.sizes().vec(), 0, rank, ranks);
   // Whole experts, the rank's own, bit for bit.
   ASSERT_EQ(net->experts.sizes().vec(), held);
-  if (held[0] > 0) EXPECT_TRUE(torch::equal(net->experts.detach(), experts.narrow(0, rank * chunk, held[0])));
+  if (held[0] > 0) {
+    EXPECT_TRUE(torch::equal(net->experts.detach(), experts.narrow(0, rank * chunk, held[0])));
+  }
   // What a checkpoint stores: one range of the flattened parameter.
   for (const auto& s : local_shards(*net)) {
     if (s.fqn != "experts") continue;

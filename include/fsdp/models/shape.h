@@ -15,7 +15,7 @@ namespace fsdp::models {
 // One micro-batch on one rank, as the memory formulas size it: B
 // sequences of T tokens (N = B * T rows), `compute` bytes per activation
 // element (4 fp32, 2 bf16), and whether attention keeps a row statistic
-// (flash attention) instead of its probabilities. A Mixture-of-Experts
+// (flash attention, on a GPU) or nothing (the CPU kernel). A Mixture-of-Experts
 // layer's experts get their tokens evenly (the expected load) or, with
 // `worst_expert_load`, one expert gets every token (a token's k choices
 // are distinct experts).
@@ -75,10 +75,11 @@ struct ModelShape {
 
 // What the layers models are built from (nn/) keep for backward, for the
 // families' formulas.
-// The attention kernel, beyond q, k, v and its output: the probabilities
-// (B x heads x T x `window` keys, `window` = T for full causal attention),
-// or flash attention's per-row log-sum-exp (fp32).
-int64_t attention_kept(int64_t heads, const ActivationSizes& s, int64_t window = 0);
+// The attention kernel, beyond q, k, v and its output: nothing for the CPU
+// kernel (it recomputes its weights in backward), flash attention's per-row
+// log-sum-exp (fp32) on a GPU. Chunked attention's windows keep what they
+// would whole.
+int64_t attention_kept(int64_t heads, const ActivationSizes& s);
 // One RMSNorm (nn::RMSNorm, composite ops) over `rows` x `width`: besides
 // its input (counted where it was made), fp32: the normalised rows and the
 // output; bf16: the input's fp32 copy, the normalised rows cast back and

@@ -22,9 +22,9 @@ using ModelShape = models::ModelShape;
 
 // What runs the job, where it differs from this CPU build.
 struct Target {
-  // The attention keeps its probabilities (this project's CPU kernel: B x
-  // heads x T x T), or only a row statistic (flash attention, as PyTorch's
-  // scaled_dot_product_attention runs on a GPU).
+  // The attention keeps nothing beyond q, k and v (this project's CPU
+  // kernel, which recomputes its weights), or a row statistic too (flash
+  // attention, as PyTorch's scaled_dot_product_attention runs on a GPU).
   bool flash_attention = false;
   // The loss as PyTorch's composite runs it (a GPU): bf16 logits, their
   // fp32 copy and the kept log-softmax, instead of the fused CPU kernel's

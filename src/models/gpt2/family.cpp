@@ -26,14 +26,14 @@ ModelShape gpt2_shape(const GPT2Config& c) {
   s.projections = {{"qkv", C, 3 * C, true}, {"attention out", C, C, true}, {"mlp up", C, s.ffn, true},
                    {"mlp down", s.ffn, C, true}};
   s.block_memory = [heads = s.heads, C, ffn = s.ffn](int64_t /*layer*/, const ActivationSizes& sz) {
-    const int64_t N = sz.N, cb = sz.compute, probs = attention_kept(heads, sz);
+    const int64_t N = sz.N, cb = sz.compute, attention = attention_kept(heads, sz);
     BlockMemory m;
     // input, ln_1, c_attn's qkv (3C), attention output, residual h, ln_2,
     // c_fc's output (4C) and GELU's (4C): 15 C-wide rows and the input.
-    m.kept = N * C * cb + 2 * layer_norm_saved(N, C, sz) + N * (3 * C + C + C + 2 * ffn) * cb + probs;
+    m.kept = N * C * cb + 2 * layer_norm_saved(N, C, sz) + N * (3 * C + C + C + 2 * ffn) * cb + attention;
     // Selective checkpointing: the input, qkv and c_fc's outputs, the
     // attention's output with its statistic.
-    m.selective = N * C * cb + N * (3 * C + ffn + C) * cb + probs;
+    m.selective = N * C * cb + N * (3 * C + ffn + C) * cb + attention;
     m.backward_transient = (2 * N * ffn + 2 * N * C) * cb;
     return m;
   };

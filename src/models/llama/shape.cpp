@@ -10,7 +10,7 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
   const int64_t N = s.N, C = c.hidden_size, cb = s.compute, hd = c.head_size();
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
   const int64_t q = heads * hd, kv = kv_heads * hd;
-  const int64_t probs = attention_kept(heads, s);
+  const int64_t attention = attention_kept(heads, s);
   // The rotation's tables need no gradient, so it keeps nothing: q and k
   // after it are kept by the attention. Qwen3's per-head norms keep the
   // input's fp32 form (in fp32, the projection's output itself) and the
@@ -25,14 +25,14 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
   m.kept = N * C * cb                      // input
            + rms_norm_saved(N, C, s)       // input_layernorm
            + qk + N * kv * cb              // q and k after the rotation, v
-           + probs + N * q * cb            // attention probabilities and output
+           + attention + N * q * cb        // the attention's own (flash: a statistic) and output
            + N * C * cb                    // residual h (post_attention_layernorm's input)
            + rms_norm_saved(N, C, s)       // post_attention_layernorm
            + 4 * N * ffn * cb;             // gate, silu(gate), up, their product
   // torchtitan's op-level selective checkpointing: the block's input,
   // every other matmul's output in forward order (q, v, gate, down) and
   // the attention's output with its statistic.
-  m.selective = N * C * cb + N * (q + kv + ffn + C) * cb + N * q * cb + probs;
+  m.selective = N * C * cb + N * (q + kv + ffn + C) * cb + N * q * cb + attention;
   // Two ffn-wide gradients (an activation's input and output gradient)
   // and the residual stream's.
   m.backward_transient = (2 * N * ffn + 2 * N * C) * cb;

@@ -37,13 +37,7 @@ ModelShape llama4_shape(const Llama4Config& c) {
     const auto& text = c.text;
     const auto qk = c.use_qk_norm && c.uses_rope(layer) ? QkNorm::kL2 : QkNorm::kNone;
     const bool moe = c.is_moe(layer);
-    auto m = llama_dense_block_memory(text, moe ? 0 : c.intermediate_size_mlp, sizes, qk);
-    if (c.is_chunked(layer) && c.attention_chunk_size < sizes.T) {
-      const int64_t heads = text.num_attention_heads;
-      const int64_t fewer = attention_kept(heads, sizes) - attention_kept(heads, sizes, c.attention_chunk_size);
-      m.kept -= fewer;
-      m.selective -= fewer;
-    }
+    const auto m = llama_dense_block_memory(text, moe ? 0 : c.intermediate_size_mlp, sizes, qk);
     return moe ? add_routed_memory(m, text.hidden_size, text.moe, text.intermediate_size, sizes) : m;
   };
   return s;
