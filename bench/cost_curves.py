@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_benchmarks import FSDP, PEER, PEER_ENV, ROOT, VENV_PYTHON, cpu_model  # noqa: E402
+from run_benchmarks import FSDP, PEER, PEER_ENV, ROOT, VENV_PYTHON, cpu_model, run  # noqa: E402
 
 BASE = {"layers": 6, "width": 384, "heads": 6}
 
@@ -80,18 +80,6 @@ def commands(shape, model_dir, seq, batch, world, steps, bf16, metrics):
     return {"fsdp.cpp": wrap(ours), "PyTorch": wrap(peer)}
 
 
-def run(command, metrics, warmup):
-    if os.path.exists(metrics):
-        os.remove(metrics)
-    done = subprocess.run(command, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"cost_curves: `{command}` failed:\n{done.stderr[-3000:]}")
-    rows = [json.loads(line) for line in open(metrics) if '"step_time_s"' in line]
-    if len(rows) <= warmup:
-        raise SystemExit(f"cost_curves: `{command}` wrote {len(rows)} steps; --steps must exceed {warmup}")
-    return statistics.median(r["step_time_s"] for r in rows[warmup:]), max(r["peak_rss_mb"] for r in rows)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--curves", default="seq,depth,width,world")
@@ -129,8 +117,8 @@ def main():
                         samples[side].append(run(sides[side], metrics, a.warmup))
                 row = {"point": label, "seq": seq, "batch": batch, "world": world, **shape}
                 for side, got in samples.items():
-                    row[side] = {"step_s": statistics.median(t for t, _ in got), "peak_rss_mb": max(m for _, m in got),
-                                 "runs": [t for t, _ in got]}
+                    row[side] = {"step_s": statistics.median(g["step_s"] for g in got),
+                                 "peak_rss_mb": max(g["peak_rss_mb"] for g in got), "runs": [g["step_s"] for g in got]}
                 row["ratio"] = row["PyTorch"]["step_s"] / row["fsdp.cpp"]["step_s"]
                 rows.append(row)
                 print(f"{curve} {label}: fsdp.cpp {row['fsdp.cpp']['step_s']:.3f} s "

@@ -85,16 +85,18 @@ CASES = [
 ]
 
 
-def run(command, metrics):
+def run(command, metrics, warmup=WARMUP):
+    """Runs one side; its median step after `warmup` steps, first step and peak RSS."""
+    tool = os.path.basename(sys.argv[0])
     if os.path.exists(metrics):
         os.remove(metrics)
     done = subprocess.run(command, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"run_benchmarks: `{command}` failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{tool}: `{command}` failed:\n{done.stderr[-3000:]}")
     lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
-    if len(lines) <= WARMUP:
-        raise SystemExit(f"run_benchmarks: `{command}` wrote {len(lines)} steps; --steps must exceed {WARMUP}")
-    step = statistics.median(l["step_time_s"] for l in lines[WARMUP:])
+    if len(lines) <= warmup:
+        raise SystemExit(f"{tool}: `{command}` wrote {len(lines)} steps; --steps must exceed {warmup}")
+    step = statistics.median(l["step_time_s"] for l in lines[warmup:])
     return {"step_s": step, "first_step_s": lines[0]["step_time_s"], "peak_rss_mb": lines[-1]["peak_rss_mb"]}
 
 
