@@ -6,6 +6,7 @@
 // level, picked when the program loads. Callers split the work across
 // threads; each function handles one range.
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -65,6 +66,8 @@ void softmax_cross_entropy_columns(float* logits, int64_t stride, int64_t n, int
 // never stored and does not depend on how the work is split.
 void dropout_apply(const float* x, float* y, int64_t n, uint32_t first, uint64_t seed, uint32_t threshold,
                    float scale);
+// The threshold for dropout probability p (0 <= p < 1): p * 2^32.
+inline uint32_t dropout_threshold(double p) { return static_cast<uint32_t>(std::ldexp(p, 32)); }
 void dropout_apply_bf16(const uint16_t* x, uint16_t* y, int64_t n, uint32_t first, uint64_t seed, uint32_t threshold,
                         float scale);
 

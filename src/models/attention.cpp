@@ -100,6 +100,8 @@ void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float sc
 struct WeightDropout {
   double p = 0;
   uint64_t key = 0;
+  // The call's: a key drawn only when dropout is on.
+  static WeightDropout draw(double p) { return {p, p > 0 ? nn::dropout_key() : 0}; }
   bool active() const { return p > 0; }
   uint64_t head_key(int64_t b, int64_t h, int64_t nh) const {
     return key + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(b * nh + h + 1);
@@ -111,7 +113,7 @@ constexpr int64_t kMaxDropoutPositions = 65535;
 // in and out may be the same block. Whole rows, so out's zeros after the
 // diagonal are written too.
 void drop_rows(const WeightBlock& in, const WeightBlock& out, int64_t T, const WeightDropout& d, uint64_t key) {
-  const auto threshold = static_cast<uint32_t>(std::ldexp(d.p, 32));
+  const uint32_t threshold = kernels::dropout_threshold(d.p);
   const auto scale = static_cast<float>(1.0 / (1.0 - d.p));
   for (int64_t i = in.r0; i < in.r0 + in.n(); ++i) {
     const auto first = static_cast<uint32_t>(i * T);
@@ -286,7 +288,7 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
   static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double p) {
     const auto q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
-    const WeightDropout drop{p, p > 0 ? nn::dropout_key() : 0};
+    const auto drop = WeightDropout::draw(p);
     auto y = at::empty({B, T, nh, hs}, q.options());
     attention_forward(q, k, v, drop, y);
     ctx->save_for_backward({q, k, v});
@@ -316,7 +318,7 @@ struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAtte
     const auto qkv = qkv_in.contiguous();
     const auto q = packed_part(qkv, n_head, 0);
     const int64_t B = q.size(0), T = q.size(1), hs = q.size(3);
-    const WeightDropout drop{p, p > 0 ? nn::dropout_key() : 0};
+    const auto drop = WeightDropout::draw(p);
     auto y = at::empty({B, T, n_head, hs}, q.options());
     attention_forward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), drop, y);
     ctx->save_for_backward({qkv});

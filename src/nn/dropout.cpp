@@ -24,22 +24,9 @@ bool takes(const torch::Tensor& x) {
          x.numel() <= static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
 }
 
-}  // namespace
-
-uint64_t dropout_key() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get<at::CPUGeneratorImpl>()->random64();
-}
-
-namespace {
-
-// p * 2^32, the hashed bits below which an element is dropped.
-uint32_t threshold_of(double p) { return static_cast<uint32_t>(std::ldexp(p, 32)); }
-
 // out = x with the call's mask applied; x contiguous.
 void apply_mask(const torch::Tensor& x, const torch::Tensor& out, double p, uint64_t seed) {
-  const uint32_t threshold = threshold_of(p);
+  const uint32_t threshold = kernels::dropout_threshold(p);
   const auto scale = static_cast<float>(1.0 / (1.0 - p));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
@@ -80,6 +67,12 @@ struct CounterDropout : public torch::autograd::Function<CounterDropout> {
 };
 
 }  // namespace
+
+uint64_t dropout_key() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get<at::CPUGeneratorImpl>()->random64();
+}
 
 torch::Tensor dropout(torch::nn::Dropout& module, const torch::Tensor& x) {
   const double p = module->options.p();
