@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_benchmarks import FSDP, PEER, PEER_ENV, ROOT, VENV_PYTHON, cpu_model, run  # noqa: E402
+from run_benchmarks import FSDP, PEER, ROOT, VENV_PYTHON, cpu_model, peer_env, run  # noqa: E402
 
 BASE = {"layers": 6, "width": 384, "heads": 6}
 
@@ -72,7 +72,7 @@ def commands(shape, model_dir, seq, batch, world, steps, bf16, metrics):
             f"--steps {steps} --log-every 1 --grad-clip 1.0 --tensorboard=false --metrics {metrics} "
             f"--out-dir {os.path.splitext(metrics)[0]}-run" + (" --precision bf16" if bf16 else "")
             + (" --sharding full_shard" if world > 1 else ""))
-    peer = (f"env {PEER_ENV} {VENV_PYTHON} {PEER} --model gpt2-d6 --layers {shape['layers']} "
+    peer = (f"env {peer_env()} {VENV_PYTHON} {PEER} --model gpt2-d6 --layers {shape['layers']} "
             f"--width {shape['width']} --heads {shape['heads']} --seq-len {seq} --batch-size {batch} "
             f"--steps {steps} --metrics {metrics} --flush-denormal --adamw fused" + (" --bf16" if bf16 else "")
             + (" --fsdp2" if world > 1 else ""))

@@ -6,7 +6,7 @@ PyTorch's wheels carry Intel MKL, which picks its fp32 matmul kernels by
 the CPU's features only on Intel CPUs. fsdp.cpp's programs answer its
 vendor check themselves (FSDP_MKL_VENDOR_CHECK=1 hands it back to MKL).
 PyTorch gets the same answer from the same source file built as a
-preloaded library (LD_PRELOAD), so each side runs both ways. Measured,
+preloaded library (run_benchmarks.mkl_shim), so each side runs both ways. Measured,
 interleaved, on gpt2-d6 (4 x 256 tokens per rank, fp32, fused AdamW):
 
   W=1   fsdp train, two threads          PyTorch eager
@@ -22,19 +22,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 
 from run_benchmarks import ROOT, cpu_model, matmul_limit, ours, peer, run
-
-SHIM_SOURCE = os.path.join(ROOT, "src", "common", "mkl_vendor_check.cpp")
-
-
-def build_shim(out_dir):
-    """The vendor check's answer as a library PyTorch can preload."""
-    shim = os.path.join(out_dir, "libmkl_vendor_check.so")
-    subprocess.run(["g++", "-O2", "-shared", "-fPIC", SHIM_SOURCE, "-o", shim, "-ldl"], check=True)
-    return shim
 
 
 def main():
@@ -45,19 +35,17 @@ def main():
     a = p.parse_args()
     out_dir = os.path.join(ROOT, "out", "bench")
     os.makedirs(out_dir, exist_ok=True)
-    shim = build_shim(out_dir)
     metrics = os.path.join(tempfile.mkdtemp(), "m.jsonl")
     mkl = lambda on: f"FSDP_MKL_VENDOR_CHECK={0 if on else 1}"
-    preload = lambda on: f"LD_PRELOAD={shim}" if on else ""
     # (case, world, [(side, feature-chosen kernels?, command)])
     cases = [
         ("W=1 fp32", 1, [
             ("fsdp.cpp", lambda on, m: f"{mkl(on)} {ours(a.model, 1, a.steps, m)}"),
-            ("PyTorch eager", lambda on, m: f"{preload(on)} {peer(a.model, 1, a.steps, m)}"),
+            ("PyTorch eager", lambda on, m: peer(a.model, 1, a.steps, m, mkl_by_features=on)),
         ]),
         ("W=2 fp32", 2, [
             ("fsdp.cpp full_shard", lambda on, m: f"{mkl(on)} {ours(a.model, 2, a.steps, m, '--sharding full_shard')}"),
-            ("PyTorch DDP", lambda on, m: f"{preload(on)} {peer(a.model, 2, a.steps, m, '--ddp')}"),
+            ("PyTorch DDP", lambda on, m: peer(a.model, 2, a.steps, m, "--ddp", mkl_by_features=on)),
         ]),
     ]
     result = {"cpu": cpu_model(), "model": a.model, "reps": a.reps, "cases": []}

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from run_benchmarks import mkl_shim
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDP = os.path.join(ROOT, "build", "fsdp")
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
@@ -137,7 +139,9 @@ def ours(shape, world, iters):
 
 
 def peer(shape, world, iters):
-    cmd = f"{FSDP} launch -n {world} -- {VENV_PYTHON} {os.path.abspath(__file__)} --peer --shape {shape} --iters {iters}"
+    # MKL as fsdp.cpp's programs have it: kernels chosen by the CPU's features.
+    cmd = (f"{FSDP} launch -n {world} -- env LD_PRELOAD={mkl_shim()} {VENV_PYTHON} {os.path.abspath(__file__)} "
+           f"--peer --shape {shape} --iters {iters}")
     out = subprocess.run(f"OMP_NUM_THREADS=1 {cmd}", shell=True, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1].split("] ", 1)[-1])
 

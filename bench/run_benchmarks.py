@@ -35,12 +35,31 @@ PEER = os.path.join(ROOT, "bench", "pytorch_peer.py")
 VENV_PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 WARMUP = 3
 
-# PyTorch at its best on this machine, as a careful user runs it: denormals
+# PyTorch at its best on this machine, as a careful user runs it: MKL's
+# kernels chosen by the CPU's features as in fsdp.cpp (mkl_shim), denormals
 # flushed, glibc keeping freed memory (fsdp.cpp keeps large blocks in its
 # own cache instead), the fused AdamW (measured here: 9.8 ms a step for
 # gpt2-d6's 30.3M parameters, foreach 54.9 ms, the default 81.5 ms),
 # scaled_dot_product_attention, bf16 through CPU autocast.
 PEER_ENV = "MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296"
+MKL_SHIM_SOURCE = os.path.join(ROOT, "src", "common", "mkl_vendor_check.cpp")
+
+
+def mkl_shim():
+    """fsdp.cpp's answer to MKL's vendor check ([Note: MKL's vendor check])
+    as a library PyTorch preloads: the peers' MKL then picks its kernels by
+    the CPU's features as fsdp.cpp's does (on AMD, 1.3-1.4x faster fp32
+    steps: bench/mkl_vendor_check.py), so a comparison is not won by it."""
+    shim = os.path.join(ROOT, "out", "bench", "libmkl_vendor_check.so")
+    if not os.path.exists(shim) or os.path.getmtime(shim) < os.path.getmtime(MKL_SHIM_SOURCE):
+        os.makedirs(os.path.dirname(shim), exist_ok=True)
+        subprocess.run(["g++", "-O2", "-shared", "-fPIC", MKL_SHIM_SOURCE, "-o", shim, "-ldl"], check=True)
+    return shim
+
+
+def peer_env(mkl_by_features=True):
+    """The environment a PyTorch peer runs in (env's assignments)."""
+    return PEER_ENV + (f" LD_PRELOAD={mkl_shim()}" if mkl_by_features else "")
 
 
 def shape_flags(model):
@@ -56,8 +75,8 @@ def ours(model, world, steps, metrics, extra=""):
     return f"{FSDP} launch -n {world} -- {train}"  # the launcher gives each rank 2/world threads
 
 
-def peer(model, world, steps, metrics, extra=""):
-    command = (f"env {PEER_ENV} {VENV_PYTHON} {PEER} {shape_flags(model)} --steps {steps} --metrics {metrics} "
+def peer(model, world, steps, metrics, extra="", mkl_by_features=True):
+    command = (f"env {peer_env(mkl_by_features)} {VENV_PYTHON} {PEER} {shape_flags(model)} --steps {steps} --metrics {metrics} "
                f"--flush-denormal --adamw fused {extra}")
     if world == 1:
         return f"OMP_NUM_THREADS=2 {command}"
