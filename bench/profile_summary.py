@@ -11,6 +11,12 @@ operators with the most self time. Self time is an event's duration less
 its children's on the same thread, so nothing is counted twice.
 
     python3 bench/profile_summary.py out/RUN/traces/rank0.json [--steps N] [--top K]
+
+With --waits it prints instead where a sharded step waits for its
+collectives (FSDP's FSDP::*_wait ranges), step by step: the root's gather
+(each step's first), the blocks' gathers, the blocks' reduce-scatters, the
+root's reduce-scatter (each step's last) and the replicas' all-reduces,
+each as milliseconds per step (median over the steps, and their range).
 """
 
 import argparse
@@ -74,14 +80,54 @@ def self_times(events):
     return out
 
 
+WAITS = {"FSDP::all_gather_wait": "all-gather", "FSDP::reduce_scatter_wait": "reduce-scatter",
+         "FSDP::all_reduce_wait": "all-reduce"}
+WAIT_PARTS = ("the root's all-gather (the step's first)", "the blocks' all-gathers", "the blocks' reduce-scatters",
+              "the root's reduce-scatter (the step's last)", "replica all-reduces")
+
+
+def wait_breakdown(events):
+    """Per step (ended by a train::optimizer range), milliseconds blocked in each of WAIT_PARTS."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    ends = sorted(e["ts"] + e["dur"] for e in spans if e["name"] == "train::optimizer")
+    waits = sorted((e for e in spans if e["name"] in WAITS), key=lambda e: e["ts"])
+    steps, start = [], float("-inf")
+    for end in ends:
+        mine = [e for e in waits if start <= e["ts"] < end]
+        start = end
+        gathers = [e["dur"] for e in mine if WAITS[e["name"]] == "all-gather"]
+        scatters = [e["dur"] for e in mine if WAITS[e["name"]] == "reduce-scatter"]
+        reduces = [e["dur"] for e in mine if WAITS[e["name"]] == "all-reduce"]
+        if not gathers or not scatters:
+            continue
+        steps.append(dict(zip(WAIT_PARTS, (v / 1000.0 for v in (
+            gathers[0], sum(gathers[1:]), sum(scatters[:-1]), scatters[-1], sum(reduces))))))
+    return steps
+
+
+def print_waits(steps):
+    import statistics
+    if not steps:
+        raise SystemExit("profile_summary: no step with FSDP's gathers and reduce-scatters in the trace")
+    print(f"| blocked in | ms per step (median of {len(steps)}) | min-max |")
+    print("| --- | --- | --- |")
+    for part in WAIT_PARTS + ("all",):
+        values = [sum(s.values()) if part == "all" else s[part] for s in steps]
+        print(f"| {part} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="steps the trace covers (times are per step)")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--waits", action="store_true", help="where the step waits for FSDP's collectives")
     args = parser.parse_args()
     with open(args.trace) as f:
         trace = json.load(f)
+    if args.waits:
+        print_waits(wait_breakdown(trace["traceEvents"] if isinstance(trace, dict) else trace))
+        return
     # LibTorch 2.x writes {"traceEvents": [...], ...}; 1.13 a bare list.
     times = self_times(trace["traceEvents"] if isinstance(trace, dict) else trace)
     columns = ("train::forward", "train::backward", "train::optimizer", "other")

@@ -1,5 +1,6 @@
 #include "fsdp/common/runtime.h"
 
+#include <dlfcn.h>
 #include <malloc.h>
 #include <sched.h>
 #include <unistd.h>
@@ -123,6 +124,30 @@ std::string built_in_blas() {
   return config.substr(begin, config.find_first_of(",\n", begin) - begin);
 }
 
+// The kernels MKL (when LibTorch carries it) runs: the code branch it chose
+// for this CPU. A CPU MKL's vendor check calls foreign gets no branch of
+// its own (MKL_CBWR_AUTO), whatever its features ([Note: MKL's vendor
+// check]).
+static std::string mkl_kernels() {
+  using Branch = int (*)();
+  const auto branch = reinterpret_cast<Branch>(::dlsym(RTLD_DEFAULT, "mkl_serv_cbwr_get_auto_branch"));
+  if (branch == nullptr) return "";
+  const int b = branch();
+  constexpr int kCompatible = 3;  // mkl_cbwr.h: BRANCH_OFF 1, AUTO 2, COMPATIBLE 3, then by instruction set
+  if (b <= kCompatible) {
+    return "MKL kernels: generic (branch " + std::to_string(b) +
+           "): MKL's vendor check found no Intel CPU and chose nothing by its features (fsdp.cpp's programs "
+           "answer that check unless FSDP_MKL_VENDOR_CHECK=1)\n";
+  }
+  static const std::pair<int, const char*> kNames[] = {{4, "SSE2"}, {6, "SSSE3"}, {7, "SSE4.1"},   {8, "SSE4.2"},
+                                                       {9, "AVX"},  {10, "AVX2"}, {12, "AVX-512"}, {14, "AVX-512 E1"}};
+  std::string name = "branch " + std::to_string(b);
+  for (const auto& [value, known] : kNames) {
+    if (value == b) name = known;
+  }
+  return "MKL kernels: " + name + ", chosen by the CPU's features\n";
+}
+
 std::string version_report() {
   const std::string blas = loaded_blas_path();
   std::string blas_kind = blas.find("openblas") != std::string::npos ? "OpenBLAS"
@@ -143,6 +168,7 @@ std::string version_report() {
   out += "backends: gloo (CPU); nccl not built (this LibTorch has no CUDA)\n";
 #endif
   out += "BLAS: " + blas_kind + (blas.empty() ? "" : " (" + blas + ")") + "\n";
+  out += mkl_kernels();
   out += "threads: " + std::to_string(at::get_num_threads()) + " intra-op in this process (fsdp launch gives each rank cores / ranks)\n";
 #ifdef FSDP_WITH_CUDA
   out += "CUDA: built with CUDA " FSDP_CUDA_VERSION " and NCCL " + std::to_string(NCCL_MAJOR) + "." +

@@ -266,6 +266,31 @@ TEST(Cli, VersionNamesWhatABugReportNeeds) {
 #endif
 }
 
+// [Note: MKL's vendor check]: in fsdp.cpp's programs MKL chooses its
+// kernels by the CPU's features; with FSDP_MKL_VENDOR_CHECK=1 its own
+// vendor check decides, which leaves it on its generic kernels on a CPU
+// whose vendor (the kernel's /proc/cpuinfo) is not Intel. MKL reports the
+// branch it chose itself (`fsdp --version`).
+TEST(Cli, MklChoosesItsKernelsByTheCpusFeatures) {
+  const auto bad = run_command("FSDP_MKL_VENDOR_CHECK=yes " + kCli + " --version");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "FSDP_MKL_VENDOR_CHECK is 'yes': expected 0")) << bad.output;
+  const auto ours = run_command(kCli + " --version");
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  if (!contains(ours.output, "MKL kernels: ")) GTEST_SKIP() << "this LibTorch carries no MKL: " << ours.output;
+  EXPECT_TRUE(contains(ours.output, ", chosen by the CPU's features")) << ours.output;
+  const auto mkls_own = run_command("FSDP_MKL_VENDOR_CHECK=1 " + kCli + " --version");
+  ASSERT_EQ(mkls_own.exit_code, 0) << mkls_own.output;
+  std::string vendor;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; vendor.empty() && std::getline(cpuinfo, line);) {
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  }
+  ASSERT_FALSE(vendor.empty()) << "no vendor_id in /proc/cpuinfo";
+  EXPECT_EQ(contains(mkls_own.output, ", chosen by the CPU's features"), vendor == "GenuineIntel")
+      << vendor << ": " << mkls_own.output;
+}
+
 TEST(Cli, TrainHelpShowsEveryKeysFlagWithItsTypeAndDefault) {
   const auto r = run_command(kCli + " train --help");
   ASSERT_EQ(r.exit_code, 0) << r.output;
