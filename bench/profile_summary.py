@@ -113,6 +113,8 @@ def print_waits(steps):
     print("| --- | --- | --- |")
     for part in WAIT_PARTS + ("all",):
         values = [sum(s.values()) if part == "all" else s[part] for s in steps]
+        if part != "all" and max(values) == 0:
+            continue  # replicas' all-reduces: HSDP only
         print(f"| {part} | {statistics.median(values):.1f} | {min(values):.1f}-{max(values):.1f} |")
 
 
