@@ -140,7 +140,7 @@ def ours(shape, world, iters):
 
 def peer(shape, world, iters):
     # MKL as fsdp.cpp's programs have it: kernels chosen by the CPU's features.
-    cmd = (f"{FSDP} launch -n {world} -- env LD_PRELOAD={mkl_shim()} {VENV_PYTHON} {os.path.abspath(__file__)} "
+    cmd = (f"{FSDP} launch -n {world} -- env LD_PRELOAD={mkl_shim()}${{LD_PRELOAD:+:$LD_PRELOAD}} {VENV_PYTHON} {os.path.abspath(__file__)} "
            f"--peer --shape {shape} --iters {iters}")
     out = subprocess.run(f"OMP_NUM_THREADS=1 {cmd}", shell=True, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1].split("] ", 1)[-1])

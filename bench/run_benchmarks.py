@@ -59,7 +59,8 @@ def mkl_shim():
 
 def peer_env(mkl_by_features=True):
     """The environment a PyTorch peer runs in (env's assignments)."""
-    return PEER_ENV + (f" LD_PRELOAD={mkl_shim()}" if mkl_by_features else "")
+    # Added to a preload the caller already has (a shell expansion: the commands run through the shell).
+    return PEER_ENV + (f" LD_PRELOAD={mkl_shim()}${{LD_PRELOAD:+:$LD_PRELOAD}}" if mkl_by_features else "")
 
 
 def shape_flags(model):

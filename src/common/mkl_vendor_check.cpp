@@ -2,16 +2,16 @@
 // PyTorch's wheels link Intel MKL into libtorch_cpu.so and export its
 // symbols. MKL picks its matrix-product kernels from the CPU's features
 // only when mkl_serv_intel_cpu_true() says the CPU is Intel's; on any other
-// it takes a generic path. On the development VM (AMD EPYC with AVX-512,
-// LibTorch 2.13) that path made gpt2-d6's fp32 step 1.27x slower (1.445 and
-// 1.474 s against 1.137 and 1.140 s, `fsdp train --model gpt2-d6 --seq-len
-// 256 --batch-size 4`, interleaved) and its matmul-limited time 1.2x longer
-// (`fsdp bench matmul`). The kernels MKL then chooses still follow the
-// features CPUID reports, so they run on any CPU that reports them.
+// it takes a generic path. On the development VM (AMD EPYC, family 25
+// model 17, AVX-512; LibTorch 2.13) that path made gpt2-d6's fp32 step
+// 1.34x slower and its matmul-limited time 1.46x longer
+// (bench/mkl_vendor_check.py). The kernels MKL then chooses still follow
+// the features CPUID reports, so they run on any CPU that reports them.
 //
 // The project's executables link this file and export both functions
 // (CMakeLists.txt, fsdp_use_pch): the dynamic linker binds MKL's own
-// calls to the executable's definitions first. FSDP_MKL_VENDOR_CHECK=1
+// calls to the executable's definitions first; `fsdp --version` says whose
+// answer MKL got and which kernels it chose. FSDP_MKL_VENDOR_CHECK=1
 // hands the answer back to MKL. Builds whose LibTorch has no MKL (Debian's
 // 1.13, on OpenBLAS) never call them.
 
@@ -25,10 +25,15 @@ namespace {
 
 using VendorCheck = int (*)();
 
-// MKL's own answer, from the next object that defines `name` (libtorch_cpu.so).
+// MKL's own answer, from the next object that defines `name`: the
+// LibTorch an executable links. A library preloaded into Python finds none
+// there (Python opens LibTorch privately); it then answers as MKL would,
+// from the CPU's vendor.
 int mkl_answer(const char* name) {
   const auto real = reinterpret_cast<VendorCheck>(::dlsym(RTLD_NEXT, name));
-  return real != nullptr ? real() : 0;
+  if (real != nullptr) return real();
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel") ? 1 : 0;
 }
 
 // Whether FSDP_MKL_VENDOR_CHECK asks for MKL's own check.

@@ -124,20 +124,29 @@ std::string built_in_blas() {
   return config.substr(begin, config.find_first_of(",\n", begin) - begin);
 }
 
-// The kernels MKL (when LibTorch carries it) runs: the code branch it chose
-// for this CPU. A CPU MKL's vendor check calls foreign gets no branch of
-// its own (MKL_CBWR_AUTO), whatever its features ([Note: MKL's vendor
-// check]).
+// The kernels MKL (when LibTorch carries it and exports its symbols) runs:
+// the code branch it chose for this CPU, and whose answer to its vendor
+// check it got. A CPU the check calls foreign gets no branch of its own
+// (MKL_CBWR_AUTO), whatever its features ([Note: MKL's vendor check]).
 static std::string mkl_kernels() {
-  using Branch = int (*)();
-  const auto branch = reinterpret_cast<Branch>(::dlsym(RTLD_DEFAULT, "mkl_serv_cbwr_get_auto_branch"));
+  using Query = int (*)();
+  const auto branch = reinterpret_cast<Query>(::dlsym(RTLD_DEFAULT, "mkl_serv_cbwr_get_auto_branch"));
   if (branch == nullptr) return "";
+  // This function is in the program itself, whether it links fsdp.cpp
+  // statically or not; the check's answer is the program's when its
+  // definition lies in the same object.
+  Dl_info check{}, self{};
+  const void* answer = ::dlsym(RTLD_DEFAULT, "mkl_serv_intel_cpu_true");
+  const bool ours = answer != nullptr && ::dladdr(answer, &check) != 0 &&
+                    ::dladdr(reinterpret_cast<const void*>(&mkl_kernels), &self) != 0 &&
+                    check.dli_fbase == self.dli_fbase;
+  const std::string whose = ours ? "this program answers MKL's vendor check (with MKL's own answer if FSDP_MKL_VENDOR_CHECK=1)"
+                                 : "MKL answers its vendor check itself";
   const int b = branch();
-  constexpr int kCompatible = 3;  // mkl_cbwr.h: BRANCH_OFF 1, AUTO 2, COMPATIBLE 3, then by instruction set
-  if (b <= kCompatible) {
+  // mkl_cbwr.h: BRANCH_OFF 1, AUTO 2, COMPATIBLE 3, then one per instruction set.
+  if (b == 2 || b == 3) {
     return "MKL kernels: generic (branch " + std::to_string(b) +
-           "): MKL's vendor check found no Intel CPU and chose nothing by its features (fsdp.cpp's programs "
-           "answer that check unless FSDP_MKL_VENDOR_CHECK=1)\n";
+           "): not chosen by the CPU's features, as on a CPU MKL's vendor check calls foreign; " + whose + "\n";
   }
   static const std::pair<int, const char*> kNames[] = {{4, "SSE2"}, {6, "SSSE3"}, {7, "SSE4.1"},   {8, "SSE4.2"},
                                                        {9, "AVX"},  {10, "AVX2"}, {12, "AVX-512"}, {14, "AVX-512 E1"}};
@@ -145,7 +154,7 @@ static std::string mkl_kernels() {
   for (const auto& [value, known] : kNames) {
     if (value == b) name = known;
   }
-  return "MKL kernels: " + name + ", chosen by the CPU's features\n";
+  return "MKL kernels: " + name + ", chosen by the CPU's features; " + whose + "\n";
 }
 
 std::string version_report() {
