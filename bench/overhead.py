@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from run_benchmarks import mkl_shim
+from run_benchmarks import mkl_preload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FSDP = os.path.join(ROOT, "build", "fsdp")
@@ -140,7 +140,7 @@ def ours(shape, world, iters):
 
 def peer(shape, world, iters):
     # MKL as fsdp.cpp's programs have it: kernels chosen by the CPU's features.
-    cmd = (f"{FSDP} launch -n {world} -- env LD_PRELOAD={mkl_shim()}${{LD_PRELOAD:+:$LD_PRELOAD}} {VENV_PYTHON} {os.path.abspath(__file__)} "
+    cmd = (f"{FSDP} launch -n {world} -- env {mkl_preload()} {VENV_PYTHON} {os.path.abspath(__file__)} "
            f"--peer --shape {shape} --iters {iters}")
     out = subprocess.run(f"OMP_NUM_THREADS=1 {cmd}", shell=True, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1].split("] ", 1)[-1])

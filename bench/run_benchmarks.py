@@ -57,10 +57,15 @@ def mkl_shim():
     return shim
 
 
+def mkl_preload():
+    """The assignment that preloads mkl_shim, added to a preload the caller
+    already has (a shell expansion: the commands run through the shell)."""
+    return f"LD_PRELOAD={mkl_shim()}${{LD_PRELOAD:+:$LD_PRELOAD}}"
+
+
 def peer_env(mkl_by_features=True):
     """The environment a PyTorch peer runs in (env's assignments)."""
-    # Added to a preload the caller already has (a shell expansion: the commands run through the shell).
-    return PEER_ENV + (f" LD_PRELOAD={mkl_shim()}${{LD_PRELOAD:+:$LD_PRELOAD}}" if mkl_by_features else "")
+    return PEER_ENV + (f" {mkl_preload()}" if mkl_by_features else "")
 
 
 def shape_flags(model):
