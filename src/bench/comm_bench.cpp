@@ -72,7 +72,7 @@ void print_header(std::ostream& out, const std::string& op, const dist::ProcessG
                   const CommBenchOptions& o) {
   char line[256];
   out << "#\n# " << op << ": nranks " << group.size() << ", backend " << dist::to_string(group.backend())
-      << ", " << at::get_num_threads() << " intra-op thread(s)/rank, warmup " << o.warmup << ", iters "
+      << ", transport " << group.transport() << ", " << at::get_num_threads() << " intra-op thread(s)/rank, warmup " << o.warmup << ", iters "
       << o.iters << "\n#\n";
   std::snprintf(line, sizeof(line), "#%12s  %12s  %8s  %6s  %6s  %9s  %7s  %7s  %6s\n", "size", "count", "type",
                 "redop", "root", "time", "algbw", "busbw", "#wrong");

@@ -15,6 +15,7 @@
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
+#include "dist/shared_memory.h"
 
 namespace fsdp::dist {
 namespace {
@@ -74,6 +75,12 @@ c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueF
 
 // Records the collective in the flight recorder and, under
 // FSDP_DEBUG=detail, checks that every rank is issuing the same one.
+// The group's shared-memory transport when it can take this collective (see
+// [Note: shared-memory collectives]); null: the backend's path.
+SharedMemoryTransport* shared(ProcessGroup& group, const at::Tensor& t) {
+  return group.shared_memory && t.is_cpu() ? group.shared_memory.get() : nullptr;
+}
+
 int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
   const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.role(), group.rank(), group.size(), t.numel(),
                                                        static_cast<int64_t>(t.nbytes()),
@@ -181,6 +188,7 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
              ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
              ") elements, got ", output.numel(), " ", output.scalar_type());
   const int64_t seq = record(kOp, group, input);
+  if (auto* shm = shared(group, input)) return Work(kOp, &group, {shm->all_gather(output, input)}, nullptr, seq);
   // See [Note: host tensors on NCCL].
   const at::Tensor comm_output = on_comm_device(group, output);
   std::function<void()> copy_back;
@@ -223,6 +231,9 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
              ": averaging needs a floating-point tensor, got ", input.scalar_type());
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, input);
+  if (auto* shm = shared(group, input); shm && SharedMemoryTransport::reduces(input.scalar_type(), true)) {
+    return Work(kOp, &group, {shm->reduce_scatter(output, input, op)}, nullptr, seq);
+  }
 
   if (group.backend() == Backend::kNccl) {
     // See [Note: host tensors on NCCL].
@@ -283,6 +294,9 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
              ": averaging needs a floating-point tensor, got ", tensor.scalar_type());
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, tensor);
+  if (auto* shm = shared(group, tensor); shm && SharedMemoryTransport::reduces(tensor.scalar_type(), false)) {
+    return Work(kOp, &group, {shm->all_reduce(tensor, op)}, nullptr, seq);
+  }
   const bool widen = is_half(tensor) && group.backend() == Backend::kGloo;
   // See [Note: host tensors on NCCL].
   at::Tensor buffer = widen ? tensor.to(at::kFloat) : on_comm_device(group, tensor);
@@ -306,6 +320,7 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
   check_flat(tensor, kOp, "tensor");
   FSDP_CHECK(root >= 0 && root < group.size(), kOp, ": root ", root, " is not a rank of ", group.describe());
   const int64_t seq = record(kOp, group, tensor);
+  if (auto* shm = shared(group, tensor)) return Work(kOp, &group, {shm->broadcast(tensor, root)}, nullptr, seq);
   // See [Note: host tensors on NCCL].
   const at::Tensor buffer = on_comm_device(group, tensor);
   std::vector<at::Tensor> tensors{as_bytes(buffer)};
@@ -320,6 +335,10 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
 
 void barrier(ProcessGroup& group) {
   const int64_t seq = record("barrier", group, at::empty({0}));
+  if (group.shared_memory) {
+    Work("barrier", &group, {group.shared_memory->barrier()}, nullptr, seq).wait();
+    return;
+  }
   c10d::BarrierOptions opts;
   opts.timeout = group.timeout();
   auto work = issue("barrier", group, [&] { return group.impl().barrier(opts); });

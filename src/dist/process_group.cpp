@@ -28,6 +28,7 @@
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/launch_env.h"
+#include "dist/shared_memory.h"
 
 namespace fsdp::dist {
 namespace {
@@ -275,6 +276,12 @@ DistOptions DistOptions::from_env(const EnvMap& env) {
     FSDP_CHECK(seconds > 0, "FSDP_TIMEOUT='", *text, "': expected a positive number of seconds");
     options.timeout = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
   }
+  if (const auto text = env_string(env, "FSDP_SHARED_MEMORY")) {
+    FSDP_CHECK(*text == "0" || *text == "1", "FSDP_SHARED_MEMORY='", *text,
+               "': expected 1 (CPU collectives between ranks on one host go through shared memory, the default) "
+               "or 0 (they use Gloo's TCP)");
+    options.shared_memory = *text == "1";
+  }
   return options;
 }
 
@@ -289,8 +296,10 @@ ProcessGroup::ProcessGroup(std::string name, Backend backend, std::vector<int> g
       timeout_(timeout),
       impl_(std::move(impl)) {}
 
+const char* ProcessGroup::transport() const { return shared_memory ? "shared memory" : to_string(backend_); }
+
 std::string ProcessGroup::describe() const {
-  return "group '" + name_ + "' (" + to_string(backend_) + ", rank " + std::to_string(rank_) + " of " +
+  return "group '" + name_ + "' (" + (shared_memory ? "gloo, shared memory" : to_string(backend_)) + ", rank " + std::to_string(rank_) + " of " +
          std::to_string(size()) + ")";
 }
 
@@ -379,6 +388,16 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
   auto group = std::make_shared<ProcessGroup>(name, backend_, global_ranks, rank, options_.timeout, std::move(impl));
   for (int r : global_ranks) group->hosts.push_back(hosts_[static_cast<size_t>(r)]);
   group->set_role(role);
+  if (backend_ == Backend::kGloo && options_.shared_memory && device_.is_cpu() && size > 1) {
+    std::string why;
+    group->shared_memory = SharedMemoryTransport::connect(*store, rank, size, &why);
+    const bool one_host = std::all_of(group->hosts.begin(), group->hosts.end(),
+                                      [&](const std::string& h) { return h == group->hosts.front(); });
+    if (!group->shared_memory && one_host && rank == 0 && !why.empty()) {
+      std::fprintf(stderr, "fsdp: %s keeps Gloo's TCP path; shared memory is unavailable: %s\n",
+                   group->describe().c_str(), why.c_str());
+    }
+  }
   return group;
 }
 

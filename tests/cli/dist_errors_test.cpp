@@ -146,6 +146,28 @@ TEST(DistErrors, DeadPeerFailsTheCollective) {
   EXPECT_LT(r.seconds, 30);
 }
 
+// Without a launcher to stop the others (mpirun, Slurm, hand-started
+// ranks), the survivor itself fails the collective at once, naming the
+// rank that went away, over shared memory and over Gloo's TCP alike.
+TEST(DistErrors, SurvivorNamesTheDeadPeerOnEitherTransport) {
+  for (const char* shared : {"1", "0"}) {
+    const std::string env = std::string("env FSDP_TIMEOUT=60 FSDP_SHARED_MEMORY=") + shared +
+                            " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                            std::to_string(dist::find_free_port());
+    const auto r = run_command("(" + env + " RANK=1 " + kWorker + " die &); " + env + " RANK=0 " + kWorker + " die");
+    expect_clean_failure(r, "all_reduce #1 on group 'world'");
+    if (std::string(shared) == "1") {
+      EXPECT_TRUE(contains(r.output, "rank 1 of the group exited")) << r.output;
+    }
+    EXPECT_LT(r.seconds, 20) << "FSDP_SHARED_MEMORY=" << shared;
+  }
+}
+
+TEST(DistErrors, BadSharedMemorySetting) {
+  const auto r = run_command(single_rank("FSDP_SHARED_MEMORY=yes") + kCli + " smoke");
+  expect_clean_failure(r, "FSDP_SHARED_MEMORY='yes': expected 1");
+}
+
 TEST(DistErrors, BadTimeout) {
   const auto r = run_command(single_rank("FSDP_TIMEOUT=soon") + kCli + " smoke");
   expect_clean_failure(r, "FSDP_TIMEOUT='soon'");

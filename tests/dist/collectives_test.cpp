@@ -4,6 +4,8 @@
 #include "fsdp/dist/collectives.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -154,9 +156,63 @@ TEST_P(Collectives, ManyInFlightWaitedOutOfOrder) {
   }
 }
 
+// Messages larger than one round of the shared-memory transport (2 MiB a
+// member; [Note: shared-memory collectives]) move in several rounds, each
+// a separate exchange between the members: every element lands once, in
+// its place.
+TEST_P(Collectives, MessagesLargerThanOneRound) {
+  auto& g = test_world().group();
+  const auto [dtype, rtol] = GetParam();
+  const int w = g.size();
+  const int64_t n = 1200007;  // 2.4 MB in bf16, 4.8 MB in fp32: two rounds or more, the last one partial
+
+  at::Tensor gathered = at::empty({n * w}, dtype);
+  all_gather_into_tensor(g, gathered, input_of(g.rank(), n, 20, dtype)).wait();
+  for (int r = 0; r < w; ++r) EXPECT_TRUE(gathered.narrow(0, r * n, n).equal(input_of(r, n, 20, dtype))) << r;
+
+  const int64_t m = 700001;  // each round carries 1/W of a member's buffer for each destination
+  at::Tensor mine = at::empty({m}, dtype);
+  reduce_scatter_tensor(g, mine, input_of(g.rank(), m * w, 21, dtype)).wait();
+  expect_close(mine, reference_sum(w, m * w, 21, dtype).narrow(0, g.rank() * m, m), rtol, 1e-6);
+
+  at::Tensor t = input_of(g.rank(), n, 22, dtype);
+  all_reduce(g, t, ReduceOp::kAvg).wait();
+  expect_close(t, reference_sum(w, n, 22, dtype) / w, rtol, 1e-6);
+
+  const int root = w - 1;
+  at::Tensor b = g.rank() == root ? input_of(root, n, 23, dtype) : at::zeros({n}, dtype);
+  broadcast(g, b, root).wait();
+  EXPECT_TRUE(b.equal(input_of(root, n, 23, dtype)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
                          ::testing::Values(DtypeCase{at::kFloat, 1e-5}, DtypeCase{at::kBFloat16, 0 /* measured: bf16_conversion_error() */}),
                          [](const auto& info) { return std::string(c10::toString(info.param.dtype)); });
+
+// Integer reductions are exact: each rank contributes rank + 1 at every
+// position, so the sum is W(W+1)/2 and the max W.
+TEST(CollectivesIntegers, AllReduceSumAndMaxAreExact) {
+  auto& g = test_world().group();
+  const int w = g.size();
+  for (const auto dtype : {at::kLong, at::kInt, at::kByte}) {
+    at::Tensor sum = at::full({5000}, g.rank() + 1, dtype);
+    all_reduce(g, sum, ReduceOp::kSum).wait();
+    EXPECT_TRUE(sum.eq(w * (w + 1) / 2).all().item<bool>()) << dtype;
+    at::Tensor max = at::full({5000}, g.rank() + 1, dtype);
+    all_reduce(g, max, ReduceOp::kMax).wait();
+    EXPECT_TRUE(max.eq(w).all().item<bool>()) << dtype;
+  }
+}
+
+// Ranks launched together on one host reach each other through shared
+// memory, unless FSDP_SHARED_MEMORY=0 keeps Gloo's TCP; a group of one
+// needs no transport of its own.
+TEST(CollectivesTransport, RanksOnOneHostUseSharedMemory) {
+  auto& g = test_world().group();
+  const char* setting = std::getenv("FSDP_SHARED_MEMORY");
+  const bool wanted = setting == nullptr || std::string(setting) != "0";
+  EXPECT_STREQ(g.transport(), g.size() > 1 && wanted ? "shared memory" : "gloo") << g.describe();
+}
 
 TEST(CollectivesInput, WrongSizesAreRejectedBeforeAnyTraffic) {
   auto& g = test_world().group();

@@ -50,6 +50,8 @@ struct EnumSpellings<dist::DeviceChoice> {
 
 namespace fsdp::dist {
 
+class SharedMemoryTransport;
+
 // The one device decision of a rank: the CPU, or CUDA device LOCAL_RANK
 // (modulo the visible count). Throws when CUDA is asked for and this build
 // has none or no device is visible.
@@ -62,8 +64,12 @@ struct DistOptions {
   std::optional<Backend> backend;                // backend_for(device) when unset
   DeviceChoice device = DeviceChoice::kAuto;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
+  // CPU groups whose members share a host move their collectives through
+  // shared memory rather than Gloo's TCP (see src/dist/shared_memory.cpp).
+  bool shared_memory = true;
 
-  // FSDP_BACKEND, FSDP_DEVICE and FSDP_TIMEOUT (seconds) override the defaults.
+  // FSDP_BACKEND, FSDP_DEVICE, FSDP_TIMEOUT (seconds) and FSDP_SHARED_MEMORY
+  // (1 or 0) override the defaults.
   static DistOptions from_env(const EnvMap& env);
 };
 
@@ -94,6 +100,12 @@ class ProcessGroup {
 
   // Each member's address (as it reaches MASTER_ADDR), in group rank order.
   std::vector<std::string> hosts;
+
+  // Set where every member shares this host and computes on the CPU: the
+  // collectives of collectives.h go through it instead of impl().
+  std::shared_ptr<SharedMemoryTransport> shared_memory;
+  // "shared memory", or the backend's name.
+  const char* transport() const;
 
   // Whether to try c10d's flat all-gather / reduce-scatter; cleared the first
   // time the backend refuses, after which the portable fallback runs.
