@@ -378,11 +378,14 @@ class TwoHosts {
 
   bool ok() const { return ok_; }
   const std::string& why() const { return why_; }
-  // `command` as node n (0 on A, 1 on B) of `fsdp launch --nnodes 2`.
+  // `command` as node n (0 on A, 1 on B) of `fsdp launch --nnodes 2`. Each
+  // "host" gets a /dev/shm of its own, as hosts have, so the ranks cannot
+  // reach each other through shared memory and the groups keep Gloo's TCP.
   std::string node(int n, int port, const std::string& command) const {
-    return "ip netns exec " + (n == 0 ? a_ : b_) + " env GLOO_SOCKET_IFNAME=" + (n == 0 ? va_ : vb_) +
-           " FSDP_TIMEOUT=5 " + kCli + " launch -n 1 --nnodes 2 --node-rank " + std::to_string(n) +
-           " --master-addr 10.213.0.1 --master-port " + std::to_string(port) + " --stop-grace 2 -- " + command;
+    return "ip netns exec " + (n == 0 ? a_ : b_) + " sh -c 'mount -t tmpfs tmpfs /dev/shm && exec env GLOO_SOCKET_IFNAME=" +
+           (n == 0 ? va_ : vb_) + " FSDP_TIMEOUT=5 " + kCli + " launch -n 1 --nnodes 2 --node-rank " +
+           std::to_string(n) + " --master-addr 10.213.0.1 --master-port " + std::to_string(port) +
+           " --stop-grace 2 -- " + command + "'";
   }
   void link(bool up) const { run_command("ip -n " + a_ + " link set " + va_ + (up ? " up" : " down")); }
 
@@ -399,7 +402,8 @@ TEST(TwoHosts, TrainAcrossTwoNamespacesThenSurviveALinkCut) {
   const std::string train = kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 2 --lr 1e-3 --log-every 1 "
                                    "--data " + corpus;
 
-  // Losses across the two hosts equal those of two ranks on one host.
+  // Losses across the two hosts (Gloo's TCP) equal those of two ranks on one
+  // host (shared memory): at W = 2 both sum the same two values.
   const auto one = run_command(kCli + " launch -n 2 -- " + train + " --steps 6 --out-dir " + dir + "/one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   {
