@@ -12,7 +12,9 @@ one; the peer runs this file's twin of the model, plain and under
 `fully_shard`, interleaved the same way, with PyTorch at its best (fused
 AdamW, scaled_dot_product_attention). Repetitions alternate fsdp.cpp and
 the peer. Per-unit overhead = (sharded step - unsharded step) / units, at
-W = 1, each against its own unsharded step.
+W = 1, each against its own unsharded step. At W = 2 fsdp.cpp also runs
+with FSDP_SHARED_MEMORY=0 (its collectives over Gloo's TCP, as the peer's
+are): the share of the lead its shared-memory transport gives.
 
     python3 bench/overhead.py [--reps 3] [--iters 20]
 """
@@ -121,13 +123,15 @@ def peer_main(a):
     os._exit(0)
 
 
-def ours(shape, world, iters):
+def ours(shape, world, iters, shared_memory=True):
     layers, c, heads = SHAPES[shape]
     cmd = (f"{FSDP} bench step --layers {layers} --dim {c} --heads {heads} --seq-len {SEQ} --batch-size {BATCH} "
            f"--vocab {VOCAB} -w 3 -i {iters}")
     if world > 1:
         cmd = f"{FSDP} launch -n {world} -- {cmd}"
-    out = subprocess.run(f"OMP_NUM_THREADS=1 {cmd}", shell=True, check=True, capture_output=True, text=True).stdout
+    env = "" if shared_memory else "FSDP_SHARED_MEMORY=0 "
+    out = subprocess.run(f"{env}OMP_NUM_THREADS=1 {cmd}", shell=True, check=True, capture_output=True,
+                         text=True).stdout
     result = {}
     for line in out.splitlines():
         line = line.split("] ", 1)[-1]
@@ -160,20 +164,24 @@ def main():
     cpu = subprocess.run("lscpu | sed -n 's/^Model name: *//p'", shell=True, capture_output=True, text=True).stdout
     print(f"# {cpu.strip()}; batch {BATCH} x {SEQ}, vocabulary {VOCAB}, one thread per rank; medians over {a.reps} "
           f"repetitions of each run's median over {a.iters} steps")
-    print(f"{'model':8} {'W':>2} {'side':8} {'unsharded s':>12} {'sharded s':>10} {'per unit ms':>12}")
+    print(f"{'model':8} {'W':>2} {'side':17} {'unsharded s':>12} {'sharded s':>10} {'per unit ms':>12}")
     for shape in SHAPES:
         units = SHAPES[shape][0] + 1
         for world in (1, 2):
             runs = {"fsdp.cpp": [], "FSDP2": []}
+            if world > 1:
+                runs["fsdp.cpp over TCP"] = []
             for _ in range(a.reps):
                 runs["fsdp.cpp"].append(ours(shape, world, a.iters))
+                if world > 1:
+                    runs["fsdp.cpp over TCP"].append(ours(shape, world, a.iters, shared_memory=False))
                 runs["FSDP2"].append(peer(shape, world, a.iters))
             for side, rs in runs.items():
                 sharded = statistics.median(r["sharded"] for r in rs)
                 plain = statistics.median(r["plain"] for r in rs) if world == 1 else None
                 per_unit = f"{(sharded - plain) / units * 1e3:12.3f}" if plain is not None else f"{'':12}"
                 plain_text = f"{plain:12.4f}" if plain is not None else f"{'':12}"
-                print(f"{shape:8} {world:>2} {side:8} {plain_text} {sharded:10.4f} {per_unit}", flush=True)
+                print(f"{shape:8} {world:>2} {side:17} {plain_text} {sharded:10.4f} {per_unit}", flush=True)
 
 
 if __name__ == "__main__":

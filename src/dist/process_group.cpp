@@ -299,8 +299,8 @@ ProcessGroup::ProcessGroup(std::string name, Backend backend, std::vector<int> g
 const char* ProcessGroup::transport() const { return shared_memory ? "shared memory" : to_string(backend_); }
 
 std::string ProcessGroup::describe() const {
-  return "group '" + name_ + "' (" + (shared_memory ? "gloo, shared memory" : to_string(backend_)) + ", rank " + std::to_string(rank_) + " of " +
-         std::to_string(size()) + ")";
+  const std::string how = shared_memory ? "gloo, shared memory" : to_string(backend_);
+  return "group '" + name_ + "' (" + how + ", rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
 }
 
 std::string ProcessGroup::describe_peers() const {

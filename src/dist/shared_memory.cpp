@@ -324,45 +324,38 @@ c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::submit(std::shared_ptr<Op>
   return work;
 }
 
+namespace {
+std::shared_ptr<SharedMemoryTransport::Op> make_op(SharedMemoryTransport::Op::Kind kind, at::Tensor output,
+                                                   at::Tensor input = {}, ReduceOp reduce_op = ReduceOp::kSum,
+                                                   int root = 0) {
+  auto op = std::make_shared<SharedMemoryTransport::Op>();
+  op->kind = kind;
+  op->output = std::move(output);
+  op->input = std::move(input);
+  op->reduce_op = reduce_op;
+  op->root = root;
+  return op;
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::all_gather(const at::Tensor& output, const at::Tensor& input) {
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kAllGather;
-  op->output = output;
-  op->input = input;
-  return submit(std::move(op));
+  return submit(make_op(Op::Kind::kAllGather, output, input));
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                                      ReduceOp reduce_op) {
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kReduceScatter;
-  op->output = output;
-  op->input = input;
-  op->reduce_op = reduce_op;
-  return submit(std::move(op));
+  return submit(make_op(Op::Kind::kReduceScatter, output, input, reduce_op));
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::all_reduce(const at::Tensor& tensor, ReduceOp reduce_op) {
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kAllReduce;
-  op->output = tensor;
-  op->reduce_op = reduce_op;
-  return submit(std::move(op));
+  return submit(make_op(Op::Kind::kAllReduce, tensor, {}, reduce_op));
 }
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::broadcast(const at::Tensor& tensor, int root) {
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kBroadcast;
-  op->output = tensor;
-  op->root = root;
-  return submit(std::move(op));
+  return submit(make_op(Op::Kind::kBroadcast, tensor, {}, ReduceOp::kSum, root));
 }
 
-c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::barrier() {
-  auto op = std::make_shared<Op>();
-  op->kind = Op::Kind::kBarrier;
-  return submit(std::move(op));
-}
+c10::intrusive_ptr<c10d::Work> SharedMemoryTransport::barrier() { return submit(make_op(Op::Kind::kBarrier, {})); }
 
 void SharedMemoryTransport::progress_loop() {
   while (true) {

@@ -382,8 +382,8 @@ class TwoHosts {
   // "host" gets a /dev/shm of its own, as hosts have, so the ranks cannot
   // reach each other through shared memory and the groups keep Gloo's TCP.
   std::string node(int n, int port, const std::string& command) const {
-    return "ip netns exec " + (n == 0 ? a_ : b_) + " sh -c 'mount -t tmpfs tmpfs /dev/shm && exec env GLOO_SOCKET_IFNAME=" +
-           (n == 0 ? va_ : vb_) + " FSDP_TIMEOUT=5 " + kCli + " launch -n 1 --nnodes 2 --node-rank " +
+    return "ip netns exec " + (n == 0 ? a_ : b_) +
+           " sh -c 'mount -t tmpfs tmpfs /dev/shm && exec env GLOO_SOCKET_IFNAME=" + (n == 0 ? va_ : vb_) + " FSDP_TIMEOUT=5 " + kCli + " launch -n 1 --nnodes 2 --node-rank " +
            std::to_string(n) + " --master-addr 10.213.0.1 --master-port " + std::to_string(port) +
            " --stop-grace 2 -- " + command + "'";
   }
