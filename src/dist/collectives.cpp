@@ -75,18 +75,19 @@ c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueF
 
 // Records the collective in the flight recorder and, under
 // FSDP_DEBUG=detail, checks that every rank is issuing the same one.
-// The group's shared-memory transport when it can take this collective (see
-// [Note: shared-memory collectives]); null: the backend's path.
-SharedMemoryTransport* shared(ProcessGroup& group, const at::Tensor& t) {
-  return group.shared_memory && t.is_cpu() ? group.shared_memory.get() : nullptr;
-}
-
 int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
   const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.role(), group.rank(), group.size(), t.numel(),
                                                        static_cast<int64_t>(t.nbytes()),
                                                        c10::toString(t.scalar_type()));
   if (detail_checks_enabled()) check_same_collective_everywhere(seq);
   return seq;
+}
+
+// The group's shared-memory transport when it can take this collective (see
+// [Note: shared-memory collectives]); null: the backend's path.
+SharedMemoryTransport* shared(ProcessGroup& group, const at::Tensor& a, const at::Tensor& b = {}) {
+  const bool on_cpu = a.is_cpu() && (!b.defined() || b.is_cpu());
+  return group.shared_memory && on_cpu ? group.shared_memory.get() : nullptr;
 }
 
 }  // namespace
@@ -188,7 +189,9 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
              ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
              ") elements, got ", output.numel(), " ", output.scalar_type());
   const int64_t seq = record(kOp, group, input);
-  if (auto* shm = shared(group, input)) return Work(kOp, &group, {shm->all_gather(output, input)}, nullptr, seq);
+  if (auto* shm = shared(group, input, output)) {
+    return Work(kOp, &group, {shm->all_gather(output, input)}, nullptr, seq);
+  }
   // See [Note: host tensors on NCCL].
   const at::Tensor comm_output = on_comm_device(group, output);
   std::function<void()> copy_back;
@@ -231,7 +234,7 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
              ": averaging needs a floating-point tensor, got ", input.scalar_type());
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, input);
-  if (auto* shm = shared(group, input); shm && SharedMemoryTransport::reduces(input.scalar_type(), true)) {
+  if (auto* shm = shared(group, input, output); shm && SharedMemoryTransport::reduces(input.scalar_type(), true)) {
     return Work(kOp, &group, {shm->reduce_scatter(output, input, op)}, nullptr, seq);
   }
 

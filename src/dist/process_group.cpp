@@ -388,12 +388,18 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
   auto group = std::make_shared<ProcessGroup>(name, backend_, global_ranks, rank, options_.timeout, std::move(impl));
   for (int r : global_ranks) group->hosts.push_back(hosts_[static_cast<size_t>(r)]);
   group->set_role(role);
-  if (backend_ == Backend::kGloo && options_.shared_memory && device_.is_cpu() && size > 1) {
+  if (backend_ == Backend::kGloo && size > 1) {
+    // Every member takes part, wanting it or not, so that all agree.
     std::string why;
-    group->shared_memory = SharedMemoryTransport::connect(*store, rank, size, &why);
+    try {
+      group->shared_memory = SharedMemoryTransport::connect(*store, rank, size,
+                                                            options_.shared_memory && device_.is_cpu(), &why);
+    } catch (const std::exception& e) {
+      throw Error("connecting " + name + " (" + std::to_string(size) + " ranks): " + error_text(e));
+    }
     const bool one_host = std::all_of(group->hosts.begin(), group->hosts.end(),
                                       [&](const std::string& h) { return h == group->hosts.front(); });
-    if (!group->shared_memory && one_host && rank == 0 && !why.empty()) {
+    if (!group->shared_memory && one_host && rank == 0 && !why.empty() && options_.shared_memory) {
       std::fprintf(stderr, "fsdp: %s keeps Gloo's TCP path; shared memory is unavailable: %s\n",
                    group->describe().c_str(), why.c_str());
     }

@@ -41,15 +41,24 @@ namespace fsdp::dist {
 //   them, as Gloo's threads do, so issuing never blocks and a collective
 //   progresses while the caller computes; the caller's wait blocks on its
 //   completion, with the group's timeout.
-// - Each member holds a POSIX lock on its own byte of the segment; the
-//   kernel drops it when the process exits, so a waiting member finds a
-//   dead peer within a tenth of a second and fails naming it, rather than at
-//   the timeout.
+// - Every round carries a description of its collective (operation, bytes,
+//   type, reduction, root) beside the member's counter, and each member
+//   compares the others' with its own before reading: ranks that issue
+//   different collectives fail at once, naming both, where TCP would mix
+//   or hang.
+// - Each member holds a lock on its own byte of the segment (an open file
+//   description lock); the kernel drops it when the process exits, so a
+//   waiting member finds a dead peer within a tenth of a second and fails
+//   naming it, rather than at the timeout.
 // - The segment is created by the group's rank 0 with a random name and
 //   token, checked by every member, and unlinked as soon as all have mapped
-//   it: nothing is left in /dev/shm after a crash. Where any member cannot
-//   map it (another host, a container with its own /dev/shm, no room), every
-//   member keeps Gloo. FSDP_SHARED_MEMORY=0 keeps Gloo throughout.
+//   it (or connecting fails): only a rank 0 killed inside connect() can
+//   leave one in /dev/shm. Where any member cannot or will not map it
+//   (another host, a container with its own /dev/shm, no room,
+//   FSDP_SHARED_MEMORY=0 on that rank), every member keeps Gloo.
+// - Collectives that the transport does not carry (reductions of bool or
+//   int8, say) go to Gloo on the same group; the transport's barrier does
+//   not wait for them, so callers wait on their handles first.
 
 namespace {
 
@@ -62,11 +71,15 @@ constexpr int kLivenessEveryMs = 100;
 int64_t align_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 // Header: the token, then the doorbell and sleeper count on lines of their
-// own, then each member's written and read counters, one line each.
+// own, then each member's written and read counters, one line each; the
+// written line also holds the description of the member's last two rounds
+// (by parity, as the buffers are).
 constexpr int64_t kTokenOffset = 0;
 constexpr int64_t kDoorbellOffset = kLine;
 constexpr int64_t kSleepersOffset = 2 * kLine;
 constexpr int64_t kCountersOffset = 4 * kLine;
+
+constexpr int64_t kDescriptionOffset = 8;  // within a written line: two of {bytes, what}
 
 int64_t data_offset(int size) { return align_up(kCountersOffset + 2 * size * kLine, kPage); }
 int64_t segment_bytes(int size, int64_t round_bytes) { return data_offset(size) + 2 * size * round_bytes; }
@@ -93,8 +106,11 @@ bool reached(uint32_t count, uint32_t target) { return static_cast<int32_t>(coun
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+// Open file description locks: held by this mapping's descriptor, not by
+// the process, so nothing else the process opens or closes drops them.
 bool lock_byte(int fd, int byte, int cmd, short type, struct flock* out = nullptr) {
   struct flock fl {};
+  fl.l_pid = 0;
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = byte;
@@ -146,6 +162,25 @@ void reduce(at::ScalarType type, char* out, const char* const* sources, int memb
 
 }  // namespace
 
+namespace {
+
+const char* kind_name(int kind) {
+  static const char* const kNames[] = {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast",
+                                       "barrier"};
+  return kind >= 0 && kind < 5 ? kNames[kind] : "an unknown collective";
+}
+
+// {bytes, kind | type << 8 | reduction << 16 | root << 24}
+std::string describe(const uint64_t* d) {
+  const int kind = static_cast<int>(d[1] & 0xff);
+  std::string text = std::string(kind_name(kind)) + " of " + std::to_string(d[0]) + " bytes";
+  if (kind != 4) text += std::string(" (") + c10::toString(static_cast<at::ScalarType>((d[1] >> 8) & 0xff)) + ")";
+  if (kind == 3) text += " from root " + std::to_string(d[1] >> 24);
+  return text;
+}
+
+}  // namespace
+
 struct SharedMemoryTransport::Op {
   enum class Kind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
   Kind kind;
@@ -153,6 +188,7 @@ struct SharedMemoryTransport::Op {
   at::Tensor input;
   ReduceOp reduce_op = ReduceOp::kSum;
   int root = 0;
+  uint64_t description[2] = {0, 0};  // what every member must be running alike
 
   std::mutex mutex;
   std::condition_variable finished;
@@ -200,70 +236,87 @@ class SharedMemoryWork : public c10d::Work {
 }  // namespace
 
 std::unique_ptr<SharedMemoryTransport> SharedMemoryTransport::connect(c10d::Store& store, int rank, int size,
-                                                                      std::string* why, int64_t round_bytes) {
+                                                                      bool wanted, std::string* why,
+                                                                      int64_t round_bytes) {
   if (size < 2) return nullptr;
   if (size > kMaxMembers) {
     if (why != nullptr) *why = "more than " + std::to_string(kMaxMembers) + " members";
     return nullptr;
   }
   if (round_bytes <= 0) round_bytes = default_round_bytes(size);
+  round_bytes = align_up(std::max<int64_t>(round_bytes, size * kLine), kLine);  // a line per destination at least
   const int64_t bytes = segment_bytes(size, round_bytes);
-  std::string error;
+  std::string error = wanted ? "" : "this rank does not take shared memory (FSDP_SHARED_MEMORY=0, or not on the CPU)";
   std::string name;
   int fd = -1;
   void* base = MAP_FAILED;
+  const auto release = [&] {
+    if (rank == 0 && fd >= 0) shm_unlink(name.c_str());
+    if (base != MAP_FAILED) munmap(base, static_cast<size_t>(bytes));
+    if (fd >= 0) close(fd);
+  };
   const auto map = [&] {
     base = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) error = "mmap of " + name + ": " + errno_text(errno);
   };
-  if (rank == 0) {
-    std::random_device entropy;
-    const uint64_t token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
-    char suffix[32];
-    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(token));
-    name = "/fsdp-" + std::to_string(getpid()) + "-" + suffix;
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      error = "creating /dev/shm" + name + ": " + errno_text(errno);
-    } else if (const int err = posix_fallocate(fd, 0, bytes); err != 0) {
-      error = "reserving " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " + errno_text(err);
+  std::string first_failure;
+  try {
+    if (rank == 0) {
+      std::random_device entropy;
+      const uint64_t token = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+      char suffix[32];
+      std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(token));
+      if (error.empty()) {
+        name = "/fsdp-" + std::to_string(getpid()) + "-" + suffix;
+        fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0) {
+          error = "creating /dev/shm" + name + ": " + errno_text(errno);
+        } else if (const int err = posix_fallocate(fd, 0, bytes); err != 0) {
+          error = "reserving " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " + errno_text(err);
+        } else {
+          map();
+          if (error.empty()) std::memcpy(static_cast<char*>(base) + kTokenOffset, &token, sizeof token);
+        }
+      }
+      const std::string published = error.empty() ? name + " " + suffix : std::string();
+      store.set("fsdp-shm/name", std::vector<uint8_t>(published.begin(), published.end()));
     } else {
-      map();
-      if (error.empty()) std::memcpy(static_cast<char*>(base) + kTokenOffset, &token, sizeof token);
-    }
-    const std::string published = error.empty() ? name + " " + suffix : std::string();
-    store.set("fsdp-shm/name", std::vector<uint8_t>(published.begin(), published.end()));
-  } else {
-    const auto published_bytes = store.get("fsdp-shm/name");
-    const std::string published(published_bytes.begin(), published_bytes.end());
-    const auto space = published.find(' ');
-    if (space == std::string::npos) {
-      error = "rank 0 could not create the segment";
-    } else {
-      name = published.substr(0, space);
-      const uint64_t token = std::stoull(published.substr(space + 1), nullptr, 16);
-      fd = shm_open(name.c_str(), O_RDWR, 0600);
-      struct stat st {};
-      if (fd < 0) {
-        error = "opening /dev/shm" + name + ": " + errno_text(errno) + " (another host or container?)";
-      } else if (fstat(fd, &st) != 0 || st.st_size != bytes) {
-        error = "/dev/shm" + name + " is not the segment rank 0 made";
+      const auto published_bytes = store.get("fsdp-shm/name");
+      const std::string published(published_bytes.begin(), published_bytes.end());
+      const auto space = published.find(' ');
+      if (!error.empty()) {
+        // this rank declines; its verdict says so
+      } else if (space == std::string::npos) {
+        error = "rank 0 made no segment";
       } else {
-        map();
-        uint64_t found = 0;
-        if (error.empty()) std::memcpy(&found, static_cast<char*>(base) + kTokenOffset, sizeof found);
-        if (error.empty() && found != token) error = "/dev/shm" + name + " holds another token (another host?)";
+        name = published.substr(0, space);
+        const uint64_t token = std::strtoull(published.c_str() + space + 1, nullptr, 16);
+        fd = shm_open(name.c_str(), O_RDWR, 0600);
+        struct stat st {};
+        if (fd < 0) {
+          error = "opening /dev/shm" + name + ": " + errno_text(errno) + " (another host or container?)";
+        } else if (fstat(fd, &st) != 0 || st.st_size != bytes) {
+          error = "/dev/shm" + name + " is not the segment rank 0 made";
+        } else {
+          map();
+          uint64_t found = 0;
+          if (error.empty()) std::memcpy(&found, static_cast<char*>(base) + kTokenOffset, sizeof found);
+          if (error.empty() && found != token) error = "/dev/shm" + name + " holds another token (another host?)";
+        }
       }
     }
-  }
-  if (error.empty() && !lock_byte(fd, rank, F_SETLK, F_WRLCK)) error = "locking its byte: " + errno_text(errno);
-  const std::string verdict = error.empty() ? "ok" : error;
-  store.set("fsdp-shm/ok/" + std::to_string(rank), std::vector<uint8_t>(verdict.begin(), verdict.end()));
-  std::string first_failure;
-  for (int r = 0; r < size; ++r) {
-    const auto v = store.get("fsdp-shm/ok/" + std::to_string(r));
-    const std::string text(v.begin(), v.end());
-    if (text != "ok" && first_failure.empty()) first_failure = "rank " + std::to_string(r) + ": " + text;
+    if (error.empty() && !lock_byte(fd, rank, F_OFD_SETLK, F_WRLCK)) error = "locking its byte: " + errno_text(errno);
+    const std::string verdict = error.empty() ? "ok" : error;
+    store.set("fsdp-shm/ok/" + std::to_string(rank), std::vector<uint8_t>(verdict.begin(), verdict.end()));
+    for (int r = 0; r < size; ++r) {
+      const auto v = store.get("fsdp-shm/ok/" + std::to_string(r));
+      const std::string text(v.begin(), v.end());
+      if (text != "ok" && first_failure.empty()) first_failure = "rank " + std::to_string(r) + ": " + text;
+    }
+  } catch (const std::exception& e) {
+    release();
+    throw std::runtime_error(std::string("agreeing on a shared-memory segment failed: ") + e.what() +
+                             "; a peer died or never arrived");
   }
   // Every member has mapped it or given up: the name is no longer needed.
   if (rank == 0 && fd >= 0) shm_unlink(name.c_str());
@@ -275,6 +328,8 @@ std::unique_ptr<SharedMemoryTransport> SharedMemoryTransport::connect(c10d::Stor
   }
   return std::unique_ptr<SharedMemoryTransport>(new SharedMemoryTransport(rank, size, fd, base, bytes, round_bytes));
 }
+
+uint32_t SharedMemoryTransport::rounds() const { return rounds_; }
 
 SharedMemoryTransport::SharedMemoryTransport(int rank, int size, int fd, void* base, int64_t mapped,
                                              int64_t round_bytes)
@@ -334,6 +389,11 @@ std::shared_ptr<SharedMemoryTransport::Op> make_op(SharedMemoryTransport::Op::Ki
   op->input = std::move(input);
   op->reduce_op = reduce_op;
   op->root = root;
+  const at::Tensor& sized = op->input.defined() ? op->input : op->output;
+  op->description[0] = sized.defined() ? static_cast<uint64_t>(sized.nbytes()) : 0;
+  op->description[1] = static_cast<uint64_t>(kind) |
+                       (sized.defined() ? static_cast<uint64_t>(sized.scalar_type()) << 8 : 0) |
+                       static_cast<uint64_t>(reduce_op) << 16 | static_cast<uint64_t>(root) << 24;
   return op;
 }
 }  // namespace
@@ -386,8 +446,8 @@ std::string SharedMemoryTransport::dead_member() const {
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     struct flock fl {};
-    if (lock_byte(fd_, j, F_GETLK, F_WRLCK, &fl) && fl.l_type == F_UNLCK) {
-      return "rank " + std::to_string(j) + " of the group exited";
+    if (lock_byte(fd_, j, F_OFD_GETLK, F_WRLCK, &fl) && fl.l_type == F_UNLCK) {
+      return "the group's rank " + std::to_string(j) + " exited";
     }
   }
   return "";
@@ -413,13 +473,15 @@ void SharedMemoryTransport::wait_until(const char* what, const std::function<boo
       slept_ms = 0;
       if (ready()) return;
       const std::string dead = dead_member();
+      // A peer may have finished its part and exited since ready() was read.
+      if (!dead.empty() && ready()) return;
       if (!dead.empty()) throw std::runtime_error(dead + " while this rank waited for " + what + " (shared memory)");
     }
   }
 }
 
 template <typename Write, typename Read>
-void SharedMemoryTransport::round(Write&& write, Read&& read) {
+void SharedMemoryTransport::round(const uint64_t* description, Write&& write, Read&& read) {
   const uint32_t k = rounds_ + 1;
   const int64_t buffer = k & 1;
   const auto counter = [&](int which, int member) {
@@ -441,44 +503,69 @@ void SharedMemoryTransport::round(Write&& write, Read&& read) {
     }
     return true;
   };
-  // This buffer was last read in round k - 2.
+  const auto described = [&](int member) {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(counter(0, member)) + kDescriptionOffset +
+                                       buffer * 2 * sizeof(uint64_t));
+  };
+  // This buffer (and description) was last read in round k - 2.
   wait_until("the others to read the previous round", [&] { return all_reached(1, k - 2); });
+  std::memcpy(described(rank_), description, 2 * sizeof(uint64_t));
   write(slot(rank_));
   publish(0);
   wait_until("the others' data", [&] { return all_reached(0, k); });
+  for (int j = 0; j < size_; ++j) {
+    if (std::memcmp(described(j), description, 2 * sizeof(uint64_t)) != 0) {
+      throw std::runtime_error("ranks issued different collectives: the group's rank " + std::to_string(j) +
+                               " is in " + describe(described(j)) + " where rank " + std::to_string(rank_) +
+                               " is in " + describe(description) + " (shared memory)");
+    }
+  }
   read(slot);
   publish(1);
   rounds_ = k;
 }
 
+namespace {
+// fn(offset, length) over [0, n) in steps of `step`, at least once: a
+// collective of nothing still meets the others, and is checked against them.
+template <typename Fn>
+void in_rounds(int64_t n, int64_t step, Fn&& fn) {
+  int64_t off = 0;
+  do {
+    fn(off, std::min(step, n - off));
+    off += step;
+  } while (off < n);
+}
+}  // namespace
+
 void SharedMemoryTransport::run(Op& op) {
   const int64_t r = round_bytes_;
+  const uint64_t* what = op.description;
   switch (op.kind) {
     case Op::Kind::kAllGather: {
       const char* in = static_cast<const char*>(op.input.data_ptr());
       char* out = static_cast<char*>(op.output.data_ptr());
       const int64_t n = static_cast<int64_t>(op.input.nbytes());
-      for (int64_t off = 0; off < n; off += r) {
-        const int64_t len = std::min(r, n - off);
-        round([&](char* mine) { std::memcpy(mine, in + off, len); },
-              [&](const auto& slot) {
-                for (int j = 0; j < size_; ++j) std::memcpy(out + j * n + off, slot(j), len);
-              });
-      }
+      in_rounds(n, r, [&](int64_t off, int64_t len) {
+        round(
+            what, [&](char* mine) { std::memcpy(mine, in + off, len); },
+            [&](const auto& slot) {
+              for (int j = 0; j < size_; ++j) std::memcpy(out + j * n + off, slot(j), len);
+            });
+      });
       return;
     }
     case Op::Kind::kReduceScatter: {
       const int64_t es = static_cast<int64_t>(op.output.element_size());
       const int64_t n = op.output.numel();
       // Each round carries a sub-chunk for every destination, aligned to a line.
-      const int64_t stride = std::max<int64_t>(kLine, r / size_ / kLine * kLine);
-      const int64_t per_round = stride / es;
+      const int64_t stride = r / size_ / kLine * kLine;
       const char* in = static_cast<const char*>(op.input.data_ptr());
       char* out = static_cast<char*>(op.output.data_ptr());
       const char* sources[kMaxMembers];
-      for (int64_t off = 0; off < n; off += per_round) {
-        const int64_t len = std::min(per_round, n - off);
+      in_rounds(n, stride / es, [&](int64_t off, int64_t len) {
         round(
+            what,
             [&](char* mine) {
               for (int d = 0; d < size_; ++d) std::memcpy(mine + d * stride, in + (d * n + off) * es, len * es);
             },
@@ -486,42 +573,39 @@ void SharedMemoryTransport::run(Op& op) {
               for (int j = 0; j < size_; ++j) sources[j] = slot(j) + rank_ * stride;
               reduce(op.output.scalar_type(), out + off * es, sources, size_, len, op.reduce_op);
             });
-      }
+      });
       return;
     }
     case Op::Kind::kAllReduce: {
       const int64_t es = static_cast<int64_t>(op.output.element_size());
-      const int64_t n = op.output.numel();
-      const int64_t per_round = r / es;
       char* data = static_cast<char*>(op.output.data_ptr());
       const char* sources[kMaxMembers];
-      for (int64_t off = 0; off < n; off += per_round) {
-        const int64_t len = std::min(per_round, n - off);
-        round([&](char* mine) { std::memcpy(mine, data + off * es, len * es); },
-              [&](const auto& slot) {
-                for (int j = 0; j < size_; ++j) sources[j] = slot(j);
-                reduce(op.output.scalar_type(), data + off * es, sources, size_, len, op.reduce_op);
-              });
-      }
+      in_rounds(op.output.numel(), r / es, [&](int64_t off, int64_t len) {
+        round(
+            what, [&](char* mine) { std::memcpy(mine, data + off * es, len * es); },
+            [&](const auto& slot) {
+              for (int j = 0; j < size_; ++j) sources[j] = slot(j);
+              reduce(op.output.scalar_type(), data + off * es, sources, size_, len, op.reduce_op);
+            });
+      });
       return;
     }
     case Op::Kind::kBroadcast: {
       char* data = static_cast<char*>(op.output.data_ptr());
-      const int64_t n = static_cast<int64_t>(op.output.nbytes());
-      for (int64_t off = 0; off < n; off += r) {
-        const int64_t len = std::min(r, n - off);
+      in_rounds(static_cast<int64_t>(op.output.nbytes()), r, [&](int64_t off, int64_t len) {
         round(
+            what,
             [&](char* mine) {
               if (rank_ == op.root) std::memcpy(mine, data + off, len);
             },
             [&](const auto& slot) {
               if (rank_ != op.root) std::memcpy(data + off, slot(op.root), len);
             });
-      }
+      });
       return;
     }
     case Op::Kind::kBarrier:
-      round([](char*) {}, [](const auto&) {});
+      round(what, [](char*) {}, [](const auto&) {});
       return;
   }
 }

@@ -37,10 +37,12 @@ class SharedMemoryTransport {
   // Maps one segment for the group's `size` members, agreeing through
   // `store` (a store private to the group). Returns null on every member
   // when any member cannot map it (another host, another /dev/shm, no space
-  // there); `why` then says what failed. Collective over the group.
+  // there) or does not want it (`wanted` false); `why` then says which.
+  // Collective over the group: every member calls it, wanted or not.
+  // Throws when the agreement itself fails (a peer died meanwhile).
   // round_bytes 0: default_round_bytes(size).
-  static std::unique_ptr<SharedMemoryTransport> connect(c10d::Store& store, int rank, int size, std::string* why,
-                                                        int64_t round_bytes = 0);
+  static std::unique_ptr<SharedMemoryTransport> connect(c10d::Store& store, int rank, int size, bool wanted,
+                                                        std::string* why, int64_t round_bytes = 0);
   ~SharedMemoryTransport();
   SharedMemoryTransport(const SharedMemoryTransport&) = delete;
   SharedMemoryTransport& operator=(const SharedMemoryTransport&) = delete;
@@ -57,6 +59,10 @@ class SharedMemoryTransport {
   c10::intrusive_ptr<c10d::Work> broadcast(const at::Tensor& tensor, int root);
   c10::intrusive_ptr<c10d::Work> barrier();
 
+  // Rounds this member has completed, for tests: read after waiting on a
+  // collective of this transport.
+  uint32_t rounds() const;
+
   struct Op;
 
  private:
@@ -67,7 +73,7 @@ class SharedMemoryTransport {
   // One round: the caller's bytes are in its buffer once `write` returns;
   // `read` runs when every member has written.
   template <typename Write, typename Read>
-  void round(Write&& write, Read&& read);
+  void round(const uint64_t* description, Write&& write, Read&& read);
   void wait_until(const char* what, const std::function<bool()>& ready);
   std::string dead_member() const;
 

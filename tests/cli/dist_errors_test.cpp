@@ -157,10 +157,23 @@ TEST(DistErrors, SurvivorNamesTheDeadPeerOnEitherTransport) {
     const auto r = run_command("(" + env + " RANK=1 " + kWorker + " die &); " + env + " RANK=0 " + kWorker + " die");
     expect_clean_failure(r, "all_reduce #1 on group 'world'");
     if (std::string(shared) == "1") {
-      EXPECT_TRUE(contains(r.output, "rank 1 of the group exited")) << r.output;
+      EXPECT_TRUE(contains(r.output, "the group's rank 1 exited")) << r.output;
     }
     EXPECT_LT(r.seconds, 20) << "FSDP_SHARED_MEMORY=" << shared;
   }
+}
+
+// Ranks that disagree on FSDP_SHARED_MEMORY agree on Gloo, at once.
+TEST(DistErrors, RanksThatDisagreeOnSharedMemoryAllKeepGloo) {
+  const std::string env = "env FSDP_TIMEOUT=60 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(dist::find_free_port());
+  // Grouped, so that the rank's stderr is captured, not only the last command's.
+  const auto r = run_command("((" + env + " RANK=1 FSDP_SHARED_MEMORY=0 " + kWorker + " ok &); " + env +
+                             " RANK=0 FSDP_SHARED_MEMORY=1 " + kWorker + " ok)");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "shared memory is unavailable: rank 1: this rank does not take shared memory"))
+      << r.output;
+  EXPECT_LT(r.seconds, 20);
 }
 
 TEST(DistErrors, BadSharedMemorySetting) {

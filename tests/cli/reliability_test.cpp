@@ -167,6 +167,23 @@ TEST(Desync, DetailCatchesASkippedCollective) {
   expect_desync(r, {"rank 0: all_reduce #2", "rank 1: barrier #2"});
 }
 
+// Without FSDP_DEBUG=detail, ranks on one host that issue different
+// collectives fail in the first round, each naming both: every round of
+// the shared-memory transport carries what it is.
+TEST(Desync, SharedMemoryNamesBothCollectivesWithoutDetail) {
+  auto r = run_command("env FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker + " desync-size");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 15);
+  for (const char* needle : {"ranks issued different collectives", "all_reduce of 4000 bytes (Float)",
+                             "all_reduce of 4096 bytes (Float)"}) {
+    EXPECT_TRUE(contains(r.output, needle)) << needle << " in\n" << r.output;
+  }
+  r = run_command("env FSDP_TIMEOUT=20 " + kCli + " launch -n 2 -- " + kWorker + " desync-order");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "broadcast of 4096 bytes (Float) from root 0")) << r.output;
+  EXPECT_TRUE(contains(r.output, "all_reduce of 4096 bytes (Float)")) << r.output;
+}
+
 TEST(Hang, ATimeoutEndsWithTheLaunchersSummaryOfWhereEachRankWaits) {
   // Rank 1 waits in a collective of a group rank 0 never uses: both hang
   // until the timeout.

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "dist_test_world.h"
+#include "dist/shared_memory.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::dist {
@@ -212,6 +213,14 @@ TEST(CollectivesTransport, RanksOnOneHostUseSharedMemory) {
   const char* setting = std::getenv("FSDP_SHARED_MEMORY");
   const bool wanted = setting == nullptr || std::string(setting) != "0";
   EXPECT_STREQ(g.transport(), g.size() > 1 && wanted ? "shared memory" : "gloo") << g.describe();
+  if (!g.shared_memory) return;
+  // And the collectives go through it: each moves its rounds there.
+  const uint32_t before = g.shared_memory->rounds();
+  at::Tensor t = at::ones({10});
+  all_reduce(g, t).wait();
+  at::Tensor gathered = at::empty({10 * g.size()});
+  all_gather_into_tensor(g, gathered, t).wait();
+  EXPECT_EQ(g.shared_memory->rounds() - before, 2u);
 }
 
 TEST(CollectivesInput, WrongSizesAreRejectedBeforeAnyTraffic) {
