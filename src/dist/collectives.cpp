@@ -338,13 +338,10 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
 
 void barrier(ProcessGroup& group) {
   const int64_t seq = record("barrier", group, at::empty({0}));
-  if (group.shared_memory) {
-    Work("barrier", &group, {group.shared_memory->barrier()}, nullptr, seq).wait();
-    return;
-  }
   c10d::BarrierOptions opts;
   opts.timeout = group.timeout();
-  auto work = issue("barrier", group, [&] { return group.impl().barrier(opts); });
+  auto work = group.shared_memory ? group.shared_memory->barrier()
+                                  : issue("barrier", group, [&] { return group.impl().barrier(opts); });
   Work("barrier", &group, {work}, nullptr, seq).wait();
 }
 

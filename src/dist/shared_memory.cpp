@@ -250,8 +250,13 @@ std::unique_ptr<SharedMemoryTransport> SharedMemoryTransport::connect(c10d::Stor
   std::string name;
   int fd = -1;
   void* base = MAP_FAILED;
+  bool named = false;  // rank 0's segment still has its name in /dev/shm
+  const auto unlink_name = [&] {
+    if (named) shm_unlink(name.c_str());
+    named = false;
+  };
   const auto release = [&] {
-    if (rank == 0 && fd >= 0) shm_unlink(name.c_str());
+    unlink_name();
     if (base != MAP_FAILED) munmap(base, static_cast<size_t>(bytes));
     if (fd >= 0) close(fd);
   };
@@ -269,6 +274,7 @@ std::unique_ptr<SharedMemoryTransport> SharedMemoryTransport::connect(c10d::Stor
       if (error.empty()) {
         name = "/fsdp-" + std::to_string(getpid()) + "-" + suffix;
         fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+        named = fd >= 0;
         if (fd < 0) {
           error = "creating /dev/shm" + name + ": " + errno_text(errno);
         } else if (const int err = posix_fallocate(fd, 0, bytes); err != 0) {
@@ -319,10 +325,9 @@ std::unique_ptr<SharedMemoryTransport> SharedMemoryTransport::connect(c10d::Stor
                              "; a peer died or never arrived");
   }
   // Every member has mapped it or given up: the name is no longer needed.
-  if (rank == 0 && fd >= 0) shm_unlink(name.c_str());
+  unlink_name();
   if (!first_failure.empty()) {
-    if (base != MAP_FAILED) munmap(base, static_cast<size_t>(bytes));
-    if (fd >= 0) close(fd);
+    release();
     if (why != nullptr) *why = first_failure;
     return nullptr;
   }
@@ -458,8 +463,8 @@ void SharedMemoryTransport::wait_until(const char* what, const std::function<boo
     if (ready()) return;
     cpu_relax();
   }
-  auto* doorbell = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kDoorbellOffset);
-  auto* sleepers = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kSleepersOffset);
+  auto* doorbell = word(kDoorbellOffset);
+  auto* sleepers = word(kSleepersOffset);
   int slept_ms = 0;
   while (true) {
     const uint32_t bell = doorbell->load();
@@ -485,13 +490,13 @@ void SharedMemoryTransport::round(const uint64_t* description, Write&& write, Re
   const uint32_t k = rounds_ + 1;
   const int64_t buffer = k & 1;
   const auto counter = [&](int which, int member) {
-    return reinterpret_cast<std::atomic<uint32_t>*>(base_ + kCountersOffset + (which * size_ + member) * kLine);
+    return word(kCountersOffset + (which * size_ + member) * kLine);
   };
   const auto slot = [&](int member) -> char* {
     return base_ + data_offset(size_) + (buffer * size_ + member) * round_bytes_;
   };
-  auto* doorbell = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kDoorbellOffset);
-  auto* sleepers = reinterpret_cast<std::atomic<uint32_t>*>(base_ + kSleepersOffset);
+  auto* doorbell = word(kDoorbellOffset);
+  auto* sleepers = word(kSleepersOffset);
   const auto publish = [&](int which) {
     counter(which, rank_)->store(k, std::memory_order_release);
     doorbell->fetch_add(1);

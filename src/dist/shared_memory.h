@@ -76,6 +76,10 @@ class SharedMemoryTransport {
   void round(const uint64_t* description, Write&& write, Read&& read);
   void wait_until(const char* what, const std::function<bool()>& ready);
   std::string dead_member() const;
+  // The 32-bit counter at `offset` in the segment.
+  std::atomic<uint32_t>* word(int64_t offset) const {
+    return reinterpret_cast<std::atomic<uint32_t>*>(base_ + offset);
+  }
 
   int rank_;
   int size_;
