@@ -92,7 +92,7 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   FSDP_CHECK(pf.world_size >= 1, "--world-size ", pf.world_size, ": expected at least 1");
   const plan::Device* device = pf.device.empty() ? nullptr : &plan::find_device(pf.device);
   plan::Target target;
-  target.flash_attention = target.composite_loss = device != nullptr;
+  target.flash_attention = target.composite_loss = target.composite_elementwise = device != nullptr;
   target.selective_checkpointing = pf.selective_ac;
   const plan::ModelShape shape = plan::model_shape(job.model);
   const plan::Prediction prediction = plan::predict(shape, job, pf.world_size, target);

@@ -102,4 +102,28 @@ void layer_norm_backward_row(const float* x, const float* dy, const float* w, fl
 void layer_norm_backward_row_bf16(const uint16_t* x, const uint16_t* dy, const float* w, float mean, float rstd,
                                   uint16_t* dx, float* dw, float* db, float* scratch, int64_t n);
 
+// RMS norm over one row of n values: y = w * (x * rstd), rstd = 1 /
+// sqrt(mean(x^2) + eps) written out for backward. w is float; x and y
+// fp32 or bf16 bits (`scratch`: n floats), bf16 rounded before the weight
+// and after it, as Hugging Face's formula rounds.
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps, float* rstd);
+void rms_norm_row_bf16(const uint16_t* x, const float* w, uint16_t* y, float* scratch, int64_t n, float eps,
+                       float* rstd);
+// Its backward for one row: dx written, dy * x * rstd (as forward rounded
+// it) added into dw, a float accumulator of n. `scratch`: n floats in
+// fp32, 4n in bf16.
+void rms_norm_backward_row(const float* x, const float* dy, const float* w, float rstd, float* dx, float* dw,
+                           float* scratch, int64_t n);
+void rms_norm_backward_row_bf16(const uint16_t* x, const uint16_t* dy, const float* w, float rstd, uint16_t* dx,
+                                float* dw, float* scratch, int64_t n);
+
+// SwiGLU's activation, h = silu(g) * u element-wise, and its backward (dg
+// and du from dh), in fp32 or on bf16 bits (computed in float, rounded
+// once).
+void silu_mul(const float* g, const float* u, float* h, int64_t n);
+void silu_mul_backward(const float* g, const float* u, const float* dh, float* dg, float* du, int64_t n);
+void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n);
+void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du,
+                            int64_t n);
+
 }  // namespace fsdp::kernels

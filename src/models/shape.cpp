@@ -9,9 +9,11 @@ int64_t attention_kept(int64_t heads, const ActivationSizes& s) {
 }
 
 int64_t rms_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s) {
-  const int64_t elems = rows * width, per_row = rows * 4;
-  if (s.compute == 4) return elems * (4 + 4) + per_row;
-  return elems * (4 + 2 + 2) + per_row;
+  return rows * width * s.compute + rows * 4 + (s.compute == 4 ? 0 : width * 4);
+}
+
+int64_t swiglu_kept(int64_t rows, int64_t ffn, const ActivationSizes& s) {
+  return (s.composite_swiglu ? 4 : 3) * rows * ffn * s.compute;
 }
 
 int64_t layer_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s) {

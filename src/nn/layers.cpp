@@ -99,6 +99,9 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // It rounds once after the weight where Hugging Face rounds before it too.
   if (x.is_cuda() && weight.scalar_type() == x.scalar_type()) return at::rms_norm(x, {weight.size(0)}, weight, eps);
 #endif
+  const bool ours = x.device().is_cpu() && weight.scalar_type() == x.scalar_type() &&
+                    (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+  if (ours) return rms_norm_rows(x, weight, eps);
   auto x32 = x.to(torch::kFloat);
   auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
@@ -110,7 +113,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t hidden, double std) {
   down_proj = register_module("down_proj", Linear(hidden, dim, /*bias=*/false, std));
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down_proj(silu_mul(gate_proj(x), up_proj(x))); }
 
 namespace {
 
@@ -226,7 +229,123 @@ struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
   }
 };
 
+struct RMSNormRows : public torch::autograd::Function<RMSNormRows> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& weight, double eps) {
+    RECORD_USER_SCOPE("fsdp::rms_norm");
+    const int64_t n = weight.numel();
+    const auto x = input.contiguous();
+    const int64_t rows = x.numel() / n;
+    auto y = torch::empty_like(x);
+    auto rstd = torch::empty({rows}, x.options().dtype(at::kFloat));
+    const auto w = weight.to(at::kFloat).contiguous();
+    const bool bf16 = x.scalar_type() == at::kBFloat16;
+    at::parallel_for(0, rows, kLayerNormRowBlock, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(bf16 ? n : 0);
+      for (int64_t r = begin; r < end; ++r) {
+        if (bf16) {
+          kernels::rms_norm_row_bf16(bf16_bits(x) + r * n, w.data_ptr<float>(), bf16_bits(y) + r * n, scratch.data(),
+                                     n, static_cast<float>(eps), rstd.data_ptr<float>() + r);
+        } else {
+          kernels::rms_norm_row(x.data_ptr<float>() + r * n, w.data_ptr<float>(), y.data_ptr<float>() + r * n, n,
+                                static_cast<float>(eps), rstd.data_ptr<float>() + r);
+        }
+      }
+    });
+    ctx->save_for_backward({x, w, rstd});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    RECORD_USER_SCOPE("fsdp::rms_norm_backward");
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
+    const int64_t n = w.numel(), rows = x.numel() / n;
+    const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
+    auto dx = torch::empty_like(x);
+    auto partial = torch::zeros({blocks, n}, x.options().dtype(at::kFloat));  // per block: dw
+    const bool bf16 = x.scalar_type() == at::kBFloat16;
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch((bf16 ? 4 : 1) * n);
+      for (int64_t block = begin; block < end; ++block) {
+        float* dw = partial.data_ptr<float>() + block * n;
+        const int64_t stop = std::min(rows, (block + 1) * kLayerNormRowBlock);
+        for (int64_t r = block * kLayerNormRowBlock; r < stop; ++r) {
+          const float row_rstd = rstd.data_ptr<float>()[r];
+          if (bf16) {
+            kernels::rms_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
+                                                row_rstd, bf16_bits(dx) + r * n, dw, scratch.data(), n);
+          } else {
+            kernels::rms_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
+                                           w.data_ptr<float>(), row_rstd, dx.data_ptr<float>() + r * n, dw,
+                                           scratch.data(), n);
+          }
+        }
+      }
+    });
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {dx, partial.sum(0).to(dtype), torch::Tensor()};
+  }
+};
+
+constexpr int64_t kSiluMulGrain = 1 << 14;
+
+struct SiluMul : public torch::autograd::Function<SiluMul> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    RECORD_USER_SCOPE("fsdp::silu_mul");
+    const auto g = gate.contiguous(), u = up.contiguous();
+    auto h = torch::empty_like(g);
+    at::parallel_for(0, g.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
+      if (g.scalar_type() == at::kBFloat16) {
+        kernels::silu_mul_bf16(bf16_bits(g) + begin, bf16_bits(u) + begin, bf16_bits(h) + begin, end - begin);
+      } else {
+        kernels::silu_mul(g.data_ptr<float>() + begin, u.data_ptr<float>() + begin, h.data_ptr<float>() + begin,
+                          end - begin);
+      }
+    });
+    ctx->save_for_backward({g, u});
+    return h;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    RECORD_USER_SCOPE("fsdp::silu_mul_backward");
+    const auto saved = ctx->get_saved_variables();
+    const auto &g = saved[0], &u = saved[1];
+    const auto dh = grad_outputs[0].to(g.scalar_type()).contiguous();
+    auto dg = torch::empty_like(g), du = torch::empty_like(u);
+    at::parallel_for(0, g.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
+      if (g.scalar_type() == at::kBFloat16) {
+        kernels::silu_mul_backward_bf16(bf16_bits(g) + begin, bf16_bits(u) + begin, bf16_bits(dh) + begin,
+                                        bf16_bits(dg) + begin, bf16_bits(du) + begin, end - begin);
+      } else {
+        kernels::silu_mul_backward(g.data_ptr<float>() + begin, u.data_ptr<float>() + begin,
+                                   dh.data_ptr<float>() + begin, dg.data_ptr<float>() + begin,
+                                   du.data_ptr<float>() + begin, end - begin);
+      }
+    });
+    return {dg, du};
+  }
+};
+
 }  // namespace
+
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  FSDP_CHECK(x.size(-1) == weight.numel(), "rms_norm: input of width ", x.size(-1), " for a weight of ",
+             weight.numel());
+  return RMSNormRows::apply(x, weight, eps);
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up) {
+  const bool ours = gate.device().is_cpu() && up.device().is_cpu() && gate.sizes() == up.sizes() &&
+                    gate.scalar_type() == up.scalar_type() &&
+                    (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16);
+  return ours ? SiluMul::apply(gate, up) : torch::silu(gate) * up;
+}
 
 torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                               double eps) {

@@ -315,6 +315,7 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   s.N = s.B * s.T;
   if (job.runtime.precision == train::Precision::kBf16) s.compute = s.logits = 2;
   s.flash = target.flash_attention;
+  s.composite_swiglu = target.composite_elementwise;
   // Every part is a product of these sizes, or a sum of such products:
   // bounded first, in floating point, so that no int64 overflows. A
   // block's formula is linear in its rows apart from attention's T x T:

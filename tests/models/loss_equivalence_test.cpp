@@ -70,7 +70,7 @@ class OpCounter {
 // The operator each block's MLP calls once in forward, never in backward,
 // and nothing outside the blocks calls: its activation.
 const char* activation_op(const std::string& preset) {
-  return preset == "gpt2-tiny" ? "fsdp::gelu_tanh" : "aten::silu";
+  return preset == "gpt2-tiny" ? "fsdp::gelu_tanh" : "fsdp::silu_mul";
 }
 
 class PerFamily : public ::testing::TestWithParam<std::string> {};

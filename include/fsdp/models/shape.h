@@ -24,6 +24,9 @@ struct ActivationSizes {
   int64_t compute = 4;
   bool flash = false;
   bool worst_expert_load = false;
+  // SwiGLU's activation as LibTorch's two operators (a GPU), which keep
+  // silu(gate) too, instead of nn::silu_mul, which keeps gate and up only.
+  bool composite_swiglu = false;
 };
 
 // Bytes one block holds for backward: `kept` without checkpointing (its
@@ -80,11 +83,14 @@ struct ModelShape {
 // log-sum-exp (fp32) on a GPU. Chunked attention's windows keep what they
 // would whole.
 int64_t attention_kept(int64_t heads, const ActivationSizes& s);
-// One RMSNorm (nn::RMSNorm, composite ops) over `rows` x `width`: besides
-// its input (counted where it was made), fp32: the normalised rows and the
-// output; bf16: the input's fp32 copy, the normalised rows cast back and
-// the output; both rsqrt's per-row output.
+// One RMSNorm over `rows` x `width` (nn::rms_norm_rows on the CPU,
+// LibTorch's rms_norm on a GPU): besides its input (counted where it was
+// made), its output (the next matmul's input), the per-row rstd in fp32,
+// and in bf16 the fp32 copy of the weight the CPU kernel keeps.
 int64_t rms_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s);
+// One SwiGLU activation over `rows` x `ffn`: gate, up and the product (the
+// down projection's input), and silu(gate) where it is composite.
+int64_t swiglu_kept(int64_t rows, int64_t ffn, const ActivationSizes& s);
 // One LayerNorm: its output, per-row mean and rstd, and in bf16 the fp32
 // copy of the weight nn::layer_norm_rows keeps.
 int64_t layer_norm_saved(int64_t rows, int64_t width, const ActivationSizes& s);

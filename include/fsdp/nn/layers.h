@@ -72,6 +72,18 @@ torch::Tensor gelu_tanh(const torch::Tensor& x);
 torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                               double eps);
 
+// RMS norm over the last dimension, y = weight * (x * rsqrt(mean(x^2) +
+// eps)), one vectorised pass per row each way with the statistics in
+// float, for CPU tensors in fp32 or bf16 (x and weight of one dtype; bf16
+// rounded before the weight and after it, as Hugging Face rounds).
+// RMSNorm uses it on the CPU where the formula takes eight passes.
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// SwiGLU's activation, silu(gate) * up, in one vectorised pass each way on
+// CPU in fp32 and bf16 (computed in float, rounded once; nothing kept but
+// the two inputs); elsewhere, LibTorch's two operators.
+torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up);
+
 struct LayerNormImpl : torch::nn::Module {
   LayerNormImpl(int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);

@@ -30,6 +30,9 @@ struct Target {
   // fp32 copy and the kept log-softmax, instead of the fused CPU kernel's
   // one buffer. The chunked loss is the CPU kernel's: off here.
   bool composite_loss = false;
+  // SwiGLU's activation as LibTorch's operators (a GPU) rather than the
+  // CPU's fused kernel.
+  bool composite_elementwise = false;
   // torchtitan's selective (op-level) activation checkpointing instead of
   // the job's: each block keeps its input, every other matmul's output and
   // the attention's output, and recomputes the rest in backward.

@@ -12,14 +12,13 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
   const int64_t q = heads * hd, kv = kv_heads * hd;
   const int64_t attention = attention_kept(heads, s);
   // The rotation's tables need no gradient, so it keeps nothing: q and k
-  // after it are kept by the attention. Qwen3's per-head norms keep the
-  // input's fp32 form (in fp32, the projection's output itself) and the
-  // normalised rows (in the compute dtype), and rsqrt's output per head
-  // and token; their output is not kept (the rotation does not need it).
+  // after it are kept by the attention. Qwen3's per-head norms keep their
+  // input (the projection's output) and rstd per head and token; their
+  // output is not kept (the rotation does not need it).
   // Llama 4's L2 norm has no weight: it keeps its input's fp32 form and
   // rsqrt's output, not the normalised rows.
   int64_t qk = N * (q + kv) * cb;
-  if (qk_norm == QkNorm::kRms) qk += N * (q + kv) * (4 + cb) + N * (heads + kv_heads) * 4;
+  if (qk_norm == QkNorm::kRms) qk += N * (q + kv) * cb + N * (heads + kv_heads) * 4;
   if (qk_norm == QkNorm::kL2) qk += N * (q + kv) * 4 + N * (heads + kv_heads) * 4;
   BlockMemory m;
   m.kept = N * C * cb                      // input
@@ -28,7 +27,7 @@ BlockMemory llama_dense_block_memory(const LlamaConfig& c, int64_t ffn, const Ac
            + attention + N * q * cb        // the attention's own (flash: a statistic) and output
            + N * C * cb                    // residual h (post_attention_layernorm's input)
            + rms_norm_saved(N, C, s)       // post_attention_layernorm
-           + 4 * N * ffn * cb;             // gate, silu(gate), up, their product
+           + swiglu_kept(N, ffn, s);       // gate, up, their product (and silu(gate))
   // torchtitan's op-level selective checkpointing: the block's input,
   // every other matmul's output in forward order (q, v, gate, down) and
   // the attention's output with its statistic.

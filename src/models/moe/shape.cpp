@@ -6,7 +6,7 @@ namespace fsdp::models {
 
 // What the dispatch ([Note: expert dispatch]) keeps does not depend on how
 // the tokens spread: the experts together compute exactly N * k rows, and
-// each keeps its gathered rows and its SwiGLU's four intermediates for
+// each keeps its gathered rows and its SwiGLU's intermediates for
 // them. How they spread shows only in backward, one expert at a time: its
 // rows' gradients are the transient.
 BlockMemory add_routed_memory(BlockMemory m, int64_t C, const MoEConfig& moe, int64_t shared_ffn,
@@ -19,9 +19,9 @@ BlockMemory add_routed_memory(BlockMemory m, int64_t C, const MoEConfig& moe, in
   const int64_t router = N * E * 4 + routed * (8 + 8 + 8 + 4 + cb) + (moe.norm_topk_prob ? N * 4 : 0);
   // Per routed row: the gathered row, the expert's output and the weighted
   // one (Qwen3-MoE; Llama 4 weights the input: the rows, the weighted rows
-  // and the output), gate, silu(gate), up and their product.
-  const int64_t experts = routed * (3 * C + 4 * I) * cb;
-  const int64_t shared = 4 * N * shared_ffn * cb;
+  // and the output), and its SwiGLU's.
+  const int64_t experts = routed * 3 * C * cb + swiglu_kept(routed, I, s);
+  const int64_t shared = swiglu_kept(N, shared_ffn, s);
   m.kept += router + experts + shared;
   // Selective checkpointing is not modelled inside a routed layer: it is
   // counted as keeping everything (an upper bound).

@@ -1,0 +1,62 @@
+#include "float_math.h"
+#include "kernels.h"
+
+namespace fsdp::kernels {
+namespace {
+
+// sigmoid(g) from e = e^-|g| <= 1: 1 / (1 + e) for g >= 0, e / (1 + e)
+// below, so neither tail overflows.
+inline float sigmoid(float g) {
+  const float e = exp_nonpositive(g < 0 ? g : -g);
+  const float inv = 1.0f / (1.0f + e);
+  return g < 0 ? e * inv : inv;
+}
+
+// d(silu(g) u): du = dh silu(g), dg = dh u s (1 + g (1 - s)).
+inline void grads(float g, float u, float dh, float* dg, float* du) {
+  const float s = sigmoid(g);
+  *du = dh * g * s;
+  *dg = dh * u * s * (1.0f + g * (1.0f - s));
+}
+
+}  // namespace
+
+FSDP_KERNEL_CLONES
+void silu_mul(const float* g, const float* u, float* h, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+FSDP_KERNEL_CLONES
+void silu_mul_backward(const float* g, const float* u, const float* dh, float* dg, float* du, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float a, b;
+    grads(g[i], u[i], dh[i], &a, &b);
+    dg[i] = a;
+    du[i] = b;
+  }
+}
+
+FSDP_KERNEL_CLONES
+void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = from_bf16(g[i]);
+    h[i] = to_bf16(x * sigmoid(x) * from_bf16(u[i]));
+  }
+}
+
+FSDP_KERNEL_CLONES
+void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du,
+                            int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float a, b;
+    grads(from_bf16(g[i]), from_bf16(u[i]), from_bf16(dh[i]), &a, &b);
+    dg[i] = to_bf16(a);
+    du[i] = to_bf16(b);
+  }
+}
+
+}  // namespace fsdp::kernels
