@@ -9,6 +9,7 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/models/attention.h"
+#include "fsdp/nn/layers.h"
 #include "fsdp/optim/fused_adamw.h"
 
 namespace fsdp::bench {
@@ -66,6 +67,62 @@ KernelTiming time_attention(const plan::ModelShape& s, int64_t batch, int64_t se
   return t;
 }
 
+// Every RMS norm of a step (two a block, then the final one), forward and
+// backward, on (B * T, C) rows.
+KernelTiming time_rms_norm(const plan::ModelShape& s, int64_t rows, at::ScalarType dtype, double seconds) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  auto x = at::randn({rows, s.hidden}).to(options).requires_grad_();
+  auto w = (at::randn({s.hidden}) * 0.1 + 1).to(options).requires_grad_();
+  const auto dy = at::randn({rows, s.hidden}).to(options);
+  const auto clear = [&] { x.mutable_grad() = w.mutable_grad() = at::Tensor(); };
+  KernelTiming t;
+  t.kernel = std::string("RMS norm forward+backward, ") + c10::toString(dtype);
+  const double norms = static_cast<double>(2 * s.layers + 1);
+  t.ours_s = norms * best_seconds(
+                         [&] {
+                           nn::rms_norm_rows(x, w, 1e-6).backward(dy);
+                           clear();
+                         },
+                         seconds);
+#if FSDP_BENCH_HAS_ATEN_KERNELS
+  t.aten_operator = "at::rms_norm";
+  t.aten_s = norms * best_seconds(
+                         [&] {
+                           at::rms_norm(x, {s.hidden}, w, 1e-6).backward(dy);
+                           clear();
+                         },
+                         seconds);
+#endif
+  return t;
+}
+
+// Every block's SwiGLU activation, silu(gate) * up, forward and backward,
+// on (B * T, ffn) inputs; LibTorch's side is its two operators.
+KernelTiming time_swiglu(const plan::ModelShape& s, int64_t rows, at::ScalarType dtype, double seconds) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  auto gate = at::randn({rows, s.ffn}).to(options).requires_grad_();
+  auto up = at::randn({rows, s.ffn}).to(options).requires_grad_();
+  const auto dy = at::randn({rows, s.ffn}).to(options);
+  const auto clear = [&] { gate.mutable_grad() = up.mutable_grad() = at::Tensor(); };
+  KernelTiming t;
+  t.kernel = std::string("SwiGLU activation forward+backward, ") + c10::toString(dtype);
+  const double layers = static_cast<double>(s.layers);
+  t.ours_s = layers * best_seconds(
+                          [&] {
+                            nn::silu_mul(gate, up).backward(dy);
+                            clear();
+                          },
+                          seconds);
+  t.aten_operator = "at::silu, at::mul";
+  t.aten_s = layers * best_seconds(
+                          [&] {
+                            (at::silu(gate) * up).backward(dy);
+                            clear();
+                          },
+                          seconds);
+  return t;
+}
+
 // One AdamW step over the model's parameters, one tensor per FSDP unit
 // (each block, then the root), as the trainer's optimizer sees them.
 KernelTiming time_adamw(const plan::ModelShape& s, double seconds) {
@@ -115,6 +172,16 @@ std::vector<KernelTiming> run_kernel_bench(const plan::ModelShape& shape, int64_
     at::AutoGradMode grad(true);
     rows.push_back(time_attention(shape, batch, seq_len, at::kFloat, seconds_per_kernel));
     rows.push_back(time_attention(shape, batch, seq_len, at::kBFloat16, seconds_per_kernel));
+    // The Llama-like families: RMS norms and a SwiGLU MLP (GPT-2's are
+    // LayerNorm and GELU).
+    if (!shape.layer_norm) {
+      for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        rows.push_back(time_rms_norm(shape, batch * seq_len, dtype, seconds_per_kernel));
+      }
+      for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        rows.push_back(time_swiglu(shape, batch * seq_len, dtype, seconds_per_kernel));
+      }
+    }
   }
   rows.push_back(time_adamw(shape, seconds_per_kernel));
   return rows;

@@ -50,12 +50,24 @@ void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n)
 FSDP_KERNEL_CLONES
 void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du,
                             int64_t n) {
+  // Widened into float first: with the conversions inside one loop GCC 12
+  // does not vectorise it (control flow it cannot if-convert).
+  constexpr int64_t kChunk = 256;
+  float gf[kChunk], uf[kChunk], dhf[kChunk], dgf[kChunk], duf[kChunk];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t m = n - start < kChunk ? n - start : kChunk;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float a, b;
-    grads(from_bf16(g[i]), from_bf16(u[i]), from_bf16(dh[i]), &a, &b);
-    dg[i] = to_bf16(a);
-    du[i] = to_bf16(b);
+    for (int64_t i = 0; i < m; ++i) {
+      gf[i] = from_bf16(g[start + i]);
+      uf[i] = from_bf16(u[start + i]);
+      dhf[i] = from_bf16(dh[start + i]);
+    }
+    silu_mul_backward(gf, uf, dhf, dgf, duf, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) {
+      dg[start + i] = to_bf16(dgf[i]);
+      du[start + i] = to_bf16(duf[i]);
+    }
   }
 }
 

@@ -88,13 +88,20 @@ TEST(BenchKernels, TimesOursBesideLibTorchsOperators) {
   const auto r = run_command("OMP_NUM_THREADS=1 " + kCli + " bench kernels --model llama-tiny --seconds 0.01");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* row : {"causal attention forward+backward, Float", "causal attention forward+backward, BFloat16",
-                          "AdamW step, fp32"}) {
+                          "AdamW step, fp32", "RMS norm forward+backward, BFloat16",
+                          "SwiGLU activation forward+backward, BFloat16", "at::silu, at::mul"}) {
     EXPECT_NE(r.output.find(row), std::string::npos) << row << " missing:\n" << r.output;
   }
 #if FSDP_BENCH_HAS_ATEN_KERNELS
   EXPECT_NE(r.output.find("at::scaled_dot_product_attention"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at::_fused_adamw_"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at::rms_norm"), std::string::npos) << r.output;
 #endif
+  // GPT-2 has neither RMS norms nor SwiGLU: no rows for them.
+  const auto gpt2 = run_command("OMP_NUM_THREADS=1 " + kCli + " bench kernels --model gpt2-tiny --seconds 0.01");
+  ASSERT_EQ(gpt2.exit_code, 0) << gpt2.output;
+  EXPECT_EQ(gpt2.output.find("RMS norm"), std::string::npos) << gpt2.output;
+  EXPECT_EQ(gpt2.output.find("SwiGLU"), std::string::npos) << gpt2.output;
 }
 
 }  // namespace
