@@ -335,8 +335,12 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
 }  // namespace
 
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  FSDP_CHECK(x.size(-1) == weight.numel(), "rms_norm: input of width ", x.size(-1), " for a weight of ",
-             weight.numel());
+  FSDP_CHECK(weight.dim() == 1 && x.size(-1) == weight.numel(), "rms_norm: input of width ", x.size(-1),
+             " for a weight of ", weight.numel(), " (expected a 1-D weight of the input's width)");
+  FSDP_CHECK(x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == weight.scalar_type() &&
+                 (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+             "rms_norm: input and weight are ", x.scalar_type(), " on ", x.device(), " and ", weight.scalar_type(),
+             " on ", weight.device(), "; expected both fp32 or both bf16, on the CPU");
   return RMSNormRows::apply(x, weight, eps);
 }
 

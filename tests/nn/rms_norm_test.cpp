@@ -4,6 +4,8 @@
 // bf16.
 
 #include <ATen/Parallel.h>
+#include <functional>
+#include <string>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -146,14 +148,36 @@ TEST(RMSNormRows, TheResultDoesNotDependOnTheThreadCount) {
   EXPECT_TRUE(torch::equal(one.dw, many.dw));
 }
 
-TEST(RMSNormRows, AWeightOfTheWrongWidthIsRefused) {
-  auto x = torch::randn({2, 8});
+void expect_refused(const std::function<void()>& call, const std::string& message) {
   try {
-    rms_norm_rows(x, torch::ones({6}), 1e-6);
-    FAIL() << "a width-6 weight was accepted for width-8 rows";
+    call();
+    FAIL() << "accepted; expected: " << message;
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("input of width 8 for a weight of 6"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
+}
+
+TEST(RMSNormRows, WeightsOfAnotherWidthOrDtypeAreRefused) {
+  auto x = torch::randn({2, 8});
+  expect_refused([&] { rms_norm_rows(x, torch::ones({6}), 1e-6); }, "input of width 8 for a weight of 6");
+  expect_refused([&] { rms_norm_rows(x, torch::ones({1, 8}), 1e-6); }, "expected a 1-D weight");
+  expect_refused([&] { rms_norm_rows(x.to(torch::kBFloat16), torch::ones({8}), 1e-6); },
+                 "expected both fp32 or both bf16, on the CPU");
+  expect_refused([&] { rms_norm_rows(x.to(torch::kDouble), torch::ones({8}, torch::kDouble), 1e-6); },
+                 "expected both fp32 or both bf16, on the CPU");
+}
+
+TEST(RMSNormRows, AStridedInputGivesTheContiguousOnesResult) {
+  const auto in = inputs(64);
+  const auto wide = torch::randn({3, 37, 128});
+  auto strided = wide.narrow(2, 32, 64).detach().requires_grad_();
+  auto contiguous = strided.detach().contiguous().requires_grad_();
+  const auto w = in.w.to(torch::kFloat);
+  const auto a = rms_norm_rows(strided, w, 1e-6), b = rms_norm_rows(contiguous, w, 1e-6);
+  EXPECT_TRUE(torch::equal(a, b));
+  a.backward(in.dy.to(torch::kFloat));
+  b.backward(in.dy.to(torch::kFloat));
+  EXPECT_TRUE(torch::equal(strided.grad(), contiguous.grad()));
 }
 
 }  // namespace

@@ -107,6 +107,20 @@ TEST(SiluMul, LibTorchsOperatorsNoLongerRun) {
   }
 }
 
+TEST(SiluMul, HalvesOfOneProjectionGiveTheCompositesGradients) {
+  // Llama 4's experts: gate and up are strided halves of one matmul's
+  // output, and their gradients meet again in it.
+  torch::manual_seed(4);
+  const auto x = torch::randn({5, 16}, torch::kDouble);
+  auto ours_in = x.to(torch::kFloat).requires_grad_(), theirs_in = x.clone().requires_grad_();
+  const auto halves = ours_in.chunk(2, -1), exact_halves = theirs_in.chunk(2, -1);
+  const auto dy = torch::randn({5, 8}, torch::kDouble);
+  silu_mul(halves[0], halves[1]).backward(dy.to(torch::kFloat));
+  (torch::silu(exact_halves[0]) * exact_halves[1]).backward(dy);
+  EXPECT_TRUE(torch::allclose(ours_in.grad().to(torch::kDouble), theirs_in.grad(), 1e-5, 1e-6))
+      << (ours_in.grad().to(torch::kDouble) - theirs_in.grad()).abs().max();
+}
+
 TEST(SiluMul, NonContiguousInputsAndOtherDtypesStillWork) {
   const auto both = torch::randn({4, 10}, torch::kDouble);
   const auto g = both.narrow(1, 0, 5).to(torch::kFloat), u = both.narrow(1, 5, 5).to(torch::kFloat);

@@ -76,12 +76,15 @@ torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weigh
 // eps)), one vectorised pass per row each way with the statistics in
 // float, for CPU tensors in fp32 or bf16 (x and weight of one dtype; bf16
 // rounded before the weight and after it, as Hugging Face rounds).
-// RMSNorm uses it on the CPU where the formula takes eight passes.
+// RMSNorm uses it on the CPU where the formula takes eight passes. Other
+// devices, dtypes or a weight of another width are refused. As with the
+// other fused layers here, gradients are first order only.
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // SwiGLU's activation, silu(gate) * up, in one vectorised pass each way on
 // CPU in fp32 and bf16 (computed in float, rounded once; nothing kept but
-// the two inputs); elsewhere, LibTorch's two operators.
+// the two inputs; first-order gradients only); elsewhere, LibTorch's two
+// operators.
 torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up);
 
 struct LayerNormImpl : torch::nn::Module {
