@@ -65,7 +65,10 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
   std::mt19937 rng(seed);
   // Kill 1: rank 0 dies inside its k-th save (after its shard and the
   // metadata are written, before `latest` moves). Kills 2 and 3: a random
-  // rank, at a random moment of the restarted attempts.
+  // rank, a random 0-100 ms after the restarted attempt's 1st to 3rd save.
+  // Counting saves rather than waiting a random time keeps every kill inside
+  // the attempt on any machine: the last one lands by about step 180 of 400,
+  // where a timed kill could come after a fast attempt had finished.
   const int save_to_die_in = std::uniform_int_distribution<int>(1, 3)(rng);
   BackgroundCommand job("env FSDP_FAULT_POINT=checkpoint.before_publish@" + std::to_string(save_to_die_in) +
                             " FSDP_TIMEOUT=20 " + kCli + " launch -n 2 --max-restarts 3 --stop-grace 5 -- " + train +
@@ -76,10 +79,17 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
   for (int kill = 0; kill < 2; ++kill) {
     const auto ranks = job.wait_for_new_children(old_ranks, std::chrono::seconds(60));
     ASSERT_EQ(ranks.size(), 2u) << job.output();
-    const int after_ms = std::uniform_int_distribution<int>(200, 2500)(rng);
-    std::this_thread::sleep_for(std::chrono::milliseconds(after_ms));
+    const int saves_before = occurrences(job.output(), "] saved ");
+    const int saves = std::uniform_int_distribution<int>(1, 3)(rng);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (occurrences(job.output(), "] saved ") < saves_before + saves) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no save " << saves << " in attempt " << kill + 2
+                                                            << ":\n" << job.output();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 100)(rng)));
     const int victim = ranks[std::uniform_int_distribution<size_t>(0, 1)(rng)];
-    ::kill(victim, SIGKILL);
+    ASSERT_EQ(::kill(victim, SIGKILL), 0) << "rank pid " << victim << " had already exited";
     old_ranks = ranks;
   }
   const int status = job.wait(std::chrono::seconds(240));
