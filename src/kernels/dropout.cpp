@@ -28,7 +28,8 @@ inline void masked(const T* x, T* y, int64_t n, uint32_t first, uint64_t seed, u
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const bool keep = bits(first + static_cast<uint32_t>(i), key0, key1) >= threshold;
-    y[i] = keep ? scaled(x[i]) : static_cast<T>(0);
+    const T v = x[i];  // read whatever is kept: a load only under `keep` stays a branch without masks
+    y[i] = keep ? scaled(v) : static_cast<T>(0);
   }
 }
 

@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__x86_64__) && defined(__GNUC__)
+// A build may pin one level instead: FSDP_KERNEL_CLONES defined empty and
+// -march set (tests/kernels/ builds the AVX2 and baseline levels so).
+#if defined(FSDP_KERNEL_CLONES)
+#elif defined(__x86_64__) && defined(__GNUC__)
 #define FSDP_KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FSDP_KERNEL_CLONES

@@ -5,18 +5,27 @@ namespace fsdp::kernels {
 namespace {
 
 // sigmoid(g) from e = e^-|g| <= 1: 1 / (1 + e) for g >= 0, e / (1 + e)
-// below, so neither tail overflows.
-inline float sigmoid(float g) {
+// below, so neither tail overflows; 1 - sigmoid(g) is the other one, which
+// keeps its digits where sigmoid(g) rounds to nearly 1.
+inline float sigmoid(float g, float* one_minus) {
   const float e = exp_nonpositive(g < 0 ? g : -g);
   const float inv = 1.0f / (1.0f + e);
-  return g < 0 ? e * inv : inv;
+  const float small = e * inv;
+  *one_minus = g < 0 ? inv : small;
+  return g < 0 ? small : inv;
+}
+
+inline float sigmoid(float g) {
+  float one_minus;
+  return sigmoid(g, &one_minus);
 }
 
 // d(silu(g) u): du = dh silu(g), dg = dh u s (1 + g (1 - s)).
 inline void grads(float g, float u, float dh, float* dg, float* du) {
-  const float s = sigmoid(g);
+  float one_minus;
+  const float s = sigmoid(g, &one_minus);
   *du = dh * g * s;
-  *dg = dh * u * s * (1.0f + g * (1.0f - s));
+  *dg = dh * u * s * (1.0f + g * one_minus);
 }
 
 }  // namespace
