@@ -92,6 +92,16 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", new_parameter({dim}, [](torch::Tensor& t) { t.fill_(1); }));
 }
 
+namespace {
+
+// What the CPU kernels take: both on the CPU, the same dtype, fp32 or bf16.
+bool cpu_fp32_or_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.device().is_cpu() && b.device().is_cpu() && a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16);
+}
+
+}  // namespace
+
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 #if FSDP_TORCH_VERSION >= 204
   // On a GPU, LibTorch's rms_norm: one fused kernel each way (fp32
@@ -99,9 +109,7 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // It rounds once after the weight where Hugging Face rounds before it too.
   if (x.is_cuda() && weight.scalar_type() == x.scalar_type()) return at::rms_norm(x, {weight.size(0)}, weight, eps);
 #endif
-  const bool ours = x.device().is_cpu() && weight.scalar_type() == x.scalar_type() &&
-                    (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
-  if (ours) return rms_norm_rows(x, weight, eps);
+  if (cpu_fp32_or_bf16(x, weight)) return rms_norm_rows(x, weight, eps);
   auto x32 = x.to(torch::kFloat);
   auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
@@ -156,10 +164,37 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
   }
 };
 
-// Rows of the backward's weight and bias sums per block: each block's sum
-// is one thread's, and the blocks are reduced as one tensor of fixed
-// shape, so the result does not depend on the thread count.
-constexpr int64_t kLayerNormRowBlock = 32;
+// The norms' rows: forward in ranges of at least kNormRowBlock rows, each
+// range with `scratch` floats of its own.
+constexpr int64_t kNormRowBlock = 32;
+
+template <typename Row>
+void for_each_row(int64_t rows, int64_t scratch, const Row& row) {
+  at::parallel_for(0, rows, kNormRowBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> room(scratch);
+    for (int64_t r = begin; r < end; ++r) row(r, room.data());
+  });
+}
+
+// Backward: `row(r, sums, scratch)` adds row r's share of the weight's
+// (and bias') gradient into `sums`, `width` floats per block of
+// kNormRowBlock rows. Each block's sum is one thread's, and the blocks are
+// reduced as one tensor of fixed shape, so the result does not depend on
+// the thread count. Returns the (width) sum.
+template <typename Row>
+torch::Tensor for_each_row_summing(int64_t rows, int64_t width, int64_t scratch, const Row& row) {
+  const int64_t blocks = (rows + kNormRowBlock - 1) / kNormRowBlock;
+  auto partial = torch::zeros({blocks, width}, torch::TensorOptions().dtype(at::kFloat));
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> room(scratch);
+    for (int64_t block = begin; block < end; ++block) {
+      float* sums = partial.data_ptr<float>() + block * width;
+      const int64_t stop = std::min(rows, (block + 1) * kNormRowBlock);
+      for (int64_t r = block * kNormRowBlock; r < stop; ++r) row(r, sums, room.data());
+    }
+  });
+  return partial.sum(0);
+}
 
 struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
@@ -174,17 +209,13 @@ struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
     const bool bf16 = x.scalar_type() == at::kBFloat16;
     float* mean = stats.data_ptr<float>();
     float* rstd = mean + rows;
-    at::parallel_for(0, rows, kLayerNormRowBlock, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(bf16 ? n : 0);
-      for (int64_t r = begin; r < end; ++r) {
-        if (bf16) {
-          kernels::layer_norm_row_bf16(bf16_bits(x) + r * n, w.data_ptr<float>(), b.data_ptr<float>(),
-                                       bf16_bits(y) + r * n, scratch.data(), n, static_cast<float>(eps), mean + r,
-                                       rstd + r);
-        } else {
-          kernels::layer_norm_row(x.data_ptr<float>() + r * n, w.data_ptr<float>(), b.data_ptr<float>(),
-                                  y.data_ptr<float>() + r * n, n, static_cast<float>(eps), mean + r, rstd + r);
-        }
+    for_each_row(rows, bf16 ? n : 0, [&](int64_t r, float* scratch) {
+      if (bf16) {
+        kernels::layer_norm_row_bf16(bf16_bits(x) + r * n, w.data_ptr<float>(), b.data_ptr<float>(),
+                                     bf16_bits(y) + r * n, scratch, n, static_cast<float>(eps), mean + r, rstd + r);
+      } else {
+        kernels::layer_norm_row(x.data_ptr<float>() + r * n, w.data_ptr<float>(), b.data_ptr<float>(),
+                                y.data_ptr<float>() + r * n, n, static_cast<float>(eps), mean + r, rstd + r);
       }
     });
     ctx->save_for_backward({x, w, stats});
@@ -199,31 +230,21 @@ struct LayerNormRows : public torch::autograd::Function<LayerNormRows> {
     const auto &x = saved[0], &w = saved[1], &stats = saved[2];
     const auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
     const int64_t n = w.numel(), rows = x.numel() / n;
-    const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
     auto dx = torch::empty_like(x);
-    auto partial = torch::zeros({blocks, 2, n}, x.options().dtype(at::kFloat));  // per block: dw, db
     const bool bf16 = x.scalar_type() == at::kBFloat16;
     const float* mean = stats.data_ptr<float>();
     const float* rstd = mean + rows;
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(bf16 ? 3 * n : 0);
-      for (int64_t block = begin; block < end; ++block) {
-        float* dw = partial.data_ptr<float>() + block * 2 * n;
-        float* db = dw + n;
-        const int64_t stop = std::min(rows, (block + 1) * kLayerNormRowBlock);
-        for (int64_t r = block * kLayerNormRowBlock; r < stop; ++r) {
-          if (bf16) {
-            kernels::layer_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
-                                                  mean[r], rstd[r], bf16_bits(dx) + r * n, dw, db, scratch.data(), n);
-          } else {
-            kernels::layer_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
-                                             w.data_ptr<float>(), mean[r], rstd[r], dx.data_ptr<float>() + r * n, dw,
-                                             db, n);
-          }
-        }
+    // Per block: dw's n sums, then db's.
+    const auto sums = for_each_row_summing(rows, 2 * n, bf16 ? 3 * n : 0, [&](int64_t r, float* dw, float* scratch) {
+      if (bf16) {
+        kernels::layer_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
+                                              mean[r], rstd[r], bf16_bits(dx) + r * n, dw, dw + n, scratch, n);
+      } else {
+        kernels::layer_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
+                                         w.data_ptr<float>(), mean[r], rstd[r], dx.data_ptr<float>() + r * n, dw,
+                                         dw + n, n);
       }
-    });
-    auto sums = partial.sum(0);  // (2, n)
+    }).view({2, n});
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {dx, sums[0].to(dtype), sums[1].to(dtype), torch::Tensor()};
   }
@@ -240,16 +261,13 @@ struct RMSNormRows : public torch::autograd::Function<RMSNormRows> {
     auto rstd = torch::empty({rows}, x.options().dtype(at::kFloat));
     const auto w = weight.to(at::kFloat).contiguous();
     const bool bf16 = x.scalar_type() == at::kBFloat16;
-    at::parallel_for(0, rows, kLayerNormRowBlock, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(bf16 ? n : 0);
-      for (int64_t r = begin; r < end; ++r) {
-        if (bf16) {
-          kernels::rms_norm_row_bf16(bf16_bits(x) + r * n, w.data_ptr<float>(), bf16_bits(y) + r * n, scratch.data(),
-                                     n, static_cast<float>(eps), rstd.data_ptr<float>() + r);
-        } else {
-          kernels::rms_norm_row(x.data_ptr<float>() + r * n, w.data_ptr<float>(), y.data_ptr<float>() + r * n, n,
-                                static_cast<float>(eps), rstd.data_ptr<float>() + r);
-        }
+    for_each_row(rows, bf16 ? n : 0, [&](int64_t r, float* scratch) {
+      if (bf16) {
+        kernels::rms_norm_row_bf16(bf16_bits(x) + r * n, w.data_ptr<float>(), bf16_bits(y) + r * n, scratch, n,
+                                   static_cast<float>(eps), rstd.data_ptr<float>() + r);
+      } else {
+        kernels::rms_norm_row(x.data_ptr<float>() + r * n, w.data_ptr<float>(), y.data_ptr<float>() + r * n, n,
+                              static_cast<float>(eps), rstd.data_ptr<float>() + r);
       }
     });
     ctx->save_for_backward({x, w, rstd});
@@ -264,30 +282,21 @@ struct RMSNormRows : public torch::autograd::Function<RMSNormRows> {
     const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
     const auto dy = grad_outputs[0].to(x.scalar_type()).contiguous();
     const int64_t n = w.numel(), rows = x.numel() / n;
-    const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
     auto dx = torch::empty_like(x);
-    auto partial = torch::zeros({blocks, n}, x.options().dtype(at::kFloat));  // per block: dw
     const bool bf16 = x.scalar_type() == at::kBFloat16;
-    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch((bf16 ? 4 : 1) * n);
-      for (int64_t block = begin; block < end; ++block) {
-        float* dw = partial.data_ptr<float>() + block * n;
-        const int64_t stop = std::min(rows, (block + 1) * kLayerNormRowBlock);
-        for (int64_t r = block * kLayerNormRowBlock; r < stop; ++r) {
-          const float row_rstd = rstd.data_ptr<float>()[r];
-          if (bf16) {
-            kernels::rms_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
-                                                row_rstd, bf16_bits(dx) + r * n, dw, scratch.data(), n);
-          } else {
-            kernels::rms_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
-                                           w.data_ptr<float>(), row_rstd, dx.data_ptr<float>() + r * n, dw,
-                                           scratch.data(), n);
-          }
-        }
+    const float* row_rstd = rstd.data_ptr<float>();
+    const auto dw = for_each_row_summing(rows, n, (bf16 ? 4 : 1) * n, [&](int64_t r, float* dw, float* scratch) {
+      if (bf16) {
+        kernels::rms_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
+                                            row_rstd[r], bf16_bits(dx) + r * n, dw, scratch, n);
+      } else {
+        kernels::rms_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
+                                       w.data_ptr<float>(), row_rstd[r], dx.data_ptr<float>() + r * n, dw, scratch,
+                                       n);
       }
     });
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {dx, partial.sum(0).to(dtype), torch::Tensor()};
+    return {dx, dw.to(dtype), torch::Tensor()};
   }
 };
 
@@ -332,23 +341,83 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
   }
 };
 
+// Gate and up as the two halves of each row of one (rows, 2h) tensor. A
+// range of the output's elements [begin, end) is cut at row ends, so the
+// kernels see runs contiguous in every operand.
+template <typename Run>
+void for_each_run(int64_t begin, int64_t end, int64_t h, const Run& run) {
+  while (begin < end) {
+    const int64_t row = begin / h, col = begin % h, stop = std::min(end, (row + 1) * h);
+    run(row * 2 * h + col, begin, stop - begin);  // offset of the gate's run, of the output's, length
+    begin = stop;
+  }
+}
+
+struct SiluMulHalves : public torch::autograd::Function<SiluMulHalves> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input) {
+    RECORD_USER_SCOPE("fsdp::silu_mul");
+    const auto x = input.contiguous();
+    const int64_t h = x.size(-1) / 2;
+    auto sizes = x.sizes().vec();
+    sizes.back() = h;
+    auto out = torch::empty(sizes, x.options());
+    at::parallel_for(0, out.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
+      for_each_run(begin, end, h, [&](int64_t in, int64_t o, int64_t n) {
+        if (x.scalar_type() == at::kBFloat16) {
+          kernels::silu_mul_bf16(bf16_bits(x) + in, bf16_bits(x) + in + h, bf16_bits(out) + o, n);
+        } else {
+          kernels::silu_mul(x.data_ptr<float>() + in, x.data_ptr<float>() + in + h, out.data_ptr<float>() + o, n);
+        }
+      });
+    });
+    ctx->save_for_backward({x});
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    RECORD_USER_SCOPE("fsdp::silu_mul_backward");
+    const auto x = ctx->get_saved_variables()[0];
+    const auto dh = grad_outputs[0].to(x.scalar_type()).contiguous();
+    const int64_t h = x.size(-1) / 2;
+    auto dx = torch::empty_like(x);
+    at::parallel_for(0, dh.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
+      for_each_run(begin, end, h, [&](int64_t in, int64_t o, int64_t n) {
+        if (x.scalar_type() == at::kBFloat16) {
+          kernels::silu_mul_backward_bf16(bf16_bits(x) + in, bf16_bits(x) + in + h, bf16_bits(dh) + o,
+                                          bf16_bits(dx) + in, bf16_bits(dx) + in + h, n);
+        } else {
+          kernels::silu_mul_backward(x.data_ptr<float>() + in, x.data_ptr<float>() + in + h,
+                                     dh.data_ptr<float>() + o, dx.data_ptr<float>() + in,
+                                     dx.data_ptr<float>() + in + h, n);
+        }
+      });
+    });
+    return {dx};
+  }
+};
+
 }  // namespace
 
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   FSDP_CHECK(weight.dim() == 1 && x.size(-1) == weight.numel(), "rms_norm: input of width ", x.size(-1),
              " for a weight of ", weight.numel(), " (expected a 1-D weight of the input's width)");
-  FSDP_CHECK(x.device().is_cpu() && weight.device().is_cpu() && x.scalar_type() == weight.scalar_type() &&
-                 (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-             "rms_norm: input and weight are ", x.scalar_type(), " on ", x.device(), " and ", weight.scalar_type(),
-             " on ", weight.device(), "; expected both fp32 or both bf16, on the CPU");
+  FSDP_CHECK(cpu_fp32_or_bf16(x, weight), "rms_norm: input and weight are ", x.scalar_type(), " on ", x.device(),
+             " and ", weight.scalar_type(), " on ", weight.device(), "; expected both fp32 or both bf16, on the CPU");
   return RMSNormRows::apply(x, weight, eps);
 }
 
 torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up) {
-  const bool ours = gate.device().is_cpu() && up.device().is_cpu() && gate.sizes() == up.sizes() &&
-                    gate.scalar_type() == up.scalar_type() &&
-                    (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16);
+  const bool ours = cpu_fp32_or_bf16(gate, up) && gate.sizes() == up.sizes();
   return ours ? SiluMul::apply(gate, up) : torch::silu(gate) * up;
+}
+
+torch::Tensor silu_mul_halves(const torch::Tensor& gate_and_up) {
+  FSDP_CHECK(gate_and_up.dim() >= 1 && gate_and_up.size(-1) % 2 == 0, "silu_mul_halves: a last dimension of ",
+             gate_and_up.dim() >= 1 ? gate_and_up.size(-1) : 0, " (expected an even one: gate, then up)");
+  if (cpu_fp32_or_bf16(gate_and_up, gate_and_up)) return SiluMulHalves::apply(gate_and_up);
+  const auto halves = gate_and_up.chunk(2, -1);
+  return torch::silu(halves[0]) * halves[1];
 }
 
 torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

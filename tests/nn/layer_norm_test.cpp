@@ -2,15 +2,16 @@
 // against layer norm computed in double by LibTorch: values and the
 // gradients of input, weight and bias.
 
-#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "fsdp/nn/layers.h"
+#include "tensor_checks.h"
 
 namespace fsdp::nn {
 namespace {
 
+using testing::relative_gap;
 using torch::Tensor;
 
 struct Result {
@@ -37,18 +38,11 @@ Result run(const Inputs& in, torch::ScalarType dtype, bool ours) {
   return {y.detach(), x.grad(), w.grad(), b.grad()};
 }
 
-// Largest |a - exact| relative to exact's largest magnitude; with one
-// column everything is 0 up to double's rounding, so the scale is floored.
-double gap(const Tensor& a, const Tensor& exact) {
-  return (a.to(torch::kDouble) - exact).abs().max().item<double>() /
-         std::max(exact.abs().max().item<double>(), 1e-6);
-}
-
 void expect_close(const Result& a, const Result& exact, double tol) {
-  EXPECT_LT(gap(a.y, exact.y), tol) << "output";
-  EXPECT_LT(gap(a.dx, exact.dx), tol) << "input gradient";
-  EXPECT_LT(gap(a.dw, exact.dw), tol) << "weight gradient";
-  EXPECT_LT(gap(a.db, exact.db), tol) << "bias gradient";
+  EXPECT_LT(relative_gap(a.y, exact.y), tol) << "output";
+  EXPECT_LT(relative_gap(a.dx, exact.dx), tol) << "input gradient";
+  EXPECT_LT(relative_gap(a.dw, exact.dw), tol) << "weight gradient";
+  EXPECT_LT(relative_gap(a.db, exact.db), tol) << "bias gradient";
 }
 
 TEST(LayerNormRows, Fp32MatchesLayerNormInDouble) {
@@ -65,8 +59,8 @@ TEST(LayerNormRows, Bf16IsAsCloseAsLibTorchsOwnBf16) {
   const auto exact = run(in, torch::kDouble, false);
   const auto ours = run(in, torch::kBFloat16, true), theirs = run(in, torch::kBFloat16, false);
   expect_close(ours, exact, 2e-2);
-  EXPECT_LE(gap(ours.y, exact.y), 1.5 * gap(theirs.y, exact.y) + 1e-3);
-  EXPECT_LE(gap(ours.dx, exact.dx), 1.5 * gap(theirs.dx, exact.dx) + 1e-3);
+  EXPECT_LE(relative_gap(ours.y, exact.y), 1.5 * relative_gap(theirs.y, exact.y) + 1e-3);
+  EXPECT_LE(relative_gap(ours.dx, exact.dx), 1.5 * relative_gap(theirs.dx, exact.dx) + 1e-3);
 }
 
 TEST(LayerNormRows, LayerNormTakesItForBf16) {
@@ -79,12 +73,8 @@ TEST(LayerNormRows, LayerNormTakesItForBf16) {
 
 TEST(LayerNormRows, TheResultDoesNotDependOnTheThreadCount) {
   const auto in = inputs(384);
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const auto one = run(in, torch::kFloat, true);
-  at::set_num_threads(std::max(threads, 2));
-  const auto many = run(in, torch::kFloat, true);
-  at::set_num_threads(threads);
+  const auto one = testing::with_threads(1, [&] { return run(in, torch::kFloat, true); });
+  const auto many = testing::with_threads(2, [&] { return run(in, torch::kFloat, true); });
   EXPECT_TRUE(torch::equal(one.y, many.y));
   EXPECT_TRUE(torch::equal(one.dx, many.dx));
   EXPECT_TRUE(torch::equal(one.dw, many.dw));
@@ -92,13 +82,8 @@ TEST(LayerNormRows, TheResultDoesNotDependOnTheThreadCount) {
 }
 
 TEST(LayerNormRows, AWeightOfTheWrongWidthIsRefused) {
-  auto x = torch::randn({2, 8});
-  try {
-    layer_norm_rows(x, torch::ones({6}), torch::zeros({6}), 1e-5);
-    FAIL() << "a width-6 weight was accepted for width-8 rows";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("input of width 8 for a weight of 6"), std::string::npos) << e.what();
-  }
+  testing::expect_refused([] { layer_norm_rows(torch::randn({2, 8}), torch::ones({6}), torch::zeros({6}), 1e-5); },
+                          "input of width 8 for a weight of 6");
 }
 
 }  // namespace

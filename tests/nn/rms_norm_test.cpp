@@ -3,18 +3,17 @@
 // input and weight; in bf16, against the module's formula in LibTorch's
 // bf16.
 
-#include <ATen/Parallel.h>
-#include <functional>
-#include <string>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "dispatched_operators.h"
 #include "fsdp/nn/layers.h"
+#include "tensor_checks.h"
 
 namespace fsdp::nn {
 namespace {
 
+using testing::relative_gap;
 using torch::Tensor;
 
 struct Result {
@@ -56,15 +55,10 @@ Result run(const Inputs& in, torch::ScalarType dtype, bool ours) {
   return {y.detach(), x.grad(), w.grad()};
 }
 
-double gap(const Tensor& a, const Tensor& exact) {
-  return (a.to(torch::kDouble) - exact).abs().max().item<double>() /
-         std::max(exact.abs().max().item<double>(), 1e-6);
-}
-
 void expect_close(const Result& a, const Result& exact, double tol) {
-  EXPECT_LT(gap(a.y, exact.y), tol) << "output";
-  EXPECT_LT(gap(a.dx, exact.dx), tol) << "input gradient";
-  EXPECT_LT(gap(a.dw, exact.dw), tol) << "weight gradient";
+  EXPECT_LT(relative_gap(a.y, exact.y), tol) << "output";
+  EXPECT_LT(relative_gap(a.dx, exact.dx), tol) << "input gradient";
+  EXPECT_LT(relative_gap(a.dw, exact.dw), tol) << "weight gradient";
 }
 
 TEST(RMSNormRows, Fp32MatchesRMSNormInDouble) {
@@ -82,8 +76,8 @@ TEST(RMSNormRows, OneColumnIsAsCloseAsTheFormulasFp32) {
   const auto in = inputs(1);
   const auto exact = run(in, torch::kDouble, false);
   const auto ours = run(in, torch::kFloat, true), theirs = run(in, torch::kFloat, false);
-  EXPECT_LT(gap(ours.y, exact.y), 1e-5);
-  EXPECT_LT(gap(ours.dw, exact.dw), 1e-5);
+  EXPECT_LT(relative_gap(ours.y, exact.y), 1e-5);
+  EXPECT_LT(relative_gap(ours.dw, exact.dw), 1e-5);
   const auto abs_err = [&](const Tensor& a) { return (a.to(torch::kDouble) - exact.dx).abs().max().item<double>(); };
   EXPECT_LE(abs_err(ours.dx), 2 * abs_err(theirs.dx) + 1e-9);
 }
@@ -95,9 +89,9 @@ TEST(RMSNormRows, Bf16IsAsCloseAsLibTorchsOwnBf16) {
   const auto exact = run(in, torch::kDouble, false);
   const auto ours = run(in, torch::kBFloat16, true), theirs = run(in, torch::kBFloat16, false);
   expect_close(ours, exact, 2e-2);
-  EXPECT_LE(gap(ours.y, exact.y), 1.5 * gap(theirs.y, exact.y) + 1e-3);
-  EXPECT_LE(gap(ours.dx, exact.dx), 1.5 * gap(theirs.dx, exact.dx) + 1e-3);
-  EXPECT_LE(gap(ours.dw, exact.dw), 1.5 * gap(theirs.dw, exact.dw) + 1e-3);
+  EXPECT_LE(relative_gap(ours.y, exact.y), 1.5 * relative_gap(theirs.y, exact.y) + 1e-3);
+  EXPECT_LE(relative_gap(ours.dx, exact.dx), 1.5 * relative_gap(theirs.dx, exact.dx) + 1e-3);
+  EXPECT_LE(relative_gap(ours.dw, exact.dw), 1.5 * relative_gap(theirs.dw, exact.dw) + 1e-3);
 }
 
 TEST(RMSNormRows, Bf16OutputRoundsAsTheFormulaDoes) {
@@ -108,7 +102,7 @@ TEST(RMSNormRows, Bf16OutputRoundsAsTheFormulaDoes) {
   const auto ours = rms_norm_rows(x, w, 1e-6).to(torch::kDouble), theirs = formula(x, w, 1e-6).to(torch::kDouble);
   const double differing = (ours != theirs).to(torch::kDouble).mean().item<double>();
   EXPECT_LT(differing, 0.01) << "share of outputs that differ from the formula's bf16";
-  EXPECT_LT(gap(ours, theirs), 1e-2);
+  EXPECT_LT(relative_gap(ours, theirs), 1e-2);
 }
 
 TEST(RMSNormRows, RMSNormTakesItOnTheCpu) {
@@ -137,33 +131,20 @@ TEST(RMSNormRows, TheFormulasOperatorsNoLongerRun) {
 
 TEST(RMSNormRows, TheResultDoesNotDependOnTheThreadCount) {
   const auto in = inputs(384);
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  const auto one = run(in, torch::kFloat, true);
-  at::set_num_threads(std::max(threads, 2));
-  const auto many = run(in, torch::kFloat, true);
-  at::set_num_threads(threads);
+  const auto one = testing::with_threads(1, [&] { return run(in, torch::kFloat, true); });
+  const auto many = testing::with_threads(2, [&] { return run(in, torch::kFloat, true); });
   EXPECT_TRUE(torch::equal(one.y, many.y));
   EXPECT_TRUE(torch::equal(one.dx, many.dx));
   EXPECT_TRUE(torch::equal(one.dw, many.dw));
 }
 
-void expect_refused(const std::function<void()>& call, const std::string& message) {
-  try {
-    call();
-    FAIL() << "accepted; expected: " << message;
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-  }
-}
-
 TEST(RMSNormRows, WeightsOfAnotherWidthOrDtypeAreRefused) {
   auto x = torch::randn({2, 8});
-  expect_refused([&] { rms_norm_rows(x, torch::ones({6}), 1e-6); }, "input of width 8 for a weight of 6");
-  expect_refused([&] { rms_norm_rows(x, torch::ones({1, 8}), 1e-6); }, "expected a 1-D weight");
-  expect_refused([&] { rms_norm_rows(x.to(torch::kBFloat16), torch::ones({8}), 1e-6); },
+  testing::expect_refused([&] { rms_norm_rows(x, torch::ones({6}), 1e-6); }, "input of width 8 for a weight of 6");
+  testing::expect_refused([&] { rms_norm_rows(x, torch::ones({1, 8}), 1e-6); }, "expected a 1-D weight");
+  testing::expect_refused([&] { rms_norm_rows(x.to(torch::kBFloat16), torch::ones({8}), 1e-6); },
                  "expected both fp32 or both bf16, on the CPU");
-  expect_refused([&] { rms_norm_rows(x.to(torch::kDouble), torch::ones({8}, torch::kDouble), 1e-6); },
+  testing::expect_refused([&] { rms_norm_rows(x.to(torch::kDouble), torch::ones({8}, torch::kDouble), 1e-6); },
                  "expected both fp32 or both bf16, on the CPU");
 }
 

@@ -7,6 +7,7 @@
 
 #include "dispatched_operators.h"
 #include "fsdp/nn/layers.h"
+#include "tensor_checks.h"
 
 namespace fsdp::nn {
 namespace {
@@ -107,18 +108,53 @@ TEST(SiluMul, LibTorchsOperatorsNoLongerRun) {
   }
 }
 
-TEST(SiluMul, HalvesOfOneProjectionGiveTheCompositesGradients) {
-  // Llama 4's experts: gate and up are strided halves of one matmul's
-  // output, and their gradients meet again in it.
+// Llama 4's experts: gate and up are the two halves of one matmul's
+// output. 301 rows of 2 x 77: with two threads a range ends mid-row.
+TEST(SiluMulHalves, MatchesTheCompositeInDouble) {
   torch::manual_seed(4);
-  const auto x = torch::randn({5, 16}, torch::kDouble);
-  auto ours_in = x.to(torch::kFloat).requires_grad_(), theirs_in = x.clone().requires_grad_();
-  const auto halves = ours_in.chunk(2, -1), exact_halves = theirs_in.chunk(2, -1);
-  const auto dy = torch::randn({5, 8}, torch::kDouble);
-  silu_mul(halves[0], halves[1]).backward(dy.to(torch::kFloat));
-  (torch::silu(exact_halves[0]) * exact_halves[1]).backward(dy);
-  EXPECT_TRUE(torch::allclose(ours_in.grad().to(torch::kDouble), theirs_in.grad(), 1e-5, 1e-6))
-      << (ours_in.grad().to(torch::kDouble) - theirs_in.grad()).abs().max();
+  const auto x = torch::randn({301, 154}, torch::kDouble) * 3;
+  const auto dy = torch::randn({301, 77}, torch::kDouble);
+  auto ours_in = x.to(torch::kFloat).requires_grad_(), exact_in = x.clone().requires_grad_();
+  const auto ours = testing::with_threads(2, [&] { return silu_mul_halves(ours_in); });
+  ours.backward(dy.to(torch::kFloat));
+  const auto halves = exact_in.chunk(2, -1);
+  const auto exact = torch::silu(halves[0]) * halves[1];
+  exact.backward(dy);
+  EXPECT_LT(testing::relative_gap(ours, exact), 1e-6);
+  EXPECT_LT(testing::relative_gap(ours_in.grad(), exact_in.grad()), 1e-6);
+}
+
+// bf16: the same bits as silu_mul on the two halves (tested above to round
+// once), values and gradient.
+TEST(SiluMulHalves, Bf16IsSiluMulOfTheHalves) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({3, 40, 2 * 96}).to(torch::kBFloat16);
+  const auto dy = torch::randn({3, 40, 96}).to(torch::kBFloat16);
+  auto a = x.clone().requires_grad_(), b = x.clone().requires_grad_();
+  const auto ours = silu_mul_halves(a);
+  ours.backward(dy);
+  const auto halves = b.chunk(2, -1);
+  const auto theirs = silu_mul(halves[0], halves[1]);
+  theirs.backward(dy);
+  EXPECT_TRUE(torch::equal(ours, theirs));
+  EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
+}
+
+TEST(SiluMulHalves, NeitherHalfIsCopiedNorTheirGradientsConcatenated) {
+  const auto x = torch::randn({6, 64}).requires_grad_();
+  const auto dy = torch::randn({6, 32});
+  const auto ops = testing::dispatched_operators([&] { silu_mul_halves(x).backward(dy); });
+  for (const char* op : {"aten::chunk", "aten::split", "aten::cat", "aten::clone", "aten::silu", "aten::mul"}) {
+    EXPECT_EQ(ops.count(op), 0u) << op;
+  }
+  EXPECT_TRUE(x.grad().defined());
+}
+
+TEST(SiluMulHalves, AnOddWidthIsRefusedAndOtherDtypesUseLibTorch) {
+  testing::expect_refused([] { silu_mul_halves(torch::randn({2, 7})); }, "a last dimension of 7 (expected an even one");
+  const auto x = torch::randn({2, 8}, torch::kDouble);
+  const auto halves = x.chunk(2, -1);
+  EXPECT_TRUE(torch::equal(silu_mul_halves(x), torch::silu(halves[0]) * halves[1]));
 }
 
 TEST(SiluMul, NonContiguousInputsAndOtherDtypesStillWork) {

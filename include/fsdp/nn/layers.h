@@ -86,6 +86,12 @@ torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight,
 // the two inputs; first-order gradients only); elsewhere, LibTorch's two
 // operators.
 torch::Tensor silu_mul(const torch::Tensor& gate, const torch::Tensor& up);
+// The same on one projection's output holding both, gate in the first half
+// of the last dimension and up in the second (Llama 4's experts): read in
+// place, and the gradient written as one tensor of the input's shape, where
+// chunk() then silu_mul would copy each half and concatenate their
+// gradients.
+torch::Tensor silu_mul_halves(const torch::Tensor& gate_and_up);
 
 struct LayerNormImpl : torch::nn::Module {
   LayerNormImpl(int64_t dim, double eps);

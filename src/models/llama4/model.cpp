@@ -117,8 +117,7 @@ std::tuple<torch::Tensor, torch::Tensor> Llama4MoeImpl::forward(const torch::Ten
   const auto gate_up = experts->gate_up_proj.unbind(0), down = experts->down_proj.unbind(0);
   const auto [routed, counts] =
       dispatch_to_experts(tokens, chosen, scores, E, RoutingWeightAt::kInput, [&](int64_t e, const torch::Tensor& in) {
-        const auto gate_and_up = in.matmul(gate_up[static_cast<size_t>(e)]).chunk(2, -1);
-        return nn::silu_mul(gate_and_up[0], gate_and_up[1]).matmul(down[static_cast<size_t>(e)]);
+        return nn::silu_mul_halves(in.matmul(gate_up[static_cast<size_t>(e)])).matmul(down[static_cast<size_t>(e)]);
       });
   const auto out = shared_expert(tokens) + routed;
   auto stats = torch::stack({torch::softmax(logits.to(torch::kFloat), -1).sum(0), counts.to(logits.device())});
