@@ -129,4 +129,13 @@ void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* h, int64_t n)
 void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t* dh, uint16_t* dg, uint16_t* du,
                             int64_t n);
 
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, op transposing where
+// asked, rows lda, ldb and ldc elements apart (at most 2^31 - 1, like every
+// dimension), by the BLAS LibTorch calls, on the calling thread's terms
+// (one thread inside at::parallel_for). Only where sgemm_available(): a
+// build whose LibTorch exposes no BLAS to link keeps ATen's matmuls.
+bool sgemm_available();
+void sgemm_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 }  // namespace fsdp::kernels

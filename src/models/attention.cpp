@@ -51,29 +51,71 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, to
 // (bench/profile_summary.py).
 int64_t query_block(const Tensor& t) { return t.scalar_type() == at::kBFloat16 ? 256 : 64; }
 
+// A matrix in a tensor's memory, rows `ld` elements apart and columns
+// adjacent, as BLAS takes it. The kernel works on these, not on tensor
+// views: a head's block product is small (64 x 16 x 64 in a model of width
+// 64), and making its views and dispatching it through ATen cost three
+// times the product itself.
+struct Mat {
+  char* data;
+  int64_t rows, cols, ld;
+  at::ScalarType type;
+  int64_t element_size() const { return type == at::kBFloat16 ? 2 : 4; }
+  Mat rows_from(int64_t begin, int64_t count) const {
+    return {data + begin * ld * element_size(), count, cols, ld, type};
+  }
+  float* floats() const { return reinterpret_cast<float*>(data); }
+  uint16_t* bf16_bits() const { return reinterpret_cast<uint16_t*>(data); }
+  Tensor tensor() const { return at::from_blob(data, {rows, cols}, {ld, 1}, at::TensorOptions().dtype(type)); }
+};
+
+// One head's (T, hs) matrix of a (B, T, heads, hs) tensor.
+Mat head(const Tensor& t, int64_t b, int64_t h) {
+  return {static_cast<char*>(t.data_ptr()) + (b * t.stride(0) + h * t.stride(2)) * t.element_size(), t.size(1),
+          t.size(3), t.stride(1), t.scalar_type()};
+}
+
+// c = op(a) op(b), or c += it: fp32 by sgemm_ where the build has it, the
+// rest through ATen (bf16 into a float c: the product rounds to bf16 once,
+// the sum stays float).
+void gemm(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, bool accumulate) {
+  if (kernels::sgemm_available() && a.type == at::kFloat && b.type == at::kFloat && c.type == at::kFloat) {
+    kernels::sgemm_rows(trans_a, trans_b, c.rows, c.cols, trans_a ? a.rows : a.cols, 1.0f, a.floats(), a.ld,
+                        b.floats(), b.ld, accumulate ? 1.0f : 0.0f, c.floats(), c.ld);
+    return;
+  }
+  const auto A = trans_a ? a.tensor().t() : a.tensor(), B = trans_b ? b.tensor().t() : b.tensor();
+  auto C = c.tensor();
+  if (!accumulate) {
+    at::mm_out(C, A, B);
+  } else if (c.type == a.type) {
+    C.addmm_(A, B);
+  } else {
+    C.add_(at::mm(A, B));
+  }
+}
+
 // A block's weights, rows [r0, r0 + n) of the (T, T) square cut at column
 // r1 = r0 + n: an (n, r1) matrix in a thread's scratch, row i - r0 holding
 // query i's i + 1 weights and zeros after them.
 struct WeightBlock {
-  Tensor m;  // (n, r1), contiguous
+  Mat m;  // (n, r1), contiguous
   int64_t r0;
-  int64_t n() const { return m.size(0); }
-  int64_t r1() const { return m.size(1); }
+  int64_t n() const { return m.rows; }
+  int64_t r1() const { return m.cols; }
   int64_t row_start(int64_t i) const { return (i - r0) * r1(); }  // element offset of query i's row
 };
 
 WeightBlock block_of(const Tensor& scratch, int64_t r0, int64_t n) {
-  return {scratch.narrow(0, 0, n * (r0 + n)).view({n, r0 + n}), r0};
+  return {{static_cast<char*>(scratch.data_ptr()), n, r0 + n, r0 + n, scratch.scalar_type()}, r0};
 }
-
-uint16_t* bf16_bits(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); }
 
 void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch) {
   for (int64_t i = w.r0; i < w.r0 + w.n(); ++i) {
-    if (w.m.scalar_type() == at::kBFloat16) {
-      kernels::causal_softmax_row_bf16(bf16_bits(w.m) + w.row_start(i), scratch.data(), i + 1, w.r1(), scale);
+    if (w.m.type == at::kBFloat16) {
+      kernels::causal_softmax_row_bf16(w.m.bf16_bits() + w.row_start(i), scratch.data(), i + 1, w.r1(), scale);
     } else {
-      kernels::causal_softmax_row(w.m.data_ptr<float>() + w.row_start(i), i + 1, w.r1(), scale);
+      kernels::causal_softmax_row(w.m.floats() + w.row_start(i), i + 1, w.r1(), scale);
     }
   }
 }
@@ -81,12 +123,12 @@ void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch
 // dp becomes the scores' gradient, from the weights p and their gradient.
 void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float scale, std::vector<float>& scratch) {
   for (int64_t i = p.r0; i < p.r0 + p.n(); ++i) {
-    if (p.m.scalar_type() == at::kBFloat16) {
-      kernels::causal_softmax_backward_row_bf16(bf16_bits(p.m) + p.row_start(i), bf16_bits(dp.m) + dp.row_start(i),
+    if (p.m.type == at::kBFloat16) {
+      kernels::causal_softmax_backward_row_bf16(p.m.bf16_bits() + p.row_start(i), dp.m.bf16_bits() + dp.row_start(i),
                                                 scratch.data(), i + 1, p.r1(), scale);
     } else {
-      kernels::causal_softmax_backward_row(p.m.data_ptr<float>() + p.row_start(i),
-                                           dp.m.data_ptr<float>() + dp.row_start(i), i + 1, p.r1(), scale);
+      kernels::causal_softmax_backward_row(p.m.floats() + p.row_start(i), dp.m.floats() + dp.row_start(i), i + 1,
+                                           p.r1(), scale);
     }
   }
 }
@@ -117,24 +159,17 @@ void drop_rows(const WeightBlock& in, const WeightBlock& out, int64_t T, const W
   const auto scale = static_cast<float>(1.0 / (1.0 - d.p));
   for (int64_t i = in.r0; i < in.r0 + in.n(); ++i) {
     const auto first = static_cast<uint32_t>(i * T);
-    if (in.m.scalar_type() == at::kBFloat16) {
-      kernels::dropout_apply_bf16(bf16_bits(in.m) + in.row_start(i), bf16_bits(out.m) + out.row_start(i), in.r1(),
+    if (in.m.type == at::kBFloat16) {
+      kernels::dropout_apply_bf16(in.m.bf16_bits() + in.row_start(i), out.m.bf16_bits() + out.row_start(i), in.r1(),
                                   first, key, threshold, scale);
     } else {
-      kernels::dropout_apply(in.m.data_ptr<float>() + in.row_start(i), out.m.data_ptr<float>() + out.row_start(i),
-                             in.r1(), first, key, threshold, scale);
+      kernels::dropout_apply(in.m.floats() + in.row_start(i), out.m.floats() + out.row_start(i), in.r1(), first, key,
+                             threshold, scale);
     }
   }
 }
 
 float softmax_scale(const Tensor& q) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(q.size(3)))); }
-
-// Rows [begin, begin + count) of a (T, hs) head.
-Tensor rows(const Tensor& t, int64_t begin, int64_t count) { return t.narrow(0, begin, count); }
-
-// One head's (T, hs) matrix of a (B, T, heads, hs) tensor: a strided view
-// whose rows are `stride(1)` apart, which BLAS and oneDNN take as is.
-Tensor head(const Tensor& t, int64_t b, int64_t h) { return t.select(0, b).select(1, h); }
 
 // The state a task thread needs to run ATen ops on saved inputs: autograd
 // off (worker threads start with it on, and the inputs require grad), and
@@ -167,16 +202,14 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     const auto weights = block_scratch(q, T);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nh, h = task % nh, g = h / rep;
-      const auto q_h = head(q, b, h), k_g = head(k, b, g), v_g = head(v, b, g);
-      auto y_h = head(y, b, h);
+      const auto q_h = head(q, b, h), k_g = head(k, b, g), v_g = head(v, b, g), y_h = head(y, b, h);
       for (int64_t r0 = 0; r0 < T; r0 += block) {
         const int64_t n = std::min(T, r0 + block) - r0;
-        auto w = block_of(weights, r0, n);
-        at::mm_out(w.m, rows(q_h, r0, n), rows(k_g, 0, w.r1()).t());
+        const auto w = block_of(weights, r0, n);
+        gemm(w.m, q_h.rows_from(r0, n), false, k_g.rows_from(0, w.r1()), true, false);
         softmax_rows(w, scale, scratch);
         if (drop.active()) drop_rows(w, w, T, drop, drop.head_key(b, h, nh));
-        auto out = rows(y_h, r0, n);
-        at::mm_out(out, w.m, rows(v_g, 0, w.r1()));
+        gemm(y_h.rows_from(r0, n), w.m, false, v_g.rows_from(0, w.r1()), false, false);
       }
     }
   });
@@ -187,27 +220,21 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // rounds once, the sum does not), written back at the end.
 class HeadGradient {
  public:
-  explicit HeadGradient(Tensor grad) : grad_(std::move(grad)), in_place_(grad_.scalar_type() == at::kFloat) {
-    sum_ = in_place_ ? grad_ : at::empty(grad_.sizes(), grad_.options().dtype(at::kFloat));
-    sum_.zero_();
-  }
-  // rows [0, a.size(1)) += a^T b
-  void add(const Tensor& a, const Tensor& b) {
-    auto into = rows(sum_, 0, a.size(1));
-    if (in_place_) {
-      into.addmm_(a.t(), b);
-    } else {
-      into.add_(at::mm(a.t(), b));
+  // `room`: the thread's float buffer of at least T * hs, for bf16.
+  HeadGradient(const Mat& grad, const Tensor& room) : grad_(grad), sum_(grad) {
+    if (grad.type != at::kFloat) {
+      sum_ = {static_cast<char*>(room.data_ptr()), grad.rows, grad.cols, grad.cols, at::kFloat};
     }
+    for (int64_t r = 0; r < sum_.rows; ++r) std::fill_n(sum_.rows_from(r, 1).floats(), sum_.cols, 0.0f);
   }
+  // rows [0, a.cols) += a^T b
+  void add(const Mat& a, const Mat& b) { gemm(sum_.rows_from(0, a.cols), a, true, b, false, true); }
   void finish() {
-    if (!in_place_) grad_.copy_(sum_);
+    if (grad_.type != at::kFloat) grad_.tensor().copy_(sum_.tensor());
   }
 
  private:
-  Tensor grad_;
-  bool in_place_;
-  Tensor sum_;
+  Mat grad_, sum_;
 };
 
 // dq, dk, dv (B, T, heads, hs), every element written. One task per
@@ -228,22 +255,24 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     std::vector<float> scratch(T);
     const auto weights = block_scratch(q, T), dweights = block_scratch(q, T);
     const auto dropped = drop.active() ? block_scratch(q, T) : Tensor();
+    const bool bf16 = q.scalar_type() == at::kBFloat16;
+    const auto float_room = [&] { return bf16 ? at::empty({T * q.size(3)}, q.options().dtype(at::kFloat)) : Tensor(); };
+    const auto dk_room = float_room(), dv_room = float_room();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / nkv, g = task % nkv;
       const auto k_g = head(k, b, g), v_g = head(v, b, g);
-      HeadGradient dk_g(head(dk, b, g)), dv_g(head(dv, b, g));
+      HeadGradient dk_g(head(dk, b, g), dk_room), dv_g(head(dv, b, g), dv_room);
       for (int64_t r = 0; r < rep; ++r) {
         const int64_t h = g * rep + r;
-        const auto dy_h = head(dy, b, h), q_h = head(q, b, h);
-        auto dq_h = head(dq, b, h);
+        const auto dy_h = head(dy, b, h), q_h = head(q, b, h), dq_h = head(dq, b, h);
         for (int64_t r0 = 0; r0 < T; r0 += block) {
           const int64_t n = std::min(T, r0 + block) - r0;
-          auto p = block_of(weights, r0, n), dp = block_of(dweights, r0, n);
-          const auto q_rows = rows(q_h, r0, n), dy_rows = rows(dy_h, r0, n);
-          const auto keys = rows(k_g, 0, p.r1()), values = rows(v_g, 0, p.r1());
-          at::mm_out(p.m, q_rows, keys.t());
+          const auto p = block_of(weights, r0, n), dp = block_of(dweights, r0, n);
+          const auto q_rows = q_h.rows_from(r0, n), dy_rows = dy_h.rows_from(r0, n);
+          const auto keys = k_g.rows_from(0, p.r1()), values = v_g.rows_from(0, p.r1());
+          gemm(p.m, q_rows, false, keys, true, false);
           softmax_rows(p, scale, scratch);
-          at::mm_out(dp.m, dy_rows, values.t());
+          gemm(dp.m, dy_rows, false, values, true, false);
           auto used = p;  // the weights y was made of
           if (drop.active()) {
             const uint64_t key = drop.head_key(b, h, nh);
@@ -253,8 +282,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
           }
           dv_g.add(used.m, dy_rows);
           softmax_backward_rows(p, dp, scale, scratch);
-          auto dq_rows = rows(dq_h, r0, n);
-          at::mm_out(dq_rows, dp.m, keys);
+          gemm(dq_h.rows_from(r0, n), dp.m, false, keys, false, false);
           dk_g.add(dp.m, q_rows);
         }
       }

@@ -15,6 +15,7 @@
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/models/attention.h"
+#include "kernels/kernels.h"
 #include "../nn/dispatched_operators.h"
 
 namespace fsdp::models {
@@ -272,6 +273,34 @@ TEST(CausalAttention, TheFusedPathBuildsNoMaskAndCopiesNoHeads) {
     EXPECT_EQ(seen.count(op), 0u) << op << " ran";
   }
   EXPECT_GT(seen.size(), 0u) << "the counter sees operators";
+}
+
+// The fp32 kernel's products: kernels::sgemm_rows, row-major through a
+// column-major BLAS, with each transpose, rows further apart than their
+// width, and accumulation, against double.
+TEST(AttentionGemm, RowMajorProductsMatchDouble) {
+  if (!kernels::sgemm_available()) GTEST_SKIP() << "this build links no sgemm_: attention multiplies through ATen";
+  const int64_t m = 5, n = 7, k = 3, pad = 2;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const float beta : {0.0f, 1.0f}) {
+        const auto a = torch::randn({trans_a ? k : m, (trans_a ? m : k) + pad});
+        const auto b = torch::randn({trans_b ? n : k, (trans_b ? k : n) + pad});
+        auto c = torch::randn({m, n + pad});
+        const auto before = c.clone();
+        kernels::sgemm_rows(trans_a, trans_b, m, n, k, 1.0f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                            b.size(1), beta, c.data_ptr<float>(), c.size(1));
+        const auto a_used = a.narrow(1, 0, a.size(1) - pad).to(torch::kDouble);
+        const auto b_used = b.narrow(1, 0, b.size(1) - pad).to(torch::kDouble);
+        const auto expected = (trans_a ? a_used.t() : a_used).matmul(trans_b ? b_used.t() : b_used) +
+                              beta * before.narrow(1, 0, n).to(torch::kDouble);
+        const std::string which = std::string(trans_a ? "A^T" : "A") + (trans_b ? " B^T" : " B") +
+                                  (beta != 0 ? " + C" : "");
+        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n).to(torch::kDouble), expected, 1e-5, 1e-5)) << which;
+        EXPECT_TRUE(torch::equal(c.narrow(1, n, pad), before.narrow(1, n, pad))) << which << ": wrote past a row";
+      }
+    }
+  }
 }
 
 TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
