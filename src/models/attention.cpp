@@ -69,10 +69,11 @@ struct Mat {
   Tensor tensor() const { return at::from_blob(data, {rows, cols}, {ld, 1}, at::TensorOptions().dtype(type)); }
 };
 
-// One head's (T, hs) matrix of a (B, T, heads, hs) tensor.
+// One head's (T, hs) matrix of a (B, T, heads, hs) tensor laid out as
+// blas_layout() leaves it (a single row's stride is free: hs stands in).
 Mat head(const Tensor& t, int64_t b, int64_t h) {
   return {static_cast<char*>(t.data_ptr()) + (b * t.stride(0) + h * t.stride(2)) * t.element_size(), t.size(1),
-          t.size(3), t.stride(1), t.scalar_type()};
+          t.size(3), t.size(1) == 1 ? t.size(3) : t.stride(1), t.scalar_type()};
 }
 
 // c = op(a) op(b), or c += it: fp32 by sgemm_ where the build has it, the
@@ -292,8 +293,11 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   });
 }
 
-// The (B, T, heads, hs) views need unit stride along hs for BLAS.
-Tensor unit_last_stride(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+// BLAS takes a head as rows at least hs apart with adjacent columns; other
+// views (an expanded or transposed one, say) are copied first.
+Tensor blas_layout(const Tensor& t) {
+  return t.stride(3) == 1 && (t.size(1) == 1 || t.stride(1) >= t.size(3)) ? t : t.contiguous();
+}
 
 void check_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
   FSDP_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "causal_attention: q, k and v must be (B, T, heads, hs)");
@@ -314,7 +318,7 @@ WeightDropout saved_dropout(AutogradContext* ctx) {
 
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
   static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double p) {
-    const auto q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
+    const auto q = blas_layout(q_in), k = blas_layout(k_in), v = blas_layout(v_in);
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
     const auto drop = WeightDropout::draw(p);
     auto y = at::empty({B, T, nh, hs}, q.options());

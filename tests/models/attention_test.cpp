@@ -124,6 +124,18 @@ TEST(CausalAttention, Fp32TakesStridedHeadViewsAsTheyCome) {
   expect_close(run(strided, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 2e-6);
 }
 
+TEST(CausalAttention, ExpandedAndSingleTokenViewsAreTakenAsTheirValues) {
+  // Strides BLAS cannot take as a head's rows: v expanded along T (rows 0
+  // apart), and one token whose T stride is smaller than a head.
+  torch::manual_seed(12);
+  const auto q = torch::randn({2, 5, 2, 8}), k = torch::randn({2, 5, 2, 8});
+  const auto v = torch::randn({2, 1, 2, 8}).expand({2, 5, 2, 8});
+  const auto d = [](const Tensor& t) { return t.to(torch::kDouble); };
+  EXPECT_TRUE(torch::allclose(d(causal_attention(q, k, v)), reference(d(q), d(k), d(v)), 1e-5, 1e-6));
+  const auto one = torch::randn({32}).as_strided({2, 1, 2, 8}, {16, 1, 8, 1});
+  EXPECT_TRUE(torch::allclose(d(causal_attention(one, one, one)), reference(d(one), d(one), d(one)), 1e-5, 1e-6));
+}
+
 TEST(CausalAttention, PackedProjectionMatchesTheReference) {
   const int64_t B = 3, T = 33, nh = 4, hs = 16, C = nh * hs;
   torch::manual_seed(6);
