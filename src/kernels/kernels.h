@@ -131,9 +131,11 @@ void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C, op transposing where
 // asked, rows lda, ldb and ldc elements apart (at most 2^31 - 1, like every
-// dimension), by the BLAS LibTorch calls, on the calling thread's terms
-// (one thread inside at::parallel_for). Only where sgemm_available(): a
-// build whose LibTorch exposes no BLAS to link keeps ATen's matmuls.
+// dimension, and each at least its row's width and 1), by the sgemm_ the
+// process has loaded with LibTorch, on the calling thread's terms (one
+// thread inside at::parallel_for for MKL and OpenMP BLAS builds). Only
+// where sgemm_available(): a LibTorch that exposes no sgemm_ (a static
+// one, say) keeps ATen's matmuls.
 bool sgemm_available();
 void sgemm_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

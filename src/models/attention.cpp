@@ -76,13 +76,15 @@ Mat head(const Tensor& t, int64_t b, int64_t h) {
           t.size(3), t.size(1) == 1 ? t.size(3) : t.stride(1), t.scalar_type()};
 }
 
-// c = op(a) op(b), or c += it: fp32 by sgemm_ where the build has it, the
-// rest through ATen (bf16 into a float c: the product rounds to bf16 once,
+// c = op(a) op(b), or c += it: fp32 by sgemm_ where the process has it,
+// the rest (and empty heads) through ATen (bf16 into a float c: the product rounds to bf16 once,
 // the sum stays float).
 void gemm(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, bool accumulate) {
-  if (kernels::sgemm_available() && a.type == at::kFloat && b.type == at::kFloat && c.type == at::kFloat) {
-    kernels::sgemm_rows(trans_a, trans_b, c.rows, c.cols, trans_a ? a.rows : a.cols, 1.0f, a.floats(), a.ld,
-                        b.floats(), b.ld, accumulate ? 1.0f : 0.0f, c.floats(), c.ld);
+  const int64_t k = trans_a ? a.rows : a.cols;
+  const bool fp32 = a.type == at::kFloat && b.type == at::kFloat && c.type == at::kFloat;
+  if (fp32 && kernels::sgemm_available() && k > 0 && a.cols > 0 && b.cols > 0 && c.cols > 0) {  // BLAS: ld >= 1
+    kernels::sgemm_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, a.floats(), a.ld, b.floats(), b.ld,
+                        accumulate ? 1.0f : 0.0f, c.floats(), c.ld);
     return;
   }
   const auto A = trans_a ? a.tensor().t() : a.tensor(), B = trans_b ? b.tensor().t() : b.tensor();

@@ -285,13 +285,13 @@ struct RMSNormRows : public torch::autograd::Function<RMSNormRows> {
     auto dx = torch::empty_like(x);
     const bool bf16 = x.scalar_type() == at::kBFloat16;
     const float* row_rstd = rstd.data_ptr<float>();
-    const auto dw = for_each_row_summing(rows, n, (bf16 ? 4 : 1) * n, [&](int64_t r, float* dw, float* scratch) {
+    const auto dw = for_each_row_summing(rows, n, (bf16 ? 4 : 1) * n, [&](int64_t r, float* sums, float* scratch) {
       if (bf16) {
         kernels::rms_norm_backward_row_bf16(bf16_bits(x) + r * n, bf16_bits(dy) + r * n, w.data_ptr<float>(),
-                                            row_rstd[r], bf16_bits(dx) + r * n, dw, scratch, n);
+                                            row_rstd[r], bf16_bits(dx) + r * n, sums, scratch, n);
       } else {
         kernels::rms_norm_backward_row(x.data_ptr<float>() + r * n, dy.data_ptr<float>() + r * n,
-                                       w.data_ptr<float>(), row_rstd[r], dx.data_ptr<float>() + r * n, dw, scratch,
+                                       w.data_ptr<float>(), row_rstd[r], dx.data_ptr<float>() + r * n, sums, scratch,
                                        n);
       }
     });
