@@ -8,7 +8,8 @@ evenly) and reports medians over repetitions of each run's median step:
 
   W=1 fp32   fsdp train            PyTorch eager, torch.compile
   W=1 bf16   fsdp train bf16       eager and compiled CPU autocast
-  W=2 fp32   fsdp train full_shard FSDP2 fully_shard, eager and compiled
+  W=2 fp32   fsdp train full_shard FSDP2 fully_shard, eager and compiled;
+                                   PyTorch DDP (replication, no sharding)
 
 Each run's first 3 steps are warm-up (the first compiles). Beside every
 row: the step's matmul-limited time (`fsdp bench matmul`: each of the
@@ -106,6 +107,9 @@ CASES = [
         ("fsdp.cpp full_shard", lambda m, s, f: ours(m, 2, s, f, "--sharding full_shard")),
         ("FSDP2 eager", lambda m, s, f: peer(m, 2, s, f, "--fsdp2")),
         ("FSDP2 compiled", lambda m, s, f: peer(m, 2, s, f, "--fsdp2 --compile")),
+        # Replication, where sharding is not needed: one all-reduce of the
+        # gradients against FULL_SHARD's two gathers and a reduce-scatter.
+        ("PyTorch DDP", lambda m, s, f: peer(m, 2, s, f, "--ddp")),
     ]),
 ]
 

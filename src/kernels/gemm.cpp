@@ -1,5 +1,7 @@
 #include <dlfcn.h>
 
+#include <atomic>
+
 #include "kernels.h"
 
 namespace fsdp::kernels {
@@ -18,9 +20,13 @@ Sgemm process_sgemm() {
   return found;
 }
 
+std::atomic<bool> hidden_for_testing{false};
+
 }  // namespace
 
-bool sgemm_available() { return process_sgemm() != nullptr; }
+bool sgemm_available() { return process_sgemm() != nullptr && !hidden_for_testing.load(std::memory_order_relaxed); }
+
+void set_sgemm_hidden_for_testing(bool hidden) { hidden_for_testing.store(hidden); }
 
 void sgemm_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {

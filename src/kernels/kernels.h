@@ -137,6 +137,9 @@ void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t
 // where sgemm_available(): a LibTorch that exposes no sgemm_ (a static
 // one, say) keeps ATen's matmuls.
 bool sgemm_available();
+// Tests only: while set, sgemm_available() answers as in a process without
+// sgemm_, so the ATen path runs where BLAS is present.
+void set_sgemm_hidden_for_testing(bool hidden);
 void sgemm_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

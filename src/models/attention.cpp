@@ -76,9 +76,9 @@ Mat head(const Tensor& t, int64_t b, int64_t h) {
           t.size(3), t.size(1) == 1 ? t.size(3) : t.stride(1), t.scalar_type()};
 }
 
-// c = op(a) op(b), or c += it: fp32 by sgemm_ where the process has it,
-// the rest (and empty heads) through ATen (bf16 into a float c: the product rounds to bf16 once,
-// the sum stays float).
+// c = op(a) op(b), or c += it. fp32 goes to sgemm_ where the process has
+// it; the rest, and empty heads, through ATen (bf16 into a float c: the
+// product rounds to bf16 once, the sum stays float).
 void gemm(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, bool accumulate) {
   const int64_t k = trans_a ? a.rows : a.cols;
   const bool fp32 = a.type == at::kFloat && b.type == at::kFloat && c.type == at::kFloat;

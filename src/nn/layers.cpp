@@ -302,20 +302,38 @@ struct RMSNormRows : public torch::autograd::Function<RMSNormRows> {
 
 constexpr int64_t kSiluMulGrain = 1 << 14;
 
+// One run of n elements of SwiGLU's activation, each operand a tensor and
+// an element offset into it: gate and up may be two tensors or the two
+// halves of one row.
+void silu_mul_run(const at::Tensor& g, int64_t g_at, const at::Tensor& u, int64_t u_at, const at::Tensor& h,
+                  int64_t h_at, int64_t n) {
+  if (g.scalar_type() == at::kBFloat16) {
+    kernels::silu_mul_bf16(bf16_bits(g) + g_at, bf16_bits(u) + u_at, bf16_bits(h) + h_at, n);
+  } else {
+    kernels::silu_mul(g.data_ptr<float>() + g_at, u.data_ptr<float>() + u_at, h.data_ptr<float>() + h_at, n);
+  }
+}
+
+// Its backward over the same runs: dh at h_at, the gradients where gate and up are.
+void silu_mul_backward_run(const at::Tensor& g, const at::Tensor& dg, int64_t g_at, const at::Tensor& u,
+                           const at::Tensor& du, int64_t u_at, const at::Tensor& dh, int64_t h_at, int64_t n) {
+  if (g.scalar_type() == at::kBFloat16) {
+    kernels::silu_mul_backward_bf16(bf16_bits(g) + g_at, bf16_bits(u) + u_at, bf16_bits(dh) + h_at,
+                                    bf16_bits(dg) + g_at, bf16_bits(du) + u_at, n);
+  } else {
+    kernels::silu_mul_backward(g.data_ptr<float>() + g_at, u.data_ptr<float>() + u_at, dh.data_ptr<float>() + h_at,
+                               dg.data_ptr<float>() + g_at, du.data_ptr<float>() + u_at, n);
+  }
+}
+
 struct SiluMul : public torch::autograd::Function<SiluMul> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
                                const torch::Tensor& up) {
     RECORD_USER_SCOPE("fsdp::silu_mul");
     const auto g = gate.contiguous(), u = up.contiguous();
     auto h = torch::empty_like(g);
-    at::parallel_for(0, g.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
-      if (g.scalar_type() == at::kBFloat16) {
-        kernels::silu_mul_bf16(bf16_bits(g) + begin, bf16_bits(u) + begin, bf16_bits(h) + begin, end - begin);
-      } else {
-        kernels::silu_mul(g.data_ptr<float>() + begin, u.data_ptr<float>() + begin, h.data_ptr<float>() + begin,
-                          end - begin);
-      }
-    });
+    at::parallel_for(0, g.numel(), kSiluMulGrain,
+                     [&](int64_t begin, int64_t end) { silu_mul_run(g, begin, u, begin, h, begin, end - begin); });
     ctx->save_for_backward({g, u});
     return h;
   }
@@ -328,14 +346,7 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
     const auto dh = grad_outputs[0].to(g.scalar_type()).contiguous();
     auto dg = torch::empty_like(g), du = torch::empty_like(u);
     at::parallel_for(0, g.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
-      if (g.scalar_type() == at::kBFloat16) {
-        kernels::silu_mul_backward_bf16(bf16_bits(g) + begin, bf16_bits(u) + begin, bf16_bits(dh) + begin,
-                                        bf16_bits(dg) + begin, bf16_bits(du) + begin, end - begin);
-      } else {
-        kernels::silu_mul_backward(g.data_ptr<float>() + begin, u.data_ptr<float>() + begin,
-                                   dh.data_ptr<float>() + begin, dg.data_ptr<float>() + begin,
-                                   du.data_ptr<float>() + begin, end - begin);
-      }
+      silu_mul_backward_run(g, dg, begin, u, du, begin, dh, begin, end - begin);
     });
     return {dg, du};
   }
@@ -362,13 +373,7 @@ struct SiluMulHalves : public torch::autograd::Function<SiluMulHalves> {
     sizes.back() = h;
     auto out = torch::empty(sizes, x.options());
     at::parallel_for(0, out.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
-      for_each_run(begin, end, h, [&](int64_t in, int64_t o, int64_t n) {
-        if (x.scalar_type() == at::kBFloat16) {
-          kernels::silu_mul_bf16(bf16_bits(x) + in, bf16_bits(x) + in + h, bf16_bits(out) + o, n);
-        } else {
-          kernels::silu_mul(x.data_ptr<float>() + in, x.data_ptr<float>() + in + h, out.data_ptr<float>() + o, n);
-        }
-      });
+      for_each_run(begin, end, h, [&](int64_t in, int64_t o, int64_t n) { silu_mul_run(x, in, x, in + h, out, o, n); });
     });
     ctx->save_for_backward({x});
     return out;
@@ -383,14 +388,7 @@ struct SiluMulHalves : public torch::autograd::Function<SiluMulHalves> {
     auto dx = torch::empty_like(x);
     at::parallel_for(0, dh.numel(), kSiluMulGrain, [&](int64_t begin, int64_t end) {
       for_each_run(begin, end, h, [&](int64_t in, int64_t o, int64_t n) {
-        if (x.scalar_type() == at::kBFloat16) {
-          kernels::silu_mul_backward_bf16(bf16_bits(x) + in, bf16_bits(x) + in + h, bf16_bits(dh) + o,
-                                          bf16_bits(dx) + in, bf16_bits(dx) + in + h, n);
-        } else {
-          kernels::silu_mul_backward(x.data_ptr<float>() + in, x.data_ptr<float>() + in + h,
-                                     dh.data_ptr<float>() + o, dx.data_ptr<float>() + in,
-                                     dx.data_ptr<float>() + in + h, n);
-        }
+        silu_mul_backward_run(x, dx, in, x, dx, in + h, dh, o, n);
       });
     });
     return {dx};
@@ -428,8 +426,7 @@ torch::Tensor layer_norm_rows(const torch::Tensor& x, const torch::Tensor& weigh
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
-  const bool ours = x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
-  return ours ? GeluTanh::apply(x) : torch::gelu(x, "tanh");
+  return cpu_fp32_or_bf16(x, x) ? GeluTanh::apply(x) : torch::gelu(x, "tanh");
 }
 
 }  // namespace fsdp::nn

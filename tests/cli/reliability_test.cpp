@@ -84,6 +84,8 @@ TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeight
     const int saves = std::uniform_int_distribution<int>(1, 3)(rng);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (occurrences(job.output(), "] saved ") < saves_before + saves) {
+      ASSERT_FALSE(job.exited()) << "the job ended before save " << saves << " of attempt " << kill + 2 << ":\n"
+                                 << job.output();
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no save " << saves << " in attempt " << kill + 2
                                                             << ":\n" << job.output();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -78,6 +78,11 @@ std::vector<int> BackgroundCommand::wait_for_new_children(const std::vector<int>
   return now;
 }
 
+bool BackgroundCommand::exited() const {
+  siginfo_t info{};
+  return ::waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_;
+}
+
 int BackgroundCommand::wait(std::chrono::seconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;

@@ -37,6 +37,8 @@ class BackgroundCommand {
   // them (fewer if the timeout passed or the program ended).
   std::vector<int> wait_for_new_children(const std::vector<int>& old, std::chrono::seconds timeout,
                                          size_t count = 2) const;
+  // Whether the program has ended (it stays unreaped for wait()).
+  bool exited() const;
   // The exit status (128+N for signal N); -1 if it had to be killed at the timeout.
   int wait(std::chrono::seconds timeout);
   std::string output() const;

@@ -3,7 +3,8 @@
 // diagonal, softmax, weighted values; gradients by autograd through it.
 // Covers grouped-query heads, strided views as inputs, odd lengths, bf16,
 // dropout on the weights, memory that grows with T rather than T^2, the
-// composite path for other dtypes and thread-count independence.
+// composite path for other dtypes, thread-count independence, and the
+// products through ATen where the process has no sgemm_.
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -313,6 +314,24 @@ TEST(AttentionGemm, RowMajorProductsMatchDouble) {
       }
     }
   }
+}
+
+// Where the process exposes no sgemm_ (a static LibTorch, say), the fp32
+// products go through ATen on tensors over the same heads: the same values.
+TEST(CausalAttention, WithoutSgemmTheProductsGoThroughATenToTheSameValues) {
+  struct Hidden {
+    Hidden() { kernels::set_sgemm_hidden_for_testing(true); }
+    ~Hidden() { kernels::set_sgemm_hidden_for_testing(false); }
+  } hidden;
+  ASSERT_FALSE(kernels::sgemm_available());
+  for (int64_t T : {1, 37, 150}) {
+    const auto in = inputs(2, T, 4, 2, 16);
+    expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 5e-6);
+  }
+  torch::manual_seed(12);
+  auto v = torch::randn({2, 1, 2, 8}).expand({2, 9, 2, 8}), q = torch::randn({2, 9, 2, 8});
+  const auto d = [](const Tensor& t) { return t.to(torch::kDouble); };
+  EXPECT_TRUE(torch::allclose(d(causal_attention(q, q, v)), reference(d(q), d(q), d(v)), 1e-5, 1e-6));
 }
 
 TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
