@@ -72,7 +72,7 @@ std::vector<int> BackgroundCommand::wait_for_new_children(const std::vector<int>
     const bool fresh = std::none_of(now.begin(), now.end(),
                                     [&](int p) { return std::find(old.begin(), old.end(), p) != old.end(); });
     if (now.size() == count && fresh) return now;
-    if (::waitpid(pid_, nullptr, WNOHANG) != 0) return {};
+    if (exited()) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return now;

@@ -125,9 +125,9 @@ TEST(CausalAttention, Fp32TakesStridedHeadViewsAsTheyCome) {
   expect_close(run(strided, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 2e-6);
 }
 
-TEST(CausalAttention, ExpandedAndSingleTokenViewsAreTakenAsTheirValues) {
-  // Strides BLAS cannot take as a head's rows: v expanded along T (rows 0
-  // apart), and one token whose T stride is smaller than a head.
+// Strides BLAS cannot take as a head's rows: v expanded along T (rows 0
+// apart), and one token whose T stride is smaller than a head.
+void expect_expanded_and_single_token_views_taken_as_their_values() {
   torch::manual_seed(12);
   const auto q = torch::randn({2, 5, 2, 8}), k = torch::randn({2, 5, 2, 8});
   const auto v = torch::randn({2, 1, 2, 8}).expand({2, 5, 2, 8});
@@ -135,6 +135,10 @@ TEST(CausalAttention, ExpandedAndSingleTokenViewsAreTakenAsTheirValues) {
   EXPECT_TRUE(torch::allclose(d(causal_attention(q, k, v)), reference(d(q), d(k), d(v)), 1e-5, 1e-6));
   const auto one = torch::randn({32}).as_strided({2, 1, 2, 8}, {16, 1, 8, 1});
   EXPECT_TRUE(torch::allclose(d(causal_attention(one, one, one)), reference(d(one), d(one), d(one)), 1e-5, 1e-6));
+}
+
+TEST(CausalAttention, ExpandedAndSingleTokenViewsAreTakenAsTheirValues) {
+  expect_expanded_and_single_token_views_taken_as_their_values();
 }
 
 TEST(CausalAttention, PackedProjectionMatchesTheReference) {
@@ -328,10 +332,7 @@ TEST(CausalAttention, WithoutSgemmTheProductsGoThroughATenToTheSameValues) {
     const auto in = inputs(2, T, 4, 2, 16);
     expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 5e-6);
   }
-  torch::manual_seed(12);
-  auto v = torch::randn({2, 1, 2, 8}).expand({2, 9, 2, 8}), q = torch::randn({2, 9, 2, 8});
-  const auto d = [](const Tensor& t) { return t.to(torch::kDouble); };
-  EXPECT_TRUE(torch::allclose(d(causal_attention(q, q, v)), reference(d(q), d(q), d(v)), 1e-5, 1e-6));
+  expect_expanded_and_single_token_views_taken_as_their_values();
 }
 
 TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
