@@ -10,9 +10,10 @@ dcp`, which run tools/dcp_convert.py):
   the state the export through transformers' full tensors loads to
   (Qwen3-MoE, whose transformers layout fuses the experts, is exported
   whole);
-- import: FSDP2 trains 10 steps at W = 4 and saves with `dcp.save`; the
-  DCP directory, imported, is resumed by `fsdp train` at W = 2: its steps
-  11-20 equal FSDP2's own continuation from the same DCP directory.
+- import: FSDP2 trains 20 steps at W = 4, saving at step 10 with
+  `dcp.save`; the DCP directory, imported, is resumed by `fsdp train` at
+  W = 2: its steps 11-20 equal FSDP2's own, which went on from the state
+  it saved. (FSDP2 resuming from a DCP directory is the export's half.)
 
 W = 2 with 2 rows per rank and W = 4 with 1 read the same 4 rows per step
 (docs/training.md, "Data"), so the two sides train on the same global batch. Losses
@@ -168,8 +169,8 @@ def main():
 
         # FSDP2 -> DCP -> fsdp.cpp
         saved = base + "fsdp2.dcp"
-        fsdp2(directory, tokens, base + "fsdp2", SAVED_AT, ["--save-dcp", saved], world)
-        continued = fsdp2(directory, tokens, base + "fsdp2-continued", STEPS, ["--resume-dcp", saved], world)
+        continued = fsdp2(directory, tokens, base + "fsdp2", STEPS,
+                          ["--save-dcp", saved, "--save-dcp-at", str(SAVED_AT)], world)
         imported = base + "imported"
         result = convert(args.fsdp, "import", saved, imported, "--model", directory)
         if result.returncode != 0:

@@ -67,7 +67,8 @@ def parse():
     p.add_argument("--shard-placement", choices=("rows", "columns"), default="rows",
                    help="rows: FSDP2's default, every parameter on Shard(0); columns: matrices on Shard(1)")
     p.add_argument("--resume-dcp", help="start from this DCP checkpoint (tools/dcp_convert.py export)")
-    p.add_argument("--save-dcp", help="save a DCP checkpoint here at the end")
+    p.add_argument("--save-dcp", help="save a DCP checkpoint here after step --save-dcp-at")
+    p.add_argument("--save-dcp-at", type=int, default=0, help="the step --save-dcp saves after (0: the last)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: GPU LOCAL_RANK, a CUDA mesh over NCCL (TF32 off: fp32 is fp32)")
     p.add_argument("--gradient-divide-factor", type=float, default=0,
@@ -228,10 +229,10 @@ def main():
         if out:
             out.write(json.dumps(record) + "\n")
             out.flush()
-    if args.save_dcp:
-        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
-                  "train_state": {"step": args.steps, "tokens_seen": args.steps * world * args.grad_accum
-                                  * args.batch_size * args.seq_len}}, checkpoint_id=args.save_dcp)
+        if args.save_dcp and step + 1 == (args.save_dcp_at or args.steps):
+            dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
+                      "train_state": {"step": step + 1, "tokens_seen": (step + 1) * world * args.grad_accum
+                                      * args.batch_size * args.seq_len}}, checkpoint_id=args.save_dcp)
     full = {name: p.full_tensor().cpu() for name, p in model.state_dict().items()}
     if rank == 0 and args.final:
         # save_pretrained writes the checkpoint's layout (per-expert tensors
