@@ -131,16 +131,24 @@ void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* u, const uint16_t
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C, op transposing where
 // asked, rows lda, ldb and ldc elements apart (at most 2^31 - 1, like every
-// dimension, and each at least its row's width and 1), by the sgemm_ the
+// dimension, and each at least its row's width and 1), by the BLAS the
 // process has loaded with LibTorch, on the calling thread's terms (one
-// thread inside at::parallel_for for MKL and OpenMP BLAS builds). Only
-// where sgemm_available(): a LibTorch that exposes no sgemm_ (a static
-// one, say) keeps ATen's matmuls.
+// thread inside at::parallel_for for MKL and OpenMP BLAS builds):
+// sgemm_rows by its sgemm_, gemm_bf16_rows (A and B bf16 bits, C float) by
+// MKL's gemm_bf16bf16f32_. Only where *_available(): a LibTorch that
+// exposes no such symbol (a static one, or one on another BLAS than MKL
+// for bf16) keeps ATen's matmuls.
 bool sgemm_available();
-// Tests only: while set, sgemm_available() answers as in a process without
-// sgemm_, so the ATen path runs where BLAS is present.
-void set_sgemm_hidden_for_testing(bool hidden);
+bool gemm_bf16_available();
+// Tests only: while set, both answer as in a process without these
+// symbols, so the ATen path runs where BLAS is present.
+void set_blas_hidden_for_testing(bool hidden);
 void sgemm_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void gemm_bf16_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+                    int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// y[i] = x[i] rounded to bf16 (nearest, ties to even), for i in [0, n).
+void float_to_bf16(const float* x, uint16_t* y, int64_t n);
 
 }  // namespace fsdp::kernels

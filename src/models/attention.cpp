@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
@@ -41,15 +43,24 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, to
   return y.transpose(1, 2).reshape({B, T, nh * hs});
 }
 
+// bf16 attention takes MKL's bf16 products (bf16 operands, float results)
+// where the process has them: the weights are then computed and kept in
+// float, and rounded to bf16 only as an operand. Elsewhere its products go
+// through ATen, on bf16 weights.
+bool raw_bf16(const Tensor& t) { return t.scalar_type() == at::kBFloat16 && kernels::gemm_bf16_available(); }
+
+// The weights' type: float but where bf16 goes through ATen.
+at::ScalarType weights_type(const Tensor& t) { return raw_bf16(t) ? at::kFloat : t.scalar_type(); }
+
 // Causal attention skips the future by blocks of query rows: rows [r0, r1)
 // see keys [0, r1) only, so the square's products above the diagonal
 // blocks are never computed (at T = 256 in blocks of 64, 10 of 16 remain).
-// Smaller blocks skip more but make smaller products, which bf16 runs far
-// less efficiently: per step of gpt2-d6 (T = 256, 4 x 6 heads of 64),
-// attention took 48 ms in fp32 with blocks of 64 or 128 against 55 without
-// skipping; in bf16 62 ms with 64, 46 with 128 and 42 without
-// (bench/profile_summary.py).
-int64_t query_block(const Tensor& t) { return t.scalar_type() == at::kBFloat16 ? 256 : 64; }
+// Smaller blocks skip more but make smaller products, which bf16 through
+// ATen runs far less efficiently: per step of gpt2-d6 (T = 256, 4 x 6
+// heads of 64), attention took 48 ms in fp32 with blocks of 64 or 128
+// against 55 without skipping; in bf16 through ATen 62 ms with 64, 46 with
+// 128 and 42 without (bench/profile_summary.py).
+int64_t query_block(const Tensor& t) { return t.scalar_type() == at::kBFloat16 && !raw_bf16(t) ? 256 : 64; }
 
 // A matrix in a tensor's memory, rows `ld` elements apart and columns
 // adjacent, as BLAS takes it. The kernel works on these, not on tensor
@@ -76,15 +87,55 @@ Mat head(const Tensor& t, int64_t b, int64_t h) {
           t.size(3), t.size(1) == 1 ? t.size(3) : t.stride(1), t.scalar_type()};
 }
 
-// c = op(a) op(b), or c += it. fp32 goes to sgemm_ where the process has
-// it; the rest, and empty heads, through ATen (bf16 into a float c: the
-// product rounds to bf16 once, the sum stays float).
+// A thread's room for what gemm_bf16 converts, one per use (Slot).
+template <typename T, int Slot>
+T* thread_room(int64_t count) {
+  thread_local std::vector<T> room;
+  if (room.size() < static_cast<size_t>(count)) room.resize(count);
+  return room.data();
+}
+
+// m as a bf16 operand: itself, or its floats rounded into `room`.
+template <int Slot>
+std::pair<const uint16_t*, int64_t> bf16_operand(const Mat& m) {
+  if (m.type == at::kBFloat16) return {m.bf16_bits(), m.ld};
+  auto* room = thread_room<uint16_t, Slot>(m.rows * m.cols);
+  for (int64_t r = 0; r < m.rows; ++r) kernels::float_to_bf16(m.rows_from(r, 1).floats(), room + r * m.cols, m.cols);
+  return {room, m.cols};
+}
+
+// c = op(a) op(b), or c += it, by MKL's bf16 products: a float operand
+// rounded to bf16 first, a bf16 c rounded once from the float result.
+void gemm_bf16(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, bool accumulate) {
+  const int64_t k = trans_a ? a.rows : a.cols;
+  const auto [A, lda] = bf16_operand<0>(a);
+  const auto [B, ldb] = bf16_operand<1>(b);
+  if (c.type == at::kFloat) {
+    kernels::gemm_bf16_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f,
+                            c.floats(), c.ld);
+    return;
+  }
+  FSDP_CHECK(!accumulate, "causal_attention: a bf16 result is written, not added to");
+  float* result = thread_room<float, 2>(c.rows * c.cols);
+  kernels::gemm_bf16_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, A, lda, B, ldb, 0.0f, result, c.cols);
+  for (int64_t r = 0; r < c.rows; ++r) kernels::float_to_bf16(result + r * c.cols, c.rows_from(r, 1).bf16_bits(), c.cols);
+}
+
+// c = op(a) op(b), or c += it. fp32 goes to sgemm_ and bf16 to MKL's bf16
+// products where the process has them; the rest, and empty heads, through
+// ATen (bf16 into a float c: the product rounds to bf16 once, the sum
+// stays float).
 void gemm(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, bool accumulate) {
   const int64_t k = trans_a ? a.rows : a.cols;
+  const bool blas_shape = k > 0 && a.cols > 0 && b.cols > 0 && c.cols > 0;  // BLAS: ld >= 1
   const bool fp32 = a.type == at::kFloat && b.type == at::kFloat && c.type == at::kFloat;
-  if (fp32 && kernels::sgemm_available() && k > 0 && a.cols > 0 && b.cols > 0 && c.cols > 0) {  // BLAS: ld >= 1
+  if (fp32 && kernels::sgemm_available() && blas_shape) {
     kernels::sgemm_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, a.floats(), a.ld, b.floats(), b.ld,
                         accumulate ? 1.0f : 0.0f, c.floats(), c.ld);
+    return;
+  }
+  if (!fp32 && kernels::gemm_bf16_available() && blas_shape) {
+    gemm_bf16(c, a, trans_a, b, trans_b, accumulate);
     return;
   }
   const auto A = trans_a ? a.tensor().t() : a.tensor(), B = trans_b ? b.tensor().t() : b.tensor();
@@ -185,7 +236,9 @@ struct TaskThreadState {
 
 // A thread's room for one block of weights: block x T elements, so memory
 // grows with T, not T^2.
-Tensor block_scratch(const Tensor& like, int64_t T) { return at::empty({query_block(like) * T}, like.options()); }
+Tensor block_scratch(const Tensor& like, int64_t T) {
+  return at::empty({query_block(like) * T}, like.options().dtype(weights_type(like)));
+}
 
 // y (B, T, nh, hs) from q, k, v (B, T, heads, hs). Each (batch, query
 // head) pair is one task, its matmuls single-threaded inside the parallel

@@ -4,12 +4,14 @@
 // Covers grouped-query heads, strided views as inputs, odd lengths, bf16,
 // dropout on the weights, memory that grows with T rather than T^2, the
 // composite path for other dtypes, thread-count independence, and the
-// products through ATen where the process has no sgemm_.
+// products through ATen where the process has no sgemm_ or MKL's bf16
+// products.
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <string>
 
@@ -158,14 +160,43 @@ TEST(CausalAttention, PackedProjectionMatchesTheReference) {
   EXPECT_LT(gap(ours_in.grad(), exact_in.grad()), 2e-6);
 }
 
-TEST(CausalAttention, Bf16IsWithinBf16RoundingOfTheReference) {
-  // bf16 keeps 8 bits: inputs, scores, weights and outputs each round once
-  // (2^-8 relative), and the products sum up to a hundred or so of them.
-  // 300: past bf16's single 256-row block of queries.
+// While alive, the process's BLAS symbols read as absent (kernels.h).
+struct BlasHidden {
+  BlasHidden() { kernels::set_blas_hidden_for_testing(true); }
+  ~BlasHidden() { kernels::set_blas_hidden_for_testing(false); }
+};
+
+void expect_bf16_within_rounding() {
+  // bf16 keeps 8 bits: inputs, weights and outputs each round once (2^-8
+  // relative; scores too through ATen), and the products sum up to a
+  // hundred or so of them. 300: past the 256-row block of queries bf16
+  // takes through ATen (64 with MKL's products).
   for (int64_t T : {40, 150, 300}) {
     const auto in = inputs(1, T, 2, 1, 16);
     expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), exact(in), 3e-2);
   }
+}
+
+TEST(CausalAttention, Bf16IsWithinBf16RoundingOfTheReference) {
+  if (!kernels::gemm_bf16_available()) std::cout << "bf16 products go through ATen: this BLAS has no bf16 gemm\n";
+  expect_bf16_within_rounding();
+}
+
+// MKL's bf16 products keep the scores and weights in float: a bf16 step
+// lands nearer the reference than through ATen, where they round to bf16.
+TEST(CausalAttention, Bf16WithMklsProductsKeepsTheScoresInFloat) {
+  if (!kernels::gemm_bf16_available()) GTEST_SKIP() << "this BLAS has no bf16 gemm: attention multiplies through ATen";
+  const auto in = inputs(2, 150, 4, 2, 32);
+  const auto reference = exact(in);
+  const auto ours = run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16);
+  Result aten;
+  {
+    BlasHidden hidden;
+    aten = run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16);
+  }
+  expect_close(ours, reference, 3e-2);
+  EXPECT_LT(gap(ours.y, reference.y), gap(aten.y, reference.y)) << "output";
+  EXPECT_LT(gap(ours.dq, reference.dq), gap(aten.dq, reference.dq)) << "dq";
 }
 
 // Attention dropout, seen through values that are one-hot rows: with
@@ -320,19 +351,59 @@ TEST(AttentionGemm, RowMajorProductsMatchDouble) {
   }
 }
 
-// Where the process exposes no sgemm_ (a static LibTorch, say), the fp32
-// products go through ATen on tensors over the same heads: the same values.
-TEST(CausalAttention, WithoutSgemmTheProductsGoThroughATenToTheSameValues) {
-  struct Hidden {
-    Hidden() { kernels::set_sgemm_hidden_for_testing(true); }
-    ~Hidden() { kernels::set_sgemm_hidden_for_testing(false); }
-  } hidden;
+// MKL's bf16 products, as attention calls them: bf16 operands (each
+// transpose, rows further apart than their width), a float result written
+// or added to, against double on the same rounded operands.
+TEST(AttentionGemm, Bf16ProductsIntoFloatMatchDouble) {
+  if (!kernels::gemm_bf16_available()) GTEST_SKIP() << "this BLAS has no bf16 gemm: attention multiplies through ATen";
+  const int64_t m = 37, n = 29, k = 70, pad = 3;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const float beta : {0.0f, 1.0f}) {
+        const auto a = torch::randn({trans_a ? k : m, (trans_a ? m : k) + pad}).to(torch::kBFloat16);
+        const auto b = torch::randn({trans_b ? n : k, (trans_b ? k : n) + pad}).to(torch::kBFloat16);
+        auto c = torch::randn({m, n + pad});
+        const auto before = c.clone();
+        const auto bits = [](const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+        kernels::gemm_bf16_rows(trans_a, trans_b, m, n, k, 1.0f, bits(a), a.size(1), bits(b), b.size(1), beta,
+                                c.data_ptr<float>(), c.size(1));
+        const auto a_used = a.narrow(1, 0, a.size(1) - pad).to(torch::kDouble);
+        const auto b_used = b.narrow(1, 0, b.size(1) - pad).to(torch::kDouble);
+        const auto expected = (trans_a ? a_used.t() : a_used).matmul(trans_b ? b_used.t() : b_used) +
+                              beta * before.narrow(1, 0, n).to(torch::kDouble);
+        const std::string which = std::string(trans_a ? "A^T" : "A") + (trans_b ? " B^T" : " B") +
+                                  (beta != 0 ? " + C" : "");
+        // Products of bf16 values are exact in float; the sum of 70 rounds.
+        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n).to(torch::kDouble), expected, 1e-5, 1e-4)) << which;
+        EXPECT_TRUE(torch::equal(c.narrow(1, n, pad), before.narrow(1, n, pad))) << which << ": wrote past a row";
+      }
+    }
+  }
+}
+
+TEST(AttentionGemm, FloatToBf16RoundsToNearestEven) {
+  // Random values, and ties: 1 + 2^-8 lies halfway between 1 and the next
+  // bf16 up, 1 + 3 * 2^-8 halfway between that one and the next.
+  const auto ties = torch::tensor({1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -1.0f - 0x1p-8f});
+  const auto x = torch::cat({torch::randn({1000}) * 1000, ties});
+  auto y = torch::empty({x.numel()}, torch::kBFloat16);
+  kernels::float_to_bf16(x.data_ptr<float>(), reinterpret_cast<uint16_t*>(y.data_ptr()), x.numel());
+  EXPECT_TRUE(torch::equal(y, x.to(torch::kBFloat16)));  // c10's rounding: nearest, ties to even
+}
+
+// Where the process exposes no sgemm_ (a static LibTorch, say) or no
+// bf16 gemm (a BLAS other than MKL), the products go through ATen on
+// tensors over the same heads: the same values.
+TEST(CausalAttention, WithoutBlasTheProductsGoThroughATenToTheSameValues) {
+  BlasHidden hidden;
   ASSERT_FALSE(kernels::sgemm_available());
+  ASSERT_FALSE(kernels::gemm_bf16_available());
   for (int64_t T : {1, 37, 150}) {
     const auto in = inputs(2, T, 4, 2, 16);
     expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 5e-6);
   }
   expect_expanded_and_single_token_views_taken_as_their_values();
+  expect_bf16_within_rounding();
 }
 
 TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
