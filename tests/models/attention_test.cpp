@@ -268,7 +268,7 @@ TEST(CausalAttention, LongSequencesKeepNothingOfTheSquare) {
   // head, and neither pass holds the heads' squares at once: at T = 4096
   // the two heads' squares are 128 MiB in fp32 (64 in bf16), the inputs
   // and output 1 MiB (512 KiB) each. Backward's scratch is three blocks
-  // of rows (64 x T in fp32, 256 x T in bf16) per task running.
+  // of rows per task running (64 x T floats; 256 x T bf16 through ATen).
   memory::count_cpu_allocations();
   const int64_t T = 4096, nh = 2, hs = 32;
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
