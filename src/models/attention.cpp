@@ -118,7 +118,9 @@ void gemm_bf16(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool tran
   FSDP_CHECK(!accumulate, "causal_attention: a bf16 result is written, not added to");
   float* result = thread_room<float, 2>(c.rows * c.cols);
   kernels::gemm_bf16_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, A, lda, B, ldb, 0.0f, result, c.cols);
-  for (int64_t r = 0; r < c.rows; ++r) kernels::float_to_bf16(result + r * c.cols, c.rows_from(r, 1).bf16_bits(), c.cols);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    kernels::float_to_bf16(result + r * c.cols, c.rows_from(r, 1).bf16_bits(), c.cols);
+  }
 }
 
 // c = op(a) op(b), or c += it. fp32 goes to sgemm_ and bf16 to MKL's bf16

@@ -323,62 +323,60 @@ TEST(CausalAttention, TheFusedPathBuildsNoMaskAndCopiesNoHeads) {
   EXPECT_GT(seen.size(), 0u) << "the counter sees operators";
 }
 
-// The fp32 kernel's products: kernels::sgemm_rows, row-major through a
-// column-major BLAS, with each transpose, rows further apart than their
-// width, and accumulation, against double.
-TEST(AttentionGemm, RowMajorProductsMatchDouble) {
-  if (!kernels::sgemm_available()) GTEST_SKIP() << "this build links no sgemm_: attention multiplies through ATen";
-  const int64_t m = 5, n = 7, k = 3, pad = 2;
+// `multiply(trans_a, trans_b, m, n, k, a, b, beta, c)` sets c (float) to
+// op(a) op(b) + beta c, row-major, with each transpose, rows `pad`
+// elements wider than used, and with and without accumulation: against
+// double on the same operands, and nothing written past a row.
+template <typename Multiply>
+void expect_row_major_products_match_double(torch::ScalarType operands, int64_t m, int64_t n, int64_t k, double rtol,
+                                            Multiply multiply) {
+  const int64_t pad = 3;
   for (const bool trans_a : {false, true}) {
     for (const bool trans_b : {false, true}) {
       for (const float beta : {0.0f, 1.0f}) {
-        const auto a = torch::randn({trans_a ? k : m, (trans_a ? m : k) + pad});
-        const auto b = torch::randn({trans_b ? n : k, (trans_b ? k : n) + pad});
+        const auto a = torch::randn({trans_a ? k : m, (trans_a ? m : k) + pad}).to(operands);
+        const auto b = torch::randn({trans_b ? n : k, (trans_b ? k : n) + pad}).to(operands);
         auto c = torch::randn({m, n + pad});
         const auto before = c.clone();
-        kernels::sgemm_rows(trans_a, trans_b, m, n, k, 1.0f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
-                            b.size(1), beta, c.data_ptr<float>(), c.size(1));
+        multiply(trans_a, trans_b, m, n, k, a, b, beta, c);
         const auto a_used = a.narrow(1, 0, a.size(1) - pad).to(torch::kDouble);
         const auto b_used = b.narrow(1, 0, b.size(1) - pad).to(torch::kDouble);
         const auto expected = (trans_a ? a_used.t() : a_used).matmul(trans_b ? b_used.t() : b_used) +
                               beta * before.narrow(1, 0, n).to(torch::kDouble);
         const std::string which = std::string(trans_a ? "A^T" : "A") + (trans_b ? " B^T" : " B") +
                                   (beta != 0 ? " + C" : "");
-        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n).to(torch::kDouble), expected, 1e-5, 1e-5)) << which;
+        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n).to(torch::kDouble), expected, rtol, 1e-5)) << which;
         EXPECT_TRUE(torch::equal(c.narrow(1, n, pad), before.narrow(1, n, pad))) << which << ": wrote past a row";
       }
     }
   }
 }
 
-// MKL's bf16 products, as attention calls them: bf16 operands (each
-// transpose, rows further apart than their width), a float result written
-// or added to, against double on the same rounded operands.
+// The fp32 kernel's products: kernels::sgemm_rows, row-major through a
+// column-major BLAS.
+TEST(AttentionGemm, RowMajorProductsMatchDouble) {
+  if (!kernels::sgemm_available()) GTEST_SKIP() << "this build links no sgemm_: attention multiplies through ATen";
+  expect_row_major_products_match_double(
+      torch::kFloat, 5, 7, 3, 1e-5,
+      [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, float beta,
+         Tensor& c) {
+        kernels::sgemm_rows(trans_a, trans_b, m, n, k, 1.0f, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(),
+                            b.size(1), beta, c.data_ptr<float>(), c.size(1));
+      });
+}
+
+// MKL's bf16 products, as attention calls them: bf16 operands and a float
+// result. Products of bf16 values are exact in float; the sum of 70 rounds.
 TEST(AttentionGemm, Bf16ProductsIntoFloatMatchDouble) {
   if (!kernels::gemm_bf16_available()) GTEST_SKIP() << "this BLAS has no bf16 gemm: attention multiplies through ATen";
-  const int64_t m = 37, n = 29, k = 70, pad = 3;
-  for (const bool trans_a : {false, true}) {
-    for (const bool trans_b : {false, true}) {
-      for (const float beta : {0.0f, 1.0f}) {
-        const auto a = torch::randn({trans_a ? k : m, (trans_a ? m : k) + pad}).to(torch::kBFloat16);
-        const auto b = torch::randn({trans_b ? n : k, (trans_b ? k : n) + pad}).to(torch::kBFloat16);
-        auto c = torch::randn({m, n + pad});
-        const auto before = c.clone();
-        const auto bits = [](const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+  const auto bits = [](const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); };
+  expect_row_major_products_match_double(
+      torch::kBFloat16, 37, 29, 70, 1e-4,
+      [&](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, float beta,
+          Tensor& c) {
         kernels::gemm_bf16_rows(trans_a, trans_b, m, n, k, 1.0f, bits(a), a.size(1), bits(b), b.size(1), beta,
                                 c.data_ptr<float>(), c.size(1));
-        const auto a_used = a.narrow(1, 0, a.size(1) - pad).to(torch::kDouble);
-        const auto b_used = b.narrow(1, 0, b.size(1) - pad).to(torch::kDouble);
-        const auto expected = (trans_a ? a_used.t() : a_used).matmul(trans_b ? b_used.t() : b_used) +
-                              beta * before.narrow(1, 0, n).to(torch::kDouble);
-        const std::string which = std::string(trans_a ? "A^T" : "A") + (trans_b ? " B^T" : " B") +
-                                  (beta != 0 ? " + C" : "");
-        // Products of bf16 values are exact in float; the sum of 70 rounds.
-        EXPECT_TRUE(torch::allclose(c.narrow(1, 0, n).to(torch::kDouble), expected, 1e-5, 1e-4)) << which;
-        EXPECT_TRUE(torch::equal(c.narrow(1, n, pad), before.narrow(1, n, pad))) << which << ": wrote past a row";
-      }
-    }
-  }
+      });
 }
 
 TEST(AttentionGemm, FloatToBf16RoundsToNearestEven) {
