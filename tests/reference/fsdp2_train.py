@@ -193,6 +193,9 @@ def main():
         first_step = load_dcp(model, optimizer, args.resume_dcp)
     elif world > 1 and args.precision != "bf16":
         check_gradients_averaged(model, args, tokens, world, rank)
+    save_at = args.save_dcp_at or args.steps
+    if args.save_dcp and not first_step < save_at <= args.steps:
+        sys.exit(f"--save-dcp-at {save_at}: not a step this run trains (steps {first_step + 1}-{args.steps})")
     out = open(args.losses, "w") if rank == 0 else None
     for step in range(first_step, args.steps):
         for group in optimizer.param_groups:
@@ -229,7 +232,7 @@ def main():
         if out:
             out.write(json.dumps(record) + "\n")
             out.flush()
-        if args.save_dcp and step + 1 == (args.save_dcp_at or args.steps):
+        if args.save_dcp and step + 1 == save_at:
             dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer),
                       "train_state": {"step": step + 1, "tokens_seen": (step + 1) * world * args.grad_accum
                                       * args.batch_size * args.seq_len}}, checkpoint_id=args.save_dcp)
