@@ -12,7 +12,9 @@
 #      (tests/reference/fsdp2_alignment_test.py --device cuda: fp32 for every
 #      family, bf16 against fp64), profiles one step of the 1B shape on
 #      both sides (bench/gpu_kernel_summary.py), and trains gpt2-d6 and
-#      llama-d6 at W = 1.
+#      llama-d6 at W = 1. Phases `overhead` (GPT-2 of many small blocks:
+#      fsdp.cpp, FSDP2 and eager PyTorch) and `peak1b` (the 1B shape's
+#      peak memory, both sides) run only when FSDP_CHECK_PHASES names them.
 # Every step has a time limit inside a total budget (FSDP_CHECK_SECONDS,
 # default 540), so a hang costs one step, not the lease. Logs and results go
 # to $OUT (default out/device-check).
@@ -75,7 +77,9 @@ step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -D
   -DProtobuf_LIBRARY="$D/lib/x86_64-linux-gnu/libprotobuf.so" -DZLIB_INCLUDE_DIR="$D/include" \
   -DCUDA_TOOLKIT_ROOT_DIR="$cuda_home" -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DTORCH_CUDA_ARCH_LIST=9.0 \
   >"$out/runs/configure.log" 2>&1 || { tail -40 "$out/runs/configure.log"; exit 1; }
-step build 330 cmake --build "$build" -j "$(nproc)" --target fsdp_cli fsdp_cuda_tests -- -k 0 >"$out/build.log" 2>&1
+targets=(fsdp_cli)
+want tests && targets+=(fsdp_cuda_tests)
+step build 330 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1
 grep -E "error|FAILED" "$out/build.log" | head -40
 [[ -x $build/fsdp ]] || exit 1
 cli=$PWD/$build/fsdp
@@ -156,6 +160,67 @@ if want bench; then
   PEER_LIMIT=120 peer gpt2-124m-fsdp2-compiled "${gpt2[@]}" --compile
   TRAIN_LIMIT=90 train llama1b-bf16 "${llama[@]}" --precision bf16
   peer llama1b-fsdp2-eager "${llama[@]}"
+fi
+
+# Framework overhead on a GPU: GPT-2 of many small blocks (64 of width 64,
+# 16 of width 256; batch 4 x 64), where each step is kernel launches and
+# host work more than arithmetic. fsdp.cpp (`--init-from` a random
+# Hugging Face directory of that shape, dropout 0) against FSDP2 and plain
+# eager PyTorch (CUDA autocast), all bf16 with fused AdamW; median step
+# time of steps 5-30.
+peer_plain() {
+  local name=$1
+  shift
+  step "peer $name" "${PEER_LIMIT:-90}" python3 bench/pytorch_peer.py --device cuda --bf16 --adamw fused \
+    --metrics "$out/runs/$name.jsonl" "$@" >"$out/runs/$name.log" 2>&1
+  tail -3 "$out/runs/$name.log"
+}
+step_medians() {
+  python3 - "$@" <<'PY'
+import json, statistics, sys
+for path in sys.argv[1:]:
+    try:
+        rows = [json.loads(line) for line in open(path) if line.strip()]
+    except OSError:
+        print(f"{path}: missing")
+        continue
+    t = [r["step_time_s"] for r in rows if "step_time_s" in r][4:]
+    print(f"{path}: median step {statistics.median(t) * 1e3:.2f} ms over {len(t)} steps" if t else f"{path}: no steps")
+PY
+}
+if want overhead; then
+  for shape in "64 64 4" "16 256 4"; do
+    read -r layers width heads <<<"$shape"
+    hf=/tmp/gpt2-${layers}x${width}
+    python3 - "$hf" "$layers" "$width" "$heads" <<'PY'
+import sys
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+d, layers, width, heads = sys.argv[1], *map(int, sys.argv[2:])
+torch.manual_seed(0)
+config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50257, n_positions=1024,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+GPT2LMHeadModel(config).save_pretrained(d)
+PY
+    small=(--seq-len 64 --batch-size 4 --steps 30)
+    for rep in 1 2; do
+      train "gpt2-${layers}x${width}-fsdp-r$rep" --init-from "$hf" "${small[@]}" --precision bf16
+      peer "gpt2-${layers}x${width}-fsdp2-r$rep" --model gpt2-d6 --layers "$layers" --width "$width" --heads "$heads" \
+        "${small[@]}"
+      peer_plain "gpt2-${layers}x${width}-eager-r$rep" --model gpt2-d6 --layers "$layers" --width "$width" \
+        --heads "$heads" "${small[@]}"
+      step_medians "$out/runs/gpt2-${layers}x${width}-fsdp-r$rep/metrics.jsonl" \
+        "$out/runs/gpt2-${layers}x${width}-fsdp2-r$rep.jsonl" "$out/runs/gpt2-${layers}x${width}-eager-r$rep.jsonl" |
+        tee -a "$out/overhead.txt"
+    done
+  done
+fi
+
+# The 1B shape's peak GPU memory on both sides (peak_device_mb in fsdp.cpp's metrics,
+# peak_gpu_mb in the peer's).
+if want peak1b; then
+  TRAIN_LIMIT=90 train llama1b-bf16-peak "${llama[@]}" --precision bf16
+  peer llama1b-fsdp2-peak "${llama[@]}"
 fi
 
 # Where the 1B shape's step goes, both sides: one profiled step each

@@ -28,15 +28,33 @@ std::string fault_point_list() {
   return list;
 }
 
-// NAME[@N][,...] -> point: the visit that kills.
-std::map<std::string, long> parse_fault_points(const std::string& text) {
-  std::map<std::string, long> kill_at;
+struct Arming {
+  long visit = 1;  // the visit that is sent the signal, from 1
+  int signal = SIGKILL;
+};
+
+int parse_signal(const std::string& name, const std::string& text) {
+  if (name == "KILL") return SIGKILL;
+  if (name == "TERM") return SIGTERM;
+  if (name == "INT") return SIGINT;
+  FSDP_CHECK(false, kFaultPointVar, "=", text, ": signal '", name, "' is none of KILL, TERM, INT");
+  return 0;
+}
+
+// NAME[@N][:SIGNAL][,...] -> point: the visit and the signal.
+std::map<std::string, Arming> parse_fault_points(const std::string& text) {
+  std::map<std::string, Arming> arm;
   for (size_t start = 0; start <= text.size();) {
     size_t end = text.find(',', start);
     if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
+    std::string item = text.substr(start, end - start);
     start = end + 1;
     if (item.empty()) continue;
+    int signal = SIGKILL;
+    if (const size_t colon = item.find(':'); colon != std::string::npos) {
+      signal = parse_signal(item.substr(colon + 1), text);
+      item.erase(colon);
+    }
     const size_t at = item.find('@');
     const std::string name = item.substr(0, at);
     FSDP_CHECK(is_fault_point(name), kFaultPointVar, " names '", name, "', which is not a fault point (",
@@ -45,13 +63,13 @@ std::map<std::string, long> parse_fault_points(const std::string& text) {
                        ? 1
                        : parse_non_negative(item.substr(at + 1), std::string(kFaultPointVar) + "'s count for " + name);
     FSDP_CHECK(n >= 1, kFaultPointVar, "=", text, ": the count after '@' is the visit that dies, from 1");
-    kill_at[name] = n;
+    arm[name] = {n, signal};
   }
-  return kill_at;
+  return arm;
 }
 
 struct ArmedPoints {
-  std::map<std::string, long> kill_at;  // fixed once read
+  std::map<std::string, Arming> arm;  // fixed once read
   std::mutex mutex;
   std::map<std::string, long> visits;
 };
@@ -61,9 +79,9 @@ ArmedPoints& armed_points() {
     auto* p = new ArmedPoints;  // never destroyed: a point may be reached during exit
     const char* text = std::getenv(kFaultPointVar);
     if (text == nullptr || *text == '\0') return p;
-    auto kill_at = parse_fault_points(text);  // checked in every attempt
+    auto arm = parse_fault_points(text);  // checked in every attempt
     const char* attempt = std::getenv("FSDP_RESTART_ATTEMPT");  // dist::kRestartAttemptVar, set by fsdp launch
-    if (attempt == nullptr || std::atoi(attempt) == 0) p->kill_at = std::move(kill_at);
+    if (attempt == nullptr || std::atoi(attempt) == 0) p->arm = std::move(arm);
     return p;
   }();
   return *points;
@@ -76,15 +94,17 @@ void check_fault_points() { (void)armed_points(); }
 void fault_point(const char* name) {
   FSDP_ASSERT(is_fault_point(name));
   ArmedPoints& points = armed_points();
-  if (points.kill_at.empty()) return;
-  const auto it = points.kill_at.find(name);
-  if (it == points.kill_at.end()) return;
+  if (points.arm.empty()) return;
+  const auto it = points.arm.find(name);
+  if (it == points.arm.end()) return;
   std::lock_guard<std::mutex> lock(points.mutex);
-  if (++points.visits[name] != it->second) return;
-  std::fprintf(stderr, "fsdp: fault point %s reached (%s): killing this process with SIGKILL\n", name,
-               kFaultPointVar);
+  if (++points.visits[name] != it->second.visit) return;
+  const int sig = it->second.signal;
+  std::fprintf(stderr, "fsdp: fault point %s reached (%s): sending this process %s\n", name, kFaultPointVar,
+               sig == SIGKILL ? "SIGKILL" : sig == SIGTERM ? "SIGTERM" : "SIGINT");
   std::fflush(stderr);
-  ::kill(::getpid(), SIGKILL);
+  // To this thread, so that it goes no further before the signal is taken.
+  ::raise(sig);
 }
 
 }  // namespace fsdp

@@ -17,6 +17,7 @@
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/flat_buffer.h"
+#include "fsdp/common/fault_point.h"
 #include "fsdp/io/memory_snapshot.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
@@ -75,6 +76,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     return;
   }
   try {
+    // A start stopped by a signal leaves no folder behind either: a launcher
+    // stops a job whose other rank failed at start-up with SIGTERM.
+    if (log_.speaks()) undo_start_ = std::make_unique<io::UndoOnSignal>();
     set_up();
   } catch (...) {
     // Nothing was written into the folders this start made: leave none behind.
@@ -84,8 +88,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
         remove_if_holds_no_file(*made);
       }
     }
+    undo_start_.reset();
     throw;
   }
+  undo_start_.reset();  // the run's files are written: from here a stop saves (run())
 }
 
 void Trainer::set_up() {
@@ -93,6 +99,7 @@ void Trainer::set_up() {
   // Before the first collective whose shapes depend on the job.
   check_ranks_run_one_job(config_, world_->group(), world_->rank(), world_->size());
   check_output_paths(config_, paths_.folder, log_.speaks());
+  if (log_.speaks()) fault_point("train.start_folders_made");
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
   auto built = build_model(config_.model, *world_, log_);
   model_ = built.model;
@@ -187,6 +194,12 @@ void Trainer::choose_run_folder() {
     log_.say("run folder " + taken + " is another job's (started in the same second); this run writes to " +
              paths_.folder.dir);
   }
+  if (undo_start_) {
+    // Before check_output_paths and lock_checkpoint_folder create them.
+    undo_start_->remove_empty_dirs(paths_.folder.dir, paths_.run_root_created);
+    undo_start_->remove_empty_dirs(config_.checkpoint.dir, paths_.ckpt_root_created);
+    undo_start_->remove_empty_dirs(config_.hf_export.dir, paths_.export_root_created);
+  }
   if (log_.speaks()) lock_checkpoint_folder();
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
 }
@@ -195,9 +208,11 @@ int Trainer::lock_run_folder(bool may_rename, bool& made_it) {
   for (int suffix = 1;; ++suffix) {
     const std::string dir = suffix == 1 ? paths_.folder.dir : paths_.folder.dir + "-" + std::to_string(suffix);
     made_it = !std::filesystem::exists(dir);
+    if (undo_start_) undo_start_->remove_empty_dirs(dir, suffix == 1 ? paths_.run_root_created : made_it ? dir : "");
     check_writable_dir(dir, "--out-dir");
     try {
       locks_.push_back(std::make_unique<io::DirLock>(dir, "run folder", "--out-dir"));
+      if (undo_start_) undo_start_->remove_file(dir + "/" + io::DirLock::kFileName);
       return suffix;
     } catch (const Error&) {
       if (made_it) remove_if_holds_no_file(dir);
@@ -214,6 +229,7 @@ void Trainer::lock_checkpoint_folder() {
   if (ckpt.empty() || fs::weakly_canonical(ckpt) == fs::weakly_canonical(paths_.folder.dir)) return;
   check_writable_dir(ckpt, "--ckpt-dir");
   locks_.push_back(std::make_unique<io::DirLock>(ckpt, "checkpoint folder", "--ckpt-dir"));
+  if (undo_start_) undo_start_->remove_file(ckpt + "/" + io::DirLock::kFileName);
 }
 
 std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }

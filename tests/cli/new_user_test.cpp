@@ -124,6 +124,26 @@ TEST(NewUser, AFailedStartLeavesNoRunFolderItMadeAndKeepsOneThatWasThere) {
   fs::remove_all(dir);
 }
 
+// A launcher stops a job whose other rank failed at start-up with SIGTERM,
+// and a user stops a slow start with Ctrl-C: the folders the start made go
+// as on an error, and the process still dies of the signal.
+TEST(NewUser, AStartStoppedBySignalLeavesNoFolderItMadeAndKeepsOneThatWasThere) {
+  const auto dir = make_temp_dir();
+  const std::string stop = "env FSDP_FAULT_POINT=train.start_folders_made:";
+  const auto fresh = run_command("cd " + dir + " && " + stop + "TERM " + kCli +
+                                 " train --steps 1 --data synthetic --ckpt-dir c/d --export-hf e/f");
+  EXPECT_EQ(fresh.exit_code, 128 + SIGTERM) << fresh.output;
+  EXPECT_TRUE(contains(fresh.output, "fault point train.start_folders_made reached")) << fresh.output;
+  for (const char* made : {"out", "c", "e"}) EXPECT_FALSE(fs::exists(dir + "/" + made)) << made << "\n" << fresh.output;
+  fs::create_directories(dir + "/kept");
+  const auto existing =
+      run_command(stop + "INT " + kCli + " train --steps 1 --data synthetic --out-dir " + dir + "/kept");
+  EXPECT_EQ(existing.exit_code, 128 + SIGINT) << existing.output;
+  EXPECT_TRUE(fs::is_directory(dir + "/kept"));
+  EXPECT_TRUE(fs::is_empty(dir + "/kept")) << "the stopped start left its lock in a folder it did not make";
+  fs::remove_all(dir);
+}
+
 TEST(NewUser, CtrlCWithoutSaveEverySavesIntoTheRunFolderAndTheFolderResumes) {
   const auto dir = make_temp_dir();
   BackgroundCommand job(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 " +

@@ -1,5 +1,6 @@
-// Named fault points: FSDP_FAULT_POINT kills the process on the named
-// visit, only in the first attempt, and refuses a name that is no point.
+// Named fault points: FSDP_FAULT_POINT sends the process the named signal
+// (SIGKILL unless named) on the named visit, only in the first attempt, and
+// refuses a name that is no point or a signal it does not send.
 // Each case runs in a child (a death test), which reads the variable afresh.
 
 #include <signal.h>
@@ -42,6 +43,14 @@ TEST(FaultPoint, KillsOnTheNamedVisit) {
               "fsdp: fault point checkpoint.before_publish reached");
 }
 
+TEST(FaultPoint, SendsTheNamedSignal) {
+  EXPECT_EXIT(visit("checkpoint.before_publish@2:TERM", "0", 3), ::testing::KilledBySignal(SIGTERM),
+              "survived visit 1\nfsdp: fault point checkpoint.before_publish reached \\(FSDP_FAULT_POINT\\): "
+              "sending this process SIGTERM");
+  EXPECT_EXIT(visit("checkpoint.before_publish:INT", "0", 3), ::testing::KilledBySignal(SIGINT), "SIGINT");
+  EXPECT_EXIT(visit("checkpoint.before_publish:KILL", "0", 3), ::testing::KilledBySignal(SIGKILL), "SIGKILL");
+}
+
 TEST(FaultPoint, OnlyTheFirstAttemptDies) {
   EXPECT_EXIT(visit("checkpoint.before_publish@1", "1", 3), ::testing::ExitedWithCode(0), "survived visit 3");
 }
@@ -51,11 +60,13 @@ TEST(FaultPoint, UnarmedOrArmedElsewhereItPasses) {
   EXPECT_EXIT(visit("checkpoint.before_publish@4", "0", 3), ::testing::ExitedWithCode(0), "survived visit 3");
 }
 
-TEST(FaultPoint, ANameThatIsNoPointIsRefused) {
+TEST(FaultPoint, ANameThatIsNoPointOrASignalItDoesNotSendIsRefused) {
   EXPECT_EXIT(visit("checkpoint.before_publsh@2", "0", 1), ::testing::ExitedWithCode(3),
               "FSDP_FAULT_POINT names 'checkpoint.before_publsh', which is not a fault point "
-              "\\(checkpoint.before_publish;");
+              "\\(checkpoint.before_publish, train.start_folders_made;");
   EXPECT_EXIT(visit("checkpoint.before_publish@0", "0", 1), ::testing::ExitedWithCode(3), "from 1");
+  EXPECT_EXIT(visit("checkpoint.before_publish@1:HUP", "0", 1), ::testing::ExitedWithCode(3),
+              "signal 'HUP' is none of KILL, TERM, INT");
 }
 
 }  // namespace

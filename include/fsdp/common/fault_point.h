@@ -1,12 +1,13 @@
 #pragma once
 // Named fault points: places where a failure test has this process die on
-// purpose, as a crash or `kill -9` would. One variable arms them, read once
-// (at the first point reached):
+// purpose, as a crash or `kill -9` would, or be stopped, as a launcher or a
+// Ctrl-C would. One variable arms them, read once (at the first point
+// reached):
 //
-//   FSDP_FAULT_POINT=NAME[@N][,NAME[@N]...]
+//   FSDP_FAULT_POINT=NAME[@N][:SIGNAL][,NAME[@N][:SIGNAL]...]
 //
-// kills the process with SIGKILL the N-th time (default 1) it reaches point
-// NAME, after one line on stderr saying so. Under `fsdp launch
+// sends the process SIGNAL (KILL, the default, TERM or INT) the N-th time
+// (default 1) it reaches point NAME, after one line on stderr saying so. Under `fsdp launch
 // --max-restarts`, only in the first attempt (FSDP_RESTART_ATTEMPT unset or
 // 0), so the restarted job runs through. A name that is not a point below
 // is an error (fsdp::Error naming it), so a test cannot arm nothing by a typo.
@@ -22,6 +23,10 @@ inline constexpr const char* kFaultPoints[] = {
     // written and fsynced into step_N.tmp/, not yet renamed to step_N/;
     // `latest` still names the previous checkpoint.
     "checkpoint.before_publish",
+    // Trainer set-up, on rank 0: the run folder (and --ckpt-dir and
+    // --export-hf, where given) is created and locked, and nothing is
+    // written in it yet.
+    "train.start_folders_made",
 };
 
 // Point `name` (one of kFaultPoints) is reached: dies here when armed for

@@ -13,6 +13,7 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/io/dir_lock.h"
+#include "fsdp/io/undo_on_signal.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/cadence.h"
@@ -102,6 +103,9 @@ class Trainer {
   // Rank 0's: the run folder's, and --ckpt-dir's where it lies elsewhere
   // ([Note: one job owns a run folder]).
   std::vector<std::unique_ptr<io::DirLock>> locks_;
+  // Rank 0, during set-up: what a stop signal then removes (the folders this
+  // start made, and their locks).
+  std::unique_ptr<io::UndoOnSignal> undo_start_;
   bool resumed_ = false;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   std::shared_ptr<dist::DeviceMesh> mesh_;
