@@ -13,8 +13,9 @@
 #      family, bf16 against fp64), profiles one step of the 1B shape on
 #      both sides (bench/gpu_kernel_summary.py), and trains gpt2-d6 and
 #      llama-d6 at W = 1. Phases `overhead` (GPT-2 of many small blocks:
-#      fsdp.cpp, FSDP2 and eager PyTorch) and `peak1b` (the 1B shape's
-#      peak memory, both sides) run only when FSDP_CHECK_PHASES names them.
+#      fsdp.cpp, FSDP2 and eager PyTorch), `dropout` (GPT-2 124M with and
+#      without dropout) and `peak1b` (the 1B shape's peak memory, both
+#      sides) run only when FSDP_CHECK_PHASES names them.
 # Every step has a time limit inside a total budget (FSDP_CHECK_SECONDS,
 # default 540), so a hang costs one step, not the lease. Logs and results go
 # to $OUT (default out/device-check).
@@ -214,6 +215,16 @@ PY
         tee -a "$out/overhead.txt"
     done
   done
+fi
+
+# Dropout as GPT-2's config.json ships it (0.1) against none, GPT-2 124M,
+# bf16: SDPA's dropout inside the attention kernel, LibTorch's elsewhere.
+if want dropout; then
+  for p in 0 0.1; do
+    train "gpt2-124m-bf16-dropout$p" "${gpt2[@]}" --precision bf16 --dropout "$p"
+  done
+  step_medians "$out/runs/gpt2-124m-bf16-dropout0/metrics.jsonl" "$out/runs/gpt2-124m-bf16-dropout0.1/metrics.jsonl" |
+    tee -a "$out/dropout.txt"
 fi
 
 # The 1B shape's peak GPU memory on both sides (peak_device_mb in fsdp.cpp's metrics,
