@@ -91,7 +91,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     undo_start_.reset();
     throw;
   }
-  undo_start_.reset();  // the run's files are written: from here a stop saves (run())
+  // The run's files are written: the folder is the run's, and run() turns
+  // a stop into a save.
+  undo_start_.reset();
 }
 
 void Trainer::set_up() {

@@ -7,10 +7,11 @@
 //   FSDP_FAULT_POINT=NAME[@N][:SIGNAL][,NAME[@N][:SIGNAL]...]
 //
 // sends the process SIGNAL (KILL, the default, TERM or INT) the N-th time
-// (default 1) it reaches point NAME, after one line on stderr saying so. Under `fsdp launch
-// --max-restarts`, only in the first attempt (FSDP_RESTART_ATTEMPT unset or
-// 0), so the restarted job runs through. A name that is not a point below
-// is an error (fsdp::Error naming it), so a test cannot arm nothing by a typo.
+// (default 1) it reaches point NAME, after one line on stderr saying so.
+// Under `fsdp launch --max-restarts`, only in the first attempt
+// (FSDP_RESTART_ATTEMPT unset or 0), so the restarted job runs through. A
+// name that is not a point below is an error (fsdp::Error naming it), so a
+// test cannot arm nothing by a typo.
 // Unset, as in every real run, a point costs one check of a flag.
 
 namespace fsdp {
