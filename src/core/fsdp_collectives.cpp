@@ -64,7 +64,8 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
   out.input = std::move(input);
   out.event = on.comm.record(FSDPEvent::Kind::kReduceScatter, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
-  out.work = dist::reduce_scatter_tensor(on.group, out.output.get(), out.input.get(), dist::ReduceOp::kAvg);
+  out.work = dist::reduce_scatter_tensor(on.group, out.output.get(), out.input.get(),
+                                       on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg);
   return out;
 }
 
@@ -74,7 +75,7 @@ PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
   CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
   out.event = on.comm.record(FSDPEvent::Kind::kAllReduce, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
-  out.work = dist::all_reduce(on.group, buffer, dist::ReduceOp::kAvg);
+  out.work = dist::all_reduce(on.group, buffer, on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg);
   return out;
 }
 

@@ -24,6 +24,9 @@ struct UnitComm {
   dist::ProcessGroup& group;
   CommContext& comm;
   const std::string& unit;
+  // Reductions sum instead of averaging (a gradient divide factor divides
+  // the sum once: [Note: where 1/W enters] in gradient_paths.cpp).
+  bool sum = false;
 };
 
 // One collective in flight, with the buffers it reads and writes.
@@ -47,11 +50,12 @@ struct PendingCollective {
 // and nothing is left in flight.
 PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const at::Tensor& gathered);
 
-// `input` (W x S elements) reduce-scattered, averaging, into a fresh shard
-// of S elements: the record's output. With one rank the input is the output.
+// `input` (W x S elements) reduce-scattered, averaging (summing with
+// `on.sum`), into a fresh shard of S elements: the record's output. With
+// one rank the input is the output.
 PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input);
 
-// `buffer` averaged across the group, in place.
+// `buffer` averaged (summed with `on.sum`) across the group, in place.
 PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer);
 
 }  // namespace fsdp

@@ -119,6 +119,12 @@ void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
 
 UnitComm FSDPParamGroup::on(dist::ProcessGroup& group) const { return UnitComm{group, *comm_, *name_}; }
 
+UnitComm FSDPParamGroup::reducing_on(dist::ProcessGroup& group) const {
+  UnitComm comm = on(group);
+  comm.sum = settings_.gradient_divide_factor.has_value();
+  return comm;
+}
+
 bool FSDPParamGroup::has_trainable_params() const {
   return std::any_of(params_.begin(), params_.end(), [](const FSDPParam* p) { return p->requires_grad(); });
 }
@@ -276,7 +282,7 @@ void FSDPParamGroup::for_each_reducing(Fn&& stage) {
 }
 
 void FSDPParamGroup::issue_reduce_scatter() {
-  for_each_reducing([&](GradientFlow& f) { f.issue_reduce_scatter(on(shard_group())); });
+  for_each_reducing([&](GradientFlow& f) { f.issue_reduce_scatter(reducing_on(shard_group())); });
 }
 void FSDPParamGroup::wait_reduce_scatter() {
   for_each_reducing([&](GradientFlow& f) { f.wait_reduce_scatter(*comm_); });
@@ -286,15 +292,14 @@ void FSDPParamGroup::hold_partial_reduction() {
   for (auto& part : parts_) part.reducing = false;
 }
 void FSDPParamGroup::issue_replica_all_reduce() {
-  for_each_reducing([&](GradientFlow& f) { f.issue_all_reduce(on(replicate_group())); });
+  for_each_reducing([&](GradientFlow& f) { f.issue_all_reduce(reducing_on(replicate_group())); });
 }
 void FSDPParamGroup::wait_replica_all_reduce() {
   for_each_reducing([&](GradientFlow& f) { f.wait_all_reduce(*comm_); });
 }
 
 void FSDPParamGroup::assign_gradients() {
-  const double ranks = static_cast<double>(shard_group().size()) * replicate_group().size();
-  for_each_reducing([&](GradientFlow& f) { f.assign(settings_, ranks); });
+  for_each_reducing([&](GradientFlow& f) { f.assign(settings_); });
   for (auto& part : parts_) part.reducing = false;
 }
 

@@ -154,6 +154,8 @@ class FSDPParamGroup {
   void register_grad_hooks();
   void leave_in_place_path();
   UnitComm on(dist::ProcessGroup& group) const;
+  // on(group) for a gradient reduction: summing under a divide factor.
+  UnitComm reducing_on(dist::ProcessGroup& group) const;
 
   std::shared_ptr<dist::DeviceMesh> mesh_;  // kept alive: the shards hold its groups
   dist::ProcessGroup* post_forward_group_ = nullptr;  // where the post-forward shards gather

@@ -52,6 +52,32 @@ namespace fsdp {
 // the whole buffer, this backward's gradients and the ones kept in place
 // alike, so setting one moves the unit to kAliasedShard.
 
+// [Note: where 1/W enters]
+// Each rank differentiates the mean loss of its own rows, and the
+// reduction averages: the 1/W of the global mean is applied after
+// backward, to the summed gradients. One process on the global batch
+// applies it before, in the loss's gradient. The two are the same
+// function but not the same rounding: a backward that rounds to bf16 or
+// fp16 on the way (a frozen bf16 base matrix beside fp32 adapters and
+// norms, each computing in its own dtype) rounds g in one case and g / W
+// in the other. For W a power of two these are the same numbers (scaling
+// by 2^-k is exact in every float format), so W = 1, 2, 4 match one
+// process to fp32 rounding; at W = 3 or 5 the roundings differ by up to
+// one bf16 ulp of the gradient entering the low-precision product, and
+// AdamW, which normalises each element's update, turns that into
+// differences of 1e-3 relative in the parameters after five steps (the
+// norms' biases, whose gradients start near zero). PyTorch's DDP and
+// FSDP2 average after backward too. The averaging here is the data
+// parallel average, computed exactly as one process replaying each rank's
+// rows and averaging their gradients would (fp32 sum, one division), and
+// tests/core/frozen_beside_trainable_test.cpp holds it to that. A program
+// that needs one process's numbers at any W puts the 1/W where one
+// process does: each rank's loss divided by W, and
+// set_gradient_divide_factor(module, 1), under which the collectives sum
+// and nothing is divided after them. Before, a divide factor was applied
+// to the average (times W / factor), two more roundings at W = 3; now the
+// collectives sum and the sum is divided once.
+
 const char* to_string(GradientPath path) {
   switch (path) {
     case GradientPath::kInPlace: return "in_place";
@@ -143,7 +169,7 @@ class PersistentGradients final : public GradientFlow {
   void issue_all_reduce(const UnitComm& on) override { all_reduce_ = all_reduce(on, buffer_); }
   void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
   // The gradients are views of the reduced buffer already (no factor, no hook here).
-  void assign(const ReductionSettings& /*settings*/, double /*ranks*/) override {}
+  void assign(const ReductionSettings& /*settings*/) override {}
 
   void drop_backward() noexcept override {}
   void abandon() noexcept override { all_reduce_.abandon(); }
@@ -267,14 +293,15 @@ class StagedGradients final : public GradientFlow {
   }
   void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
 
-  void assign(const ReductionSettings& settings, double ranks) override {
+  void assign(const ReductionSettings& settings) override {
     // The reduced shard (a flat buffer) becomes the gradients' memory: each
     // parameter without one gets an alias of its slice, so no per-parameter
     // copies are made, and the buffer goes back to the flat-buffer cache when
     // the optimizer sets them to none.
     at::Tensor reduced = reduced_.get();
-    // The collectives average; a divide factor asks for the sum over it.
-    if (settings.gradient_divide_factor) reduced.mul_(ranks / *settings.gradient_divide_factor);
+    // The collectives averaged, or, under a divide factor, summed: the sum
+    // is divided once ([Note: where 1/W enters]).
+    if (settings.gradient_divide_factor) reduced.div_(*settings.gradient_divide_factor);
     if (settings.reduced_grad_hook) settings.reduced_grad_hook(reduced);
     if (reduced.scalar_type() != shard_.master_dtype()) reduced = memory::flat_copy(reduced, shard_.master_dtype());
     for (auto& p : shard_.params()) {

@@ -72,9 +72,9 @@ class GradientFlow {
   virtual void hold_partial_reduction() = 0;
   virtual void issue_all_reduce(const UnitComm& on) = 0;
   virtual void wait_all_reduce(CommContext& comm) = 0;
-  // The reduced gradients handed to the parameters; `ranks` is how many
-  // ranks the collectives averaged over (for a divide factor).
-  virtual void assign(const ReductionSettings& settings, double ranks) = 0;
+  // The reduced gradients handed to the parameters (divided by the divide
+  // factor, when one is set: the collectives summed).
+  virtual void assign(const ReductionSettings& settings) = 0;
 
   // A forward whose graph was dropped: its gradient buffer goes, the
   // gradients of earlier iterations stay.

@@ -35,8 +35,14 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std) {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
 
-EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, double std) {
-  weight = register_parameter("weight", new_parameter({count, dim}, [std](torch::Tensor& t) { t.normal_(0, std); }));
+EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, double std, std::optional<int64_t> padding_row_)
+    : padding_row(padding_row_) {
+  FSDP_CHECK(!padding_row || (*padding_row >= 0 && *padding_row < count), "embedding: padding row ",
+             padding_row.value_or(0), " is outside the ", count, " rows");
+  weight = register_parameter("weight", new_parameter({count, dim}, [std, padding_row_](torch::Tensor& t) {
+                                t.normal_(0, std);
+                                if (padding_row_) t[*padding_row_].zero_();
+                              }));
 }
 
 namespace {
@@ -62,7 +68,7 @@ class DenseGradientHook : public torch::autograd::FunctionPostHook {
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
   const bool sparse = sparse_backward_ && weight.requires_grad() && torch::GradMode::is_enabled();
   if (sparse) watch_gradient();
-  return torch::embedding(weight, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false, sparse);
+  return torch::embedding(weight, ids, padding_row.value_or(-1), /*scale_grad_by_freq=*/false, sparse);
 }
 
 void EmbeddingImpl::share_with_output_head() { sparse_backward_ = true; }

@@ -168,6 +168,10 @@ CompanionReport write_hf_companions(const CompanionSources& sources, int64_t mod
   auto config = read_json(out / "config.json");
   bool changed = false;
   for (const auto& [key, value] : ids.items()) {
+    // A decoder family's config.json states its padding row, null
+    // included: the tokenizer's pad token would give the exported model one
+    // that the trained model did not have (transformers' padding_idx).
+    if (key == "pad_token_id" && config.contains(key) && !from_model.contains(key)) continue;
     if (from_model.contains(key) || !config.contains(key) || config[key].is_null()) {
       changed |= config[key] != value;
       config[key] = value;

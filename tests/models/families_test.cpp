@@ -407,6 +407,53 @@ TEST(HfIndex, ABrokenIndexIsNamed) {
             std::string::npos);
 }
 
+// transformers builds every decoder family's embedding with
+// padding_idx=config.pad_token_id (GPT-2 excepted): the row starts at zero
+// in a fresh model, the lookup gives it no gradient, and the id survives
+// the export. A negative id counts from the end, as nn.Embedding's does.
+TEST(HfConfig, PadTokenIdIsTheEmbeddingsPaddingRowAsInTransformers) {
+  for (const std::string name : {"llama-tiny", "llama2-tiny", "mistral-tiny", "qwen3-tiny", "qwen3-moe-tiny",
+                                 "llama4-tiny"}) {
+    nlohmann::json config = hf_config(*build_preset(name));
+    const int64_t vocab = config.at("vocab_size").get<int64_t>();
+    config["pad_token_id"] = -2;  // row vocab - 2
+    torch::manual_seed(0);
+    auto model = build_from_hf_config(config, name);
+    EXPECT_EQ(hf_config(*model).at("pad_token_id"), vocab - 2) << name << ": the export keeps the id";
+    torch::Tensor embedding;
+    for (const auto& [key, t] : params_of(*model)) {
+      if (key.find("embed_tokens.weight") != std::string::npos) embedding = model->named_parameters()[key];
+    }
+    ASSERT_TRUE(embedding.defined()) << name;
+    EXPECT_TRUE(embedding[vocab - 2].eq(0).all().item<bool>()) << name << ": a fresh model starts the row at zero";
+    EXPECT_GT(embedding[vocab - 3].abs().sum().item<double>(), 0.0) << name;
+    // A batch full of the pad id: the row gets nothing from the lookup (a
+    // tied head still trains it, as in transformers), its neighbour does.
+    const auto ids = torch::tensor({int64_t{1}, vocab - 2, vocab - 2, vocab - 3, vocab - 2}, torch::kLong).view({1, 5});
+    const bool tied = config.value("tie_word_embeddings", false);
+    torch::Tensor hidden = model->forward(ids);
+    (tied ? hidden.sum() : hidden.pow(2).sum()).backward();
+    ASSERT_TRUE(embedding.grad().defined()) << name;
+    if (!tied) {
+      EXPECT_TRUE(embedding.grad()[vocab - 2].eq(0).all().item<bool>()) << name << ": the padding row trained";
+    }
+    EXPECT_GT(embedding.grad()[vocab - 3].abs().sum().item<double>(), 0.0) << name;
+
+    for (const int64_t bad : {vocab, -vocab - 1}) {
+      config["pad_token_id"] = bad;
+      EXPECT_NE(error_of([&] { build_from_hf_config(config, name); }).find("'pad_token_id' is " + std::to_string(bad)),
+                std::string::npos)
+          << name;
+    }
+  }
+  // GPT-2's embedding has no padding row in transformers: the id changes nothing.
+  nlohmann::json gpt2 = hf_config(*build_preset("gpt2-tiny"));
+  gpt2["pad_token_id"] = 3;
+  torch::manual_seed(0);
+  auto model = build_from_hf_config(gpt2, "gpt2");
+  EXPECT_GT(model->named_parameters()["transformer.wte.weight"][3].abs().sum().item<double>(), 0.0);
+}
+
 TEST(HfConfig, Transformers5SpellingBuildsTheSameModelAsTransformers4s) {
   // transformers 5 writes rope_theta and the scaling inside one
   // rope_parameters object, and Qwen3-MoE's num_experts as

@@ -83,7 +83,11 @@ void set_reshard_after_forward(torch::nn::Module& module, ReshardAfterForward re
 void set_reshard_after_backward(torch::nn::Module& module, bool reshard, bool recurse = true);
 // Gradients summed over the ranks and divided by `factor` instead of
 // averaged (for a loss already normalised over the global token count,
-// factor 1). factor <= 0 goes back to averaging. Setting a factor or a hook
+// factor 1). factor <= 0 goes back to averaging. With each rank's mean
+// loss divided by the world size and factor 1, training equals one process
+// on the global batch even where backward rounds to bf16 or fp16 at a world
+// size that is not a power of two ([Note: where 1/W enters] in
+// src/core/gradient_paths.cpp). Setting a factor or a hook
 // (below) on a unit with one rank per shard group moves its gradients out
 // of the in-place buffer ([Note: gradients in place]); call it between steps.
 void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool recurse = true);

@@ -6,6 +6,8 @@
 // (full shape, no memory), so a model larger than one rank's memory can be
 // built and then materialised shard by shard by fully_shard's param_init.
 
+#include <optional>
+
 #include <torch/torch.h>
 
 #include "fsdp/common/compat.h"
@@ -36,9 +38,12 @@ struct LinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-// (vocab, C), initialised N(0, std).
+// (vocab, C), initialised N(0, std). With a padding row (transformers'
+// `padding_idx`, from config.json's pad_token_id), that row starts at zero
+// in a fresh model and the lookup gives it no gradient, as nn.Embedding's
+// does; a head tied to the embedding still trains it.
 struct EmbeddingImpl : torch::nn::Module {
-  EmbeddingImpl(int64_t count, int64_t dim, double std = 0.02);
+  EmbeddingImpl(int64_t count, int64_t dim, double std = 0.02, std::optional<int64_t> padding_row = std::nullopt);
   torch::Tensor forward(const torch::Tensor& ids);
   // For a weight the output head shares: the lookup's gradient leaves
   // backward as the rows it touches (sparse), which autograd adds in place
@@ -48,6 +53,7 @@ struct EmbeddingImpl : torch::nn::Module {
   // always dense.
   void share_with_output_head();
   torch::Tensor weight;
+  std::optional<int64_t> padding_row;  // in [0, count)
 
  private:
   void watch_gradient();

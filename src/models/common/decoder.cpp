@@ -55,9 +55,10 @@ std::tuple<torch::Tensor, torch::Tensor> DecoderLayerImpl::forward(const torch::
       checkpoint_activations, [this, cos, sin](const torch::Tensor& t) { return forward_block(t, cos, sin); }, x);
 }
 
-DecoderModelImpl::DecoderModelImpl(int64_t vocab_size, int64_t hidden_size, double rms_norm_eps, int64_t n_layers,
+DecoderModelImpl::DecoderModelImpl(int64_t vocab_size, int64_t hidden_size, double rms_norm_eps,
+                                   std::optional<int64_t> padding_row, int64_t n_layers,
                                    const std::function<DecoderLayerParts(int64_t layer)>& make_layer) {
-  embed_tokens = register_module("embed_tokens", nn::Embedding(vocab_size, hidden_size, 0.02));
+  embed_tokens = register_module("embed_tokens", nn::Embedding(vocab_size, hidden_size, 0.02, padding_row));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < n_layers; ++i) layers->push_back(DecoderLayer(make_layer(i)));
   norm = register_module("norm", nn::RMSNorm(hidden_size, rms_norm_eps));
@@ -67,7 +68,7 @@ DecoderLMImpl::DecoderLMImpl(DecoderLMOptions options,
                              const std::function<DecoderLayerParts(int64_t layer)>& make_layer)
     : options_(std::move(options)) {
   const auto& o = options_;
-  model = register_module("model", DecoderModel(o.vocab_size, o.hidden_size, o.rms_norm_eps, o.n_layers, make_layer));
+  model = register_module("model", DecoderModel(o.vocab_size, o.hidden_size, o.rms_norm_eps, o.padding_row, o.n_layers, make_layer));
   if (o.tie_word_embeddings) {
     model->embed_tokens->share_with_output_head();
   } else {

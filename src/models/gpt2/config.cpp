@@ -69,8 +69,10 @@ GPT2Config gpt2_config_from_hf(const nlohmann::json& j, const std::string& where
   r.accept_only("add_cross_attention", false, "cross-attention layers");
   // n_ctx repeats n_positions; the summary_* keys configure the heads of
   // GPT2DoubleHeadsModel, not the language model; reorder_and_upcast_attn
-  // only changes the precision of fp16 attention.
-  r.ignore({"n_ctx", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+  // only changes the precision of fp16 attention. transformers' GPT-2
+  // builds its embedding without a padding row: pad_token_id only tells
+  // GPT2ForSequenceClassification where a sequence ends.
+  r.ignore({"pad_token_id", "n_ctx", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
             "summary_first_dropout", "task_specific_params", "reorder_and_upcast_attn", "predict_special_tokens",
             "n_special"});
   r.finish();

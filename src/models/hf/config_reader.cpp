@@ -10,8 +10,10 @@ ConfigReader::ConfigReader(const nlohmann::json& config, std::string where, std:
     : config_(config), where_(std::move(where)), family_(std::move(family)) {
   FSDP_CHECK(config_.is_object(), where_, ": config.json is not a JSON object");
   // Never architecture: provenance, token ids, generation and cache flags.
+  // pad_token_id is not among them: the decoder families' embeddings take
+  // it as their padding row (padding_row below); GPT-2 ignores it by name.
   ignore({"_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "bos_token_id",
-          "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "tokenizer_class", "output_attentions",
+          "eos_token_id", "use_cache", "initializer_range", "tokenizer_class", "output_attentions",
           "output_hidden_states", "return_dict", "dtype"});
 }
 
@@ -74,6 +76,19 @@ double ConfigReader::get_probability_or(const char* key, double fallback) {
 int64_t ConfigReader::get_size_or(const char* key, int64_t fallback) {
   used_.insert(key);
   return has(key) ? get_size(key) : fallback;
+}
+
+std::optional<int64_t> ConfigReader::padding_row(int64_t vocab_size) {
+  const nlohmann::json& id = raw("pad_token_id");
+  if (id.is_null()) return std::nullopt;
+  require_integer("pad_token_id", id);
+  // nn.Embedding's rule: a negative index counts from the end, anything
+  // else outside the vocabulary is refused.
+  const auto value = id.get<int64_t>();
+  FSDP_CHECK(value >= -vocab_size && value < vocab_size, where_, ": config.json field 'pad_token_id' is ", value,
+             " (expected a token id from ", -vocab_size, " to ", vocab_size - 1,
+             ", the embedding's padding row, or null for none)");
+  return value < 0 ? vocab_size + value : value;
 }
 
 const nlohmann::json& ConfigReader::raw(const char* key) {

@@ -173,6 +173,7 @@ void read_decoder_keys(hf::ConfigReader& r, LlamaConfig& c) {
   c.attention_dropout = r.get_probability_or("attention_dropout", 0.0);
   c.head_dim = r.get_size_or("head_dim", 0);  // 0: hidden_size / num_attention_heads
   c.tie_word_embeddings = r.get_or<bool>("tie_word_embeddings", false);
+  c.pad_token_id = r.padding_row(c.vocab_size);
   FSDP_CHECK(c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
              r.where(), ": num_attention_heads ", c.num_attention_heads, " is not a multiple of num_key_value_heads ",
              c.num_key_value_heads);
@@ -204,6 +205,7 @@ nlohmann::json decoder_keys_to_hf(const LlamaConfig& c) {
       {"attention_bias", false},
       {"hidden_act", "silu"},
       {"tie_word_embeddings", c.tie_word_embeddings},
+      {"pad_token_id", c.pad_token_id ? nlohmann::json(*c.pad_token_id) : nlohmann::json(nullptr)},
       {"torch_dtype", "float32"},
   };
   if (c.rope_scaling.rope_type == "llama3") {

@@ -207,7 +207,9 @@ Llama4Config llama4_config_from_hf(const nlohmann::json& j, const std::string& w
   FSDP_CHECK(text.is_object(), where, ": config.json (model_type llama4) has no text_config object");
   // The language model is what is trained; the vision tower and its
   // projector are left out (their weights are skipped: family.cpp).
-  r.ignore({"vision_config", "boi_token_index", "eoi_token_index", "image_token_index"});
+  // The outer pad_token_id marks padding for the multimodal model's inputs;
+  // the language model's embedding takes text_config's (read below).
+  r.ignore({"vision_config", "boi_token_index", "eoi_token_index", "image_token_index", "pad_token_id"});
   r.accept_only("tie_word_embeddings", false, "a head tied to the embedding");
   r.finish();
   nlohmann::json inner = text;

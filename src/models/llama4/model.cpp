@@ -135,7 +135,7 @@ DecoderLMOptions options_of(const Llama4Config& c) {
              " must equal intermediate_size ", t.intermediate_size, " (the shared expert's)");
   const double aux = c.output_router_logits ? t.moe.router_aux_loss_coef : 0.0;
   return {"llama4_text", t.vocab_size, t.hidden_size, t.num_hidden_layers, t.max_position_embeddings,
-          t.rms_norm_eps, t.tie_word_embeddings, aux};
+          t.rms_norm_eps, t.tie_word_embeddings, aux, t.pad_token_id};
 }
 
 DecoderLayerParts layer_of(const Llama4Config& c, int64_t index) {

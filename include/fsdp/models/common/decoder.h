@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -75,7 +76,8 @@ FSDP_MODULE(DecoderLayer);
 
 // Hugging Face's `model`: embed_tokens, layers.N, norm.
 struct DecoderModelImpl : torch::nn::Module {
-  DecoderModelImpl(int64_t vocab_size, int64_t hidden_size, double rms_norm_eps, int64_t n_layers,
+  DecoderModelImpl(int64_t vocab_size, int64_t hidden_size, double rms_norm_eps, std::optional<int64_t> padding_row,
+                   int64_t n_layers,
                    const std::function<DecoderLayerParts(int64_t layer)>& make_layer);
   size_t size() const { return layers->size(); }
   DecoderLayerImpl& layer(size_t i) const { return *layers->ptr<DecoderLayerImpl>(i); }
@@ -95,6 +97,7 @@ struct DecoderLMOptions {
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
   double aux_loss_coef = 0.0;  // times the load-balancing loss; 0: none
+  std::optional<int64_t> padding_row;  // the embedding's (config.json's pad_token_id)
 };
 
 // The causal LM: `model` and `lm_head` (null when tied to the embedding).

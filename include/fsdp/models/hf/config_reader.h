@@ -8,6 +8,7 @@
 // worse than an error.
 
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -53,6 +54,11 @@ class ConfigReader {
   // A key this code implements only at `implemented` (absent or null is
   // fine too); any other value is refused, naming `meaning`.
   void accept_only(const char* key, const nlohmann::json& implemented, const char* meaning);
+  // pad_token_id as transformers' decoders take it, the embedding's
+  // padding_idx (no gradient from the lookup, zero in a fresh model): a row
+  // in [0, vocab_size), a negative id counting from the end; null or
+  // absent: none. Throws naming a non-integer or out-of-range id.
+  std::optional<int64_t> padding_row(int64_t vocab_size);
   // Keys that do not change the architecture.
   void ignore(std::initializer_list<const char*> keys);
   // Throws naming the first key neither read, accepted nor ignored.

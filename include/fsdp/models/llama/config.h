@@ -6,6 +6,7 @@
 // head size; Qwen3-MoE adds Mixture-of-Experts blocks (qwen3/config.h).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
   bool tie_word_embeddings = false;
+  std::optional<int64_t> pad_token_id;  // the embedding's padding row (transformers' padding_idx); none by default
   bool qk_norm = false;  // Qwen3: RMSNorm over each query and key head
   RopeScaling rope_scaling;
   MoEConfig moe;  // Qwen3-MoE; Llama 4's routed experts
