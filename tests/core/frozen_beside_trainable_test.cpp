@@ -11,6 +11,9 @@
 // process taking the global mean loss's gradient part by part, the 1/W in
 // the loss.
 
+#include <cstdlib>
+#include <string>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -148,7 +151,8 @@ NamedTensors train_reference(const PairCase& c, Combine combine, int shard) {
     const torch::Tensor x = batch(step, c.dim, &y);
     std::vector<torch::Tensor> total(params.size()), group(params.size());
     for (int r = 0; r < w; ++r) {
-      const torch::Tensor loss = torch::mse_loss(net->forward(x.narrow(0, r * rows, rows)), y.narrow(0, r * rows, rows));
+      const torch::Tensor loss =
+          torch::mse_loss(net->forward(x.narrow(0, r * rows, rows)), y.narrow(0, r * rows, rows));
       (combine == Combine::kSum ? loss / w : loss).backward();
       for (size_t i = 0; i < params.size(); ++i) {
         const torch::Tensor g = params[i].grad().to(torch::kFloat);
@@ -179,8 +183,15 @@ std::string dtype_name(torch::ScalarType t) {
 // so the two differ by that dtype's rounding, amplified by AdamW's
 // normalisation of tiny gradients over five steps (measured at most 1.1e-2
 // for bf16, at W = 5).
+// Over Gloo's TCP (dist_w3_gloo_tcp) the all-reduce is a ring: each chunk
+// of the buffer is summed starting at another rank, an order the replay
+// does not follow, so fp32 trainable parameters get the bound of a
+// different summation order through a bf16 rounding (measured 2.4e-5
+// under no_shard and hybrid_shard at W = 3).
 double tolerance(torch::ScalarType trainable) {
-  if (trainable == torch::kFloat) return 2e-6;
+  const char* shared_memory = std::getenv("FSDP_SHARED_MEMORY");
+  const bool ring = shared_memory != nullptr && std::string(shared_memory) == "0";
+  if (trainable == torch::kFloat) return ring ? 1e-4 : 2e-6;
   return trainable == torch::kHalf ? 2e-3 : 2e-2;
 }
 
@@ -222,8 +233,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ShardingStrategy::kShardGradOp, Combine::kAverage},
                       Case{ShardingStrategy::kNoShard, Combine::kAverage},
                       Case{ShardingStrategy::kHybridShard, Combine::kAverage},
-                      Case{ShardingStrategy::kFullShard, Combine::kSum}, Case{ShardingStrategy::kShardGradOp, Combine::kSum},
-                      Case{ShardingStrategy::kNoShard, Combine::kSum}, Case{ShardingStrategy::kHybridShard, Combine::kSum}),
+                      Case{ShardingStrategy::kFullShard, Combine::kSum},
+                      Case{ShardingStrategy::kShardGradOp, Combine::kSum},
+                      Case{ShardingStrategy::kNoShard, Combine::kSum},
+                      Case{ShardingStrategy::kHybridShard, Combine::kSum}),
     [](const auto& info) {
       return std::string(to_string(info.param.strategy)) +
              (info.param.combine == Combine::kSum ? "_loss_over_w_summed" : "_averaged");

@@ -172,6 +172,7 @@ TEST(Llama4, MetasPublishedConfigsAreRead) {
                           {"vision_config", {{"hidden_size", 1408}, {"num_hidden_layers", 34}}}};
   const auto c = llama4_config_from_hf(scout, "scout");
   EXPECT_EQ(c.text.hidden_size, 5120);
+  EXPECT_EQ(c.text.pad_token_id, 200018) << "text_config's pad_token_id is the padding row";
   EXPECT_TRUE(c.attn_temperature_tuning) << "written as the number 4";
   EXPECT_TRUE(c.is_moe(0) && c.is_moe(47));
   EXPECT_TRUE(c.uses_rope(2) && !c.uses_rope(3));
@@ -452,6 +453,26 @@ TEST(HfConfig, PadTokenIdIsTheEmbeddingsPaddingRowAsInTransformers) {
   torch::manual_seed(0);
   auto model = build_from_hf_config(gpt2, "gpt2");
   EXPECT_GT(model->named_parameters()["transformer.wte.weight"][3].abs().sum().item<double>(), 0.0);
+}
+
+// transformers' Qwen3-MoE adds router_aux_loss_coef times the
+// load-balancing loss to the training loss only when config.json sets
+// output_router_logits (its default is false); the export says which.
+TEST(Qwen3Moe, TheLoadBalancingLossJoinsTrainingOnlyWithOutputRouterLogits) {
+  nlohmann::json config = hf_config(*build_preset("qwen3-moe-tiny"));
+  EXPECT_EQ(config.at("output_router_logits"), true) << "the preset trains with it";
+  const auto tokens = torch::arange(8, torch::kLong).view({1, 8});
+  for (const bool on : {true, false}) {
+    config["output_router_logits"] = on;
+    auto model = build_from_hf_config(config, "qwen3_moe");
+    model->forward(tokens);
+    EXPECT_EQ(model->auxiliary_loss().defined(), on) << "output_router_logits " << on;
+    EXPECT_EQ(hf_config(*model).at("output_router_logits"), on);
+  }
+  config.erase("output_router_logits");
+  auto model = build_from_hf_config(config, "qwen3_moe");
+  model->forward(tokens);
+  EXPECT_FALSE(model->auxiliary_loss().defined()) << "transformers' default";
 }
 
 TEST(HfConfig, Transformers5SpellingBuildsTheSameModelAsTransformers4s) {

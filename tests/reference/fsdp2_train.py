@@ -9,7 +9,7 @@ CPU device mesh over Gloo, the way `fsdp train` does it:
   2-D mesh (R replicas x W/R shards), as `--sharding hybrid_shard`;
 - loss: mean cross-entropy over the micro-batch's tokens, plus the MoE
   load-balancing loss times router_aux_loss_coef where transformers
-  computes one (not for Llama 4); each micro-step's loss
+  adds one (config.json's output_router_logits; never for Llama 4); each micro-step's loss
   divided by A, gradients synchronised on the last micro-step only
   (`set_requires_gradient_sync`);
 - optimizer: AdamW, weight decay on parameters of 2 or more dimensions,
@@ -17,7 +17,8 @@ CPU device mesh over Gloo, the way `fsdp train` does it:
   gradients clipped to a global norm;
 - bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
 
-Run under torchrun. Rank 0 writes one JSON line per step ({"step", "loss"},
+Run under torchrun. Rank 0 writes one JSON line per step ({"step", "loss",
+"grad_norm": the global norm before clipping},
 and for MoE models "routing_margin", routing_margin() below)
 to --losses and, with --final, the trained model (save_pretrained).
 """
@@ -212,19 +213,20 @@ def main():
                 # transformers 4.x's returns no router logits either (a plain
                 # CausalLMOutputWithPast): then no routing margin is known.
                 aux_loss = getattr(output, "aux_loss", None)
-                if aux_loss is not None:
+                if aux_loss is not None and model.config.output_router_logits:
                     loss = loss + model.config.router_aux_loss_coef * aux_loss.to(dtype)
                 router_logits = getattr(output, "router_logits", None)
                 if router_logits is not None:
                     margin = min(margin, routing_margin(router_logits, model.config.num_experts_per_tok))
             (loss / args.grad_accum).backward()
             lm_sum += lm_loss.item() / args.grad_accum
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         mean = torch.tensor([lm_sum], dtype=torch.float64, device=args.torch_device)
         dist.all_reduce(mean)
-        record = {"step": step + 1, "loss": mean.item() / world}
+        record = {"step": step + 1, "loss": mean.item() / world, "grad_norm": float(grad_norm.full_tensor()
+                  if hasattr(grad_norm, "full_tensor") else grad_norm)}
         if is_moe:
             smallest = torch.tensor([margin], dtype=torch.float64, device=args.torch_device)
             dist.all_reduce(smallest, op=dist.ReduceOp.MIN)

@@ -53,8 +53,11 @@ def config(family):
     if family == "qwen3":
         return transformers.Qwen3Config(head_dim=16, tie_word_embeddings=False, **decoder)
     if family == "qwen3_moe":
+        # output_router_logits: the load-balancing loss joins the training
+        # loss (transformers' default leaves it out).
         return transformers.Qwen3MoeConfig(head_dim=16, moe_intermediate_size=32, num_experts=4,
-                                           num_experts_per_tok=2, norm_topk_prob=True, **decoder)
+                                           num_experts_per_tok=2, norm_topk_prob=True, output_router_logits=True,
+                                           **decoder)
     raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
 
 

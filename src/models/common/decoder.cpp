@@ -68,7 +68,8 @@ DecoderLMImpl::DecoderLMImpl(DecoderLMOptions options,
                              const std::function<DecoderLayerParts(int64_t layer)>& make_layer)
     : options_(std::move(options)) {
   const auto& o = options_;
-  model = register_module("model", DecoderModel(o.vocab_size, o.hidden_size, o.rms_norm_eps, o.padding_row, o.n_layers, make_layer));
+  model = register_module(
+      "model", DecoderModel(o.vocab_size, o.hidden_size, o.rms_norm_eps, o.padding_row, o.n_layers, make_layer));
   if (o.tie_word_embeddings) {
     model->embed_tokens->share_with_output_head();
   } else {

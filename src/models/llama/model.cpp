@@ -84,8 +84,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
 
 namespace {
 DecoderLMOptions options_of(const LlamaConfig& c) {
-  return {c.family,        c.vocab_size,   c.hidden_size,         c.num_hidden_layers, c.max_position_embeddings,
-          c.rms_norm_eps, c.tie_word_embeddings, c.moe.router_aux_loss_coef, c.pad_token_id};
+  const double aux = c.moe.output_router_logits ? c.moe.router_aux_loss_coef : 0.0;
+  return {c.family,       c.vocab_size,          c.hidden_size, c.num_hidden_layers, c.max_position_embeddings,
+          c.rms_norm_eps, c.tie_word_embeddings, aux,           c.pad_token_id};
 }
 
 DecoderLayerParts layer_of(const LlamaConfig& c, int64_t index) {

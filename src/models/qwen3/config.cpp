@@ -104,9 +104,9 @@ LlamaConfig qwen3_moe_config_from_hf(const nlohmann::json& j, const std::string&
              ": config.json num_experts_per_tok ", m.num_experts_per_tok, " must be in 1..num_experts (",
              m.num_experts, ")");
   FSDP_CHECK(m.decoder_sparse_step > 0, where, ": config.json decoder_sparse_step must be positive");
-  // Whether the model returns router logits to its caller; training here
-  // always adds the auxiliary loss.
-  r.ignore({"output_router_logits"});
+  // transformers adds router_aux_loss_coef times the load-balancing loss to
+  // the training loss only with output_router_logits (default false).
+  m.output_router_logits = r.get_or<bool>("output_router_logits", false);
   r.finish();
   return c;
 }
@@ -124,7 +124,7 @@ nlohmann::json qwen3_config_to_hf(const LlamaConfig& c) {
     j["decoder_sparse_step"] = c.moe.decoder_sparse_step;
     j["mlp_only_layers"] = c.moe.mlp_only_layers;
     j["router_aux_loss_coef"] = c.moe.router_aux_loss_coef;
-    j["output_router_logits"] = false;
+    j["output_router_logits"] = c.moe.output_router_logits;
   } else {
     j["architectures"] = {"Qwen3ForCausalLM"};
     j["model_type"] = "qwen3";

@@ -18,6 +18,10 @@ struct MoEConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   double router_aux_loss_coef = 0.0;  // 0: no load-balancing loss
+  // Qwen3-MoE's output_router_logits: transformers adds the load-balancing
+  // loss to the training loss only when config.json sets it (its default is
+  // false); the presets here train with it.
+  bool output_router_logits = true;
 
   // Hugging Face's rule (Qwen3-MoE's, and Llama 4's moe_layers written as
   // its complement): sparse unless listed in mlp_only_layers, every
