@@ -74,9 +74,8 @@ namespace fsdp {
 // that needs one process's numbers at any W puts the 1/W where one
 // process does: each rank's loss divided by W, and
 // set_gradient_divide_factor(module, 1), under which the collectives sum
-// and nothing is divided after them. Before, a divide factor was applied
-// to the average (times W / factor), two more roundings at W = 3; now the
-// collectives sum and the sum is divided once.
+// and the sum is divided once by the factor (never averaged and multiplied
+// back, which would round twice more at W = 3).
 
 const char* to_string(GradientPath path) {
   switch (path) {

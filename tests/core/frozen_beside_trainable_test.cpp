@@ -11,6 +11,7 @@
 // process taking the global mean loss's gradient part by part, the 1/W in
 // the loss.
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -35,7 +36,7 @@ struct PairCase {
 
 // B = batch, C = channels (dim), R = adapter rank
 struct LoraBlockImpl : torch::nn::Module {
-  LoraBlockImpl(const PairCase& c)
+  explicit LoraBlockImpl(const PairCase& c)
       : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
         base(register_module("base", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.dim).bias(false)))),
         lora_a(register_module("lora_a", torch::nn::Linear(torch::nn::LinearOptions(c.dim, 4).bias(false)))),
@@ -98,8 +99,8 @@ std::shared_ptr<dist::DeviceMesh> mesh_of(ShardingStrategy strategy) {
   if (strategy != ShardingStrategy::kHybridShard) return mesh_for(strategy);
   static std::shared_ptr<dist::DeviceMesh> hybrid;
   if (!hybrid) {
-    const int w = test_world().size();
-    hybrid = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), strategy, w % 2 == 0 && w > 2 ? 2 : 1));
+    const int shard = std::max(hybrid_fsdp_size(test_world().size()), 1);  // 0 where the suites skip hybrid
+    hybrid = std::make_shared<dist::DeviceMesh>(make_mesh(test_world_ptr(), strategy, shard));
   }
   return hybrid;
 }
