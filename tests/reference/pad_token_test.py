@@ -5,7 +5,8 @@ written by transformers with a pad id, trained a few steps by `fsdp train`
 and by transformers' own model code (fsdp2_train.py, W = 1) on a token file
 where the pad id separates every document (as `fsdp data prepare` puts
 Qwen's <|endoftext|> between documents): every step's loss and gradient
-norm within 1e-5 relative.
+norm within 1e-5 relative; the export loads in transformers with the same
+pad id and padding row.
 
 Before fsdp.cpp honoured the id, the zero row trained: a zero vector
 through the first RMSNorm has a gradient near 1/sqrt(eps), so the first
@@ -86,6 +87,12 @@ def main():
             harness.fail(f"{family}: expected {STEPS} steps, got {len(our_loss)} (fsdp) and {len(their_loss)}")
         print(f"{family}: step 1 loss {their_loss[0]:.4f}, gradient norm {their_norm[0]:.3f} (transformers), "
               f"{our_norm[0]:.3f} (fsdp.cpp)")
+        # The export keeps the id, and transformers builds the same padding row from it.
+        exported = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(ours_dir, "hf"))
+        padding_idx = exported.get_input_embeddings().padding_idx
+        if exported.config.pad_token_id != PAD or (padding_idx == PAD) != expect_padding:
+            harness.fail(f"{family}: the export loads with pad_token_id {exported.config.pad_token_id} and "
+                         f"padding_idx {padding_idx} (expected {PAD})")
         harness.check(f"{family}: loss, relative", float(alignment.relative(our_loss, their_loss).max()), BOUND)
         harness.check(f"{family}: gradient norm, relative", float(alignment.relative(our_norm, their_norm).max()),
                       BOUND)
