@@ -12,7 +12,10 @@
 #      (tests/reference/fsdp2_alignment_test.py --device cuda: fp32 for every
 #      family, bf16 against fp64), profiles one step of the 1B shape on
 #      both sides (bench/gpu_kernel_summary.py), and trains gpt2-d6 and
-#      llama-d6 at W = 1. Phases `overhead` (GPT-2 of many small blocks:
+#      llama-d6 at W = 1; `snapshot` reads a GPU memory snapshot with
+#      PyTorch's own viewer; `shared` times 2 ranks sharing the GPU against
+#      1 (GPT-2 124M). Phases `shapes` (the Llama 3.2 3B shape at 1 x 8192
+#      against FSDP2 eager), `overhead` (GPT-2 of many small blocks:
 #      fsdp.cpp, FSDP2 and eager PyTorch), `dropout` (GPT-2 124M with and
 #      without dropout) and `peak1b` (the 1B shape's peak memory, both
 #      sides) run only when FSDP_CHECK_PHASES names them.
@@ -26,7 +29,7 @@ mkdir -p "$out" "$out/runs"
 exec > >(tee "$out/main.log") 2>&1
 budget=${FSDP_CHECK_SECONDS:-540}
 # Which parts run after the build (a lease is short: split them over calls).
-phases=" ${FSDP_CHECK_PHASES:-backtrace tests bench profile align train} "
+phases=" ${FSDP_CHECK_PHASES:-backtrace tests snapshot shared bench profile align train} "
 begin=$SECONDS
 
 want() { [[ $phases == *" $1 "* ]]; }
@@ -132,7 +135,11 @@ SHIM
   chmod +x "$cli"
 fi
 
-want tests && step cuda-tests 90 "$build/tests/fsdp_cuda_tests" --gtest_color=no
+want tests && step cuda-tests 240 "$build/tests/fsdp_cuda_tests" --gtest_color=no
+
+# The caching allocator's history of two ranks sharing the GPU, read by
+# torch.cuda._memory_viz (tests/reference/memory_snapshot_test.py).
+want snapshot && step snapshot 60 python3 tests/reference/memory_snapshot_test.py --build-dir "$build" --device cuda
 
 # One training run: NAME then `fsdp train` arguments; W = 1 over NCCL.
 train() {
@@ -163,19 +170,6 @@ if want bench; then
   peer llama1b-fsdp2-eager "${llama[@]}"
 fi
 
-# Framework overhead on a GPU: GPT-2 of many small blocks (64 of width 64,
-# 16 of width 256; batch 4 x 64), where each step is kernel launches and
-# host work more than arithmetic. fsdp.cpp (`--init-from` a random
-# Hugging Face directory of that shape, dropout 0) against FSDP2 and plain
-# eager PyTorch (CUDA autocast), all bf16 with fused AdamW; median step
-# time of steps 5-30.
-peer_plain() {
-  local name=$1
-  shift
-  step "peer $name" "${PEER_LIMIT:-90}" python3 bench/pytorch_peer.py --device cuda --bf16 --adamw fused \
-    --metrics "$out/runs/$name.jsonl" "$@" >"$out/runs/$name.log" 2>&1
-  tail -3 "$out/runs/$name.log"
-}
 step_medians() {
   python3 - "$@" <<'PY'
 import json, statistics, sys
@@ -188,6 +182,33 @@ for path in sys.argv[1:]:
     t = [r["step_time_s"] for r in rows if "step_time_s" in r][4:]
     print(f"{path}: median step {statistics.median(t) * 1e3:.2f} ms over {len(t)} steps" if t else f"{path}: no steps")
 PY
+}
+# Ranks sharing the GPU ([Note: many ranks on one GPU]): GPT-2 124M in
+# bf16 on the same global batch, 1 rank against 2 whose collectives are
+# staged through host shared memory; median step times in shared.txt.
+if want shared; then
+  train gpt2-124m-w1 --model gpt2 --steps 12 --seq-len 1024 --batch-size 8 --precision bf16
+  TRAIN_LIMIT=90 step "train gpt2-124m-w2-shared" 90 "$cli" launch -n 2 -- "$cli" train --device cuda \
+    --data synthetic --log-every 1 --out-dir "$out/runs/gpt2-124m-w2-shared" --model gpt2 --steps 12 \
+    --seq-len 1024 --batch-size 4 --precision bf16 --profile-steps 10:10 >"$out/runs/gpt2-124m-w2-shared.log" 2>&1
+  grep -m1 "share" "$out/runs/gpt2-124m-w2-shared.log"
+  tail -2 "$out/runs/gpt2-124m-w2-shared.log"
+  step_medians "$out/runs/gpt2-124m-w1/metrics.jsonl" "$out/runs/gpt2-124m-w2-shared/metrics.jsonl" |
+    tee -a "$out/shared.txt"
+fi
+
+# Framework overhead on a GPU: GPT-2 of many small blocks (64 of width 64,
+# 16 of width 256; batch 4 x 64), where each step is kernel launches and
+# host work more than arithmetic. fsdp.cpp (`--init-from` a random
+# Hugging Face directory of that shape, dropout 0) against FSDP2 and plain
+# eager PyTorch (CUDA autocast), all bf16 with fused AdamW; median step
+# time of steps 5-30.
+peer_plain() {
+  local name=$1
+  shift
+  step "peer $name" "${PEER_LIMIT:-90}" python3 bench/pytorch_peer.py --device cuda --bf16 --adamw fused \
+    --metrics "$out/runs/$name.jsonl" "$@" >"$out/runs/$name.log" 2>&1
+  tail -3 "$out/runs/$name.log"
 }
 if want overhead; then
   for shape in "64 64 4" "16 256 4"; do
@@ -225,6 +246,13 @@ if want dropout; then
   done
   step_medians "$out/runs/gpt2-124m-bf16-dropout0/metrics.jsonl" "$out/runs/gpt2-124m-bf16-dropout0.1/metrics.jsonl" |
     tee -a "$out/dropout.txt"
+fi
+
+# The Llama 3.2 3B shape (tied head) at 1 x 8192 in bf16: fsdp.cpp against
+# FSDP2 eager, tokens/s, MFU and peak memory in each side's metrics.
+if want shapes; then
+  TRAIN_LIMIT=120 train llama3b-bf16 --model llama3.2-3b --steps 8 --seq-len 8192 --batch-size 1 --precision bf16
+  PEER_LIMIT=120 peer llama3b-fsdp2-eager --model llama3.2-3b --steps 8 --seq-len 8192 --batch-size 1
 fi
 
 # The 1B shape's peak GPU memory on both sides (peak_device_mb in fsdp.cpp's metrics,

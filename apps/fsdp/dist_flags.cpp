@@ -8,7 +8,7 @@ namespace fsdp::cli {
 void DistFlags::add_to(CLI::App& command) {
   command.add_option("--device", device,
                      "auto, cpu or cuda (CUDA builds; GPU LOCAL_RANK); default: auto, a GPU if one is visible");
-  command.add_option("--backend", backend, "gloo (CPU) or nccl (CUDA builds); default: nccl on a GPU, gloo on the CPU");
+  command.add_option("--backend", backend, "gloo (CPU) or nccl (CUDA builds); default: nccl on a GPU of the rank's own, gloo on the CPU and where ranks share a GPU");
   command.add_option("--timeout", timeout_s,
                      "seconds a collective or the rendezvous may take before failing (default 300, or FSDP_TIMEOUT)");
 }

@@ -15,6 +15,7 @@
 #include "fsdp/common/error_text.h"
 #include "fsdp/dist/desync.h"
 #include "fsdp/dist/flight_recorder.h"
+#include "dist/host_staging.h"
 #include "dist/shared_memory.h"
 
 namespace fsdp::dist {
@@ -81,6 +82,28 @@ int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
                                                        c10::toString(t.scalar_type()));
   if (detail_checks_enabled()) check_same_collective_everywhere(seq);
   return seq;
+}
+
+// See [Note: many ranks on one GPU] in host_staging.cpp. The staged call
+// issues the same collective on host copies; inside it nothing is staged
+// again (host stand-ins would be, under ProcessGroup::stage_host_tensors).
+thread_local bool issuing_staged = false;
+
+bool staged_through_host(ProcessGroup& group, const at::Tensor& t) {
+  return !issuing_staged && group.backend() == Backend::kGloo && (!t.is_cpu() || group.stage_host_tensors);
+}
+
+template <typename IssueFn>
+Work issue_on_host(IssueFn&& fn) {
+  issuing_staged = true;
+  try {
+    Work work = fn();
+    issuing_staged = false;
+    return work;
+  } catch (...) {
+    issuing_staged = false;
+    throw;
+  }
 }
 
 // The group's shared-memory transport when it can take this collective (see
@@ -155,6 +178,18 @@ struct WaitTimer {
 };
 }  // namespace
 
+Work Work::and_then(std::function<void()> more) && {
+  if (done_) {
+    more();
+    return std::move(*this);
+  }
+  finish_ = [first = std::move(finish_), more = std::move(more)] {
+    if (first) first();
+    more();
+  };
+  return std::move(*this);
+}
+
 void Work::wait() {
   if (done_) return;
   done_ = true;  // one attempt: a failed collective leaves the group unusable
@@ -188,6 +223,12 @@ Work all_gather_into_tensor(ProcessGroup& group, const at::Tensor& output, const
   FSDP_CHECK(output.numel() == input.numel() * w && output.scalar_type() == input.scalar_type(), kOp,
              ": output must hold world size (", w, ") x input (", input.numel(), " ", input.scalar_type(),
              ") elements, got ", output.numel(), " ", output.scalar_type());
+  if (staged_through_host(group, input)) {
+    const at::Tensor host_out = stage_to_host(output, false);
+    const at::Tensor host_in = stage_to_host(input, true);
+    return issue_on_host([&] { return all_gather_into_tensor(group, host_out, host_in); })
+        .and_then([output, host_out] { unstage_from_host(output, host_out); });
+  }
   const int64_t seq = record(kOp, group, input);
   if (auto* shm = shared(group, input, output)) {
     return Work(kOp, &group, {shm->all_gather(output, input)}, nullptr, seq);
@@ -232,6 +273,12 @@ Work reduce_scatter_tensor(ProcessGroup& group, const at::Tensor& output, const 
   FSDP_CHECK(op != ReduceOp::kMax, kOp, ": supports sum and avg");
   FSDP_CHECK(at::isFloatingType(input.scalar_type()) || op == ReduceOp::kSum, kOp,
              ": averaging needs a floating-point tensor, got ", input.scalar_type());
+  if (staged_through_host(group, input)) {
+    const at::Tensor host_out = stage_to_host(output, false);
+    const at::Tensor host_in = stage_to_host(input, true);
+    return issue_on_host([&] { return reduce_scatter_tensor(group, host_out, host_in, op); })
+        .and_then([output, host_out] { unstage_from_host(output, host_out); });
+  }
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, input);
   if (auto* shm = shared(group, input, output); shm && SharedMemoryTransport::reduces(input.scalar_type(), true)) {
@@ -295,6 +342,12 @@ Work all_reduce(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
   check_flat(tensor, kOp, "tensor");
   FSDP_CHECK(at::isFloatingType(tensor.scalar_type()) || op != ReduceOp::kAvg, kOp,
              ": averaging needs a floating-point tensor, got ", tensor.scalar_type());
+  if (staged_through_host(group, tensor)) {
+    const at::Tensor host = stage_to_host(tensor, true);
+    return issue_on_host([&] { return all_reduce(group, host, op); }).and_then([tensor, host] {
+      unstage_from_host(tensor, host);
+    });
+  }
   const bool divide = divide_after(op, group.backend());
   const int64_t seq = record(kOp, group, tensor);
   if (auto* shm = shared(group, tensor); shm && SharedMemoryTransport::reduces(tensor.scalar_type(), false)) {
@@ -322,6 +375,12 @@ Work broadcast(ProcessGroup& group, const at::Tensor& tensor, int root) {
   constexpr const char* kOp = "broadcast";
   check_flat(tensor, kOp, "tensor");
   FSDP_CHECK(root >= 0 && root < group.size(), kOp, ": root ", root, " is not a rank of ", group.describe());
+  if (staged_through_host(group, tensor)) {
+    const at::Tensor host = stage_to_host(tensor, true);
+    return issue_on_host([&] { return broadcast(group, host, root); }).and_then([tensor, host] {
+      unstage_from_host(tensor, host);
+    });
+  }
   const int64_t seq = record(kOp, group, tensor);
   if (auto* shm = shared(group, tensor)) return Work(kOp, &group, {shm->broadcast(tensor, root)}, nullptr, seq);
   // See [Note: host tensors on NCCL].

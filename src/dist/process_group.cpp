@@ -260,10 +260,28 @@ c10::Device choose_device(DeviceChoice choice, const LaunchEnv& env) {
 #endif
 }
 
-Backend backend_for(const c10::Device& device, std::optional<Backend> requested) {
-  if (!requested) return device.is_cuda() ? Backend::kNccl : Backend::kGloo;
+int ranks_sharing_device(const c10::Device& device, const LaunchEnv& env) {
+  if (!device.is_cuda()) return 1;
+#ifdef FSDP_WITH_CUDA
+  const int visible = std::max(1, static_cast<int>(c10::cuda::device_count()));
+  const int index = device.index() < 0 ? 0 : device.index();
+  // choose_device gives local rank r device r % visible.
+  return env.local_world_size / visible + (index < env.local_world_size % visible ? 1 : 0);
+#else
+  (void)env;
+  return 1;
+#endif
+}
+
+Backend backend_for(const c10::Device& device, std::optional<Backend> requested, int sharing) {
+  // See [Note: many ranks on one GPU].
+  if (!requested) return device.is_cuda() && sharing <= 1 ? Backend::kNccl : Backend::kGloo;
   FSDP_CHECK(*requested != Backend::kNccl || device.is_cuda(),
              "backend 'nccl' needs a CUDA device, and this rank computes on the CPU; use 'gloo', or device 'cuda'");
+  FSDP_CHECK(*requested != Backend::kNccl || sharing <= 1, "backend 'nccl' takes one rank per GPU, and ",
+             sharing, " ranks of this host share ", device.str(),
+             " (NCCL refuses them: \"Duplicate GPU detected\"); leave the backend unset, or 'gloo', and their "
+             "collectives go through host memory, or start at most one rank per GPU");
   return *requested;
 }
 
@@ -327,7 +345,14 @@ std::shared_ptr<World> World::init(const LaunchEnv& env, const DistOptions& opti
   // The one device decision, before anything connects: a bad choice fails
   // on every rank alike, with nothing half-started.
   const c10::Device device = choose_device(options.device, env);
-  const Backend backend = backend_for(device, options.backend);
+  const int sharing = ranks_sharing_device(device, env);
+  const Backend backend = backend_for(device, options.backend, sharing);
+  if (sharing > 1 && env.local_rank == 0) {
+    std::fprintf(stderr,
+                 "fsdp: %d ranks share %s on this host; NCCL takes one rank per GPU, so collectives go through "
+                 "host memory (%s)\n",
+                 sharing, device.str().c_str(), options.shared_memory ? "shared memory" : "gloo over TCP");
+  }
   auto store = rendezvous(env, options.timeout);
   try {
     const std::string address = local_address_toward(env.master_addr);
@@ -392,8 +417,7 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
     // Every member takes part, wanting it or not, so that all agree.
     std::string why;
     try {
-      group->shared_memory = SharedMemoryTransport::connect(*store, rank, size,
-                                                            options_.shared_memory && device_.is_cpu(), &why);
+      group->shared_memory = SharedMemoryTransport::connect(*store, rank, size, options_.shared_memory, &why);
     } catch (const std::exception& e) {
       throw Error("connecting " + name + " (" + std::to_string(size) + " ranks): " + error_text(e));
     }

@@ -1,6 +1,7 @@
 #pragma once
 // Collectives through shared memory, for groups whose members all run on one
-// host and compute on the CPU. See [Note: shared-memory collectives] in
+// host. The transport reads and writes host tensors; device tensors reach it
+// through host staging (src/dist/host_staging.h). See [Note: shared-memory collectives] in
 // shared_memory.cpp.
 
 #include <atomic>

@@ -225,7 +225,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(logging, every, "--log-every", "steps between log lines"),
       FSDP_FIELD(logging, metrics, "--metrics", "JSON-lines metrics file (empty: <run folder>/metrics.jsonl)"),
       FSDP_FIELD(logging, tensorboard, "--tensorboard", "write TensorBoard event files to <run folder>/tensorboard"),
-      FSDP_FIELD(logging, memory_snapshot, "--memory-snapshot", "record every CPU allocation and free over this start's first N steps into <run folder>/memory/rank<N>.pickle, for PyTorch's memory viewer (0: off)"),
+      FSDP_FIELD(logging, memory_snapshot, "--memory-snapshot", "record every tensor allocation and free (the CPU's, or on a GPU the CUDA caching allocator's history) over this start's first N steps into <run folder>/memory/rank<N>.pickle, for PyTorch's memory viewer (0: off)"),
       FSDP_FIELD(logging, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
       FSDP_FIELD(eval, every, "--eval-every", "steps between evaluations (0: only at the end)"),
       FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation"),

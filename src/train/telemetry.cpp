@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #ifdef FSDP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
 #include "fsdp/common/error.h"
@@ -223,6 +224,28 @@ int64_t peak_device_bytes(const at::Device& device) {
 #endif
   (void)device;
   return 0;
+}
+
+void start_device_memory_history(const at::Device& device, int64_t max_entries) {
+  FSDP_CHECK(device.is_cuda(), "a GPU memory history needs a CUDA device, not ", device.str());
+#ifdef FSDP_WITH_CUDA
+  // Stacks "python": no interpreter runs here, so entries carry no frames,
+  // and no C++ unwinding slows each allocation.
+  torch::cuda::_record_memory_history(std::optional<std::string>("all"), std::optional<std::string>("all"), "python",
+                                      static_cast<size_t>(max_entries));
+#else
+  (void)max_entries;
+#endif
+}
+
+std::string stop_device_memory_history() {
+#ifdef FSDP_WITH_CUDA
+  std::string pickled = torch::cuda::_memory_snapshot_pickled();
+  torch::cuda::_record_memory_history(std::nullopt);
+  return pickled;
+#else
+  return {};
+#endif
 }
 
 double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim) {

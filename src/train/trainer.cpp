@@ -29,6 +29,10 @@
 namespace fsdp::train {
 namespace {
 
+// Allocations and frees a GPU memory snapshot keeps (the newest): a few
+// steps of a large model, at about 1 KB each in the pickle.
+constexpr int64_t kDeviceHistoryEntries = 200000;
+
 // SIGTERM/SIGINT ask for a clean stop: finish the step, save, exit 0.
 volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
@@ -345,7 +349,10 @@ TrainSummary Trainer::run() {
   memory::reset_allocated_peak();  // the steps' peak, not initialisation's
   for (int64_t step = start_step_; step < total; ++step) {
     profile_->step_begins(step);
-    if (step == start_step_ && config_.logging.memory_snapshot > 0) memory::start_recording();
+    if (step == start_step_ && config_.logging.memory_snapshot > 0) {
+      memory::start_recording();
+      if (world_->device().is_cuda()) start_device_memory_history(world_->device(), kDeviceHistoryEntries);
+    }
     const StepStats stats = train_step(step);
     if (memory::recording() && (step + 1 - start_step_ == config_.logging.memory_snapshot || step + 1 == total)) {
       write_memory_snapshot(step);
@@ -472,15 +479,26 @@ void Trainer::write_memory_snapshot(int64_t step) {
   const memory::Recording recording = memory::stop_recording();
   const std::string path = paths_.folder.memory_snapshot(world_->rank());
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const std::string steps = "steps " + std::to_string(start_step_ + 1) +
+                            (step >= 0 ? " to " + std::to_string(step + 1) : " until the error");
+  const std::string where = path + (world_->size() > 1 ? " (one per rank beside it)" : "");
+  if (world_->device().is_cuda()) {
+    // The GPU's own allocator history: what a GPU run's memory is.
+    io::write_file_atomically(path, stop_device_memory_history());
+    char peak[64];
+    std::snprintf(peak, sizeof(peak), "%.1f MiB",
+                  static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20));
+    log_.say("GPU memory snapshot of " + steps + ": " + where + "; peak " + peak +
+             " of tensors (python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html, or pytorch.org/memory_viz)");
+    return;
+  }
   memory::write_memory_snapshot(recording, world_->rank(), path);
   const std::string peak_phase =
       recording.peak_event >= 0 ? recording.phases[static_cast<size_t>(recording.events[static_cast<size_t>(recording.peak_event)].phase)]
                                 : "before the first step";
   char peak[64];
   std::snprintf(peak, sizeof(peak), "%.1f MiB", static_cast<double>(recording.peak_bytes) / (1 << 20));
-  const std::string steps = "steps " + std::to_string(start_step_ + 1) +
-                            (step >= 0 ? " to " + std::to_string(step + 1) : " until the error");
-  log_.say("memory snapshot of " + steps + ": " + path + (world_->size() > 1 ? " (one per rank beside it)" : "") + "; peak " + peak + " of tensors, in '" +
+  log_.say("memory snapshot of " + steps + ": " + where + "; peak " + peak + " of tensors, in '" +
            peak_phase + "' (python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html, or pytorch.org/memory_viz)");
 }
 

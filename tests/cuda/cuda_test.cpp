@@ -192,5 +192,72 @@ TEST(Cuda, GradientNormAndClippingOnTheGpuMatchTheCpu) {
   EXPECT_NEAR(std::sqrt(clipped), 1.0, 1e-5);
 }
 
+// [Note: many ranks on one GPU]: W ranks share the one GPU, their
+// collectives staged through host shared memory. ARGS are `fsdp train`
+// arguments; the global batch is 4 sequences, split over the ranks.
+struct SharedGpuRun {
+  int exit_code = 0;
+  std::string output;
+  std::vector<double> losses;
+};
+SharedGpuRun train_sharing_the_gpu(int ranks, const std::string& dir, const std::string& args) {
+  const auto r = run_command(kCli + " launch -n " + std::to_string(ranks) + " -- " + kCli +
+                             " train --model gpt2-tiny --data synthetic --steps 4 --seq-len 16 --log-every 1"
+                             " --grad-clip 0 --lr 1e-3 --device cuda --batch-size " + std::to_string(4 / ranks) +
+                             " --out-dir " + dir + " " + args);
+  SharedGpuRun run{r.exit_code, r.output, {}};
+  if (r.exit_code == 0) run.losses = train_losses(read_metrics(dir + "/metrics.jsonl"));
+  return run;
+}
+
+// Every strategy, with 2 and 4 ranks on the one GPU, trains as one rank on
+// it does on the same global batch: fp32 losses within 1e-5. The launch says
+// in one line that the ranks share the GPU and NCCL is not used.
+TEST(Cuda, ManyRanksShareOneGpuAndTrainAsOneRank) {
+  SKIP_WITHOUT_A_GPU();
+  if (torch::cuda::device_count() > 1) GTEST_SKIP() << "several GPUs: each rank gets its own, over NCCL";
+  const auto dir = make_temp_dir();
+  const auto one = train_sharing_the_gpu(1, dir + "/w1", "");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(one.losses.size(), 4u);
+  const std::vector<std::pair<int, std::string>> cases = {
+      {2, "--sharding full_shard"}, {2, "--sharding shard_grad_op"}, {2, "--sharding no_shard"},
+      {4, "--sharding full_shard"}, {4, "--sharding hybrid_shard --fsdp-size 2"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [ranks, args] = cases[i];
+    SCOPED_TRACE(std::to_string(ranks) + " ranks, " + args);
+    const auto shared = train_sharing_the_gpu(ranks, dir + "/case" + std::to_string(i), args);
+    ASSERT_EQ(shared.exit_code, 0) << shared.output;
+    EXPECT_TRUE(contains(shared.output, std::to_string(ranks) + " ranks share cuda:0")) << shared.output;
+    EXPECT_TRUE(contains(shared.output, "shared memory")) << shared.output;
+    expect_close(shared.losses, one.losses, 1e-5);
+  }
+}
+
+// bf16 parameters and compute, fp32 reduction, on 2 ranks sharing the GPU:
+// the losses of one rank within bf16's resolution.
+TEST(Cuda, ManyRanksShareOneGpuInBf16) {
+  SKIP_WITHOUT_A_GPU();
+  if (torch::cuda::device_count() > 1) GTEST_SKIP() << "several GPUs: each rank gets its own, over NCCL";
+  const auto dir = make_temp_dir();
+  const auto one = train_sharing_the_gpu(1, dir + "/w1", "--precision bf16");
+  const auto two = train_sharing_the_gpu(2, dir + "/w2", "--precision bf16");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  expect_close(two.losses, one.losses, 2e-2);
+}
+
+// NCCL asked for where ranks share a GPU: refused before any rank connects,
+// naming the reason and the way out.
+TEST(Cuda, NcclIsRefusedWhereRanksShareAGpu) {
+  SKIP_WITHOUT_A_GPU();
+  if (torch::cuda::device_count() > 1) GTEST_SKIP() << "several GPUs: each rank gets its own, over NCCL";
+  const auto dir = make_temp_dir();
+  const auto r = train_sharing_the_gpu(2, dir + "/nccl", "--backend nccl");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "backend 'nccl' takes one rank per GPU, and 2 ranks of this host share cuda:0"))
+      << r.output;
+}
+
 }  // namespace
 }  // namespace fsdp::testing

@@ -5,6 +5,12 @@ pytorch.org/memory_viz's Python side): the text summaries, the segment
 flame-graph lines and both HTML viewers. Replaying rank 0's trace (here,
 independently of the writer) gives the peak the trainer's accounting
 reported in metrics.jsonl, to the byte.
+
+With --device cuda (a CUDA build on a GPU), the two ranks share one GPU
+and each file is the CUDA caching allocator's own history
+(torch.cuda.memory._record_memory_history's): read by the same viewers,
+with GPU blocks in it, and a replayed peak no higher than the allocator's
+peak the trainer reported (peak_device_mb, which also counts start-up).
 """
 import json
 import os
@@ -17,7 +23,7 @@ import harness
 
 def replayed_peak(snapshot):
     trace = [e for e in snapshot["device_traces"][0] if e["action"] in ("alloc", "free_completed")]
-    live = sum(seg["total_size"] for seg in snapshot["segments"])
+    live = sum(seg["allocated_size"] for seg in snapshot["segments"])
     live -= sum(e["size"] if e["action"] == "alloc" else -e["size"] for e in trace)
     peak = live
     for e in trace:
@@ -27,11 +33,13 @@ def replayed_peak(snapshot):
 
 
 def main():
-    args = harness.parse_args(__doc__)
+    args = harness.parse_args(__doc__, lambda p: p.add_argument("--device", choices=("cpu", "cuda"), default="cpu"))
     run = os.path.join(harness.work_dir(args), "run")
     harness.run([args.fsdp, "launch", "-n", "2", "--", args.fsdp, "train", "--model", "llama-tiny", "--data",
                  "synthetic", "--steps", "2", "--log-every", "1", "--memory-snapshot", "2", "--out-dir", run,
-                 "--tensorboard=false"])
+                 "--tensorboard=false", "--device", args.device])
+    if args.device == "cuda":
+        return check_gpu_snapshots(run)
     for rank in (0, 1):
         path = os.path.join(run, "memory", f"rank{rank}.pickle")
         with open(path, "rb") as f:
@@ -64,6 +72,35 @@ def main():
         harness.fail(f"replayed peak {peak}, recorded {snapshot['fsdp_cpp']['peak_bytes']}, "
                      f"the trainer's accounting {accounting}")
     print(f"rank 0's replayed peak equals the accounting's: {peak} bytes")
+
+
+def check_gpu_snapshots(run):
+    metrics = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if '"peak_device_mb"' in line]
+    reported = metrics[-1]["peak_device_mb"] * (1 << 20)
+    for rank in (0, 1):
+        path = os.path.join(run, "memory", f"rank{rank}.pickle")
+        with open(path, "rb") as f:
+            snapshot = pickle.load(f)
+        # Both ranks share cuda:0, the one GPU of the machine.
+        traces = snapshot["device_traces"]
+        if not traces or not traces[0] or any(traces[1:]) or not snapshot["segments"]:
+            harness.fail(f"{path}: expected a trace of cuda:0 alone and its segments")
+        if any(seg["device"] != 0 for seg in snapshot["segments"]):
+            harness.fail(f"{path}: segments on another device than cuda:0")
+        for name, html in (("trace_plot", _memory_viz.trace_plot(snapshot)),
+                           ("segment_plot", _memory_viz.segment_plot(snapshot))):
+            if "<script" not in html or len(html) < 1000:
+                harness.fail(f"{path}: _memory_viz.{name} made no viewer")
+        lines = _memory_viz.memory(snapshot, format_flamegraph=lambda lines: lines)
+        held = sum(int(line.rsplit(" ", 1)[1]) for line in lines.splitlines() if line.strip())
+        at_end = sum(seg["allocated_size"] for seg in snapshot["segments"])
+        if held != at_end:
+            harness.fail(f"{path}: _memory_viz.memory counts {held} bytes held at the end, the segments {at_end}")
+        peak = replayed_peak(snapshot)
+        if rank == 0 and not 0 < peak <= reported + (1 << 20):
+            harness.fail(f"{path}: replayed peak {peak} bytes, the trainer reported {reported}")
+        print(f"rank {rank}: {len(traces[0])} GPU allocator events, {len(snapshot['segments'])} segments, "
+              f"replayed peak {peak / (1 << 20):.1f} MiB, both viewers built")
 
 
 if __name__ == "__main__":

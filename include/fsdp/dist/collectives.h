@@ -38,6 +38,8 @@ class Work {
 
   void wait();
   bool done() const { return done_; }
+  // This handle, with `more` run after its own finishing step.
+  Work and_then(std::function<void()> more) &&;
 
  private:
   std::string op_;

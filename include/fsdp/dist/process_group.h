@@ -56,16 +56,22 @@ class SharedMemoryTransport;
 // (modulo the visible count). Throws when CUDA is asked for and this build
 // has none or no device is visible.
 c10::Device choose_device(DeviceChoice choice, const LaunchEnv& env);
-// The backend for a device when none is asked for: NCCL for CUDA, Gloo for
-// the CPU. An explicit NCCL on a CPU device is refused with the reason.
-Backend backend_for(const c10::Device& device, std::optional<Backend> requested);
+// How many ranks of this host compute on `device` (choose_device's layout):
+// 1 on the CPU and where each rank has a GPU of its own.
+int ranks_sharing_device(const c10::Device& device, const LaunchEnv& env);
+// The backend for a device when none is asked for: NCCL for a GPU of one
+// rank's own, Gloo for the CPU and for ranks sharing a GPU (their
+// collectives go through host memory). An explicit NCCL on a CPU device or
+// a shared GPU is refused with the reason.
+Backend backend_for(const c10::Device& device, std::optional<Backend> requested, int sharing = 1);
 
 struct DistOptions {
   std::optional<Backend> backend;                // backend_for(device) when unset
   DeviceChoice device = DeviceChoice::kAuto;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
-  // CPU groups whose members share a host move their collectives through
-  // shared memory rather than Gloo's TCP (see src/dist/shared_memory.cpp).
+  // Gloo groups whose members share a host move their collectives through
+  // shared memory rather than Gloo's TCP (see src/dist/shared_memory.cpp);
+  // ranks sharing a GPU stage its tensors through host memory to get there.
   bool shared_memory = true;
 
   // FSDP_BACKEND, FSDP_DEVICE, FSDP_TIMEOUT (seconds) and FSDP_SHARED_MEMORY
@@ -101,8 +107,10 @@ class ProcessGroup {
   // Each member's address (as it reaches MASTER_ADDR), in group rank order.
   std::vector<std::string> hosts;
 
-  // Set where every member shares this host and computes on the CPU: the
-  // collectives of collectives.h go through it instead of impl().
+  // Set where every member shares this host and the backend is Gloo: the
+  // collectives of collectives.h go through it instead of impl(), device
+  // tensors staged through pinned host memory.
+  // [Note: many ranks on one GPU] in collectives.cpp.
   std::shared_ptr<SharedMemoryTransport> shared_memory;
   // "shared memory", or the backend's name.
   const char* transport() const;
@@ -111,6 +119,10 @@ class ProcessGroup {
   // time the backend refuses, after which the portable fallback runs.
   bool native_all_gather = true;
   bool native_reduce_scatter = true;
+
+  // Tests: host tensors take the path of device tensors on a Gloo group
+  // (staged through a host copy), so that a CPU build runs that path.
+  bool stage_host_tensors = false;
 
  private:
   std::string name_;

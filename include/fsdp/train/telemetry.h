@@ -86,6 +86,15 @@ double measured_peak_flops(at::ScalarType dtype, const at::Device& device);
 // `device` since the process started, in bytes; 0 for a CPU or a CPU build.
 int64_t peak_device_bytes(const at::Device& device);
 
+// The CUDA caching allocator's history, as torch.cuda.memory's
+// _record_memory_history and _dump_snapshot keep it: start records every
+// allocation and free on the GPU (at most `max_entries`, the oldest dropped
+// first); stop returns the snapshot in _dump_snapshot's pickle, which
+// PyTorch's viewer and `torch.cuda._memory_viz` read, and ends the
+// recording. Only on a GPU of a CUDA build: elsewhere start throws.
+void start_device_memory_history(const at::Device& device, int64_t max_entries);
+std::string stop_device_memory_history();
+
 // Model FLOPs per token for training (forward + backward): 6 N + 12 L T C.
 double training_flops_per_token(int64_t params, int64_t layers, int64_t seq_len, int64_t dim);
 
