@@ -6,11 +6,15 @@
 #   FSDP_BUILD_TARGETS  space-separated targets to build (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+#   FSDP_CCACHE     0: compile without ccache (scripts/compiler_cache.sh)
 build_dir=${FSDP_BUILD_DIR:-build}
 torch=${FSDP_TORCH:-venv}
+source scripts/compiler_cache.sh
 configured=$(sed -n 's/^FSDP_TORCH:STRING=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
-if [[ ! -f "$build_dir/build.ninja" || "$configured" != "$torch" ]]; then
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_TORCH="$torch"
+launcher=$(sed -n 's/^CMAKE_CXX_COMPILER_LAUNCHER:[A-Z]*=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+if [[ ! -f "$build_dir/build.ninja" || "$configured" != "$torch" || "$launcher" != "$CMAKE_CXX_COMPILER_LAUNCHER" ]]; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_TORCH="$torch" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER="$CMAKE_CXX_COMPILER_LAUNCHER"
 fi
 targets=()
 for t in ${FSDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done

@@ -23,7 +23,15 @@ mkdir -p "$out/obj" "$out/artifacts"
 # vptr checks are off: LibTorch (built by gcc, uninstrumented) would trip
 # them on its own shared_ptr control blocks.
 common=(-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined
-        -D_GLIBCXX_USE_CXX11_ABI=1 -Iinclude -Itests/fuzz "-DFSDP_SOURCE_DIR=\"$PWD\"")
+        -D_GLIBCXX_USE_CXX11_ABI=1 -Iinclude -Itests/fuzz)
+# Objects compile through ccache where scripts/compiler_cache.sh set it up;
+# with the folder left out of the hash, a fresh clone reuses them (their
+# debug information then names the first clone's folder).
+launch=()
+if [[ -n ${CMAKE_CXX_COMPILER_LAUNCHER:-} ]]; then
+  launch=("$CMAKE_CXX_COMPILER_LAUNCHER")
+  export CCACHE_NOHASHDIR=1
+fi
 torch=(-isystem /usr/include/torch/csrc/api/include)
 
 # The sources each target needs, compiled with coverage instrumentation.
@@ -51,7 +59,7 @@ object() {  # source -> object, rebuilt when the source or a header changed
   if [[ ! -f $obj || $src -nt $obj || -n $(find include src tests/fuzz -newer "$obj" -name '*.h' -print -quit) ]]; then
     local extra=()
     [[ $src == *safetensors* || $src == *error_text* ]] && extra=("${torch[@]}")
-    "$cxx" "${common[@]}" "${extra[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
+    "${launch[@]}" "$cxx" "${common[@]}" "${extra[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
   fi
   echo "$obj"
 }
@@ -71,8 +79,8 @@ for t in "${targets[@]}"; do
   for s in ${sources[$t]}; do objs+=("$(object "$s")"); done
   extra=()
   [[ $t == safetensors ]] && extra=("${torch[@]}")
-  "$cxx" "${common[@]}" "${extra[@]}" -fsanitize=fuzzer "tests/fuzz/fuzz_$t.cpp" "${objs[@]}" ${libs[$t]} \
-    -o "$out/fuzz_$t"
+  "$cxx" "${common[@]}" "${extra[@]}" "-DFSDP_SOURCE_DIR=\"$PWD\"" -fsanitize=fuzzer "tests/fuzz/fuzz_$t.cpp" \
+    "${objs[@]}" ${libs[$t]} -o "$out/fuzz_$t"
   mkdir -p "$out/corpus/$t"
   log="$out/fuzz_$t.log"
   if ! ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \

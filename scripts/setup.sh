@@ -8,6 +8,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                  # compiler cache: a fresh clone recompiles only what changed (scripts/compiler_cache.sh)
   python3-venv            # the project venv
   libtorch-dev            # LibTorch 1.13 (CPU) with c10d: the -DFSDP_TORCH=system build
   libgloo-dev             # headers that 1.13's ProcessGroupGloo.hpp includes

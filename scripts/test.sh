@@ -2,11 +2,21 @@
 # Set up, build, and run the whole test suite (arguments go to ctest).
 # FSDP_TORCH and FSDP_BUILD_DIR choose the LibTorch and the build folder,
 # as for scripts/build.sh; the default is PyTorch 2.13 from .venv/ in build/.
+#   scripts/test.sh --quick   the developers' inner loop (CONTRIBUTING.md):
+#     the `unit` and `models` labels, the `quick` label (the FSDP core's
+#     equivalence at W = 2 under every strategy, one reference case) and
+#     the trainer's cases in QUICK_CLI_CASES; a few minutes, not the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [[ ${1:-} == --quick ]]; then
+  quick=1
+  shift
+fi
 scripts/setup.sh
 scripts/build.sh
 scripts/fetch_data.sh  # the tokenizer tests compare against the reference encoder it brings
+source scripts/compiler_cache.sh  # the projects tests configure compile through it too
 cd "${FSDP_BUILD_DIR:-build}"
 # GoogleTest cases skipped inside a CTest case (a dist_wN case runs a whole
 # binary) show only in the log: one line counts them, so a new skip is seen.
@@ -24,6 +34,13 @@ skip_census() {
                "grep -B2 SKIPPED " ENVIRON["PWD"] "/Testing/Temporary/LastTest.log"
        }' Testing/Temporary/LastTest.log
 }
+# Training at W = 2 equal to W = 1, a bit-identical resume, a reshard.
+QUICK_CLI_CASES='^(Train\.TwoRanksReproduceOneRankOnTheSameGlobalBatch|Checkpoint\.ResumeIsBitIdenticalAndOldCheckpointsArePruned|WorldSizesAndStrategies/Resharding\.LossesContinueAsIfUninterrupted/2_to_3)$'
+if ((quick)); then
+  ctest --output-on-failure -j "$(nproc)" -L '^(unit|models|quick)$' "$@"
+  ctest --output-on-failure -j "$(nproc)" -R "$QUICK_CLI_CASES" "$@"
+  exit
+fi
 if ! ctest --output-on-failure -j "$(nproc)" "$@"; then
   skip_census
   # With -j the failures' output lies far up the log; repeat its end here,

@@ -360,18 +360,51 @@ class DcpMetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
+TRUST_HINT = "If the directory is your own, --trust-dcp-metadata loads it anyway"
+
+
 def check_dcp_metadata_is_data(directory, trusted):
     if trusted:
         return
     try:
         with open(os.path.join(directory, ".metadata"), "rb") as f:
-            DcpMetadataUnpickler(f).load()
+            meta = DcpMetadataUnpickler(f).load()
     except pickle.UnpicklingError as e:
         fail(f"'{directory}/.metadata' names {e}, which is not one of the classes DCP writes there; a pickle "
-             "runs the code it names, so it was not loaded. If the directory is your own, --trust-dcp-metadata "
-             "loads it anyway")
+             f"runs the code it names, so it was not loaded. {TRUST_HINT}")
     except Exception as e:  # noqa: BLE001 - any other damage is named, not a traceback
         fail(f"'{directory}/.metadata' is not DCP metadata ({type(e).__name__}: {e})")
+    # Every storage entry names a file of this directory: DCP writes flat
+    # file names (`__0_0.distcp`), and a path that leaves the directory
+    # would read another one's files.
+    for index, info in (getattr(meta, "storage_data", None) or {}).items():
+        name = str(getattr(info, "relative_path", ""))
+        if not name or name in (".", "..") or os.path.basename(name) != name:
+            fail(f"'{directory}/.metadata' stores {getattr(index, 'fqn', index)} at '{name}', which is not a file "
+                 f"of the directory (DCP writes plain file names there). {TRUST_HINT}")
+
+
+class DataOnlyLoadPlanner(dcp.DefaultLoadPlanner):
+    """DCP's default planner, with byte entries (`train_state.step`, any
+    non-tensor value) read by `torch.load(weights_only=True)`: the default
+    reads them with `weights_only=False`, which runs whatever code the
+    bytes name."""
+
+    refused = None  # why an entry was not loaded; DCP wraps the exception raised for it
+
+    def load_bytes(self, read_item, value):
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except Exception as e:
+            self.refused = (f"the DCP entry {read_item.dest_index.fqn} is not plain data: torch.load with "
+                            f"weights_only=True refuses what its pickle names ({type(e).__name__}), and a pickle "
+                            f"runs the code it names, so it was not loaded. {TRUST_HINT}")
+            raise
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def write_fsdp_checkpoint(out, step, tokens_seen, hf_config, tensors, adam_steps):
@@ -434,7 +467,13 @@ def import_(args):
     state = expected_state(model, optimizer)
     check_dcp_metadata_is_data(args.dcp, args.trust_dcp_metadata)
     check_compatible(args.dcp, state)
-    dcp.load(state, checkpoint_id=args.dcp, no_dist=True)
+    planner = None if args.trust_dcp_metadata else DataOnlyLoadPlanner()
+    try:
+        dcp.load(state, checkpoint_id=args.dcp, no_dist=True, planner=planner)
+    except BaseException:  # DCP's CheckpointException derives from BaseException
+        if planner is not None and planner.refused:
+            fail(planner.refused)
+        raise
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
     params = dict(model.named_parameters())

@@ -84,17 +84,27 @@ json parse_metadata(const std::string& text, const std::string& path) {
                " does not match its contents (", expected,
                "): the file was edited or damaged after the save; resume from another checkpoint");
   }
-  c.integer(c.member(meta, "step", ""), "step", 0, INT64_MAX);
+  // Counters feed the data position and the schedule: they stay far inside
+  // int64 (2^62 tokens is ten thousand times any run's), so that arithmetic
+  // on them cannot overflow however the file was made (the seal is no
+  // defence against a forger: docs/faults-and-bad-input.md).
+  c.integer(c.member(meta, "step", ""), "step", 0, kMaxCheckpointCount);
   const int64_t world = c.integer(c.member(meta, "world_size", ""), "world_size", 1, 1 << 20);
   for (const char* key : {"sharding", "config", "hf_config"}) c.string_if_present(meta, key, "");
   if (meta.contains("mesh")) {
     if (!meta["mesh"].is_array()) c.fail("mesh", "must be an array");
-    for (const auto& d : meta["mesh"]) c.integer(d, "mesh[]", 0, 1 << 20);
+    int64_t ranks = 1;
+    for (const auto& d : meta["mesh"]) ranks *= c.integer(d, "mesh[]", 1, 1 << 20);
+    if (!meta["mesh"].empty() && ranks != world) {
+      c.fail("mesh", "holds " + std::to_string(ranks) + " ranks, but world_size is " + std::to_string(world));
+    }
   }
 
   const json& trainer = c.member(meta, "trainer", "");
   if (!trainer.is_object()) c.fail("trainer", "must be an object");
-  if (trainer.contains("tokens_seen")) c.integer(trainer["tokens_seen"], "trainer.tokens_seen", 0, INT64_MAX);
+  if (trainer.contains("tokens_seen")) {
+    c.integer(trainer["tokens_seen"], "trainer.tokens_seen", 0, kMaxCheckpointCount);
+  }
   if (trainer.contains("loss_scale") && !trainer["loss_scale"].is_number()) c.fail("trainer.loss_scale", "must be a number");
   if (meta.contains("extra") && !meta["extra"].is_object()) c.fail("extra", "must be an object");
 
@@ -112,7 +122,7 @@ json parse_metadata(const std::string& text, const std::string& path) {
     }
     for (const auto& d : shape) numel = d.get<int64_t>() == 0 ? 0 : numel;
     c.string_if_present(p, "dtype", field);
-    c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, INT64_MAX);
+    c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, kMaxCheckpointCount);
     const json& shards = c.member(p, "shards", field);
     if (!shards.is_array()) c.fail(field + "shards", "must be an array");
     for (const auto& s : shards) {

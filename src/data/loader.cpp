@@ -50,15 +50,32 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
 }
 
 void DataLoader::resume_at(int64_t step, int64_t tokens) {
+  FSDP_CHECK(step >= 0 && tokens >= 0, "data: cannot resume at step ", step, " with ", tokens,
+             " tokens seen: expected counts of zero or more");
   start_step_ = step;
   // Sequences start at multiples of T; a checkpoint from another sequence
   // length continues at the next whole sequence.
-  start_tokens_ = (tokens + o_.seq_len - 1) / o_.seq_len * o_.seq_len;
+  const bool overflow = __builtin_add_overflow(tokens / o_.seq_len * o_.seq_len,
+                                               tokens % o_.seq_len != 0 ? o_.seq_len : 0, &start_tokens_);
+  FSDP_CHECK(!overflow, "data: the token position after ", tokens, " tokens seen is past what a 64-bit count holds; ",
+             "the checkpoint's tokens_seen is not what a run reaches");
 }
 
+// Checked: the counts come from checkpoints and flags, and a position past
+// int64 would read before the data's start.
 int64_t DataLoader::offset(int64_t step, int micro_step) const {
   const int64_t BT = o_.batch_size * o_.seq_len;
-  return start_tokens_ + (((step - start_step_) * o_.grad_accum + micro_step) * o_.world + o_.rank) * BT;
+  int64_t micro = 0, index = 0, tokens = 0, position = 0;
+  const bool overflow = __builtin_mul_overflow(step - start_step_, static_cast<int64_t>(o_.grad_accum), &micro) ||
+                        __builtin_add_overflow(micro, static_cast<int64_t>(micro_step), &micro) ||
+                        __builtin_mul_overflow(micro, static_cast<int64_t>(o_.world), &index) ||
+                        __builtin_add_overflow(index, static_cast<int64_t>(o_.rank), &index) ||
+                        __builtin_mul_overflow(index, BT, &tokens) ||
+                        __builtin_add_overflow(start_tokens_, tokens, &position) || position < 0;
+  FSDP_CHECK(!overflow, "data: the token position of step ", step + 1, " (", start_tokens_,
+             " tokens seen before step ", start_step_ + 1, ", then ", BT, " per rank and micro-step) is past what a ",
+             "64-bit count holds; the checkpoint's tokens_seen or --steps is not what a run reaches");
+  return position;
 }
 
 int64_t DataLoader::sequence_start(int64_t i) const {

@@ -133,6 +133,8 @@ std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOp
 
 // Every document of one file, in order.
 std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions& o) {
+  // Every reader, the Parquet one too: opening a FIFO would block for good.
+  io::check_regular_file(path.string(), "input of `data prepare`");
   if (path.extension() == ".parquet") return parquet_documents(path, o);
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");

@@ -4,6 +4,8 @@
 // batch, loss-spike skipping, the torchrun-style launcher, --version and
 // --help, and the checks that run before step 1.
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <algorithm>
 #include <filesystem>
@@ -508,6 +510,22 @@ TEST(DataPrepare, ParquetGivesTheTokensOfTheSameDocumentsAsJsonl) {
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_TRUE(contains(bad.output, "'" + dir + "/bad.parquet' is not a Parquet file")) << bad.output;
   std::filesystem::remove_all(dir);
+}
+
+// A FIFO named like an input of every kind is refused at once, naming it;
+// `data prepare` waited on it for a writer before.
+TEST(DataPrepare, AFifoAsAnyKindOfInputIsRefusedWithoutWaiting) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  for (const std::string name : {"docs.jsonl", "docs.txt", "docs.parquet"}) {
+    const auto fifo = dir + "/" + name;
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << fifo;
+    const auto r = run_command("timeout 30 " + kCli + " data prepare --input " + fifo + " --out-dir " + dir + "/out-" +
+                               name + " --tokenizer " + kSource + "/data/gpt2");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << name << ": still waiting after 30 s";
+    EXPECT_TRUE(contains(r.output, "'" + fifo + "' is a FIFO")) << r.output;
+  }
 }
 
 TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {

@@ -66,6 +66,31 @@ TEST(DataOrder, OffsetsFollowTheFormulaAndTargetsAreShiftedInputs) {
   }
 }
 
+// A checkpoint's tokens_seen and the run's steps place each batch; a count
+// whose position a 64-bit integer cannot hold is refused, shuffled or not,
+// where it crashed (a negative position) or looped before. The largest
+// count a checkpoint may hold still reads: positions wrap around the file.
+TEST(DataOrder, PositionsPastInt64AreRefusedAndTheLargestCheckpointCountsRead) {
+  const auto path = token_file("overflow", 1000, 100);
+  for (const bool shuffle : {false, true}) {
+    auto loader = make(path, 2, 8, 1, 2, 2, 100, 0, shuffle);
+    loader.resume_at(3, int64_t{1} << 62);
+    const auto batch = loader.batch(7, 1);
+    EXPECT_EQ(batch.inputs.size(0), 2);
+    for (const int64_t tokens : {INT64_MAX, INT64_MAX - 100}) {
+      auto past = make(path, 2, 8, 1, 2, 2, 100, 0, shuffle);
+      try {
+        past.resume_at(3, tokens);  // INT64_MAX: its next whole sequence is past int64 already
+        past.batch(10, 0);  // INT64_MAX - 100: 7 steps on, 464 tokens later, past int64
+        FAIL() << tokens << " tokens seen were accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is past what a 64-bit count holds"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_THROW(loader.resume_at(0, -8), Error);
+  }
+}
+
 TEST(DataOrder, TokenIdsBeyondTheVocabularyAreRejected) {
   const auto path = token_file("vocab", 1000, 300);
   try {

@@ -2,17 +2,17 @@
 Checkpoint (`fsdp ckpt export --format dcp`, `fsdp ckpt import --format
 dcp`, which run tools/dcp_convert.py):
 
-- export: fsdp.cpp trains 20 steps at W = 2, saving at step 10; the step-10
+- export: fsdp.cpp trains 8 steps at W = 2, saving at step 4; the step-4
   checkpoint, exported to DCP, is loaded by FSDP2 at W = 4 (resharded)
-  with `dcp.load`, which trains on: its steps 11-20 equal fsdp.cpp's. The
+  with `dcp.load`, which trains on: its steps 5-8 equal fsdp.cpp's. The
   export writes each tensor on Shard(0) over the checkpoint's 2 ranks (and
   over 3 with --shards 3), as FSDP2 holds it, and both load to exactly
   the state the export through transformers' full tensors loads to
   (Qwen3-MoE, whose transformers layout fuses the experts, is exported
   whole);
-- import: FSDP2 trains 20 steps at W = 4, saving at step 10 with
+- import: FSDP2 trains 8 steps at W = 4, saving at step 4 with
   `dcp.save`; the DCP directory, imported, is resumed by `fsdp train` at
-  W = 2: its steps 11-20 equal FSDP2's own, which went on from the state
+  W = 2: its steps 5-8 equal FSDP2's own, which went on from the state
   it saved. (FSDP2 resuming from a DCP directory is the export's half.)
 
 W = 2 with 2 rows per rank and W = 4 with 1 read the same 4 rows per step
@@ -27,6 +27,8 @@ adds no load-balancing loss, so W = 4 applies). Also: an import into a model of 
 architecture is refused, naming the tensors that differ, and writes
 nothing; an export onto an existing folder is refused.
 """
+import copy
+import dataclasses
 import json
 import os
 import pickle
@@ -43,7 +45,9 @@ import token_files
 
 FAMILIES = ("gpt2", "llama", "qwen3_moe", "llama4")
 BOUND = 1e-5
-SAVED_AT, STEPS = 10, 20
+# Saved inside the warm-up (5 steps), resumed across its end: the
+# schedule's position, AdamW's moments and step count all cross over.
+SAVED_AT, STEPS = 4, 8
 
 
 def fsdp_losses(metrics):
@@ -206,6 +210,57 @@ def main():
             "--trust-dcp-metadata")
     if not os.path.exists(marker):
         harness.fail("--trust-dcp-metadata did not load the .metadata as given")
+
+    # A .metadata of DCP's own classes that points past its entries: a byte
+    # entry (train_state.step) moved to a pickle that runs code, appended to
+    # the data file; a tensor read from a file outside the directory. Both
+    # refused, nothing run, unless --trust-dcp-metadata.
+    with open(os.path.join(work, "gpt2-fsdp2.dcp", ".metadata"), "rb") as f:
+        honest = pickle.load(f)  # written by dcp.save in this test
+
+    def forged(name, change):
+        directory = os.path.join(work, name)
+        shutil.copytree(os.path.join(work, "gpt2-fsdp2.dcp"), directory)
+        meta = copy.deepcopy(honest)
+        change(directory, meta)
+        with open(os.path.join(directory, ".metadata"), "wb") as f:
+            pickle.dump(meta, f)
+        return directory
+
+    byte_marker = os.path.join(work, "the-byte-entry-ran")
+
+    class BytePayload:
+        def __reduce__(self):
+            return (os.mkdir, (byte_marker,))
+
+    def code_in_step(directory, meta):
+        index = next(i for i in meta.storage_data if i.fqn == "train_state.step")
+        info = meta.storage_data[index]
+        payload = pickle.dumps(BytePayload())
+        data_file = os.path.join(directory, info.relative_path)
+        offset = os.path.getsize(data_file)
+        with open(data_file, "ab") as f:
+            f.write(payload)
+        meta.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(payload))
+
+    def outside(directory, meta):
+        index = next(i for i in meta.storage_data if i.fqn.startswith("model."))
+        info = meta.storage_data[index]
+        meta.storage_data[index] = dataclasses.replace(info, relative_path="../gpt2-fsdp2.dcp/" + info.relative_path)
+
+    for name, change, expected in (("bytes", code_in_step, "train_state.step is not plain data"),
+                                   ("outside", outside, "which is not a file of the directory")):
+        directory = forged("hostile-" + name + ".dcp", change)
+        out = os.path.join(work, "hostile-" + name + "-import")
+        result = convert(args.fsdp, "import", directory, out, "--model", os.path.join(work, "gpt2"))
+        if result.returncode == 0 or expected not in result.stderr or os.path.exists(byte_marker) \
+                or os.path.exists(out):
+            harness.fail(f"a forged DCP directory ({name}) was not refused: {result.stderr[-600:]}")
+        print("refused: " + result.stderr.strip().splitlines()[-1][:300])
+    convert(args.fsdp, "import", os.path.join(work, "hostile-bytes.dcp"), os.path.join(work, "hostile-bytes-trusted"),
+            "--model", os.path.join(work, "gpt2"), "--trust-dcp-metadata")
+    if not os.path.exists(byte_marker):
+        harness.fail("--trust-dcp-metadata did not load the byte entry as given")
 
 
 if __name__ == "__main__":

@@ -130,5 +130,40 @@ TEST(CheckpointMetadata, SealedMetadataRefusesEveryEditResumeWouldBelieve) {
   EXPECT_NO_THROW(parse_metadata(real_metadata().dump(), "ckpt/metadata.json"));
 }
 
+// The seal stops accidents, not a forger ([Note: sealed metadata]): a
+// resealed file, or a version-1 one without a seal, whose counts could not
+// be computed with is refused by their ranges, naming the field. A
+// tokens_seen of 2^63 - 1 crashed a resume before.
+TEST(CheckpointMetadata, ForgedCountsAndMeshesAreRefusedWithOrWithoutTheSeal) {
+  const std::string name = real_metadata()["params"].begin().key();
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> forgeries = {
+      {"trainer.tokens_seen is 9223372036854775807, expected 0..4611686018427387904",
+       [](nlohmann::json& j) { j["trainer"]["tokens_seen"] = INT64_MAX; }},
+      {"step is 9223372036854775807, expected 0..4611686018427387904",
+       [](nlohmann::json& j) { j["step"] = INT64_MAX; }},
+      {"adam_step is 4611686018427387905", [&](nlohmann::json& j) {
+         j["params"][name]["adam_step"] = (int64_t{1} << 62) + 1;
+       }},
+      {"mesh holds 21 ranks, but world_size is 2", [](nlohmann::json& j) { j["mesh"] = {3, 7}; }},
+      {"mesh[] is 0", [](nlohmann::json& j) { j["mesh"] = {0, 2}; }},
+  };
+  for (const bool sealed : {false, true}) {
+    for (const auto& [expected, forge] : forgeries) {
+      auto m = real_metadata();
+      forge(m);
+      if (sealed) {
+        m["version"] = kMetadataVersion;
+        m = nlohmann::json::parse(sealed_metadata_text(m));
+      }
+      EXPECT_NE(refusal(m).find(expected), std::string::npos) << (sealed ? "sealed: " : "version 1: ") << refusal(m);
+    }
+  }
+  // The largest counts a checkpoint may hold are accepted.
+  auto m = real_metadata();
+  m["trainer"]["tokens_seen"] = kMaxCheckpointCount;
+  m["step"] = kMaxCheckpointCount;
+  EXPECT_EQ(refusal(m), "(accepted)");
+}
+
 }  // namespace
 }  // namespace fsdp::checkpoint

@@ -21,6 +21,10 @@ inline constexpr const char* kMetadataFormat = "fsdp.cpp-checkpoint";
 // ([Note: sealed metadata]); version 1 files (older saves) are read
 // without one.
 inline constexpr int kMetadataVersion = 2;
+// The largest step, tokens_seen or adam_step a checkpoint may record: far
+// past any run, and far enough inside int64 that the arithmetic they feed
+// (data positions, schedules, bias corrections) cannot overflow.
+inline constexpr int64_t kMaxCheckpointCount = int64_t{1} << 62;
 
 struct TrainerState {
   int64_t step = 0;          // optimizer steps completed
