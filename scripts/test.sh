@@ -34,8 +34,9 @@ skip_census() {
                "grep -B2 SKIPPED " ENVIRON["PWD"] "/Testing/Temporary/LastTest.log"
        }' Testing/Temporary/LastTest.log
 }
-# Training at W = 2 equal to W = 1, a bit-identical resume, a reshard.
-QUICK_CLI_CASES='^(Train\.TwoRanksReproduceOneRankOnTheSameGlobalBatch|Checkpoint\.ResumeIsBitIdenticalAndOldCheckpointsArePruned|WorldSizesAndStrategies/Resharding\.LossesContinueAsIfUninterrupted/2_to_3)$'
+# Training at W = 2 equal to W = 1, a bit-identical resume, a reshard
+# (a parameterised case's CTest name goes on after a space).
+QUICK_CLI_CASES='^(Train\.TwoRanksReproduceOneRankOnTheSameGlobalBatch|Checkpoint\.ResumeIsBitIdenticalAndOldCheckpointsArePruned|WorldSizesAndStrategies/Resharding\.LossesContinueAsIfUninterrupted/2_to_3)( |$)'
 if ((quick)); then
   ctest --output-on-failure -j "$(nproc)" -L '^(unit|models|quick)$' "$@"
   ctest --output-on-failure -j "$(nproc)" -R "$QUICK_CLI_CASES" "$@"
