@@ -98,13 +98,27 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
 
 namespace {
 
-// The tokenizer that made the token files in SOURCE (their
-// tokenizer_record.json), checked against --init-from's; "" when the files
-// carry no record.
+// The tokenizer that made the token files in SOURCE (the
+// tokenizer_record.json beside each), the same for every file that has one
+// and checked against --init-from's; "" when no file carries a record.
 std::string check_data_tokenizer(const TrainConfig& config, const std::string& source, const std::string& flag) {
   const auto files = data::expand_token_paths(source, flag);
-  if (files.empty()) return "";
-  const auto record = data::tokenizer_record_beside(files.front());
+  std::optional<data::TokenizerRecord> record;
+  std::string recorded_file;
+  for (const auto& file : files) {
+    const auto beside = data::tokenizer_record_beside(file);
+    if (!beside) continue;
+    if (!record) {
+      record = beside;
+      recorded_file = file;
+      continue;
+    }
+    FSDP_CHECK(beside->fingerprint == record->fingerprint || config.data.allow_tokenizer_mismatch, flag, " '", source,
+               "' mixes token files of two tokenizers: '", recorded_file, "' was tokenized by ", record->source, " (",
+               record->vocab_size, " tokens), '", file, "' by ", beside->source, " (", beside->vocab_size,
+               " tokens), so the same ids mean different text in one stream. Give files of one tokenizer, or pass "
+               "--allow-tokenizer-mismatch if this is intended");
+  }
   if (!record) return "";
   const std::string& init_from = config.model.init_from;
   if (!init_from.empty() && data::has_tokenizer(init_from) && !config.data.allow_tokenizer_mismatch) {

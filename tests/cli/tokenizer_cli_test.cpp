@@ -212,6 +212,23 @@ TEST(TokenizerCli, TrainRefusesTokenFilesAnotherTokenizerMade) {
   EXPECT_EQ(matching.exit_code, 0) << matching.output;
   EXPECT_TRUE(contains(matching.output, "tokenized by '" + llama3 + "/tokenizer.json' (128256 tokens)"))
       << matching.output;
+
+  // Every file is checked, not only the first: the model's own data beside
+  // another tokenizer's is refused naming both files, with --init-from or
+  // a preset (GPT-2's ids are all valid Llama 3 ids, so nothing else would
+  // notice).
+  const std::string mixed = " --data " + dir + "/llama3/train.bin," + dir + "/gpt2/train.bin";
+  int run = 0;
+  for (const std::string& model :
+       std::vector<std::string>{" --init-from " + dir + "/model", " --model llama-tiny --vocab-size 128256"}) {
+    const auto r = run_command(kCli + " train" + model + mixed + " --steps 1 --seq-len 8 --batch-size 2 --out-dir " +
+                               dir + "/run-mixed" + std::to_string(run++));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "mixes token files of two tokenizers: '" + dir + "/llama3/train.bin' was tokenized "
+                                   "by '" + llama3 + "/tokenizer.json' (128256 tokens), '" + dir +
+                                   "/gpt2/train.bin' by '" + kData + "/gpt2/encoder.json' (50257 tokens)"))
+        << r.output;
+  }
 }
 
 TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
