@@ -157,8 +157,9 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
                  "and merges.txt)");
       check_tokenizer_fits(ckpt_path, *tokenizer);
     }
+    train::CompanionReport report;
+    options.companions = [&](const std::string& staged) { report = write_companions(ckpt_path, staged, *tokenizer); };
     models::export_checkpoint_hf(ckpt_path, *out, options);
-    const auto report = write_companions(ckpt_path, *out, *tokenizer);
     std::printf("exported %s to %s%s\n", ckpt_path.c_str(), out->c_str(),
                 report.written.empty() ? "" : (" (with " + join(report.written) + ")").c_str());
     if (!report.note.empty()) {

@@ -78,6 +78,12 @@ void add_data_command(CLI::App& app, int& exit_code) {
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
     std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
     if (!s.note.empty()) std::printf("data prepare: %s\n", s.note.c_str());
+    if (!s.removed.empty()) {
+      std::string names;
+      for (const auto& name : s.removed) names += (names.empty() ? "" : ", ") + name;
+      std::printf("data prepare: removed %zu token file%s an earlier prepare had left in %s: %s\n", s.removed.size(),
+                  s.removed.size() == 1 ? "" : "s", options->out_dir.c_str(), names.c_str());
+    }
     exit_code = 0;
   });
 

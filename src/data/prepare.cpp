@@ -162,22 +162,45 @@ bool is_document_file(const fs::path& p) {
 
 // Writes `tokens` as one file, or as NAME_000000.bin, ... of at most
 // `shard_tokens` each. Returns the number of files.
-int write_split(const std::string& dir, const std::string& name, const std::vector<int32_t>& tokens,
-                int64_t shard_tokens, int64_t vocab_size) {
-  if (shard_tokens <= 0) {
-    write_token_file(dir + "/" + name + ".bin", tokens, vocab_size);
-    return 1;
-  }
-  int files = 0;
-  for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(shard_tokens)) {
-    const size_t end = std::min(tokens.size(), start + static_cast<size_t>(shard_tokens));
+// The files a split of N tokens is written to: NAME.bin, or NAME_000000.bin
+// onwards in shards of SHARD_TOKENS.
+std::vector<std::string> split_files(const std::string& name, size_t tokens, int64_t shard_tokens) {
+  if (shard_tokens <= 0) return {name + ".bin"};
+  std::vector<std::string> files;
+  for (size_t start = 0; start < tokens; start += static_cast<size_t>(shard_tokens)) {
     char file[64];
-    std::snprintf(file, sizeof(file), "/%s_%06d.bin", name.c_str(), files++);
-    write_token_file(dir + file, {tokens.begin() + static_cast<std::ptrdiff_t>(start),
-                                  tokens.begin() + static_cast<std::ptrdiff_t>(end)},
-                     vocab_size);
+    std::snprintf(file, sizeof(file), "%s_%06zu.bin", name.c_str(), files.size());
+    files.push_back(file);
   }
   return files;
+}
+
+void write_split(const std::string& dir, const std::vector<std::string>& files, const std::vector<int32_t>& tokens,
+                 int64_t shard_tokens, int64_t vocab_size) {
+  const size_t per_file = shard_tokens <= 0 ? tokens.size() : static_cast<size_t>(shard_tokens);
+  for (size_t k = 0; k < files.size(); ++k) {
+    const size_t start = k * per_file, end = std::min(tokens.size(), start + per_file);
+    write_token_file(dir + "/" + files[k], {tokens.begin() + static_cast<std::ptrdiff_t>(start),
+                                            tokens.begin() + static_cast<std::ptrdiff_t>(end)},
+                     vocab_size);
+  }
+}
+
+// Whether NAME is a file `data prepare` writes: train.bin, val.bin, or a
+// shard train_NNNNNN.bin / val_NNNNNN.bin.
+bool prepare_writes(const std::string& name) {
+  const auto digits = [&](size_t from) {
+    return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(from),
+                       name.begin() + static_cast<std::ptrdiff_t>(from + 6), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  for (const std::string split : {"train", "val"}) {
+    if (name == split + ".bin") return true;
+    if (name.size() == split.size() + 11 && name.compare(0, split.size() + 1, split + "_") == 0 &&
+        name.compare(name.size() - 4, 4, ".bin") == 0 && digits(split.size() + 1)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -321,17 +344,41 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   }
   FSDP_CHECK(train.size() >= 2, "--input '", o.input, "' gives ", train.size(),
              " training tokens; at least 2 are needed");
-  fs::create_directories(o.out_dir);
-  stats.train_files = write_split(o.out_dir, "train", train, o.shard_tokens, tokenizer->vocab_size());
+  const auto train_files = split_files("train", train.size(), o.shard_tokens);
   // A split too small to hold one target is not written: it would only fail later.
-  if (val.size() >= 2) {
-    stats.val_files = write_split(o.out_dir, "val", val, o.shard_tokens, tokenizer->vocab_size());
+  const auto val_files = val.size() >= 2 ? split_files("val", val.size(), o.shard_tokens) : std::vector<std::string>{};
+  // [Note: a prepared folder is one prepare's]: the record goes first,
+  // listing the files to come and saying the prepare has not finished;
+  // then token files an earlier prepare left here and this one does not
+  // write are removed, the new ones written, and the record completed. A
+  // prepare stopped anywhere leaves a record that the trainer refuses, and
+  // a stray shard that a glob would pick up is not in the record's list.
+  fs::create_directories(o.out_dir);
+  auto record = record_of(*tokenizer);
+  record.files = train_files;
+  record.files.insert(record.files.end(), val_files.begin(), val_files.end());
+  record.complete = false;
+  write_tokenizer_record(o.out_dir, record);
+  std::vector<std::string> stale;
+  for (const auto& entry : fs::directory_iterator(o.out_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (prepare_writes(name) && std::find(record.files.begin(), record.files.end(), name) == record.files.end()) {
+      stale.push_back(name);
+    }
   }
+  std::sort(stale.begin(), stale.end());
+  for (const auto& name : stale) fs::remove(fs::path(o.out_dir) / name);
+  write_split(o.out_dir, train_files, train, o.shard_tokens, tokenizer->vocab_size());
+  write_split(o.out_dir, val_files, val, o.shard_tokens, tokenizer->vocab_size());
+  record.complete = true;
+  write_tokenizer_record(o.out_dir, record);
+  stats.train_files = static_cast<int>(train_files.size());
+  stats.val_files = static_cast<int>(val_files.size());
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
   stats.separator = separator;
   stats.tokenizer = tokenizer->source();
-  write_tokenizer_record(o.out_dir, record_of(*tokenizer));
+  stats.removed = stale;
   return stats;
 }
 

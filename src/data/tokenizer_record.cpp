@@ -1,5 +1,6 @@
 #include "fsdp/data/tokenizer_record.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,15 @@ void mix(uint64_t& hash, const std::string& bytes) {
   }
 }
 
+// A record's text as a terminal shows it safely: control characters (an
+// escape sequence in a forged record) become '?'.
+std::string printable(std::string text) {
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return text;
+}
+
 }  // namespace
 
 TokenizerRecord record_of(const Tokenizer& tokenizer) {
@@ -40,26 +50,42 @@ void write_tokenizer_record(const std::string& dir, const TokenizerRecord& r) {
   const nlohmann::json j = {{"tokenizer", r.source},
                             {"vocab_size", r.vocab_size},
                             {"vocabulary_fingerprint", r.fingerprint},
-                            {"document_separator", r.separator}};
+                            {"document_separator", r.separator},
+                            {"files", r.files},
+                            {"complete", r.complete}};
   io::write_file_atomically(dir + "/" + kTokenizerRecordFile, j.dump(2) + "\n");
 }
 
 std::optional<TokenizerRecord> tokenizer_record_beside(const std::string& token_file) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(token_file).parent_path() / kTokenizerRecordFile;
-  if (!fs::is_regular_file(path)) return std::nullopt;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  FSDP_CHECK(fs::is_regular_file(path, ec), "'", path.string(),
+             "' is not a regular file; expected the tokenizer record `fsdp data prepare` writes beside its token files");
+  TokenizerRecord r;
   try {
     const auto j = io::read_json_file(path.string(), "tokenizer record");
-    TokenizerRecord r;
-    r.source = j.at("tokenizer").get<std::string>();
+    r.source = printable(j.at("tokenizer").get<std::string>());
     r.vocab_size = j.at("vocab_size").get<int64_t>();
     r.fingerprint = j.at("vocabulary_fingerprint").get<std::string>();
     r.separator = j.at("document_separator").get<int32_t>();
-    return r;
+    if (j.contains("files")) r.files = j.at("files").get<std::vector<std::string>>();
+    if (j.contains("complete")) r.complete = j.at("complete").get<bool>();
   } catch (const std::exception& e) {
     throw Error("'" + path.string() + "' is not a tokenizer record `fsdp data prepare` writes (" + e.what() +
                 "); delete it, or prepare the data again");
   }
+  const std::string folder = fs::path(token_file).parent_path().string();
+  FSDP_CHECK(r.complete, "'", path.string(), "' says `fsdp data prepare` into '", folder,
+             "' did not finish (stopped or failed midway): its token files may be a mix of two prepares. Run "
+             "`fsdp data prepare` into it again");
+  const std::string name = fs::path(token_file).filename().string();
+  FSDP_CHECK(r.files.empty() || std::find(r.files.begin(), r.files.end(), name) != r.files.end(), "'", token_file,
+             "' is not one of the token files '", path.string(), "' lists (", r.files.size(),
+             " files): left by an earlier prepare into the same folder? Prepare into it again (which removes such "
+             "files), or remove it");
+  return r;
 }
 
 }  // namespace fsdp::data

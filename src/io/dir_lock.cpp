@@ -4,9 +4,11 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -29,7 +31,7 @@ std::string this_process() {
 }  // namespace
 
 DirLock::DirLock(const std::string& dir, const std::string& what, const std::string& flag)
-    : path_(dir + "/" + kFileName) {
+    : dir_(dir), path_(dir + "/" + kFileName) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   FSDP_CHECK(fd_ >= 0, what, " '", dir, "': cannot open its lock file '", path_, "' (", std::strerror(errno), ")");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -64,6 +66,26 @@ std::string DirLock::holder(const std::string& dir) {
   std::string line;
   std::getline(in, line);
   return line;
+}
+
+std::string folder_of_a_live_job(const std::string& path, const std::vector<std::string>& own) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> mine;
+  for (const auto& dir : own) mine.push_back(fs::weakly_canonical(dir, ec));
+  for (fs::path p = fs::weakly_canonical(path, ec); !p.empty(); p = p.parent_path()) {
+    if (std::find(mine.begin(), mine.end(), p) == mine.end()) {
+      const int fd = ::open((p / DirLock::kFileName).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd >= 0) {
+        // A shared lock is refused only while a job holds the exclusive one.
+        const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+        ::close(fd);
+        if (held) return p.string();
+      }
+    }
+    if (p == p.parent_path()) break;
+  }
+  return "";
 }
 
 }  // namespace fsdp::io

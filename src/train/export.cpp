@@ -25,8 +25,11 @@ void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExpo
     models::HfExportOptions options;
     if (!r.dtype.empty()) options.dtype = models::hf::parse_export_dtype(r.dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(r.shard_size, "--export-shard-size");
+    CompanionReport report;
+    options.companions = [&](const std::string& staged) {
+      report = write_hf_companions(sources, model.vocab_size(), staged);
+    };
     models::save_hf_pretrained(model, params, r.dir, options);
-    const auto report = write_hf_companions(sources, model.vocab_size(), r.dir);
     if (!report.note.empty()) {
       log.warn("no tokenizer in " + r.dir + ": " + report.note +
                "; give `fsdp generate --from` and AutoTokenizer a matching one");

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "fsdp/common/error.h"
 #include "fsdp/io/remove_tree.h"
@@ -116,8 +117,30 @@ void check_writable_file(const std::string& path, const std::string& flag) {
   check_writable_dir(parent.empty() ? "." : parent.string(), flag + " (its directory)");
 }
 
+namespace {
+// What a run writes in its folder, besides checkpoints/.
+const char* const kRunEntries[] = {"config.yaml", "metrics.jsonl", "tensorboard", "logs", "traces", "memory"};
+}  // namespace
+
+void refuse_symbolic_link(const std::string& path) {
+  std::error_code ec;
+  FSDP_CHECK(!fs::is_symlink(fs::symlink_status(path, ec)), "'", path,
+             "' is a symbolic link; a run writes its files only as files and folders of its own, under its folder "
+             "(remove the link; --ckpt-dir and --metrics name places elsewhere)");
+}
+
+void refuse_symbolic_links(const RunFolder& folder) {
+  std::error_code ec;
+  for (const char* e : kRunEntries) {
+    const fs::path path = fs::path(folder.dir) / e;
+    refuse_symbolic_link(path.string());
+    if (!fs::is_directory(fs::symlink_status(path, ec))) continue;
+    for (const auto& entry : fs::directory_iterator(path, ec)) refuse_symbolic_link(entry.path().string());
+  }
+}
+
 std::string set_aside_earlier_run(const RunFolder& folder) {
-  const char* entries[] = {"config.yaml", "metrics.jsonl", "tensorboard", "logs", "traces", "memory"};
+  const auto& entries = kRunEntries;
   bool any = false;
   for (const char* e : entries) any = any || fs::exists(fs::path(folder.dir) / e);
   if (!any) return "";

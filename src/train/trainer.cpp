@@ -206,7 +206,11 @@ void Trainer::choose_run_folder() {
     undo_start_->remove_empty_dirs(config_.checkpoint.dir, paths_.ckpt_root_created);
     undo_start_->remove_empty_dirs(config_.hf_export.dir, paths_.export_root_created);
   }
-  if (log_.speaks()) lock_checkpoint_folder();
+  if (log_.speaks()) {
+    if (paths_.ckpt_dir_derived) refuse_symbolic_link(config_.checkpoint.dir);
+    lock_checkpoint_folder();
+    refuse_other_jobs_folders();
+  }
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
 }
 
@@ -236,6 +240,24 @@ void Trainer::lock_checkpoint_folder() {
   check_writable_dir(ckpt, "--ckpt-dir");
   locks_.push_back(std::make_unique<io::DirLock>(ckpt, "checkpoint folder", "--ckpt-dir"));
   if (undo_start_) undo_start_->remove_file(ckpt + "/" + io::DirLock::kFileName);
+}
+
+void Trainer::refuse_other_jobs_folders() const {
+  std::vector<std::string> own;
+  for (const auto& lock : locks_) own.push_back(lock->dir());
+  const std::pair<const std::string*, const char*> outputs[] = {{&paths_.folder.dir, "--out-dir"},
+                                                                 {&config_.checkpoint.dir, "--ckpt-dir"},
+                                                                 {&config_.logging.metrics, "--metrics"},
+                                                                 {&config_.hf_export.dir, "--export-hf"}};
+  for (const auto& [path, flag] : outputs) {
+    if (path->empty()) continue;
+    const std::string live = io::folder_of_a_live_job(*path, own);
+    if (live.empty()) continue;
+    const std::string who = io::DirLock::holder(live);
+    throw Error(std::string(flag) + " '" + *path + "' lies in '" + live + "', the folder of another live job (" +
+                (who.empty() ? "its holder is starting" : who) +
+                "); this run would write among that job's files. Choose a path outside it");
+  }
 }
 
 std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }
@@ -284,10 +306,19 @@ void Trainer::warn_about_profile_window() {
 
 void Trainer::open_run_files() {
   if (log_.speaks()) {
+    // A metrics file named by --metrics is appended to by the run that
+    // resumes; a new run would overwrite what another run wrote there.
+    std::error_code ec;
+    const auto& metrics = config_.logging.metrics;
+    FSDP_CHECK(resumed_ || paths_.metrics_derived || !std::filesystem::exists(metrics, ec) ||
+                   (std::filesystem::is_regular_file(metrics, ec) && std::filesystem::file_size(metrics, ec) == 0),
+               "--metrics '", metrics, "' exists and this run does not resume the run that wrote it: it would be "
+               "overwritten. Remove it, or choose a new path (by default the metrics go to the run folder)");
     if (!resumed_) {
       const auto aside = set_aside_earlier_run(paths_.folder);
       if (!aside.empty()) log_.say(paths_.folder.dir + " held an earlier run's files; moved them to " + aside);
     }
+    refuse_symbolic_links(paths_.folder);
     io::AtomicFile yaml(paths_.folder.config());
     const std::string text = recorded_config(config_, paths_).to_yaml();
     yaml.write(text.data(), text.size());

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 #include <fstream>
 #include <thread>
@@ -389,6 +390,74 @@ TEST(Checkpoint, ARandomStateOfAnotherSizeIsRefusedNamingTheFile) {
   const auto r = run_command(run + " --steps 4");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, shard + "': its random state 'rng/cpu' is U8 [100], expected U8 [")) << r.output;
+  fs::remove_all(dir);
+}
+
+// [Note: an export is published whole]: an export stopped (SIGKILL, SIGTERM)
+// midway over an earlier one leaves that one as it was, byte for byte; the
+// next export replaces it whole (no weights file of the earlier one stays)
+// and removes what the killed one left beside it. A forged checkpoint that
+// lacks a parameter, or holds one of another shape, exports nothing.
+TEST(Checkpoint, AnExportStoppedOverAnEarlierOneLeavesItWhole) {
+  const auto dir = make_temp_dir();
+  ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 4 "
+                               "--save-every 2 --keep 2 --ckpt-dir " + dir + "/ckpt --out-dir " + dir + "/run")
+                .exit_code,
+            0);
+  const std::string step2 = dir + "/ckpt/step_00000002", step4 = dir + "/ckpt/step_00000004";
+  const std::string out = dir + "/out";
+  const auto exported = run_command(kCli + " ckpt export " + step2 + " " + out + " --export-shard-size 50KB");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto files_of = [](const std::string& folder) {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::directory_iterator(folder)) files[e.path().filename().string()] = read_file(e.path());
+    return files;
+  };
+  const auto before = files_of(out);
+  ASSERT_GT(before.count("model.safetensors.index.json"), 0u) << "expected a sharded export";
+  for (const std::string signal : {"KILL", "TERM"}) {
+    const auto stopped = run_command("env FSDP_FAULT_POINT=export.weights_file_written@1:" + signal + " " + kCli +
+                                     " ckpt export " + step4 + " " + out +
+                                     " --export-dtype bfloat16 --export-shard-size 50KB");
+    EXPECT_NE(stopped.exit_code, 0) << stopped.output;
+    EXPECT_TRUE(files_of(out) == before) << signal << ": the earlier export was changed";
+  }
+  size_t partial = 0;
+  for (const auto& e : fs::directory_iterator(dir)) partial += e.path().filename().string().rfind(".out.partial-", 0) == 0;
+  // Each stopped export leaves its partial folder; the second removed the
+  // first's (its process had ended), so one is left.
+  EXPECT_EQ(partial, 1u) << "a killed export leaves its partial folder beside the target, the next removes it";
+  const auto again = run_command(kCli + " ckpt export " + step4 + " " + out + " --export-dtype bfloat16");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const auto after = files_of(out);
+  EXPECT_EQ(after.count("model.safetensors.index.json"), 0u) << "the earlier export's index stayed";
+  EXPECT_EQ(after.count("model-00001-of-00002.safetensors") + after.count("model-00001-of-00005.safetensors"), 0u);
+  EXPECT_TRUE(contains(after.at("config.json"), "\"torch_dtype\": \"bfloat16\"")) << after.at("config.json");
+  io::SafetensorsFile weights(out + "/model.safetensors");
+  EXPECT_EQ(weights.entries().front().dtype, at::kBFloat16);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_NE(e.path().filename().string().rfind(".out.partial-", 0), 0u) << "left behind: " << e.path();
+  }
+
+  // A forged checkpoint (resealed) without a parameter, or with one of
+  // another shape: refused, and no folder is made.
+  auto meta = nlohmann::json::parse(read_file(step4 + "/metadata.json"));
+  const std::string dropped = meta["params"].begin().key();
+  for (const bool reshape : {false, true}) {
+    auto forged = meta;
+    if (reshape) {
+      forged["params"][dropped]["shape"][0] = forged["params"][dropped]["shape"][0].get<int64_t>() + 1;
+    } else {
+      forged["params"].erase(dropped);
+    }
+    std::ofstream(step4 + "/metadata.json") << checkpoint::sealed_metadata_text(forged);
+    const auto r = run_command(kCli + " ckpt export " + step4 + " " + dir + "/forged");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, reshape ? "'" + dropped + "' has shape [" : "lacks parameter '" + dropped + "'"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "nothing was exported")) << r.output;
+    EXPECT_FALSE(exists(dir + "/forged"));
+  }
   fs::remove_all(dir);
 }
 

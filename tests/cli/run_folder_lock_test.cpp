@@ -5,10 +5,13 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -83,6 +86,28 @@ TEST(RunFolderLock, ASecondJobIsRefusedNamingTheHolderAndTheLiveRunIsUntouched) 
   EXPECT_TRUE(contains(into_ckpt.output, "checkpoint folder '" + dir + "/run/checkpoints' is in use by another job"))
       << into_ckpt.output;
   EXPECT_FALSE(exists(dir + "/other")) << "a refused start left its folder behind";
+  // Any output of a run of its own inside the live job's folders: refused
+  // before a byte is written there (the live job's metrics keep growing,
+  // never truncated).
+  const auto metrics_before = fs::file_size(dir + "/run/metrics.jsonl");
+  for (const auto& [extra, flag, path] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--metrics " + dir + "/run/metrics.jsonl", "--metrics", dir + "/run/metrics.jsonl"},
+           {"--export-hf " + dir + "/run/checkpoints/hf", "--export-hf", dir + "/run/checkpoints/hf"},
+           {"--ckpt-dir " + dir + "/run/logs/ckpt", "--ckpt-dir", dir + "/run/logs/ckpt"}}) {
+    const auto r = run_command(train(dir + "/other", 2, extra));
+    EXPECT_NE(r.exit_code, 0) << extra << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, flag + " '" + path + "' lies in '")) << r.output;
+    EXPECT_TRUE(contains(r.output, "the folder of another live job (host ")) << r.output;
+    EXPECT_FALSE(exists(dir + "/other")) << "a refused start left its folder behind";
+  }
+  const auto inside_logs = run_command(train(dir + "/run/logs/nested", 2));
+  EXPECT_NE(inside_logs.exit_code, 0) << inside_logs.output;
+  EXPECT_TRUE(contains(inside_logs.output, "--out-dir '" + dir + "/run/logs/nested' lies in '" + dir + "/run'"))
+      << inside_logs.output;
+  EXPECT_FALSE(exists(dir + "/run/logs/nested"));
+  EXPECT_FALSE(exists(dir + "/run/checkpoints/hf"));
+  EXPECT_FALSE(exists(dir + "/run/logs/ckpt"));
+  EXPECT_GE(fs::file_size(dir + "/run/metrics.jsonl"), metrics_before);
 
   // Nothing of the live run was moved aside, and it ends as it would have.
   EXPECT_FALSE(exists(dir + "/run/earlier-1"));
@@ -91,6 +116,31 @@ TEST(RunFolderLock, ASecondJobIsRefusedNamingTheHolderAndTheLiveRunIsUntouched) 
   EXPECT_EQ(job->wait(std::chrono::seconds(120)), 130) << job->output();
   // Once it has ended, the folder is free again: the run continues there.
   expect_it_continues(dir + "/run");
+  fs::remove_all(dir);
+}
+
+// --metrics naming a file another run wrote: a new run refuses it (it
+// would truncate it), the run that resumes appends to it.
+TEST(RunFolder, AnExistingMetricsFileIsRefusedUnlessTheRunResumes) {
+  const auto dir = make_temp_dir();
+  const std::string metrics = dir + "/metrics.jsonl";
+  const auto first = run_command(train(dir + "/a", 2, "--save-every 2 --metrics " + metrics));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string written = read_file(metrics);
+  ASSERT_EQ(train_losses(read_metrics(metrics)).size(), 2u) << written;
+
+  const auto other = run_command(train(dir + "/b", 2, "--metrics " + metrics));
+  EXPECT_NE(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(contains(other.output, "--metrics '" + metrics + "' exists and this run does not resume the run that "
+                                     "wrote it"))
+      << other.output;
+  EXPECT_EQ(read_file(metrics), written) << "the refused run changed the file";
+  EXPECT_FALSE(exists(dir + "/b"));
+
+  const auto resumed = run_command(train(dir + "/a", 4, "--metrics " + metrics));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(read_file(metrics).substr(0, written.size()), written);
+  EXPECT_EQ(train_losses(read_metrics(metrics)).size(), 4u) << read_file(metrics);
   fs::remove_all(dir);
 }
 
@@ -146,16 +196,36 @@ TEST(RunFolderLock, ADefaultFolderAnotherJobHoldsGivesWayToTheNextName) {
 TEST(RunFolder, ResumeRefusesToWriteThroughASymbolicLink) {
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(train(dir + "/run", 2, "--save-every 2")).exit_code, 0);
-  for (const std::string file : {"metrics.jsonl", "logs/rank0.log"}) {
-    const std::string victim = dir + "/victim-" + std::to_string(file.size());
-    std::ofstream(victim) << "untouched\n";
+  // Files and folders alike: a folder linked elsewhere would take the
+  // appended log and TensorBoard events there too.
+  for (const std::string file : {"metrics.jsonl", "logs/rank0.log", "logs", "tensorboard", "checkpoints"}) {
+    std::string victim = dir + "/victim-" + file;
+    std::replace(victim.begin() + static_cast<std::ptrdiff_t>(dir.size()), victim.end(), '/', '_');
     const std::string path = dir + "/run/" + file;
+    const bool folder = fs::is_directory(path);
+    if (folder) {
+      fs::copy(path, victim, fs::copy_options::recursive);
+    } else {
+      std::ofstream(victim) << "untouched\n";
+    }
+    const auto listing = [&] {
+      std::string names;
+      for (const auto& e : fs::recursive_directory_iterator(victim)) {
+        names += e.path().string() + " " + std::to_string(e.is_regular_file() ? fs::file_size(e.path()) : 0) + "\n";
+      }
+      return names;
+    };
+    const std::string before = folder ? listing() : "";
     fs::rename(path, path + ".real");
     fs::create_symlink(victim, path);
     const auto r = run_command(train(dir + "/run", 4));
     EXPECT_NE(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(contains(r.output, "'" + path + "' is a symbolic link")) << r.output;
-    EXPECT_EQ(read_file(victim), "untouched\n");
+    EXPECT_TRUE(contains(r.output, "'" + path + "' is a symbolic link")) << file << "\n" << r.output;
+    if (folder) {
+      EXPECT_EQ(listing(), before) << file << ": written through the link";
+    } else {
+      EXPECT_EQ(read_file(victim), "untouched\n");
+    }
     fs::remove(path);
     fs::rename(path + ".real", path);
   }

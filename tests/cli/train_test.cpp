@@ -261,6 +261,17 @@ TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
   std::ofstream(dir + "/hf/config.json") << config.dump();
   expect_clean_failure("--init-from " + dir + "/hf", {"has shape [512, 32]", "implies [512, 48]"}, dir);
   expect_clean_failure("--init-from " + dir + "/nothing", {"is not a directory"}, dir);
+  // generate --from checks the tensors before it builds the model: 4,096
+  // blocks of width 4,096 (terabytes) beside the tiny weights are refused
+  // at once, inside an address-space limit that building them would break.
+  config["n_embd"] = 4096;
+  config["n_layer"] = 4096;
+  std::ofstream(dir + "/hf/config.json") << config.dump();
+  const auto g = run_command("ulimit -v 8000000; timeout 120 " + kCli + " generate --from " + dir +
+                             "/hf --max-new-tokens 1");
+  EXPECT_NE(g.exit_code, 0) << g.output;
+  EXPECT_NE(g.exit_code, 124) << "still building after 120 s";
+  EXPECT_TRUE(contains(g.output, "has shape [512, 32]") && contains(g.output, "implies [512, 4096]")) << g.output;
 }
 
 TEST(TrainErrors, ColumnsPlacementWithCheckpointsIsRefusedByName) {

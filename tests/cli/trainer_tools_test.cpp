@@ -584,5 +584,75 @@ TEST(DataPrepare, JsonlShardsAndNoValidationSplit) {
   EXPECT_EQ(first, 50256) << "the held-out document starts with the separator";
 }
 
+// [Note: a prepared folder is one prepare's]: a second prepare into the
+// folder removes the token files of the first it does not write (and says
+// so); a shard the record does not list, a record of a prepare that did
+// not finish, and a record that is not a regular file are refused by
+// train, naming them; a record's text reaches the terminal without
+// control characters.
+TEST(DataPrepare, AFolderHoldsOnePreparesFilesAndWhatItDoesNotListIsRefused) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  {
+    std::ofstream jsonl(dir + "/docs.jsonl");
+    for (int i = 0; i < 40; ++i)
+      jsonl << nlohmann::json({{"text", "Document " + std::to_string(i) + " says hello."}}).dump() << "\n";
+  }
+  const auto prepare = kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/out --tokenizer " +
+                       kSource + "/data/gpt2";
+  ASSERT_EQ(run_command(prepare + " --shard-tokens 30 --val-fraction 0.1").exit_code, 0);
+  ASSERT_TRUE(exists(dir + "/out/train_000007.bin") && exists(dir + "/out/val_000000.bin"));
+  const auto again = run_command(prepare + " --shard-tokens 100 --val-fraction 0");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(contains(again.output, "removed 6 token files an earlier prepare had left in " + dir + "/out: "
+                                     "train_000003.bin, train_000004.bin, train_000005.bin, train_000006.bin, "
+                                     "train_000007.bin, val_000000.bin"))
+      << again.output;
+  data::TokenStream train(data::expand_token_paths(dir + "/out/train_*.bin", "test"));
+  EXPECT_EQ(train.files(), 3u);
+  EXPECT_EQ(train.size(), 40 * 6) << "the glob takes this prepare's tokens, nothing of the earlier one";
+  EXPECT_FALSE(exists(dir + "/out/val_000000.bin"));
+  const auto record = nlohmann::json::parse(read_file(dir + "/out/tokenizer_record.json"));
+  EXPECT_EQ(record.at("files"), nlohmann::json({"train_000000.bin", "train_000001.bin", "train_000002.bin"}));
+  EXPECT_EQ(record.at("complete"), true);
+
+  const auto train_on = [&](const std::string& data) {
+    return run_command("timeout 60 " + kCli + kTiny + " --vocab-size 50304 --steps 1 --data '" + data + "' --out-dir " + dir + "/run");
+  };
+  ASSERT_EQ(train_on(dir + "/out/train_*.bin").exit_code, 0);
+  // A shard the record does not list (copied in, or left by a prepare of
+  // before the list): refused by name, through a glob too.
+  std::filesystem::copy_file(dir + "/out/train_000000.bin", dir + "/out/train_000009.bin");
+  const auto stray = train_on(dir + "/out/train_*.bin");
+  EXPECT_NE(stray.exit_code, 0) << stray.output;
+  EXPECT_TRUE(contains(stray.output, "'" + dir + "/out/train_000009.bin' is not one of the token files '" + dir +
+                                         "/out/tokenizer_record.json' lists (3 files)"))
+      << stray.output;
+  std::filesystem::remove(dir + "/out/train_000009.bin");
+  // A prepare stopped midway (its record says so).
+  auto stopped = record;
+  stopped["complete"] = false;
+  std::ofstream(dir + "/out/tokenizer_record.json") << stopped.dump();
+  const auto midway = train_on(dir + "/out/train_*.bin");
+  EXPECT_NE(midway.exit_code, 0) << midway.output;
+  EXPECT_TRUE(contains(midway.output, "did not finish (stopped or failed midway)")) << midway.output;
+  // Control characters in a record's text are not printed.
+  auto painted = record;
+  painted["tokenizer"] = "\x1b[31mred\x1b[0m";
+  std::ofstream(dir + "/out/tokenizer_record.json") << painted.dump();
+  const auto shown = train_on(dir + "/out/train_000000.bin");
+  EXPECT_EQ(shown.exit_code, 0) << shown.output;
+  EXPECT_TRUE(contains(shown.output, "tokenized by ?[31mred?[0m")) << shown.output;
+  EXPECT_FALSE(contains(shown.output, "\x1b")) << shown.output;
+  // A record that is a FIFO: refused at once, not waited on or passed over.
+  std::filesystem::remove(dir + "/out/tokenizer_record.json");
+  ASSERT_EQ(::mkfifo((dir + "/out/tokenizer_record.json").c_str(), 0600), 0);
+  const auto fifo = train_on(dir + "/out/train_000000.bin");
+  EXPECT_NE(fifo.exit_code, 0) << fifo.output;
+  EXPECT_NE(fifo.exit_code, 124) << "waited on the FIFO";
+  EXPECT_TRUE(contains(fifo.output, "/out/tokenizer_record.json' is not a regular file")) << fifo.output;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace fsdp::testing

@@ -55,14 +55,20 @@ def fsdp_losses(metrics):
     return {x["step"]: x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x}
 
 
-def fsdp2(directory, tokens, out, steps, extra, world):
-    os.makedirs(out, exist_ok=True)
-    losses = os.path.join(out, "losses.jsonl")
-    settings = dict(alignment.SETTINGS, steps=steps, batch_size=4 // world)
+def fsdp2(tokens, runs, world, jobs):
+    """Trains RUNS ((directory, out, extra arguments) each) under FSDP2 at
+    WORLD ranks, in one torchrun one after another (fsdp2_train.py --jobs);
+    returns each one's losses by step."""
+    settings = dict(alignment.SETTINGS, steps=STEPS, batch_size=4 // world)
+    with open(jobs, "w") as f:
+        for directory, out, extra in runs:
+            os.makedirs(out, exist_ok=True)
+            f.write(json.dumps(["--init-from", directory, "--data", tokens, "--losses",
+                                os.path.join(out, "losses.jsonl")] + alignment.flags(settings) + extra) + "\n")
     harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                 os.path.join(os.path.dirname(__file__), "fsdp2_train.py"), "--init-from", directory, "--data", tokens,
-                 "--losses", losses] + alignment.flags(settings) + extra)
-    return {r["step"]: r["loss"] for r in map(json.loads, open(losses))}
+                 os.path.join(os.path.dirname(__file__), "fsdp2_train.py"), "--jobs", jobs])
+    return [{r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(out, "losses.jsonl")))}
+            for _, out, _ in runs]
 
 
 def fsdp(args, directory, tokens, out, extra):
@@ -151,36 +157,50 @@ def main():
     work = harness.work_dir(args)
     tokens = os.path.join(work, "tokens.bin")
     token_files.write(tokens, token_files.learnable_stream(16384, hf_models.VOCAB))
+    def world_of(family):
+        return 2 if family == "qwen3_moe" else 4
+
+    ours = {}
     for family in FAMILIES:
         directory = os.path.join(work, family)
         hf_models.write_model(family, directory)
         base = os.path.join(work, family + "-")
-        world = 2 if family == "qwen3_moe" else 4
 
-        # fsdp.cpp -> DCP -> FSDP2
-        ours = fsdp(args, directory, tokens, base + "fsdp", ["--save-every", str(SAVED_AT)])
+        # fsdp.cpp -> DCP, for FSDP2 to resume below
+        ours[family] = fsdp(args, directory, tokens, base + "fsdp", ["--save-every", str(SAVED_AT)])
         exported = base + "exported.dcp"
         result = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"), exported)
         if result.returncode != 0:
             harness.fail(f"{family}: export exited {result.returncode}: {result.stdout} {result.stderr}")
         check_export_layouts(family, directory, os.path.join(base + "fsdp", "checkpoints", f"step_{SAVED_AT:08d}"),
                              exported, base)
-        theirs = fsdp2(directory, tokens, base + "fsdp2-resumed", STEPS, ["--resume-dcp", exported], world)
-        compare(f"{family}: fsdp.cpp checkpoint -> DCP -> FSDP2 (W=2 -> {world})", theirs, ours)
         again = convert(args.fsdp, "export", os.path.join(base + "fsdp", "checkpoints"), exported)
         if again.returncode == 0 or "exists" not in again.stderr:
             harness.fail(f"{family}: an export onto an existing folder was not refused: {again.stderr}")
 
-        # FSDP2 -> DCP -> fsdp.cpp
-        saved = base + "fsdp2.dcp"
-        continued = fsdp2(directory, tokens, base + "fsdp2", STEPS,
-                          ["--save-dcp", saved, "--save-dcp-at", str(SAVED_AT)], world)
+    # FSDP2, one torchrun per world size: it resumes each export, and trains
+    # each family from the start, saving to DCP at SAVED_AT.
+    for world in sorted({world_of(family) for family in FAMILIES}):
+        families = [family for family in FAMILIES if world_of(family) == world]
+        runs = []
+        for family in families:
+            directory, base = os.path.join(work, family), os.path.join(work, family + "-")
+            runs.append((directory, base + "fsdp2-resumed", ["--resume-dcp", base + "exported.dcp"]))
+            runs.append((directory, base + "fsdp2", ["--save-dcp", base + "fsdp2.dcp", "--save-dcp-at", str(SAVED_AT)]))
+        losses = fsdp2(tokens, runs, world, os.path.join(work, f"fsdp2-jobs-w{world}.jsonl"))
+        for i, family in enumerate(families):
+            compare(f"{family}: fsdp.cpp checkpoint -> DCP -> FSDP2 (W=2 -> {world})", losses[2 * i], ours[family])
+            ours[family, "continued"] = losses[2 * i + 1]
+
+    # FSDP2 -> DCP -> fsdp.cpp
+    for family in FAMILIES:
+        directory, base = os.path.join(work, family), os.path.join(work, family + "-")
         imported = base + "imported"
-        result = convert(args.fsdp, "import", saved, imported, "--model", directory)
+        result = convert(args.fsdp, "import", base + "fsdp2.dcp", imported, "--model", directory)
         if result.returncode != 0:
             harness.fail(f"{family}: import exited {result.returncode}: {result.stdout} {result.stderr}")
         resumed = fsdp(args, directory, tokens, base + "fsdp-resumed", ["--ckpt-dir", imported])
-        compare(f"{family}: FSDP2 DCP -> fsdp.cpp (W={world} -> 2)", resumed, continued)
+        compare(f"{family}: FSDP2 DCP -> fsdp.cpp (W={world_of(family)} -> 2)", resumed, ours[family, "continued"])
 
     # Another architecture's DCP directory: refused by name, nothing written.
     wrong = os.path.join(work, "wrong-import")

@@ -77,13 +77,11 @@ def run_fsdp(args, directory, tokens, out):
     return np.array(losses), load_file(os.path.join(out, "hf", "model.safetensors"))
 
 
-def run_fsdp2(args, directory, tokens, out, precision=None):
-    world = args.world
+def fsdp2_arguments(args, directory, tokens, out, precision):
+    """One FSDP2 run's arguments to fsdp2_train.py, writing into OUT."""
     os.makedirs(out, exist_ok=True)
-    losses, final = os.path.join(out, "losses.jsonl"), os.path.join(out, "final")
-    command = [harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-               os.path.join(os.path.dirname(__file__), "fsdp2_train.py"), "--init-from", directory, "--data", tokens,
-               "--losses", losses, "--final", final, "--precision", precision or args.precision,
+    command = ["--init-from", directory, "--data", tokens, "--losses", os.path.join(out, "losses.jsonl"),
+               "--final", os.path.join(out, "final"), "--precision", precision,
                "--grad-accum", str(args.grad_accum), "--device", args.device]
     command += flags(SETTINGS)
     if args.hsdp:
@@ -92,10 +90,26 @@ def run_fsdp2(args, directory, tokens, out, precision=None):
         command += ["--reshard-after-forward", str(args.reshard_after_forward)]
     if args.shard_placement == "columns":
         command += ["--shard-placement", "columns"]
-    harness.run(command)
-    records = [json.loads(line) for line in open(losses)]
-    return (np.array([r["loss"] for r in records]), load_file(os.path.join(final, "model.safetensors")),
-            [r.get("routing_margin") for r in records])
+    return command
+
+
+def run_fsdp2(args, runs, work):
+    """Trains RUNS ((directory, tokens, out, precision) each) under FSDP2 in
+    one torchrun, one after another from fresh models (fsdp2_train.py
+    --jobs); returns each one's (losses, trained weights, routing margins)."""
+    jobs = os.path.join(work, "fsdp2-jobs.jsonl")
+    with open(jobs, "w") as f:
+        for run in runs:
+            f.write(json.dumps(fsdp2_arguments(args, *run)) + "\n")
+    harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                 str(args.world), os.path.join(os.path.dirname(__file__), "fsdp2_train.py"), "--jobs", jobs])
+    results = []
+    for _, _, out, _ in runs:
+        records = [json.loads(line) for line in open(os.path.join(out, "losses.jsonl"))]
+        results.append((np.array([r["loss"] for r in records]),
+                        load_file(os.path.join(out, "final", "model.safetensors")),
+                        [r.get("routing_margin") for r in records]))
+    return results
 
 
 def relative(a, b):
@@ -140,15 +154,25 @@ def main():
         (f", blocks kept over {args.reshard_after_forward} ranks after forward" if args.reshard_after_forward else "") + \
         (f", fsdp's parameters placed as {args.shard_placement}" if args.shard_placement else "") + \
         f", {args.precision}"
-    rows = []
+    ours = {}
     for family in args.families:
         directory = os.path.join(work, family)
         hf_models.write_model(family, directory)
-        ours, our_weights = run_fsdp(args, directory, tokens, os.path.join(work, family + "-fsdp"))
-        theirs, their_weights, margins = run_fsdp2(args, directory, tokens, os.path.join(work, family + "-fsdp2"))
-        if len(ours) != STEPS or len(theirs) != STEPS:
-            harness.fail(f"{family}: expected {STEPS} losses, got {len(ours)} (fsdp) and {len(theirs)} (FSDP2)")
-        loss_gap = float(relative(ours, theirs).max())
+        ours[family] = run_fsdp(args, directory, tokens, os.path.join(work, family + "-fsdp"))
+    # FSDP2's runs, every family's (and fp64's beside bf16) in one torchrun.
+    runs = [(os.path.join(work, family), tokens, os.path.join(work, family + "-fsdp2"), args.precision)
+            for family in args.families]
+    if args.precision == "bf16":
+        runs += [(os.path.join(work, family), tokens, os.path.join(work, family + "-fp64"), "fp64")
+                 for family in args.families]
+    results = dict(zip([(run[0], run[3]) for run in runs], run_fsdp2(args, runs, work)))
+    rows = []
+    for family in args.families:
+        (ours_losses, our_weights), directory = ours[family], os.path.join(work, family)
+        theirs, their_weights, margins = results[directory, args.precision]
+        if len(ours_losses) != STEPS or len(theirs) != STEPS:
+            harness.fail(f"{family}: expected {STEPS} losses, got {len(ours_losses)} (fsdp) and {len(theirs)} (FSDP2)")
+        loss_gap = float(relative(ours_losses, theirs).max())
         weight_gap, worst_tensor = weight_difference(our_weights, their_weights, family)
         print(f"{family} {shape}: losses {theirs[0]:.4f} -> {theirs[-1]:.4f}; largest loss difference "
               f"{loss_gap:.2e}, weights {weight_gap:.2e} ({worst_tensor})", flush=True)
@@ -158,20 +182,19 @@ def main():
                 # Fewer than half the steps held to LOSS_BOUND: said as such.
                 print(f"{family}: only steps 1 to {tie} of {STEPS} compared at {LOSS_BOUND} (a routing near-tie "
                       f"at step {tie + 1}); the rest are not a comparison of the two implementations")
-            harness.check(f"{family}: loss, relative, steps 1 to {tie}", float(relative(ours, theirs)[:tie].max()),
-                          LOSS_BOUND)
+            harness.check(f"{family}: loss, relative, steps 1 to {tie}",
+                          float(relative(ours_losses, theirs)[:tie].max()), LOSS_BOUND)
             if tie < STEPS:
                 print(f"{family}: a routing near-tie at step {tie + 1} (router logits {margins[tie]:.1e} apart): "
                       f"from there the sides may route a token differently; steps {tie + 1} to {STEPS} are held "
                       f"to {AFTER_TIE_BOUND} only, and the weights are not compared")
                 harness.check(f"{family}: loss, relative, steps {tie + 1} to {STEPS}",
-                              float(relative(ours, theirs)[tie:].max()), AFTER_TIE_BOUND)
+                              float(relative(ours_losses, theirs)[tie:].max()), AFTER_TIE_BOUND)
             else:
                 harness.check(f"{family}: weights, relative", weight_gap, WEIGHT_BOUND)
         else:
-            exact, _, _ = run_fsdp2(args, directory, tokens, os.path.join(work, family + "-fp64"),
-                                    precision="fp64")
-            our_error, their_error = float(relative(ours, exact).max()), float(relative(theirs, exact).max())
+            exact = results[directory, "fp64"][0]
+            our_error, their_error = float(relative(ours_losses, exact).max()), float(relative(theirs, exact).max())
             print(f"{family}: distance from fp64: fsdp.cpp bf16 {our_error:.2e}, FSDP2 bf16 {their_error:.2e}")
             harness.check(f"{family}: fsdp.cpp bf16 distance from fp64 over FSDP2 bf16's", our_error / their_error,
                           BF16_FACTOR)

@@ -17,7 +17,12 @@ CPU device mesh over Gloo, the way `fsdp train` does it:
   gradients clipped to a global norm;
 - bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
 
-Run under torchrun. Rank 0 writes one JSON line per step ({"step", "loss",
+Run under torchrun, for one run (the arguments below) or for several:
+`fsdp2_train.py --jobs FILE`, FILE holding one JSON list of these
+arguments per line, trains each in turn in the same process group, from
+its own fresh model, as separate runs would: a test comparing several
+models pays the interpreter's imports and the group's start-up once.
+Rank 0 writes one JSON line per step ({"step", "loss",
 "grad_norm": the global norm before clipping},
 and for MoE models "routing_margin", routing_margin() below)
 to --losses and, with --final, the trained model (save_pretrained).
@@ -43,7 +48,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import token_files
 
 
-def parse():
+def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--init-from", required=True)
     p.add_argument("--data", required=True)
@@ -74,7 +79,18 @@ def parse():
                    help="cuda: GPU LOCAL_RANK, a CUDA mesh over NCCL (TF32 off: fp32 is fp32)")
     p.add_argument("--gradient-divide-factor", type=float, default=0,
                    help="FSDP2's set_gradient_divide_factor (0: FSDP2's default)")
-    return p.parse_args()
+    return p.parse_args(argv)
+
+
+def jobs_of(argv):
+    """The runs named on the command line: one, or --jobs FILE's."""
+    if len(argv) == 2 and argv[0] == "--jobs":
+        with open(argv[1]) as f:
+            runs = [parse(json.loads(line)) for line in f if line.strip()]
+        if not runs or len({run.device for run in runs}) != 1:
+            sys.exit(f"--jobs {argv[1]}: expected one or more runs, all on one device")
+        return runs
+    return [parse(argv)]
 
 
 def lr_at(args, step):
@@ -154,16 +170,23 @@ def routing_margin(router_logits, k):
 
 
 def main():
-    args = parse()
-    cuda = args.device == "cuda"
-    args.torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    runs = jobs_of(sys.argv[1:])
+    cuda = runs[0].device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
-        torch.cuda.set_device(args.torch_device)
+        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
+    for args in runs:
+        args.torch_device = device
+        train(args, dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
+
+
+def train(args, rank, world):
+    """One run, from a fresh model, in the process group main started."""
     dtype = torch.float64 if args.precision == "fp64" else torch.float32
     model = load(args.init_from, dtype).to(args.torch_device)
     model.train()
@@ -245,7 +268,9 @@ def main():
         plain = load(args.init_from, dtype)
         plain.load_state_dict(full)
         plain.save_pretrained(args.final)
-    dist.destroy_process_group()
+    if out:
+        out.close()
+    dist.barrier()  # the next run starts when every rank has finished this one
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ and each file is the CUDA caching allocator's own history
 with GPU blocks in it, and a replayed peak no higher than the allocator's
 peak the trainer reported (peak_device_mb, which also counts start-up).
 """
+import collections
 import json
 import os
 import pickle
@@ -91,11 +92,19 @@ def check_gpu_snapshots(run):
                            ("segment_plot", _memory_viz.segment_plot(snapshot))):
             if "<script" not in html or len(html) < 1000:
                 harness.fail(f"{path}: _memory_viz.{name} made no viewer")
-        lines = _memory_viz.memory(snapshot, format_flamegraph=lambda lines: lines)
-        held = sum(int(line.rsplit(" ", 1)[1]) for line in lines.splitlines() if line.strip())
-        at_end = sum(seg["allocated_size"] for seg in snapshot["segments"])
-        if held != at_end:
-            harness.fail(f"{path}: _memory_viz.memory counts {held} bytes held at the end, the segments {at_end}")
+        # The caching allocator keeps freed blocks in its segments
+        # ("inactive"): the viewer's allocated blocks are what the segments
+        # say is allocated, and all its blocks what they reserve.
+        by_state = collections.Counter()
+        for line in _memory_viz.memory(snapshot, format_flamegraph=lambda lines: lines).splitlines():
+            if line.strip():
+                by_state[line.split(";")[1]] += int(line.rsplit(" ", 1)[1])
+        allocated = sum(seg["allocated_size"] for seg in snapshot["segments"])
+        reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+        if by_state["active_allocated"] != allocated or sum(by_state.values()) != reserved:
+            harness.fail(f"{path}: _memory_viz.memory counts {by_state['active_allocated']} bytes allocated and "
+                         f"{sum(by_state.values())} in all at the end, the segments {allocated} and {reserved} "
+                         f"({dict(by_state)})")
         peak = replayed_peak(snapshot)
         if rank == 0 and not 0 < peak <= reported + (1 << 20):
             harness.fail(f"{path}: replayed peak {peak} bytes, the trainer reported {reported}")

@@ -52,6 +52,11 @@ def metrics(path):
     return np.array([x["loss"] for x in rows]), np.array([x["grad_norm"] for x in rows])
 
 
+def expect_padding(family):
+    """transformers' GPT-2 builds its embedding without a padding row."""
+    return family != "gpt2"
+
+
 def main():
     def extra(parser):
         parser.add_argument("--families", nargs="+", default=list(hf_models.FAMILIES))
@@ -73,14 +78,17 @@ def main():
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.save_pretrained(directory)
         embedding = model.get_input_embeddings()
-        expect_padding = family != "gpt2"
-        if (embedding.padding_idx == PAD) != expect_padding:
+        if (embedding.padding_idx == PAD) != expect_padding(family):
             harness.fail(f"{family}: transformers' embedding has padding_idx {embedding.padding_idx}; this test "
-                         f"expects {'the pad id' if expect_padding else 'none'}")
+                         f"expects {'the pad id' if expect_padding(family) else 'none'}")
+        alignment.run_fsdp(args, directory, tokens, os.path.join(work, family + "-fsdp"))
+    # transformers' side, every family in one torchrun.
+    runs = [(os.path.join(work, family), tokens, os.path.join(work, family + "-hf"), "fp32")
+            for family in args.families]
+    theirs = alignment.run_fsdp2(args, runs, work)
+    for family, (their_loss, _, _) in zip(args.families, theirs):
         ours_dir = os.path.join(work, family + "-fsdp")
-        alignment.run_fsdp(args, directory, tokens, ours_dir)
         our_loss, our_norm = metrics(os.path.join(ours_dir, "metrics.jsonl"))
-        their_loss, _, _ = alignment.run_fsdp2(args, directory, tokens, os.path.join(work, family + "-hf"))
         records = [json.loads(line) for line in open(os.path.join(work, family + "-hf", "losses.jsonl"))]
         their_norm = np.array([r["grad_norm"] for r in records])
         if len(our_loss) != STEPS or len(their_loss) != STEPS:
@@ -90,13 +98,12 @@ def main():
         # The export keeps the id, and transformers builds the same padding row from it.
         exported = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(ours_dir, "hf"))
         padding_idx = exported.get_input_embeddings().padding_idx
-        if exported.config.pad_token_id != PAD or (padding_idx == PAD) != expect_padding:
+        if exported.config.pad_token_id != PAD or (padding_idx == PAD) != expect_padding(family):
             harness.fail(f"{family}: the export loads with pad_token_id {exported.config.pad_token_id} and "
                          f"padding_idx {padding_idx} (expected {PAD})")
         harness.check(f"{family}: loss, relative", float(alignment.relative(our_loss, their_loss).max()), BOUND)
         harness.check(f"{family}: gradient norm, relative", float(alignment.relative(our_norm, their_norm).max()),
                       BOUND)
-
 
 if __name__ == "__main__":
     main()

@@ -28,6 +28,10 @@ inline constexpr const char* kFaultPoints[] = {
     // --export-hf, where given) is created and locked, and nothing is
     // written in it yet.
     "train.start_folders_made",
+    // An export to Hugging Face's layout (models::write_hf_dir): one more
+    // weights file is written into the partial directory beside the
+    // target; the target is as it was.
+    "export.weights_file_written",
 };
 
 // Point `name` (one of kFaultPoints) is reached: dies here when armed for

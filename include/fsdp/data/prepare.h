@@ -40,6 +40,9 @@ struct PrepareStats {
   std::string tokenizer;   // what was read
   std::string note;        // how the validation split was made, when not by the every-N rule
   bool split_txt = false;  // some .txt file was cut into several documents
+  // Token files an earlier prepare had left in the folder that this one
+  // does not write, removed (a glob over the folder would take them).
+  std::vector<std::string> removed;
 };
 
 // Each document is a part of a .txt file (see txt_separator), the text

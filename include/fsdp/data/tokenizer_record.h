@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/data/tokenizer.h"
 
@@ -20,6 +21,12 @@ struct TokenizerRecord {
   int64_t vocab_size = 0;
   std::string fingerprint;  // of the vocabulary: every id's text, in id order
   int32_t separator = -1;   // the token before each document
+  // The token files of the folder this record vouches for, by name. Empty
+  // in records written before they were listed: then every file is taken.
+  std::vector<std::string> files;
+  // False while `data prepare` writes the folder: a prepare that stopped
+  // midway leaves a record no run trains past.
+  bool complete = true;
 };
 
 // The record of a tokenizer. Two tokenizers with the same vocabulary (GPT-2's
@@ -28,7 +35,9 @@ TokenizerRecord record_of(const Tokenizer& tokenizer);
 
 void write_tokenizer_record(const std::string& dir, const TokenizerRecord& record);
 // The record in the directory of TOKEN_FILE, if there is one. Throws
-// fsdp::Error naming the file when it is malformed.
+// fsdp::Error naming the file when it is malformed or not a regular file,
+// when its prepare did not finish, and when it lists its files and
+// TOKEN_FILE is not one of them (a shard left by an earlier prepare).
 std::optional<TokenizerRecord> tokenizer_record_beside(const std::string& token_file);
 
 }  // namespace fsdp::data

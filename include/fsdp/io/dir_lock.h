@@ -18,6 +18,7 @@
 // locks).
 
 #include <string>
+#include <vector>
 
 namespace fsdp::io {
 
@@ -41,9 +42,18 @@ class DirLock {
   // PID P, since T"; empty when the file says nothing.
   static std::string holder(const std::string& dir);
 
+  const std::string& dir() const { return dir_; }
+
  private:
+  std::string dir_;
   std::string path_;
   int fd_ = -1;
 };
+
+// The nearest folder holding PATH (PATH itself when it is a folder) whose
+// lock a live job holds: a run folder or checkpoint folder of another job,
+// where this one must not write. Folders in `own` (the locks this process
+// holds) are passed over. Empty when there is none.
+std::string folder_of_a_live_job(const std::string& path, const std::vector<std::string>& own);
 
 }  // namespace fsdp::io

@@ -76,4 +76,12 @@ void check_writable_file(const std::string& path, const std::string& flag);
 // DIR/earlier-<n>/. Returns that folder, or "" when there was nothing.
 std::string set_aside_earlier_run(const RunFolder& folder);
 
+// Throws naming the first of the run folder's files and folders (config,
+// metrics, logs, TensorBoard events, traces, memory snapshots, and what
+// those folders hold) that is a symbolic link: a run appends to its files
+// on resume, and a planted link would have them written wherever it points.
+void refuse_symbolic_links(const RunFolder& folder);
+// The same for one path (the run folder's checkpoints/, before its lock).
+void refuse_symbolic_link(const std::string& path);
+
 }  // namespace fsdp::train

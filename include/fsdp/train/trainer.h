@@ -95,6 +95,7 @@ class Trainer {
   // folder), then --ckpt-dir's.
   int lock_run_folder(bool may_rename, bool& made_it);
   void lock_checkpoint_folder();
+  void refuse_other_jobs_folders() const;
 
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;

@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/fault_point.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/staged_dir.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/registry.h"
 
@@ -103,9 +105,11 @@ void HfWeights::fill(const std::string& fqn, torch::Tensor& full) const {
 }
 
 CausalLM load_hf_pretrained(const std::string& dir) {
-  CausalLM model = build_from_hf_dir(dir, /*deferred=*/false);
   HfWeights weights(dir);
-  weights.validate(*model);
+  // Checked on a deferred model (no memory) first: a config.json that does
+  // not fit the tensors is refused before its model is allocated.
+  weights.validate(*build_from_hf_dir(dir, /*deferred=*/true));
+  CausalLM model = build_from_hf_dir(dir, /*deferred=*/false);
   torch::NoGradGuard no_grad;
   std::set<const void*> seen;
   for (const auto& item : model->named_parameters()) {
@@ -123,8 +127,11 @@ void write_hf_dir(const std::string& dir, nlohmann::json config,
       options.dtype.empty() ? hf::dtype_from_torch_dtype(config, dir + "/config.json") : options.dtype;
   const at::ScalarType dtype = io::safetensors_dtype(dtype_name);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  FSDP_CHECK(fs::is_directory(dir), "cannot create directory '", dir, "'");
+  FSDP_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "export '", dir,
+             "' is a file; expected a directory (or a path to create one at)");
+  // [Note: an export is published whole]
+  io::StagedDir staged(dir, "export");
+  const std::string& out = staged.path();
 
   std::vector<int64_t> bytes;
   std::vector<std::string> names;
@@ -143,24 +150,22 @@ void write_hf_dir(const std::string& dir, nlohmann::json config,
       specs.push_back({tensors[i].first, dtype, tensors[i].second});
       members.push_back(i);
     }
-    io::SafetensorsWriter writer(dir + "/" + plan.files[file], specs, {{"format", "pt"}});
+    io::SafetensorsWriter writer(out + "/" + plan.files[file], specs, {{"format", "pt"}});
     for (const size_t i : members) writer.write(value_of(i).to(dtype));
     writer.commit();
+    fault_point("export.weights_file_written");
   }
-  std::set<std::string> written(plan.files.begin(), plan.files.end());
-  if (plan.files.size() > 1) {
-    io::write_file_atomically(dir + "/" + hf::kIndexFile, hf::index_json(names, plan, total));
-    written.insert(hf::kIndexFile);
-  }
+  if (plan.files.size() > 1) io::write_file_atomically(out + "/" + hf::kIndexFile, hf::index_json(names, plan, total));
   config["torch_dtype"] = hf::torch_dtype_name(dtype_name);
-  io::write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
-  // A previous export's weights (one file then, shards now, or the reverse)
-  // would contradict this one.
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    const bool weights = name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos;
-    if (weights && written.count(name) == 0) fs::remove(entry.path(), ec);
-  }
+  io::write_file_atomically(out + "/config.json", config.dump(2) + "\n");
+  if (options.companions) options.companions(out);
+  // An earlier export's weights (one file then, shards now, or the
+  // reverse) would contradict these; its other files carry over.
+  staged.publish([](const std::string& name) { return !is_weights_file(name); });
+}
+
+bool is_weights_file(const std::string& name) {
+  return name.rfind("model", 0) == 0 && name.find(".safetensors") != std::string::npos;
 }
 
 void save_hf_pretrained(const CausalLMImpl& model,

@@ -55,12 +55,21 @@ CausalLM load_hf_pretrained(const std::string& dir);
 struct HfExportOptions {
   std::string dtype;  // F32, BF16, F16; empty: the model's hf_dtype (config.json's torch_dtype)
   int64_t max_shard_bytes = hf::kDefaultMaxShardBytes;
+  // Writes the files that go beside the weights (tokenizer, generation
+  // config) into the directory it is given, before the export is published.
+  std::function<void(const std::string&)> companions;
 };
 
-// Writes DIR: config.json (torch_dtype set to the dtype written) and the
-// tensors, one file or shards with an index. value_of(i) gives tensor i
-// (any floating dtype; converted). Weight files an earlier export left in
-// DIR that this one does not write are removed last.
+// Whether NAME is a weights file of an export (model.safetensors, its
+// shards, their index).
+bool is_weights_file(const std::string& name);
+
+// Writes DIR: config.json (torch_dtype set to the dtype written), the
+// tensors, one file or shards with an index, and the companions, all into
+// a directory beside DIR that then replaces it whole ([Note: an export is
+// published whole]). value_of(i) gives tensor i (any floating dtype;
+// converted). Of an earlier export in DIR, files other than weights that
+// this one does not write carry over.
 void write_hf_dir(const std::string& dir, nlohmann::json config,
                   const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
                   const std::function<at::Tensor(size_t)>& value_of, const HfExportOptions& options);
