@@ -48,13 +48,24 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("generate", "sample text from a Hugging Face model directory");
   cmd->add_option("--from", f->from, "Hugging Face directory (config.json + model.safetensors)")->required();
   cmd->add_option("--prompt", f->prompt, "text to continue");
-  cmd->add_option("--max-new-tokens", f->sample.max_new_tokens, "tokens to generate (default 64)");
-  cmd->add_option("--temperature", f->sample.temperature, "sampling temperature, 0 for greedy (default 0.8)")
+  // CLI::NonNegativeNumber's message prints DBL_MAX in full, 309 digits.
+  const CLI::Validator non_negative(
+      [](std::string& v) { return std::strtod(v.c_str(), nullptr) >= 0 ? "" : "expected 0 or more, got " + v; },
+      "NONNEGATIVE");
+  cmd->add_option("--max-new-tokens", f->sample.max_new_tokens, "tokens to generate (default 64)")
+      ->check(non_negative);
+  cmd->add_option("--temperature", f->sample.temperature,
+                  "sampling temperature, 0 for greedy (default 0.8; below 1e-6 it is greedy in all but name)")
       ->check(CLI::Validator(
-          // CLI::NonNegativeNumber's message prints DBL_MAX in full, 309 digits.
-          [](std::string& v) { return std::strtod(v.c_str(), nullptr) >= 0 ? "" : "expected 0 or more, got " + v; },
-          "NONNEGATIVE"));
-  cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)");
+          // Logits divided by 1e-45 overflow to infinity, and sampling from
+          // them fails inside LibTorch.
+          [](std::string& v) {
+            const double t = std::strtod(v.c_str(), nullptr);
+            return t == 0 || t >= 1e-6 ? "" : "expected 0 (greedy) or at least 1e-6, got " + v;
+          },
+          "0 or >= 1e-6"));
+  cmd->add_option("--top-k", f->sample.top_k, "sample among the k likeliest tokens, 0 for all (default 40)")
+      ->check(non_negative);
   cmd->add_option("--top-p", f->sample.top_p,
                   "sample among the likeliest tokens whose probabilities reach p, after top-k (default 1: all)")
       ->check(CLI::Validator(

@@ -223,6 +223,11 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
              ": expected 0 <= f < 1 (0: no validation split)");
   FSDP_CHECK(o.shard_tokens == 0 || o.shard_tokens >= 2, "--shard-tokens ", o.shard_tokens,
              ": expected 0 (one file) or at least 2");
+  {
+    std::error_code ec;
+    FSDP_CHECK(!fs::exists(o.out_dir, ec) || fs::is_directory(o.out_dir, ec), "--out-dir '", o.out_dir,
+               "' is a file; expected a directory (or a path to create one at)");
+  }
   std::vector<fs::path> files;
   if (o.input.find_first_of("*?[") != std::string::npos && !fs::exists(o.input)) {
     glob_t found{};

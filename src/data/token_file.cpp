@@ -48,6 +48,12 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   const int64_t available = (static_cast<int64_t>(map_size_) - kHeaderBytes) / width;
   FSDP_CHECK(available >= count_, "'", path, "' is truncated: its header promises ", count_,
              " tokens but the body holds ", available);
+  // llm.c's writer puts nothing after the tokens: more bytes mean a body of
+  // another width (4-byte ids under a 2-byte header) or a damaged file.
+  const int64_t extra = static_cast<int64_t>(map_size_) - kHeaderBytes - count_ * width;
+  FSDP_CHECK(extra == 0, "'", path, "' holds ", extra, " bytes after the ", count_, " tokens of ", width,
+             " bytes its header promises (magic ", header[0], ", version ", version_,
+             "): a body of another width, or a damaged file");
 }
 
 TokenFile::~TokenFile() {

@@ -350,7 +350,14 @@ std::optional<std::pair<std::string, std::string>> gpt2_bpe_files(const std::str
 
 bool has_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
-  return fs::is_regular_file(fs::path(dir) / "tokenizer.json") || gpt2_bpe_files(dir).has_value();
+  const fs::path json = fs::path(dir) / "tokenizer.json";
+  std::error_code ec;
+  const auto status = fs::status(json, ec);
+  // Passed over, a FIFO or a folder named tokenizer.json would have GPT-2's
+  // tokenizer stand in for the directory's own without a word.
+  FSDP_CHECK(!fs::exists(status) || fs::is_regular_file(status), "'", json.string(),
+             "' is not a regular file (a FIFO or a directory?); expected a tokenizer.json");
+  return fs::is_regular_file(status) || gpt2_bpe_files(dir).has_value();
 }
 
 std::string default_tokenizer_dir() {
@@ -372,7 +379,7 @@ std::string default_tokenizer_dir() {
 std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path d(dir);
-  if (fs::is_regular_file(d / "tokenizer.json")) {
+  if (has_tokenizer(dir) && fs::is_regular_file(d / "tokenizer.json")) {
     const auto config = d / "tokenizer_config.json";
     return from_tokenizer_json((d / "tokenizer.json").string(), fs::exists(config) ? config.string() : "");
   }

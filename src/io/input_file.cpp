@@ -76,6 +76,12 @@ int open_regular_file(const std::string& path, const std::string& what) {
 
 std::string read_file(const std::string& path, const std::string& what) {
   const int fd = open_regular_file(path, what);
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > kMaxTextFileBytes) {
+    ::close(fd);
+    throw Error(what + " '" + path + "' is " + std::to_string(st.st_size) + " bytes; no such file is larger than " +
+                std::to_string(kMaxTextFileBytes >> 20) + " MiB (corrupt or hostile)");
+  }
   std::string text;
   char buf[1 << 16];
   ssize_t n;

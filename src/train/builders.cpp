@@ -3,6 +3,7 @@
 #include <iostream>
 #include <set>
 
+#include "fsdp/checkpoint/metadata.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/data/token_file.h"
@@ -45,6 +46,12 @@ std::string preset_vocab_advice(int64_t max_id) {
       if (vocab <= max_id || !named.insert(vocab).second) continue;
       fitting += (fitting.empty() ? "" : ", ") + preset + " (vocabulary " + std::to_string(vocab) + ")";
     }
+  }
+  // Past every vocabulary of a supported family by far (an id read from a
+  // damaged file, or from a file of 4-byte ids read as 2-byte ones): more
+  // rows would not help.
+  if (max_id >= (int64_t{1} << 24)) {
+    return "no model has a vocabulary that large: the file is damaged, or not a token file of this format";
   }
   const int64_t rows = (max_id + 1 + 63) / 64 * 64;
   return "give the preset more embedding rows (--vocab-size " + std::to_string(rows) + ")" +
@@ -120,13 +127,19 @@ std::string check_data_tokenizer(const TrainConfig& config, const std::string& s
                "--allow-tokenizer-mismatch if this is intended");
   }
   if (!record) return "";
+  // The tokenizer the run's text goes through: --init-from's, else the one
+  // --tokenizer names for a preset's samples.
   const std::string& init_from = config.model.init_from;
-  if (!init_from.empty() && data::has_tokenizer(init_from) && !config.data.allow_tokenizer_mismatch) {
-    const auto model_tokenizer = data::record_of(*data::Tokenizer::from_dir(init_from));
+  const bool from_model = !init_from.empty() && data::has_tokenizer(init_from);
+  const std::string tokenizer_dir = from_model ? init_from : config.sample.tokenizer;
+  const std::string whose = from_model ? "--init-from's " : "--tokenizer's ";
+  if (!tokenizer_dir.empty() && !config.data.allow_tokenizer_mismatch) {
+    const auto model_tokenizer = data::record_of(*data::Tokenizer::from_dir(tokenizer_dir));
     FSDP_CHECK(model_tokenizer.fingerprint == record->fingerprint, flag, " '", source, "' was tokenized by ",
-               record->source, " (", record->vocab_size, " tokens), not by --init-from's ", model_tokenizer.source, " (",
+               record->source, " (", record->vocab_size, " tokens), not by ", whose, model_tokenizer.source, " (",
                model_tokenizer.vocab_size, " tokens): its ids mean other text to this model. Prepare the data with "
-               "`fsdp data prepare --tokenizer ", init_from, "`, or pass --allow-tokenizer-mismatch if this is intended");
+               "`fsdp data prepare --tokenizer ", tokenizer_dir, "`, or pass --allow-tokenizer-mismatch if this is "
+               "intended");
   }
   return record->source + " (" + std::to_string(record->vocab_size) + " tokens)";
 }
@@ -138,6 +151,10 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   const auto& d = config.data;
   FSDP_CHECK(d.seq_len <= model.max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
              model.max_seq_len(), " positions");
+  const int64_t per_step = config.tokens_per_step(world.size());
+  FSDP_CHECK(validation || config.runtime.steps <= checkpoint::kMaxCheckpointCount / per_step, "--steps ",
+             config.runtime.steps, " at ", per_step, " tokens per step would count more than 2^62 tokens, past what a "
+             "checkpoint records; expected at most ", checkpoint::kMaxCheckpointCount / per_step, " steps");
   data::LoaderOptions o;
   o.batch_size = d.batch_size;
   o.seq_len = d.seq_len;
@@ -164,7 +181,6 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   if (validation) {
     log.say("validation data: " + what);
   } else {
-    const int64_t per_step = config.tokens_per_step(world.size());
     log.say("data: " + what + "; " + std::to_string(per_step) + " tokens per step, " +
             std::to_string(per_step * config.runtime.steps) + " in " + std::to_string(config.runtime.steps) + " steps");
   }

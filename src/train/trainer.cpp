@@ -95,9 +95,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     undo_start_.reset();
     throw;
   }
-  // The run's files are written: the folder is the run's, and run() turns
-  // a stop into a save.
+  // The run's files are written: the folder is the run's, and a stop from
+  // here on (the peak measurement, the first step) ends after a step, saved.
   undo_start_.reset();
+  catch_stop_signals();
+  fault_point("train.run_files_written");
 }
 
 void Trainer::set_up() {
@@ -150,9 +152,11 @@ void Trainer::set_up() {
              "(--save-every N or --ckpt-dir DIR saves them, --export-hf DIR exports them; a stop by Ctrl-C or "
              "SIGTERM saves into the run folder)");
   }
+  // Measured before the run's files are written: a stop during it leaves
+  // none of them (UndoOnSignal), one after it a step and a checkpoint.
+  peak_flops_ = measured_peak_flops(precision_dtype(config_.runtime.precision), world_->device());
   // Everything is validated; only now may files be written.
   open_run_files();
-  peak_flops_ = measured_peak_flops(precision_dtype(config_.runtime.precision), world_->device());
 }
 
 Trainer::~Trainer() = default;
@@ -374,7 +378,6 @@ TrainSummary Trainer::run() {
                           ? "best of 5 bursts of 4096^2 matmuls in the compute dtype, at start-up (GPU)"
                           : "best of 5 bursts of a 1024^2 matmul in the compute dtype, at start-up (CPU)"}});
   }
-  catch_stop_signals();
   if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
   const int64_t total = config_.runtime.steps;
   memory::reset_allocated_peak();  // the steps' peak, not initialisation's

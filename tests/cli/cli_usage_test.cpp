@@ -3,8 +3,12 @@
 // (one way to show a default, nothing of CLI11's internals, every model
 // family named).
 
+#include <filesystem>
 #include <regex>
 #include <sstream>
+
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -49,8 +53,24 @@ TEST(CliUsage, OutOfRangeValuesGetShortMessages) {
   // CLI::NonNegativeNumber printed its upper bound, DBL_MAX, in 309 digits.
   const auto cold = run_command(kCli + " generate --from /tmp --temperature -1");
   EXPECT_EQ(cold.exit_code, 2) << cold.output;
-  EXPECT_TRUE(contains(cold.output, "--temperature: expected 0 or more, got -1")) << cold.output;
+  EXPECT_TRUE(contains(cold.output, "--temperature: expected 0 (greedy) or at least 1e-6, got -1")) << cold.output;
   EXPECT_LT(cold.output.size(), 200u) << cold.output;
+  // Values that LibTorch would have failed on, or that meant nothing.
+  for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--temperature 1e-45", "--temperature: expected 0 (greedy) or at least 1e-6, got 1e-45"},
+           {"--max-new-tokens -1", "--max-new-tokens: expected 0 or more, got -1"},
+           {"--top-k -5", "--top-k: expected 0 or more, got -5"}}) {
+    const auto r = run_command(kCli + " generate --from /tmp " + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, message)) << r.output;
+  }
+  // A step count whose tokens a checkpoint could not count.
+  const auto endless = run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 "
+                                   "--steps 9223372036854775807 --out-dir /tmp/fsdp-never-made");
+  EXPECT_EQ(endless.exit_code, 1) << endless.output;
+  EXPECT_TRUE(contains(endless.output, "--steps 9223372036854775807 at 32 tokens per step")) << endless.output;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/fsdp-never-made"));
+  EXPECT_FALSE(std::regex_search(endless.output, std::regex(" -[0-9]"))) << "a negative count\n" << endless.output;
   const auto huge = run_command(kCli + " train --lr 1e999 --print-config");
   EXPECT_EQ(huge.exit_code, 1) << huge.output;
   EXPECT_TRUE(contains(huge.output, "optim.lr is '1e999': expected a finite number")) << huge.output;

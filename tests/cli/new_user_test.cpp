@@ -144,6 +144,24 @@ TEST(NewUser, AStartStoppedBySignalLeavesNoFolderItMadeAndKeepsOneThatWasThere) 
   fs::remove_all(dir);
 }
 
+// A stop after the run's files are written and before step 1 (the
+// measurement of peak FLOP/s, the first step's set-up) ends as a stop in
+// the run does: after a step, saved, said, and resumable. It died of the
+// signal with no word before, its files written.
+TEST(NewUser, AStopBeforeTheFirstStepSavesAndSaysSo) {
+  const auto dir = make_temp_dir();
+  const std::string args = " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --log-every 1 "
+                           "--out-dir " + dir + "/run";
+  const auto stopped = run_command("env FSDP_FAULT_POINT=train.run_files_written:TERM " + kCli + args + " --steps 10");
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << stopped.output;
+  EXPECT_TRUE(contains(stopped.output, "stopped by SIGTERM after step 1; saved in " + dir + "/run/checkpoints"))
+      << stopped.output;
+  const auto resumed = run_command(kCli + args + " --steps 3");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/run/checkpoints/step_00000001")) << resumed.output;
+  fs::remove_all(dir);
+}
+
 TEST(NewUser, CtrlCWithoutSaveEverySavesIntoTheRunFolderAndTheFolderResumes) {
   const auto dir = make_temp_dir();
   BackgroundCommand job(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --steps 100000 " +

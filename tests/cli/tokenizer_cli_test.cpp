@@ -229,6 +229,14 @@ TEST(TokenizerCli, TrainRefusesTokenFilesAnotherTokenizerMade) {
                                    "/gpt2/train.bin' by '" + kData + "/gpt2/encoder.json' (50257 tokens)"))
         << r.output;
   }
+  // A preset's --tokenizer (for its samples) is compared with the data's
+  // record as --init-from's is.
+  const auto preset = run_command(kCli + " train --model llama-tiny --vocab-size 128256 --tokenizer " + llama3 +
+                                  " --data " + dir + "/gpt2/train.bin --steps 1 --seq-len 8 --batch-size 2 "
+                                  "--out-dir " + dir + "/run-preset");
+  EXPECT_EQ(preset.exit_code, 1) << preset.output;
+  EXPECT_TRUE(contains(preset.output, "(50257 tokens), not by --tokenizer's '" + llama3 + "/tokenizer.json' (128256"))
+      << preset.output;
 }
 
 TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {

@@ -600,6 +600,13 @@ TEST(DataPrepare, AFolderHoldsOnePreparesFilesAndWhatItDoesNotListIsRefused) {
   }
   const auto prepare = kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/out --tokenizer " +
                        kSource + "/data/gpt2";
+  std::ofstream(dir + "/a-file") << "kept\n";
+  const auto onto_file = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir +
+                                     "/a-file --tokenizer " + kSource + "/data/gpt2");
+  EXPECT_EQ(onto_file.exit_code, 1) << onto_file.output;
+  EXPECT_TRUE(contains(onto_file.output, "--out-dir '" + dir + "/a-file' is a file; expected a directory"))
+      << onto_file.output;
+  EXPECT_EQ(read_file(dir + "/a-file"), "kept\n");
   ASSERT_EQ(run_command(prepare + " --shard-tokens 30 --val-fraction 0.1").exit_code, 0);
   ASSERT_TRUE(exists(dir + "/out/train_000007.bin") && exists(dir + "/out/val_000000.bin"));
   const auto again = run_command(prepare + " --shard-tokens 100 --val-fraction 0");
@@ -651,6 +658,21 @@ TEST(DataPrepare, AFolderHoldsOnePreparesFilesAndWhatItDoesNotListIsRefused) {
   EXPECT_NE(fifo.exit_code, 0) << fifo.output;
   EXPECT_NE(fifo.exit_code, 124) << "waited on the FIFO";
   EXPECT_TRUE(contains(fifo.output, "/out/tokenizer_record.json' is not a regular file")) << fifo.output;
+  // A tokenizer.json that is a FIFO or a directory: refused, not passed
+  // over for GPT-2's tokenizer.
+  for (const bool folder : {false, true}) {
+    const std::string model = dir + (folder ? "/with-folder" : "/with-fifo");
+    std::filesystem::create_directories(model);
+    if (folder) {
+      std::filesystem::create_directory(model + "/tokenizer.json");
+    } else {
+      ASSERT_EQ(::mkfifo((model + "/tokenizer.json").c_str(), 0600), 0);
+    }
+    const auto r = run_command("timeout 30 " + kCli + " data encode --tokenizer " + model + " < /dev/null");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "waited on the FIFO";
+    EXPECT_TRUE(contains(r.output, "'" + model + "/tokenizer.json' is not a regular file")) << r.output;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -63,7 +63,8 @@ TEST(FaultPoint, UnarmedOrArmedElsewhereItPasses) {
 TEST(FaultPoint, ANameThatIsNoPointOrASignalItDoesNotSendIsRefused) {
   EXPECT_EXIT(visit("checkpoint.before_publsh@2", "0", 1), ::testing::ExitedWithCode(3),
               "FSDP_FAULT_POINT names 'checkpoint.before_publsh', which is not a fault point "
-              "\\(checkpoint.before_publish, train.start_folders_made;");
+              "\\(checkpoint.before_publish, train.start_folders_made, train.run_files_written, "
+              "export.weights_file_written;");
   EXPECT_EXIT(visit("checkpoint.before_publish@0", "0", 1), ::testing::ExitedWithCode(3), "from 1");
   EXPECT_EXIT(visit("checkpoint.before_publish@1:HUP", "0", 1), ::testing::ExitedWithCode(3),
               "signal 'HUP' is none of KILL, TERM, INT");

@@ -77,6 +77,27 @@ TEST(InputFile, ARegularFileAndASymlinkToOneAreRead) {
   fs::remove_all(dir);
 }
 
+// A sparse 4 TB config.json is refused by its size, before a byte is read
+// (reading it whole exhausted memory, then failed inside LibTorch).
+TEST(InputFile, AFileOfTerabytesIsRefusedByItsSizeUnread) {
+  const auto dir = temp_dir();
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << "{}";
+  fs::resize_file(path, int64_t{4} << 40);  // sparse: no disk used
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    read_json_file(path, "Hugging Face config");
+    ADD_FAILURE() << "a 4 TB config.json was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Hugging Face config '" + path + "' is 4398046511104 bytes; no such file "
+                                         "is larger than 1024 MiB"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  fs::remove_all(dir);
+}
+
 TEST(InputFile, NestingIsBoundedAtSixtyFourLevels) {
   EXPECT_EQ(parse_json(nested_arrays(kMaxJsonDepth), "x").dump().size(), 2u * kMaxJsonDepth);
   expect_refused_promptly([] { parse_json(nested_arrays(kMaxJsonDepth + 1), "'t.json'"); },

@@ -110,6 +110,14 @@ TEST(TokenFile, BadInput) {
   std::ofstream(tiny) << "short";
   expect_error(tiny, "shorter than the 1024-byte header");
   expect_error(temp_path("missing.bin"), "cannot open");
+  // Bytes past the tokens the header promises: a damaged file, or 4-byte
+  // ids under a 2-byte header (each id read as two, the high half 0).
+  const auto trailing = temp_path("trailing.bin");
+  write_raw(trailing, {20240520, 1, 3}, {1, 2, 3, 4});
+  expect_error(trailing, "holds 2 bytes after the 3 tokens of 2 bytes its header promises");
+  const auto wide_body = temp_path("wide-body.bin");
+  write_raw(wide_body, {20240520, 1, 3}, {1, 0, 2, 0, 3, 0});
+  expect_error(wide_body, "holds 6 bytes after the 3 tokens of 2 bytes");
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ inline constexpr const char* kFaultPoints[] = {
     // --export-hf, where given) is created and locked, and nothing is
     // written in it yet.
     "train.start_folders_made",
+    // Trainer set-up done, every rank: the run's files (config.yaml, the
+    // metrics' first line, the logs) are written; step 1 has not begun.
+    "train.run_files_written",
     // An export to Hugging Face's layout (models::write_hf_dir): one more
     // weights file is written into the partial directory beside the
     // target; the target is as it was.

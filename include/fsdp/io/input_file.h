@@ -8,6 +8,9 @@
 
 #include <string>
 
+#include <cstdint>
+#include <string>
+
 #include <nlohmann/json_fwd.hpp>
 
 namespace fsdp::io {
@@ -25,7 +28,12 @@ void check_regular_file(const std::string& path, const std::string& what);
 // FIFO. Throws as check_regular_file.
 int open_regular_file(const std::string& path, const std::string& what);
 
-// The whole file, checked as above.
+// Larger than any text file we read whole (configs, tokenizer.json files,
+// checkpoint metadata: the largest tokenizer.json files are tens of MB).
+constexpr int64_t kMaxTextFileBytes = int64_t{1} << 30;
+
+// The whole file, checked as above; one of more than kMaxTextFileBytes is
+// refused by its size before anything is read.
 std::string read_file(const std::string& path, const std::string& what);
 
 // `text` parsed; throws fsdp::Error "<what> is not valid JSON (...)" or

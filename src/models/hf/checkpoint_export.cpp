@@ -51,7 +51,8 @@ void export_checkpoint_hf(const std::string& checkpoint, const std::string& out_
              "' records no Hugging Face architecture to export to");
   const nlohmann::json config =
       io::parse_json(meta["hf_config"].get<std::string>(), "checkpoint '" + checkpoint + "': its recorded config.json");
-  const auto& family = family_for_hf_config(config, "checkpoint '" + checkpoint + "'");
+  const std::string where = "checkpoint '" + checkpoint + "'";
+  const FamilySpec& family = family_for_hf_config(config, where);  // a named `where`: no dangling temporary
   const auto params = reader.parameters();
   check_parameters_fit(checkpoint, config, params);
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;  // Hugging Face name, shape
