@@ -137,10 +137,12 @@ void Trainer::set_up() {
                                              paths_.folder.trace(world_->rank()), "rank " + std::to_string(world_->rank()));
   warn_about_profile_window();
   const auto& o = config_.optim;
-  if (o.warmup_steps >= config_.runtime.steps) {
+  // The rate reaches --lr at step --warmup-steps: with as many steps, the
+  // last one trains at --lr, and only more warm-up steps fall short.
+  if (o.warmup_steps > config_.runtime.steps) {
     char rates[64];
     std::snprintf(rates, sizeof(rates), "%.3g, never reaching --lr %.3g", schedule_.at(config_.runtime.steps - 1), o.lr);
-    log_.warn("--warmup-steps " + std::to_string(o.warmup_steps) + " is not below --steps " +
+    log_.warn("--warmup-steps " + std::to_string(o.warmup_steps) + " is more than --steps " +
               std::to_string(config_.runtime.steps) + ": the learning rate rises for the whole run and ends at " +
               rates + " (fewer warm-up steps, or more steps)");
   }

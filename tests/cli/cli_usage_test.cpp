@@ -115,7 +115,7 @@ TEST(CliUsage, WarmUpPastTheRunIsWarnedAndTheFirstEtaIsAGuessFromTheStepItself) 
                              "--steps 4 --log-every 1 --warmup-steps 500 --lr 0.001");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // 0.001 x 4 / 500 at the last step.
-  EXPECT_TRUE(contains(r.output, "warning: --warmup-steps 500 is not below --steps 4: the learning rate rises for the "
+  EXPECT_TRUE(contains(r.output, "warning: --warmup-steps 500 is more than --steps 4: the learning rate rises for the "
                                  "whole run and ends at 8e-06, never reaching --lr 0.001"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "step 1/4 ")) << r.output;
@@ -125,6 +125,14 @@ TEST(CliUsage, WarmUpPastTheRunIsWarnedAndTheFirstEtaIsAGuessFromTheStepItself) 
   const auto ok = run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 "
                               "--steps 4 --warmup-steps 2");
   EXPECT_FALSE(contains(ok.output, "--warmup-steps")) << ok.output;
+  // As many warm-up steps as steps: the last step trains at --lr (0.002 x
+  // 3 / 3), so there is nothing to warn about (it said "ends at 0.002,
+  // never reaching --lr 0.002").
+  const auto equal = run_command(kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 "
+                                 "--steps 3 --warmup-steps 3 --lr 0.002 --log-every 1");
+  EXPECT_EQ(equal.exit_code, 0) << equal.output;
+  EXPECT_FALSE(contains(equal.output, "--warmup-steps")) << equal.output;
+  EXPECT_TRUE(contains(equal.output, "step 3/3 ") && contains(equal.output, "lr 2.00e-03")) << equal.output;
 }
 
 TEST(CliUsage, EveryHelpShowsDefaultsOneWayAndNoCli11Internals) {
