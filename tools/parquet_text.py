@@ -18,14 +18,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def reason(e):
+    """pyarrow's exception as "Type: message" (some carry no message)."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 def main():
     path, field = sys.argv[1], sys.argv[2]
     try:
         parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
     except Exception as e:  # noqa: BLE001 - any unreadable file is named, not a traceback
-        sys.exit(f"error: '{path}' is not a Parquet file ({type(e).__name__}: {e})")
-    schema = parquet.schema_arrow
-    texts = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        sys.exit(f"error: '{path}' is not a Parquet file ({reason(e)})")
+    try:
+        read(path, field, parquet, schema)
+    except Exception as e:  # noqa: BLE001 - a damaged page or row group is named with its file
+        sys.exit(f"error: '{path}' is damaged: reading its column \"{field}\" failed ({reason(e)})")
+
+
+def is_text(t):
+    """A string column, also dictionary-encoded (as datasets often are)."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or (pa.types.is_dictionary(t) and is_text(t.value_type))
+
+
+def read(path, field, parquet, schema):
+    texts = [f.name for f in schema if is_text(f.type)]
     if field not in schema.names or field not in texts:
         print(f"error: '{path}' has no text column \"{field}\"" +
               (f" (its text columns: {', '.join(texts)}; --text-field chooses one)" if texts else

@@ -265,7 +265,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       file_of_doc.push_back(k);
     }
   }
-  FSDP_CHECK(!docs.empty(), "--input '", o.input, "' holds no documents (empty .jsonl files?)");
+  FSDP_CHECK(!docs.empty(), "--input '", o.input, "' holds no documents: its ", files.size(), " file(s) are empty, "
+             "or hold only null or empty texts");
   stats.documents = static_cast<int64_t>(docs.size());
 
   // Documents are independent: each thread encodes every n-th with its own

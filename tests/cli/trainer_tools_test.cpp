@@ -600,6 +600,14 @@ TEST(DataPrepare, AFolderHoldsOnePreparesFilesAndWhatItDoesNotListIsRefused) {
   }
   const auto prepare = kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir + "/out --tokenizer " +
                        kSource + "/data/gpt2";
+  // An empty file: no documents, said so (it asked about empty .jsonl
+  // files, whatever the input: a Parquet file of null texts too).
+  std::ofstream(dir + "/nulls.jsonl") << "";
+  const auto nulls = run_command(kCli + " data prepare --input " + dir + "/nulls.jsonl --out-dir " + dir +
+                                 "/nulls --tokenizer " + kSource + "/data/gpt2");
+  EXPECT_EQ(nulls.exit_code, 1) << nulls.output;
+  EXPECT_TRUE(contains(nulls.output, "holds no documents: its 1 file(s) are empty, or hold only null or empty texts"))
+      << nulls.output;
   std::ofstream(dir + "/a-file") << "kept\n";
   const auto onto_file = run_command(kCli + " data prepare --input " + dir + "/docs.jsonl --out-dir " + dir +
                                      "/a-file --tokenizer " + kSource + "/data/gpt2");
