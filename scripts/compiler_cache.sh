@@ -7,9 +7,10 @@
 # CMake takes CMAKE_CXX_COMPILER_LAUNCHER from the environment when it
 # configures a build folder: ours, and the ones tests configure (the
 # consumer projects, the fuzz targets). CCACHE_BASEDIR rewrites the
-# clone's absolute paths to relative ones, so that clones in other folders
-# share entries; the sloppiness lets ccache hash precompiled headers and
-# accept a fresh clone's new file times.
+# clone's absolute paths to relative ones (clones at another path still
+# differ in the precompiled header's wrapper: docs/building.md); the
+# sloppiness lets ccache hash precompiled headers and accept a fresh
+# clone's new file times.
 if [[ ${FSDP_CCACHE:-1} != 0 ]] && command -v ccache >/dev/null; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
