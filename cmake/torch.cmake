@@ -26,6 +26,17 @@ if(FSDP_TORCH STREQUAL "venv")
   list(GET _fsdp_torch_root 0 _fsdp_torch_root)
 elseif(FSDP_TORCH STREQUAL "system")
   set(_fsdp_torch_root "")
+  # A Torch_DIR inside a LibTorch (an unzipped download, a pip torch's
+  # share/cmake/Torch) chooses that LibTorch: pin its libraries as for a
+  # directory. TorchConfig alone would take Debian's libtorch.so from the
+  # default paths beside these headers, and the link would fail.
+  if(Torch_DIR)
+    get_filename_component(_fsdp_torch_dir_root "${Torch_DIR}/../../.." ABSOLUTE)
+    if(EXISTS "${_fsdp_torch_dir_root}/share/cmake/Torch/TorchConfig.cmake" AND
+       EXISTS "${_fsdp_torch_dir_root}/include/torch")
+      set(_fsdp_torch_root "${_fsdp_torch_dir_root}")
+    endif()
+  endif()
 else()
   get_filename_component(_fsdp_torch_root "${FSDP_TORCH}" ABSOLUTE)
   if(NOT EXISTS "${_fsdp_torch_root}/share/cmake/Torch/TorchConfig.cmake")
@@ -59,6 +70,21 @@ else()
   # headers, the bundled OpenMP runtime, the nvidia-* packages).
   if(EXISTS "${TORCH_INSTALL_PREFIX}/share/cmake/Torch/TorchConfig.cmake")  # a LibTorch or pip torch, not a distribution's
     set(_fsdp_torch_root "${TORCH_INSTALL_PREFIX}")
+  endif()
+endif()
+
+# Headers and libraries of one LibTorch: where a project found Torch before
+# adding fsdp.cpp, TorchConfig's cached TORCH_LIBRARY may be another's.
+if(_fsdp_torch_root AND TORCH_LIBRARY)
+  get_filename_component(_fsdp_torch_library "${TORCH_LIBRARY}" REALPATH)
+  get_filename_component(_fsdp_torch_root_real "${_fsdp_torch_root}" REALPATH)
+  string(FIND "${_fsdp_torch_library}" "${_fsdp_torch_root_real}/" _fsdp_inside)
+  if(NOT _fsdp_inside EQUAL 0)
+    message(FATAL_ERROR
+      "LibTorch's headers come from ${_fsdp_torch_root} but its library from ${TORCH_LIBRARY}, another "
+      "LibTorch's (Debian's libtorch-dev, found on the default paths first), and the link would fail. Put "
+      "${_fsdp_torch_root} on CMAKE_PREFIX_PATH before find_package(Torch), or configure a fresh build "
+      "directory with -DTorch_DIR=${_fsdp_torch_root}/share/cmake/Torch alone.")
   endif()
 endif()
 

@@ -80,9 +80,27 @@ def checkpoint_dir(path):
 
 
 def read_metadata(path):
+    """metadata.json, with each parameter's AdamW step as "adam_step" and
+    "tensor_prefix" naming where its tensors lie in the rank files: versions
+    1-2 held the trainer's AdamW alone ("exp_avg/<name>", params[].adam_step);
+    version 3 holds any optimizer, the trainer's named "optimizer"
+    ("optimizer/optimizer/exp_avg/<name>", optimizers.optimizer.state)."""
     meta = json.load(open(os.path.join(path, "metadata.json")))
     if meta.get("format") != "fsdp.cpp-checkpoint":
         fail(f"{path}/metadata.json: format {meta.get('format')!r}, expected 'fsdp.cpp-checkpoint'")
+    if meta.get("version", 1) >= 3:
+        optimizer = meta.get("optimizers", {}).get("optimizer")
+        if optimizer is None or optimizer.get("kind") != "adamw":
+            kind = "none" if optimizer is None else optimizer.get("kind")
+            fail(f"{path}: a DCP export carries the trainer's AdamW (an optimizer named 'optimizer'); this "
+                 f"checkpoint's is {kind}")
+        for name, p in meta["params"].items():
+            p["adam_step"] = optimizer["state"].get(name, {}).get("step", 0)
+        meta["tensor_prefix"] = {"model": "model/", **{k: f"optimizer/optimizer/{k}/" for k in MOMENTS}}
+    else:
+        meta["tensor_prefix"] = {k: f"{k}/" for k in ("model",) + MOMENTS}
+    for name, p in meta["params"].items():
+        p["tensor_names"] = {kind: prefix + name for kind, prefix in meta["tensor_prefix"].items()}
     return meta
 
 
@@ -104,7 +122,7 @@ def read_checkpoint(path):
     for name, p in meta["params"].items():
         for kind in tensors:
             pieces = sorted(p["shards"], key=lambda s: s["begin"])
-            flat = [files[s["rank"]].get_tensor(f"{kind}/{name}") for s in pieces if s["count"] > 0]
+            flat = [files[s["rank"]].get_tensor(meta["tensor_prefix"][kind] + name) for s in pieces if s["count"] > 0]
             full = torch.cat(flat) if flat else torch.zeros(0)
             numel = 1
             for d in p["shape"]:
@@ -218,7 +236,7 @@ def read_rows(files, entry, kind, name, begin_row, rows):
         a, b = max(lo, pb), min(lo + n, pb + pn)
         if b <= a:
             continue
-        out[a - lo:b - lo] = files[piece["rank"]].get_slice(f"{kind}/{name}")[a - pb:b - pb].float()
+        out[a - lo:b - lo] = files[piece["rank"]].get_slice(entry["tensor_names"][kind])[a - pb:b - pb].float()
         covered += b - a
     if covered != n:
         fail(f"{kind}/{name}: the rank files hold {covered} elements for rows {begin_row}..{begin_row + rows}'s {n} "

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,7 +18,9 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/common/fault_point.h"
+#include "fsdp/checkpoint/optimizer_state.h"
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/core/replicate.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/io/remove_tree.h"
@@ -29,6 +32,9 @@ namespace fsdp::checkpoint {
 namespace fs = std::filesystem;
 
 namespace detail {
+
+// RankFiles' key for the file of buffers rank 0 writes beside its own.
+constexpr int kBufferFileRank = -1;
 
 // Bytes [at, at + size) of a rank file, to be copied to `to` as the file
 // streams past (a load's read of one range straight into its shard).
@@ -44,6 +50,7 @@ class RankFiles {
  public:
   RankFiles(std::string dir, const nlohmann::json& meta) : dir_(std::move(dir)) {
     for (const auto& f : meta["files"]) info_[f["rank"].get<int>()] = f;
+    if (meta.contains("buffer_file")) info_[kBufferFileRank] = meta["buffer_file"];
   }
   // Opened, its size checked, its checksum not yet.
   const io::SafetensorsFile& open(int rank) {
@@ -105,6 +112,7 @@ class RankFiles {
 namespace {
 
 using detail::FileCopy;
+using detail::kBufferFileRank;
 using detail::RankFiles;
 
 std::string step_name(int64_t step) {
@@ -117,12 +125,6 @@ std::string rank_file(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
   return buf;
-}
-
-torch::optim::AdamWParamState* adam_state(torch::optim::AdamW& optimizer, const at::Tensor& param) {
-  auto& states = optimizer.state();
-  const auto it = states.find(compat::optimizer_state_key(param));
-  return it == states.end() ? nullptr : static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
 void fsync_dir(const std::string& dir) {
@@ -178,30 +180,158 @@ struct WrittenFile {
   std::string error;  // why the file could not be written; empty when it was
 };
 
-// Save, stage 1: this rank's file (its shards, one replica writing each; its
-// AdamW moments; its RNG) into the temporary directory. Returns the table
-// rank 0 needs: per parameter (begin, count, writes, adam step).
-at::Tensor write_rank_file(const std::string& tmp_dir, const std::vector<LocalShard>& shards,
-                           torch::optim::AdamW& optimizer, int rank, WrittenFile& written) {
+// What the parts hold, gathered once per save or load: every model's
+// parameters (as this rank holds them) and buffers under their checkpoint
+// names, and every optimizer with its kind and its parameters' indices.
+struct Contents {
+  struct Optimizer {
+    std::string name;
+    torch::optim::Optimizer* optimizer = nullptr;
+    std::string kind;
+    std::vector<std::vector<size_t>> groups;  // per parameter group, indices into `shards`
+  };
+  std::vector<LocalShard> shards;
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  std::vector<Optimizer> optimizers;
+  ShardingRecord sharding;
+};
+
+Contents contents_of(const Parts& parts, int world_size) {
+  Contents c;
+  FSDP_CHECK(!parts.models.empty(), "checkpoint: the parts name no model");
+  std::unordered_map<const void*, size_t> index;  // parameter -> shard
+  std::set<std::string> names;
+  for (const auto& [name, module] : parts.models) {
+    const std::string prefix = name.empty() ? "" : name + ".";
+    for (auto& s : local_shards(*module)) {
+      s.fqn = prefix + s.fqn;
+      FSDP_CHECK(names.insert(s.fqn).second, "checkpoint: two model parts hold a parameter named '", s.fqn,
+                 "'; give the models distinct names");
+      index[s.param.unsafeGetTensorImpl()] = c.shards.size();
+      c.shards.push_back(std::move(s));
+    }
+    for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+      if (!item.value().defined()) continue;
+      const std::string fqn = prefix + item.key();
+      FSDP_CHECK(names.insert(fqn).second, "checkpoint: two model parts hold a tensor named '", fqn,
+                 "'; give the models distinct names");
+      c.buffers.emplace_back(fqn, item.value());
+    }
+  }
+  std::set<std::string> optimizer_names;
+  for (const auto& [name, optimizer] : parts.optimizers) {
+    FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && optimizer_names.insert(name).second,
+               "checkpoint: optimizer part '", name, "' needs a name of its own, without '/'");
+    Contents::Optimizer o{name, optimizer, optimizer_kind(*optimizer), {}};
+    for (const auto& group : optimizer->param_groups()) {
+      auto& indices = o.groups.emplace_back();
+      for (const auto& p : group.params()) {
+        const auto it = index.find(p.unsafeGetTensorImpl());
+        FSDP_CHECK(it != index.end(), "checkpoint: optimizer '", name, "' steps a parameter of shape ", p.sizes(),
+                   " that none of the model parts holds (create the optimizer after fully_shard, over the "
+                   "models' parameters)");
+        indices.push_back(it->second);
+      }
+    }
+    c.optimizers.push_back(std::move(o));
+  }
+  c.sharding = sharding_of(*parts.models.front().second);
+  if (c.sharding.strategy.empty()) {
+    c.sharding = {is_replicated(*parts.models.front().second) ? "replicate" : "unsharded", {world_size, 1}};
+  }
+  return c;
+}
+
+std::string optimizer_tensor_name(const std::string& optimizer, const std::string& tensor, const std::string& fqn) {
+  return "optimizer/" + optimizer + "/" + tensor + "/" + fqn;
+}
+
+// An optimizer a checkpoint holds, read from metadata of any version:
+// versions 1 and 2 held the trainer's AdamW alone, as "optimizer", with its
+// moments under "exp_avg/<fqn>" and no hyperparameters.
+struct SavedOptimizer {
+  std::string kind;
+  const nlohmann::json* groups = nullptr;  // null: not saved
+  struct State {
+    int64_t step = 0;
+    std::vector<std::string> tensors;
+  };
+  std::map<std::string, State> state;  // by parameter
+  bool legacy = false;
+  std::string tensor_name(const std::string& optimizer, const std::string& tensor, const std::string& fqn) const {
+    return legacy ? tensor + "/" + fqn : optimizer_tensor_name(optimizer, tensor, fqn);
+  }
+};
+
+std::map<std::string, SavedOptimizer> saved_optimizers(const nlohmann::json& meta) {
+  std::map<std::string, SavedOptimizer> out;
+  if (meta["version"].get<int>() < 3) {
+    SavedOptimizer& adam = out["optimizer"];
+    adam.kind = "adamw";
+    adam.legacy = true;
+    for (const auto& [fqn, p] : meta["params"].items()) {
+      const int64_t step = p["adam_step"].get<int64_t>();
+      if (step > 0) adam.state[fqn] = {step, {"exp_avg", "exp_avg_sq"}};
+    }
+    return out;
+  }
+  for (const auto& [name, o] : meta["optimizers"].items()) {  // version 3 holds it (parse_metadata)
+    SavedOptimizer& saved = out[name];
+    saved.kind = o["kind"].get<std::string>();
+    saved.groups = &o["groups"];
+    for (const auto& [fqn, s] : o["state"].items()) {
+      saved.state[fqn] = {s["step"].get<int64_t>(), s["tensors"].get<std::vector<std::string>>()};
+    }
+  }
+  return out;
+}
+
+// Save, stage 1: this rank's file (its shards, one replica writing each;
+// each optimizer's state of them; its RNG) into the temporary directory,
+// and on rank 0 the buffers' file. Returns the table rank 0 needs: per
+// parameter, (begin, count, writes), then per optimizer (has state, step,
+// which state tensors: a bit per optimizer_state_tensors entry).
+constexpr int64_t kShardColumns = 3, kOptimizerColumns = 3;
+
+at::Tensor write_rank_file(const std::string& tmp_dir, const Contents& c, int rank, WrittenFile& written) {
   std::vector<io::SafetensorsWriter::Spec> specs;
   std::vector<at::Tensor> tensors;
-  at::Tensor table = at::zeros({static_cast<int64_t>(shards.size()), 4}, at::kLong);
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto& s = shards[i];
-    const bool writes = s.sharded ? s.replica == 0 : rank == 0;
-    auto* adam = adam_state(optimizer, s.param);
-    table[static_cast<int64_t>(i)][0] = s.begin;
-    table[static_cast<int64_t>(i)][1] = s.numel;
-    table[static_cast<int64_t>(i)][2] = writes && s.numel > 0 ? 1 : 0;
-    table[static_cast<int64_t>(i)][3] = adam != nullptr ? adam->step() : 0;
-    if (!writes || s.numel == 0) continue;
-    specs.push_back({"model/" + s.fqn, s.local.scalar_type(), {s.numel}});
-    tensors.push_back(s.local);
-    if (adam != nullptr) {
-      for (const auto& [prefix, moment] : {std::pair<const char*, at::Tensor>{"exp_avg/", adam->exp_avg()},
-                                           std::pair<const char*, at::Tensor>{"exp_avg_sq/", adam->exp_avg_sq()}}) {
-        specs.push_back({prefix + s.fqn, moment.scalar_type(), {s.numel}});
-        tensors.push_back(moment.reshape({-1}));
+  const auto columns = kShardColumns + kOptimizerColumns * static_cast<int64_t>(c.optimizers.size());
+  at::Tensor table = at::zeros({static_cast<int64_t>(c.shards.size()), columns}, at::kLong);
+  auto rows = table.accessor<int64_t, 2>();
+  for (size_t i = 0; i < c.shards.size(); ++i) {
+    const auto& s = c.shards[i];
+    const bool writes = (s.sharded ? s.replica == 0 : rank == 0) && s.numel > 0;
+    rows[i][0] = s.begin;
+    rows[i][1] = s.numel;
+    rows[i][2] = writes ? 1 : 0;
+    if (writes) {
+      specs.push_back({"model/" + s.fqn, s.local.scalar_type(), {s.numel}});
+      tensors.push_back(s.local);
+    }
+  }
+  for (size_t k = 0; k < c.optimizers.size(); ++k) {
+    const auto& o = c.optimizers[k];
+    const auto& names = optimizer_state_tensors(o.kind);
+    auto& states = o.optimizer->state();
+    for (const auto& group : o.groups) {
+      for (size_t i : group) {
+        const auto& s = c.shards[i];
+        const auto it = states.find(compat::optimizer_state_key(s.param));
+        if (it == states.end()) continue;
+        const ParamState state = read_param_state(o.kind, *it->second);
+        const int64_t col = kShardColumns + kOptimizerColumns * static_cast<int64_t>(k);
+        rows[i][col] = 1;
+        rows[i][col + 1] = state.step;
+        for (const auto& [tensor, value] : state.tensors) {
+          FSDP_CHECK(value.numel() == s.param.numel(), "checkpoint: optimizer '", o.name, "' holds '", tensor,
+                     "' of ", value.numel(), " elements for parameter '", s.fqn, "' of ", s.param.numel(),
+                     ": only state shaped like its parameter is saved");
+          rows[i][col + 2] |= int64_t{1} << (std::find(names.begin(), names.end(), tensor) - names.begin());
+          if (rows[i][2] == 0) continue;
+          specs.push_back({optimizer_tensor_name(o.name, tensor, s.fqn), value.scalar_type(), {s.numel}});
+          tensors.push_back(value.reshape({-1}));
+        }
       }
     }
   }
@@ -220,26 +350,78 @@ at::Tensor write_rank_file(const std::string& tmp_dir, const std::vector<LocalSh
   return table;
 }
 
+constexpr const char* kBufferFile = "buffers.safetensors";
+
+// Save, stage 1 on rank 0: every buffer whole, rank 0's values (the ranks'
+// may differ: [Note: buffers in a checkpoint]). Its size and checksum, or
+// nothing when there are no buffers.
+std::optional<nlohmann::json> write_buffer_file(const std::string& tmp_dir, const Contents& c, WrittenFile& written) {
+  if (c.buffers.empty()) return std::nullopt;
+  std::vector<io::SafetensorsWriter::Spec> specs;
+  for (const auto& [fqn, value] : c.buffers) specs.push_back({"buffer/" + fqn, value.scalar_type(), value.sizes().vec()});
+  try {
+    io::SafetensorsWriter writer(tmp_dir + "/" + kBufferFile, specs);
+    for (const auto& [fqn, value] : c.buffers) writer.write(value.detach().contiguous());
+    writer.commit();
+    return nlohmann::json{{"name", kBufferFile}, {"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}};
+  } catch (const std::exception& e) {
+    written.error = error_text(e);
+    return std::nullopt;
+  }
+}
+
 // Save, stage 2 (rank 0): metadata.json from every rank's table and file.
-nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::Tensor& all_tables,
-                              const at::Tensor& all_files, const TrainerState& state, int w) {
+nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::Tensor& all_tables,
+                              const at::Tensor& all_files, const std::optional<nlohmann::json>& buffer_file,
+                              const TrainerState& state, int w) {
+  const auto n = static_cast<int64_t>(c.shards.size());
+  const auto tables = all_tables.view({w, n, -1});
   nlohmann::json params = nlohmann::json::object();
-  auto tables = all_tables.view({w, static_cast<int64_t>(shards.size()), 4});
-  for (size_t i = 0; i < shards.size(); ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     nlohmann::json pieces = nlohmann::json::array();
-    int64_t adam_step = 0;
     for (int r = 0; r < w; ++r) {
-      const auto row = tables[r][static_cast<int64_t>(i)];
-      adam_step = std::max(adam_step, row[3].item<int64_t>());
+      const auto row = tables[r][i];
       if (row[2].item<int64_t>() == 1) {
         pieces.push_back({{"rank", r}, {"begin", row[0].item<int64_t>()}, {"count", row[1].item<int64_t>()}});
       }
     }
-    params[shards[i].fqn] = {{"shape", shards[i].shape},
-                             {"dtype", io::safetensors_dtype_name(shards[i].local.scalar_type())},
-                             {"adam_step", adam_step},
-                             {"shards", pieces}};
+    const auto& s = c.shards[static_cast<size_t>(i)];
+    params[s.fqn] = {{"shape", s.shape}, {"dtype", io::safetensors_dtype_name(s.local.scalar_type())}, {"shards", pieces}};
   }
+  nlohmann::json optimizers = nlohmann::json::object();
+  for (size_t k = 0; k < c.optimizers.size(); ++k) {
+    const auto& o = c.optimizers[k];
+    const int64_t col = kShardColumns + kOptimizerColumns * static_cast<int64_t>(k);
+    const auto& names = optimizer_state_tensors(o.kind);
+    nlohmann::json groups = nlohmann::json::array(), saved_state = nlohmann::json::object();
+    for (size_t g = 0; g < o.groups.size(); ++g) {
+      nlohmann::json fqns = nlohmann::json::array();
+      for (size_t i : o.groups[g]) {
+        fqns.push_back(c.shards[i].fqn);
+        int64_t has = 0, step = 0, mask = 0;
+        for (int r = 0; r < w; ++r) {
+          const auto row = tables[r][static_cast<int64_t>(i)];
+          has |= row[col].item<int64_t>();
+          step = std::max(step, row[col + 1].item<int64_t>());
+          mask |= row[col + 2].item<int64_t>();
+        }
+        if (has == 0) continue;
+        nlohmann::json held = nlohmann::json::array();
+        for (size_t b = 0; b < names.size(); ++b) {
+          if ((mask >> b) & 1) held.push_back(names[b]);
+        }
+        saved_state[c.shards[i].fqn] = {{"step", step}, {"tensors", held}};
+      }
+      groups.push_back({{"params", fqns}, {"options", group_options(o.kind, o.optimizer->param_groups()[g].options())}});
+    }
+    optimizers[o.name] = {{"kind", o.kind}, {"groups", groups}, {"state", saved_state}};
+  }
+  nlohmann::json buffers = nlohmann::json::object();
+  for (const auto& [fqn, value] : c.buffers) {
+    buffers[fqn] = {{"shape", value.sizes().vec()}, {"dtype", io::safetensors_dtype_name(value.scalar_type())}};
+  }
+  nlohmann::json states = nlohmann::json::object();
+  for (const auto& [name, part] : parts.states) states[name] = part->state_dict();
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < w; ++r) {
     files.push_back({{"rank", r},
@@ -247,18 +429,23 @@ nlohmann::json build_metadata(const std::vector<LocalShard>& shards, const at::T
                      {"bytes", all_files[2 * r].item<int64_t>()},
                      {"crc32", static_cast<uint32_t>(all_files[2 * r + 1].item<int64_t>())}});
   }
-  return {{"format", kMetadataFormat},
-          {"version", kMetadataVersion},
-          {"step", state.step},
-          {"world_size", w},
-          {"sharding", state.sharding},
-          {"mesh", state.mesh},
-          {"config", state.config_yaml},
-          {"hf_config", state.hf_config},
-          {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
-          {"extra", state.extra},
-          {"params", params},
-          {"files", files}};
+  nlohmann::json meta = {{"format", kMetadataFormat},
+                         {"version", kMetadataVersion},
+                         {"step", state.step},
+                         {"world_size", w},
+                         {"sharding", c.sharding.strategy},
+                         {"mesh", c.sharding.mesh},
+                         {"config", state.config_yaml},
+                         {"hf_config", state.hf_config},
+                         {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
+                         {"extra", state.extra},
+                         {"params", params},
+                         {"optimizers", optimizers},
+                         {"buffers", buffers},
+                         {"states", states},
+                         {"files", files}};
+  if (buffer_file) meta["buffer_file"] = *buffer_file;
+  return meta;
 }
 
 // Save, stage 3 (rank 0): the directory appears whole, then `latest` moves
@@ -320,16 +507,17 @@ void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error,
 
 }  // namespace
 
-std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
-                 const TrainerState& state, dist::World& world) {
+
+std::string save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state,
+                 dist::World& world) {
   auto& group = world.group();
   const int rank = world.rank(), w = world.size();
   const std::string name = step_name(state.step);
   const std::string final_dir = dir + "/" + name;
   const std::string tmp_dir = final_dir + ".tmp";
-  // Before anything is written: a model that cannot be saved is refused
-  // on every rank alike, leaving the folder as it was.
-  const auto shards = local_shards(model);
+  // Before anything is written: parts that cannot be saved are refused on
+  // every rank alike, leaving the folder as it was.
+  const Contents c = contents_of(parts, w);
   std::string error;
   if (rank == 0) {
     try {
@@ -343,7 +531,9 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   agree_on_failure(group, error, tmp_dir);
 
   WrittenFile written;
-  const at::Tensor table = write_rank_file(tmp_dir, shards, optimizer, rank, written);
+  const at::Tensor table = write_rank_file(tmp_dir, c, rank, written);
+  std::optional<nlohmann::json> buffer_file;
+  if (rank == 0 && written.error.empty()) buffer_file = write_buffer_file(tmp_dir, c, written);
   agree_on_failure(group, written.error, tmp_dir);
 
   // Rank 0 learns who holds what, and every file's size and checksum.
@@ -356,8 +546,9 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
 
   if (rank == 0) {
     try {
-      io::write_file_atomically(tmp_dir + "/metadata.json",
-                                sealed_metadata_text(build_metadata(shards, all_tables, all_files, state, w)));
+      io::write_file_atomically(
+          tmp_dir + "/metadata.json",
+          sealed_metadata_text(build_metadata(c, parts, all_tables, all_files, buffer_file, state, w)));
       publish(dir, tmp_dir, final_dir, name, keep);
     } catch (const std::exception& e) {
       error = error_text(e);
@@ -371,6 +562,11 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
   }
   agree_on_failure(group, error, tmp_dir);
   return final_dir;
+}
+
+std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                 const TrainerState& state, dist::World& world) {
+  return save(dir, keep, Parts().model("", model).optimizer("optimizer", optimizer), state, world);
 }
 
 namespace {
@@ -404,40 +600,125 @@ void plan_range(RankFiles& files, const nlohmann::json& pieces, const std::strin
   });
 }
 
-// Load: this rank's ranges of every parameter and its AdamW moments; and,
-// when each rank maps to one saved, that rank's random state. The
-// parameters are written as their files stream past, before the files'
-// checksums are known: a failed load leaves them partly loaded (the
-// optimizer's state is set only after every file checked out).
-at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta, const std::vector<LocalShard>& shards,
-                       torch::optim::AdamW& optimizer, const dist::World& world) {
+// Everything a load checks before it reads a byte: the same parameters
+// with the same shapes, the same buffers, optimizers of the same kinds over
+// the same parameter groups, and every named state. Throws naming the part
+// and both sides.
+void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta, const Contents& c,
+                       const Parts& parts, const std::map<std::string, SavedOptimizer>& saved) {
+  const auto& params = meta["params"];
+  for (const auto& s : c.shards) {
+    FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
+               s.fqn, "'");
+    const auto shape = params[s.fqn]["shape"].get<std::vector<int64_t>>();
+    FSDP_CHECK(shape == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
+               "' was saved with shape ", c10::IntArrayRef(shape), ", this model has ", c10::IntArrayRef(s.shape));
+  }
+  FSDP_CHECK(params.size() == c.shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
+             " parameters, this model ", c.shards.size(), ": it is from another model");
+  if (meta.contains("buffers")) {  // versions 1 and 2 saved none
+    const auto& buffers = meta["buffers"];
+    for (const auto& [fqn, value] : c.buffers) {
+      FSDP_CHECK(buffers.contains(fqn), "checkpoint '", checkpoint, "' has no buffer '", fqn,
+                 "', which this model has: it is from another model");
+      const auto shape = buffers[fqn]["shape"].get<std::vector<int64_t>>();
+      FSDP_CHECK(shape == value.sizes().vec(), "checkpoint '", checkpoint, "': buffer '", fqn, "' was saved with shape ",
+                 c10::IntArrayRef(shape), ", this model has ", value.sizes());
+    }
+    FSDP_CHECK(buffers.size() == c.buffers.size(), "checkpoint '", checkpoint, "' holds ", buffers.size(),
+               " buffers, this model ", c.buffers.size(), ": it is from another model");
+  }
+  for (const auto& o : c.optimizers) {
+    const auto it = saved.find(o.name);
+    if (it == saved.end()) {
+      std::string names;
+      for (const auto& [n, unused] : saved) names += (names.empty() ? "'" : ", '") + n + "'";
+      throw Error("checkpoint '" + checkpoint + "' holds no optimizer '" + o.name + "' (it holds " +
+                  (names.empty() ? std::string("none") : names) + ")");
+    }
+    const SavedOptimizer& s = it->second;
+    FSDP_CHECK(s.kind == o.kind, "checkpoint '", checkpoint, "': optimizer '", o.name, "' was saved from ", s.kind,
+               ", this program's is ", o.kind, ": its state does not carry over");
+    if (s.groups == nullptr) continue;
+    FSDP_CHECK(s.groups->size() == o.groups.size(), "checkpoint '", checkpoint, "': optimizer '", o.name, "' had ",
+               s.groups->size(), " parameter group(s), this program's has ", o.groups.size());
+    for (size_t g = 0; g < o.groups.size(); ++g) {
+      const auto fqns = (*s.groups)[g]["params"].get<std::vector<std::string>>();
+      std::vector<std::string> ours;
+      for (size_t i : o.groups[g]) ours.push_back(c.shards[i].fqn);
+      const auto differ = std::mismatch(fqns.begin(), fqns.end(), ours.begin(), ours.end());
+      FSDP_CHECK(differ.first == fqns.end() && differ.second == ours.end(), "checkpoint '", checkpoint,
+                 "': optimizer '", o.name, "' group ", g, " held ", fqns.size(), " parameter(s), this program's ",
+                 ours.size(), "; first difference: saved '", differ.first == fqns.end() ? "(none)" : *differ.first,
+                 "', here '", differ.second == ours.end() ? "(none)" : *differ.second, "'");
+    }
+  }
+  for (const auto& [name, part] : parts.states) {
+    (void)part;
+    FSDP_CHECK(meta.contains("states") && meta["states"].contains(name), "checkpoint '", checkpoint,
+               "' holds no state '", name, "'");
+  }
+}
+
+// Load: this rank's ranges of every parameter and of each optimizer's
+// state, the buffers whole, and, when each rank maps to one saved, that
+// rank's random state. The parameters and buffers are written as their
+// files stream past, before the files' checksums are known: a failed load
+// leaves them partly loaded (the optimizers' state is set only after every
+// file checked out).
+at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta, const Contents& c,
+                       const std::map<std::string, SavedOptimizer>& saved, const dist::World& world) {
   const auto& params = meta["params"];
   RankFiles files(checkpoint, meta);
   torch::NoGradGuard no_grad;
   LoadPlan plan;
-  std::vector<std::unique_ptr<torch::optim::AdamWParamState>> moments(shards.size());
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto& s = shards[i];
-    const auto& entry = params[s.fqn];
-    const auto& pieces = entry["shards"];
-    plan_range(files, pieces, "model/" + s.fqn, s.begin, s.local, "parameter '" + s.fqn + "'", plan);
-    const int64_t adam_step = entry["adam_step"].get<int64_t>();
-    if (adam_step == 0) continue;
-    auto moment = [&](const char* prefix) {
-      // Every element is written: plan_range fails unless the pieces cover it.
-      at::Tensor m = at::empty_like(s.param);
-      plan_range(files, pieces, prefix + s.fqn, s.begin, m.view({-1}), std::string(prefix) + s.fqn, plan);
-      return m;
-    };
-    moments[i] = std::make_unique<torch::optim::AdamWParamState>();
-    moments[i]->step(adam_step);
-    moments[i]->exp_avg(moment("exp_avg/"));
-    moments[i]->exp_avg_sq(moment("exp_avg_sq/"));
+  for (const auto& s : c.shards) {
+    plan_range(files, params[s.fqn]["shards"], "model/" + s.fqn, s.begin, s.local, "parameter '" + s.fqn + "'", plan);
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (read into, buffer)
+  if (meta.contains("buffer_file")) {
+    for (const auto& [fqn, value] : c.buffers) {
+      at::Tensor into = at::empty({value.numel()}, value.options().device(at::kCPU));
+      const nlohmann::json whole = nlohmann::json::array({{{"rank", kBufferFileRank}, {"begin", 0}, {"count", value.numel()}}});
+      plan_range(files, whole, "buffer/" + fqn, 0, into, "buffer '" + fqn + "'", plan);
+      buffers.emplace_back(into, value);
+    }
+  }
+  // Per optimizer, per parameter with saved state: the state, its tensors
+  // filled by the plan.
+  std::vector<std::vector<std::pair<size_t, ParamState>>> states(c.optimizers.size());
+  for (size_t k = 0; k < c.optimizers.size(); ++k) {
+    const auto& o = c.optimizers[k];
+    const SavedOptimizer& from = saved.at(o.name);
+    for (const auto& group : o.groups) {
+      for (size_t i : group) {
+        const auto& s = c.shards[i];
+        const auto it = from.state.find(s.fqn);
+        if (it == from.state.end()) continue;
+        ParamState state;
+        state.step = it->second.step;
+        for (const auto& tensor : it->second.tensors) {
+          at::Tensor value = at::empty_like(s.param);  // every element is written, or plan_range throws
+          plan_range(files, params[s.fqn]["shards"], from.tensor_name(o.name, tensor, s.fqn), s.begin,
+                     value.view({-1}), o.name + " '" + tensor + "' of '" + s.fqn + "'", plan);
+          state.tensors.emplace_back(tensor, value);
+        }
+        states[k].emplace_back(i, std::move(state));
+      }
+    }
   }
   for (auto& [rank, copies] : plan.streamed) files.stream(rank, copies);
   for (const auto& convert : plan.converted) convert();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    if (moments[i]) optimizer.state()[compat::optimizer_state_key(shards[i].param)] = std::move(moments[i]);
+  for (auto& [into, buffer] : buffers) buffer.detach().copy_(into.view(buffer.sizes()));
+  for (size_t k = 0; k < c.optimizers.size(); ++k) {
+    const auto& o = c.optimizers[k];
+    auto& held = o.optimizer->state();
+    for (const auto& group : o.groups) {
+      for (size_t i : group) held.erase(compat::optimizer_state_key(c.shards[i].param));
+    }
+    for (auto& [i, state] : states[k]) {
+      held[compat::optimizer_state_key(c.shards[i].param)] = make_param_state(o.kind, state);
+    }
   }
   if (meta["world_size"].get<int>() != world.size()) return {};
   // Checked here, where the file is known: set_state's own message names neither.
@@ -456,21 +737,11 @@ at::Tensor read_ranges(const std::string& checkpoint, const nlohmann::json& meta
 
 }  // namespace
 
-TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
-                  dist::World& world) {
+TrainerState load(const std::string& checkpoint, const Parts& parts, dist::World& world) {
   const nlohmann::json meta = read_metadata(checkpoint);
-  const auto shards = local_shards(model);
-  const auto& params = meta["params"];
-  // The same model: every parameter, with its shape.
-  for (const auto& s : shards) {
-    FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
-               s.fqn, "'");
-    const auto saved = params[s.fqn]["shape"].get<std::vector<int64_t>>();
-    FSDP_CHECK(saved == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
-               "' was saved with shape ", c10::IntArrayRef(saved), ", this model has ", c10::IntArrayRef(s.shape));
-  }
-  FSDP_CHECK(params.size() == shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
-             " parameters, this model ", shards.size(), ": it is from another model");
+  const Contents c = contents_of(parts, world.size());
+  const auto saved = saved_optimizers(meta);
+  check_parts_match(checkpoint, meta, c, parts, saved);
 
   // A rank that cannot read its ranges (a damaged or missing file) must not
   // leave the others waiting in a collective that then fails with a
@@ -479,7 +750,7 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
   std::string failure;
   at::Tensor rng;
   try {
-    rng = read_ranges(checkpoint, meta, shards, optimizer, world);
+    rng = read_ranges(checkpoint, meta, c, saved, world);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -490,6 +761,16 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
     for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
     throw Error("checkpoint '" + checkpoint + "' could not be loaded by rank(s) " + list + " (their error says why)");
   }
+  // Hyperparameters and the program's states, once every file checked out.
+  for (const auto& o : c.optimizers) {
+    const SavedOptimizer& from = saved.at(o.name);
+    if (from.groups == nullptr) continue;
+    for (size_t g = 0; g < o.groups.size(); ++g) {
+      set_group_options(o.kind, o.optimizer->param_groups()[g].options(), (*from.groups)[g]["options"],
+                        "checkpoint '" + checkpoint + "': optimizer '" + o.name + "' group " + std::to_string(g));
+    }
+  }
+  for (const auto& [name, part] : parts.states) part->load_state_dict(meta["states"][name]);
   // The random stream continues where it was.
   if (rng.defined()) {
     auto generator = at::detail::getDefaultCPUGenerator();  // a handle to the global generator
@@ -499,11 +780,28 @@ TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch
   return trainer_state(meta);
 }
 
+TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                  dist::World& world) {
+  return load(checkpoint, Parts().model("", model).optimizer("optimizer", optimizer), world);
+}
+
+namespace {
+
+// Every file of a checkpoint with its RankFiles key: the ranks', then the buffers'.
+std::vector<std::pair<int, nlohmann::json>> files_of(const nlohmann::json& meta) {
+  std::vector<std::pair<int, nlohmann::json>> out;
+  for (const auto& f : meta["files"]) out.emplace_back(f["rank"].get<int>(), f);
+  if (meta.contains("buffer_file")) out.emplace_back(kBufferFileRank, meta["buffer_file"]);
+  return out;
+}
+
+}  // namespace
+
 std::string damage(const std::string& checkpoint) {
   try {
     const nlohmann::json meta = read_metadata(checkpoint);
     RankFiles files(checkpoint, meta);
-    for (const auto& f : meta["files"]) files.get(f["rank"].get<int>());
+    for (const auto& [key, f] : files_of(meta)) files.get(key);
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -525,12 +823,19 @@ std::string inspect(const std::string& checkpoint) {
       << meta.value("sharding", "?") << ", mesh " << meta.value("mesh", nlohmann::json::array()).dump() << "\n"
       << "  " << meta["params"].size() << " parameters, " << elements << " elements, tokens seen "
       << meta["trainer"].value("tokens_seen", int64_t{0}) << "\n";
+  if (!meta.value("buffers", nlohmann::json::object()).empty()) out << "  " << meta["buffers"].size() << " buffers\n";
+  for (const auto& [name, o] : saved_optimizers(meta)) {
+    out << "  optimizer '" << name << "': " << o.kind << ", state for " << o.state.size() << " parameters\n";
+  }
+  if (meta.contains("states")) {
+    for (const auto& [name, unused] : meta["states"].items()) out << "  state '" << name << "'\n";
+  }
   RankFiles files(checkpoint, meta);
   bool ok = true;
-  for (const auto& f : meta["files"]) {
+  for (const auto& [key, f] : files_of(meta)) {
     std::string status = "ok";
     try {
-      files.get(f["rank"].get<int>());
+      files.get(key);
     } catch (const Error& e) {
       status = std::string("BAD: ") + e.what();
       ok = false;

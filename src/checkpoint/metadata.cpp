@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "fsdp/common/error.h"
@@ -60,6 +61,92 @@ std::string checksum_of(json meta) {
   return std::string("crc32:") + hex;
 }
 
+// A file entry: a plain name inside the checkpoint (metadata must not point
+// reads elsewhere), its size and CRC-32.
+void check_file_entry(const Checker& c, const json& f, const std::string& field) {
+  if (!f.is_object()) c.fail(field, "must be an object");
+  const json& name = c.member(f, "name", field + ".");
+  if (!name.is_string()) c.fail(field + ".name", "must be a string");
+  const auto n = name.get<std::string>();
+  if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\0') != std::string::npos) {
+    c.fail(field + ".name", "'" + n + "' must be a file name inside the checkpoint");
+  }
+  c.integer(c.member(f, "bytes", field + "."), field + ".bytes", 0, INT64_MAX);
+  c.integer(c.member(f, "crc32", field + "."), field + ".crc32", 0, UINT32_MAX);
+}
+
+// A name that becomes part of a tensor's name in a rank file: printable,
+// without '/'.
+void check_part_name(const Checker& c, const std::string& name, const std::string& field) {
+  for (const unsigned char ch : name) {
+    if (ch < 0x20 || ch == 0x7f || ch == '/') c.fail(field, "holds a name with a control character or '/'");
+  }
+  if (name.empty()) c.fail(field, "holds an empty name");
+}
+
+void check_shape(const Checker& c, const json& shape, const std::string& field) {
+  if (!shape.is_array()) c.fail(field, "must be an array");
+  int64_t numel = 1;
+  for (const auto& d : shape) {
+    numel *= std::max<int64_t>(1, c.integer(d, field + "[]", 0, kMaxElements));
+    if (numel > kMaxElements) c.fail(field, "holds more elements than any model");
+  }
+}
+
+// Version 3's optimizers, buffers and states.
+void check_version_3_parts(const Checker& c, const json& meta, const json& params) {
+  static const std::set<std::string> kinds = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+  const json& optimizers = c.member(meta, "optimizers", "");
+  if (!optimizers.is_object()) c.fail("optimizers", "must be an object");
+  for (const auto& [name, o] : optimizers.items()) {
+    const std::string field = "optimizers['" + name + "'].";
+    check_part_name(c, name, "optimizers");
+    if (!o.is_object()) c.fail(field, "must be an object");
+    const json& kind = c.member(o, "kind", field);
+    if (!kind.is_string() || kinds.count(kind.get<std::string>()) == 0) {
+      c.fail(field + "kind", "must be one of sgd, adam, adamw, rmsprop, adagrad");
+    }
+    const json& groups = c.member(o, "groups", field);
+    if (!groups.is_array()) c.fail(field + "groups", "must be an array");
+    for (const auto& g : groups) {
+      if (!g.is_object() || !c.member(g, "options", field + "groups[].").is_object()) {
+        c.fail(field + "groups[]", "must be an object with an object of options");
+      }
+      const json& members = c.member(g, "params", field + "groups[].");
+      if (!members.is_array()) c.fail(field + "groups[].params", "must be an array");
+      for (const auto& m : members) {
+        if (!m.is_string() || !params.contains(m.get<std::string>())) {
+          c.fail(field + "groups[].params[]", "must name a saved parameter");
+        }
+      }
+    }
+    const json& state = c.member(o, "state", field);
+    if (!state.is_object()) c.fail(field + "state", "must be an object");
+    for (const auto& [fqn, s] : state.items()) {
+      const std::string sfield = field + "state['" + fqn + "'].";
+      if (!params.contains(fqn)) c.fail(field + "state", "names '" + fqn + "', which is no saved parameter");
+      if (!s.is_object()) c.fail(sfield, "must be an object");
+      c.integer(c.member(s, "step", sfield), sfield + "step", 0, kMaxCheckpointCount);
+      const json& tensors = c.member(s, "tensors", sfield);
+      if (!tensors.is_array()) c.fail(sfield + "tensors", "must be an array");
+      for (const auto& t : tensors) {
+        if (!t.is_string()) c.fail(sfield + "tensors[]", "must be a string");
+        check_part_name(c, t.get<std::string>(), sfield + "tensors[]");
+      }
+    }
+  }
+  const json& buffers = c.member(meta, "buffers", "");
+  if (!buffers.is_object()) c.fail("buffers", "must be an object");
+  for (const auto& [name, b] : buffers.items()) {
+    const std::string field = "buffers['" + name + "'].";
+    if (!b.is_object()) c.fail(field, "must be an object");
+    check_shape(c, c.member(b, "shape", field), field + "shape");
+    c.string_if_present(b, "dtype", field);
+  }
+  if (!buffers.empty() && !meta.contains("buffer_file")) c.fail("buffer_file", "is missing, and buffers are listed");
+  if (!c.member(meta, "states", "").is_object()) c.fail("states", "must be an object");
+}
+
 }  // namespace
 
 std::string sealed_metadata_text(json meta) {
@@ -73,8 +160,8 @@ json parse_metadata(const std::string& text, const std::string& path) {
              "' is not fsdp.cpp checkpoint metadata");
   const Checker c(path);
   const int64_t version = c.integer(c.member(meta, "version", ""), "version", 0, INT32_MAX);
-  FSDP_CHECK(version == 1 || version == kMetadataVersion, "'", path, "' has version ", version,
-             ", this build reads versions 1 and ", kMetadataVersion);
+  FSDP_CHECK(version >= 1 && version <= kMetadataVersion, "'", path, "' has version ", version,
+             ", this build reads versions 1 to ", kMetadataVersion);
   if (version >= 2) {
     // Before any other field is believed ([Note: sealed metadata]).
     const json& sum = c.member(meta, "checksum", "");
@@ -122,7 +209,7 @@ json parse_metadata(const std::string& text, const std::string& path) {
     }
     for (const auto& d : shape) numel = d.get<int64_t>() == 0 ? 0 : numel;
     c.string_if_present(p, "dtype", field);
-    c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, kMaxCheckpointCount);
+    if (version < 3) c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, kMaxCheckpointCount);
     const json& shards = c.member(p, "shards", field);
     if (!shards.is_array()) c.fail(field + "shards", "must be an array");
     for (const auto& s : shards) {
@@ -133,21 +220,15 @@ json parse_metadata(const std::string& text, const std::string& path) {
     }
   }
 
+  if (version >= 3) check_version_3_parts(c, meta, params);
+
   const json& files = c.member(meta, "files", "");
   if (!files.is_array()) c.fail("files", "must be an array");
   for (const auto& f : files) {
-    if (!f.is_object()) c.fail("files[]", "must be an object");
+    check_file_entry(c, f, "files[]");
     c.integer(c.member(f, "rank", "files[]."), "files[].rank", 0, world - 1);
-    const json& name = c.member(f, "name", "files[].");
-    if (!name.is_string()) c.fail("files[].name", "must be a string");
-    const auto n = name.get<std::string>();
-    // A plain name inside the checkpoint: metadata must not point reads elsewhere.
-    if (n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos || n.find('\0') != std::string::npos) {
-      c.fail("files[].name", "'" + n + "' must be a file name inside the checkpoint");
-    }
-    c.integer(c.member(f, "bytes", "files[]."), "files[].bytes", 0, INT64_MAX);
-    c.integer(c.member(f, "crc32", "files[]."), "files[].crc32", 0, UINT32_MAX);
   }
+  if (meta.contains("buffer_file")) check_file_entry(c, meta["buffer_file"], "buffer_file");
   return meta;
 }
 

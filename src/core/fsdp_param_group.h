@@ -67,6 +67,7 @@ class FSDPParamGroup {
   // The group reshard_to(ranks) will use, made now: every rank must make it
   // at the same point (fully_shard, or the setter).
   void prepare_reshard_to(int ranks) const { (void)mesh_->shard_subgroup(ranks); }
+  const dist::DeviceMesh& mesh() const { return *mesh_; }
   // Changes whenever the unit is gathered or released (or a pending gather
   // is dropped): an UnshardHandle acts only on the gather it issued.
   uint64_t epoch() const { return epoch_; }

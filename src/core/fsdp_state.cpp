@@ -195,6 +195,7 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
     : group_(std::move(group)),
       mixed_precision_(options.mixed_precision),
       prefetch_depth_(options.prefetch_depth),
+      strategy_(options.strategy),
       strategy_reshards_after_forward_(options.strategy == ShardingStrategy::kFullShard ||
                                        options.strategy == ShardingStrategy::kHybridShard) {
   if (options.reshard_after_forward) set_reshard_after_forward(*options.reshard_after_forward);

@@ -145,6 +145,7 @@ class FSDPState {
 
   FSDPParamGroup* group() { return group_.get(); }
   const FSDPParamGroup* group() const { return group_.get(); }
+  ShardingStrategy strategy() const { return strategy_; }
   bool is_root() const { return is_root_; }
   const std::string& name() const { return name_; }
   const std::shared_ptr<FSDPTree>& tree() const { return tree_; }
@@ -205,6 +206,7 @@ class FSDPState {
   // rest, param_init's closure above all, is not kept alive by the unit).
   MixedPrecisionPolicy mixed_precision_;
   int prefetch_depth_;
+  ShardingStrategy strategy_;
   bool strategy_reshards_after_forward_;           // full_shard, hybrid_shard
   std::optional<ReshardAfterForward> reshard_after_forward_set_;  // explicitly, for this unit
   TrainingStateMachine training_;

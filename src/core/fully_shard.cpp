@@ -100,10 +100,19 @@ void validate_options(const FullyShardOptions& o) {
   if (o.reshard_after_forward) FSDPState::check_reshard_after_forward(*o.reshard_after_forward, layout.shard);
 }
 
-// sync_module_states for what no unit shards: buffers (running statistics,
-// rotary tables) and ignored parameters of this module's subtree outside the
-// units below it (those synced their own), broadcast from global rank 0 in
-// name order, the same on every rank.
+// What no unit shards, broadcast from global rank 0 in name order, the same
+// on every rank: the buffers of this module's subtree outside the units
+// below it (those synced their own), always ([Note: buffers under
+// fully_shard]); its ignored parameters under sync_module_states.
+//
+// [Note: buffers under fully_shard]
+// Every rank holds every buffer whole. fully_shard starts them equal, from
+// rank 0's, and then leaves them alone: a BatchNorm's running statistics
+// follow each rank's own batches and drift apart (a forward in training
+// mode normalises by the batch's statistics, so training does not read
+// them). A checkpoint saves rank 0's, and a load gives them to every rank.
+// Programs that need them equal everywhere call replicate, which
+// broadcasts them each forward, or average them themselves.
 void sync_unmanaged_states(torch::nn::Module& module,
                            const std::vector<std::pair<std::string, FSDPState*>>& children,
                            const FullyShardOptions& options) {
@@ -125,6 +134,7 @@ void sync_unmanaged_states(torch::nn::Module& module,
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     if (item.value().defined() && !inside_child(item.key())) broadcast_in_place(item.value());
   }
+  if (!options.sync_module_states) return;
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(key_of(t));
   std::unordered_set<const void*> done;
@@ -272,6 +282,24 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       if (state->group() == nullptr) continue;
       for (const FSDPParam* p : state->group()->params()) held_below[key_of(p->param)] = state;
     }
+    // Every parameter of its own sharded already, by a unit outside it: most
+    // often an ancestor sharded first, which is no sharing at all.
+    std::string first_outside;
+    size_t own = 0, outside = 0;
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      const void* key = key_of(item.value());
+      if (ignored.count(key) != 0 || held_below.count(key) != 0 || owner_by_path(item.key()) != nullptr) continue;
+      ++own;
+      if (memory::is_flat_buffer(item.value())) {
+        ++outside;
+        if (first_outside.empty()) first_outside = item.key();
+      }
+    }
+    FSDP_CHECK(own == 0 || outside < own, "fully_shard: every parameter of module ", module.name(),
+               " is in a unit sharded already ('", join(prefix, first_outside),
+               "' is one). If that unit is an ancestor's, the ancestor was sharded first: apply fully_shard children "
+               "before parents (the blocks first, then their ancestors, the root last). If parameter '",
+               join(prefix, first_outside), "' is shared with another unit instead", kOneUnit);
     for (const auto& item : module.named_parameters(/*recurse=*/true)) {
       const std::string& fqn = item.key();
       const at::Tensor& param = item.value();
@@ -316,7 +344,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       }
       params.push_back(std::move(p));
     }
-    if (options.sync_module_states) sync_unmanaged_states(module, children, options);
+    sync_unmanaged_states(module, children, options);
   }
 
   std::unique_ptr<FSDPParamGroup> group;
@@ -569,6 +597,16 @@ std::vector<LocalShard> local_shards(torch::nn::Module& root) {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+ShardingRecord sharding_of(const torch::nn::Module& root) {
+  for (const auto& [name, state] : units_under(root)) {
+    (void)name;
+    if (state->group() == nullptr) continue;
+    const auto& layout = state->group()->mesh().layout();
+    return {to_string(state->strategy()), {layout.replicate, layout.shard}};
+  }
+  return {};
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& root) {

@@ -52,6 +52,7 @@ namespace detail {
 class Replicator : public std::enable_shared_from_this<Replicator> {
  public:
   Replicator(torch::nn::Module& module, const ReplicateOptions& options);
+  void pre_forward();
   void post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs);
   void on_grad_ready(size_t index);
   void end_backward();
@@ -77,6 +78,7 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
 
   std::string name_;
   std::shared_ptr<dist::World> world_;
+  std::vector<at::Tensor> buffers_;  // broadcast from rank 0 before each forward; empty when not
   std::vector<at::Tensor> params_;
   std::unordered_set<const void*> bucketed_;  // params_' TensorImpls
   std::vector<std::string> names_;
@@ -139,6 +141,11 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
     for (const auto& p : module.parameters()) dist::broadcast(group, p.detach(), 0).wait();
     for (const auto& b : module.buffers()) {
       if (b.defined()) dist::broadcast(group, b.detach(), 0).wait();
+    }
+  }
+  if (options.broadcast_buffers && world_->size() > 1) {
+    for (const auto& b : module.buffers()) {
+      if (b.defined()) buffers_.push_back(b);
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> trainable;
@@ -334,6 +341,28 @@ Replicator* replicator_of(const torch::nn::Module& module) {
   const auto* holder = (*child)->as<ReplicatorHolder>();
   return holder != nullptr ? holder->replicator.get() : nullptr;
 }
+
+// [Note: buffers under replicate]
+// Running statistics follow each rank's own batch, so ranks' buffers drift
+// apart. As DDP's broadcast_buffers does, every forward starts from rank
+// 0's: what rank 0 holds after a step is its own batch's update of rank 0's
+// buffers, whatever the world size, and that is what a checkpoint saves.
+void Replicator::pre_forward() {
+  if (buffers_.empty()) return;
+  at::NoGradGuard no_grad;
+  for (const auto& b : buffers_) {
+    at::Tensor data = b.detach();
+    if (data.is_contiguous()) {
+      dist::broadcast(world_->group(), data, 0).wait();
+    } else {
+      at::Tensor copy = data.contiguous();
+      dist::broadcast(world_->group(), copy, 0).wait();
+      data.copy_(copy);
+    }
+  }
+}
+
+void replicated_pre_forward(Replicator& replicator) { replicator.pre_forward(); }
 
 void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
                              const std::vector<at::Tensor>& outputs) {

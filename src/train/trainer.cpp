@@ -639,9 +639,7 @@ checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
   } catch (const Error&) {
     // A model without a Hugging Face equivalent: the checkpoint still resumes.
   }
-  state.sharding = to_string(config_.fsdp.sharding);
-  state.mesh = {mesh_->layout().replicate, mesh_->layout().shard};
-  return state;
+  return state;  // the sharding and mesh: checkpoint::save records them from the model
 }
 
 void Trainer::finish_run() {

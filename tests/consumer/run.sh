@@ -32,9 +32,31 @@ case $way in
     ;;
   subdirectory)
     # No build type and no fsdp.cpp options: the defaults a new user gets.
+    # LibTorch named by Torch_DIR alone, on a machine that may also have
+    # Debian's libtorch-dev on the default paths (CI's has): fsdp.cpp links
+    # the LibTorch whose headers it compiles with.
+    torch_dir="$FSDP_TORCH_PREFIX/share/cmake/Torch"
     cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja \
-      -DFSDP_CONSUMER_WAY=subdirectory -DFSDP_SOURCE_DIR="$src" -DCMAKE_PREFIX_PATH="$FSDP_TORCH_PREFIX" \
-      >"$work/configure.log"
+      -DFSDP_CONSUMER_WAY=subdirectory -DFSDP_SOURCE_DIR="$src" -DTorch_DIR="$torch_dir" >"$work/configure.log"
+    if ! grep -q "fsdp: LibTorch .* from $FSDP_TORCH_PREFIX" "$work/configure.log"; then
+      echo "consumer: the subproject did not take the LibTorch Torch_DIR names:" >&2
+      grep "fsdp: LibTorch" "$work/configure.log" >&2
+      exit 1
+    fi
+    # A project that found Torch itself first, with Debian's library cached
+    # beside these headers, is refused naming both, before any compile.
+    if [[ -e /usr/lib/x86_64-linux-gnu/libtorch.so ]]; then
+      if cmake -S "$src/tests/consumer" -B "$work/build-mixed" -G Ninja -DFSDP_CONSUMER_WAY=subdirectory \
+           -DFSDP_CONSUMER_FIND_TORCH_FIRST=ON -DFSDP_SOURCE_DIR="$src" -DTorch_DIR="$torch_dir" \
+           >"$work/configure-mixed.log" 2>&1; then
+        echo "consumer: a Torch found with another LibTorch's library was not refused" >&2
+        exit 1
+      fi
+      grep -q "its library from /usr/lib/x86_64-linux-gnu/libtorch.so" "$work/configure-mixed.log" || {
+        tail -20 "$work/configure-mixed.log" >&2
+        exit 1
+      }
+    fi
     # Only the library is built: no trainer, models, CLI, benches or tests.
     extra=$(ninja -C "$work/build" -t targets all | grep -E -o '^(fsdp_cli|fsdp_models|fsdp_train|fsdp_light|fsdp_dist_tests|fsdp_example_mlp)[:.]' || true)
     if [[ -n $extra ]]; then

@@ -50,6 +50,15 @@ TEST(FullyShardErrors, ShardingTwice) {
                              {"sharded already", "ln_1.weight", "once per module"});
 }
 
+// The root sharded before its blocks: a block's parameters are the root
+// unit's already, and the message gives the order (children first).
+TEST(FullyShardErrors, AnAncestorShardedBeforeItsBlocks) {
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  fully_shard(model, default_options());
+  expect_error_on_every_rank([&] { fully_shard(model->blocks[0], default_options()); },
+                             {"every parameter of module", "ancestor was sharded first", "children before parents"});
+}
+
 TEST(FullyShardErrors, ParameterSharedBetweenTwoUnits) {
   struct PairImpl : torch::nn::Module {
     PairImpl() {

@@ -17,12 +17,18 @@
 namespace fsdp::checkpoint {
 namespace {
 
-nlohmann::json real_metadata() {
-  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_metadata/gpt2_tiny_w2.json");
+nlohmann::json seed(const std::string& name) {
+  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_metadata/" + name);
   std::stringstream text;
   text << in.rdbuf();
   return nlohmann::json::parse(text.str());
 }
+
+// A version-1 save of the trainer (AdamW's steps as params[].adam_step).
+nlohmann::json real_metadata() { return seed("gpt2_tiny_w2.json"); }
+// A version-3 save of tests/consumer/dcgan.cpp under replicate: two
+// models with buffers, two Adams, a scheduler's and the program's states.
+nlohmann::json version_3_metadata() { return seed("dcgan_replicate_w2.json"); }
 
 std::string refusal(const nlohmann::json& meta) {
   try {
@@ -94,7 +100,7 @@ TEST(CheckpointMetadata, HostileEditsAreRefusedNamingTheField) {
 // and an edit to anything resume reads is refused naming the checksum.
 TEST(CheckpointMetadata, SealedMetadataRefusesEveryEditResumeWouldBelieve) {
   auto m = real_metadata();
-  m["version"] = kMetadataVersion;
+  m["version"] = 2;  // the seal came with version 2; the seed is a version-1 save
   const std::string text = sealed_metadata_text(m);
   // The documented format, computed here with zlib: crc32 of the compact dump without the key.
   const auto crc = ::crc32(0L, reinterpret_cast<const Bytef*>(m.dump().data()), static_cast<uInt>(m.dump().size()));
@@ -152,7 +158,7 @@ TEST(CheckpointMetadata, ForgedCountsAndMeshesAreRefusedWithOrWithoutTheSeal) {
       auto m = real_metadata();
       forge(m);
       if (sealed) {
-        m["version"] = kMetadataVersion;
+        m["version"] = 2;
         m = nlohmann::json::parse(sealed_metadata_text(m));
       }
       EXPECT_NE(refusal(m).find(expected), std::string::npos) << (sealed ? "sealed: " : "version 1: ") << refusal(m);
@@ -163,6 +169,39 @@ TEST(CheckpointMetadata, ForgedCountsAndMeshesAreRefusedWithOrWithoutTheSeal) {
   m["trainer"]["tokens_seen"] = kMaxCheckpointCount;
   m["step"] = kMaxCheckpointCount;
   EXPECT_EQ(refusal(m), "(accepted)");
+}
+
+TEST(CheckpointMetadata, Version3sOptimizersBuffersAndStatesAreChecked) {
+  const auto real = version_3_metadata();
+  ASSERT_EQ(real["version"].get<int>(), 3);
+  const TrainerState state = trainer_state(parse_metadata(real.dump(), "ckpt/metadata.json"));
+  EXPECT_EQ(state.sharding, "replicate");
+  EXPECT_EQ(state.mesh, (std::vector<int64_t>{2, 1}));
+  const std::string param = real["optimizers"]["generator_adam"]["state"].begin().key();
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> edits = {
+      {"optimizers['generator_adam'].kind must be one of sgd, adam, adamw, rmsprop, adagrad",
+       [](nlohmann::json& j) { j["optimizers"]["generator_adam"]["kind"] = "lbfgs"; }},
+      {"optimizers['generator_adam'].state names 'nowhere.weight', which is no saved parameter",
+       [](nlohmann::json& j) { j["optimizers"]["generator_adam"]["state"]["nowhere.weight"] = {{"step", 1}, {"tensors", {"exp_avg"}}}; }},
+      {"optimizers['generator_adam'].state['" + param + "'].step is 4611686018427387905",
+       [&](nlohmann::json& j) { j["optimizers"]["generator_adam"]["state"][param]["step"] = (int64_t{1} << 62) + 1; }},
+      {"optimizers['generator_adam'].state['" + param + "'].tensors[] holds a name with a control character or '/'",
+       [&](nlohmann::json& j) { j["optimizers"]["generator_adam"]["state"][param]["tensors"] = {"../exp_avg"}; }},
+      {"optimizers['generator_adam'].groups[].params[] must name a saved parameter",
+       [](nlohmann::json& j) { j["optimizers"]["generator_adam"]["groups"][0]["params"].push_back("nowhere.weight"); }},
+      {"buffer_file is missing, and buffers are listed", [](nlohmann::json& j) { j.erase("buffer_file"); }},
+      {"buffer_file.name '../rank_00000.safetensors' must be a file name inside the checkpoint",
+       [](nlohmann::json& j) { j["buffer_file"]["name"] = "../rank_00000.safetensors"; }},
+      {"states must be an object", [](nlohmann::json& j) { j["states"] = "program"; }},
+      {"optimizers is missing", [](nlohmann::json& j) { j.erase("optimizers"); }},
+      {"has version 4, this build reads versions 1 to 3", [](nlohmann::json& j) { j["version"] = 4; }},
+  };
+  for (const auto& [expected, edit] : edits) {
+    auto m = real;
+    edit(m);
+    m = nlohmann::json::parse(sealed_metadata_text(m));  // a forger reseals: the field checks still hold
+    EXPECT_NE(refusal(m).find(expected), std::string::npos) << expected << "\n" << refusal(m);
+  }
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #pragma once
-// Sharded checkpoints. Every rank writes its own shard of the parameters and
-// of the optimizer state (safetensors), and rank 0 one metadata.json that
-// records the step, the configuration, the mesh, each parameter's global
-// shape and which element ranges each rank's file holds, the trainer state
-// and a CRC-32 per file. A save is atomic: written into step_N.tmp/, fsynced,
+// Sharded checkpoints of any state (checkpoint/parts.h). Every rank writes
+// its own shard of the parameters and of each optimizer's state
+// (safetensors), rank 0 the buffers and one metadata.json that records the
+// step, the configuration, the mesh, each parameter's global shape and which
+// element ranges each rank's file holds, each optimizer's kind,
+// hyperparameters and step counts, the program's states and a CRC-32 per
+// file. A save is atomic: written into step_N.tmp/, fsynced,
 // renamed to step_N/, and only then is `latest` pointed at it; the last K
 // are kept. A load works at any world size and strategy: each rank reads,
 // through memory maps, only the ranges it now holds.
@@ -11,6 +13,7 @@
 // Layout:  DIR/latest                  "step_00000120"
 //          DIR/step_00000120/metadata.json
 //          DIR/step_00000120/rank_00000.safetensors ...
+//          DIR/step_00000120/buffers.safetensors       (a model with buffers)
 
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/checkpoint/metadata.h"
+#include "fsdp/checkpoint/parts.h"
 #include "fsdp/common/error.h"
 #include "fsdp/dist/process_group.h"
 
@@ -35,23 +39,39 @@ class SaveError : public Error {
   using Error::Error;
 };
 
-// Collective over `world`. Returns the checkpoint's directory. Throws
-// SaveError when any rank fails to write its part.
-std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+// Collective over `world`. Writes every part: each model's parameters (as
+// each rank holds them: one replica writes each range) and buffers (rank
+// 0's), each optimizer's per-parameter state sharded as its parameter is
+// and its hyperparameters, each Stateful part's JSON, `state`, and how the
+// first model is sharded (its strategy and mesh, which `state`'s own
+// sharding and mesh do not override). Returns the checkpoint's directory.
+// Throws SaveError when any rank fails to write its part; fsdp::Error,
+// before anything is written, for parts that cannot be saved (an optimizer
+// of another kind, one stepping a parameter no model holds).
+std::string save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state, dist::World& world);
+// One model (its parameters keep their names) and one optimizer, named
+// "optimizer": what the trainer saves.
+std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                  const TrainerState& state, dist::World& world);
 
 // The checkpoint `latest` points at, if any; throws if `latest` names a
 // directory that is not there.
 std::optional<std::string> latest(const std::string& dir);
 
-// Collective over `world`. Loads parameters and optimizer state into an
-// already sharded model and its optimizer, whatever world size and strategy
-// saved them. Throws fsdp::Error naming the file and the problem for a
-// missing or damaged file, or metadata from another model. Each file is
-// read once and its checksum checked at its end, so after a damaged file
-// the parameters may be partly loaded (the optimizer is left as it was):
-// load again, or start over, before training on.
-TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer,
+// Collective over `world`. Loads every part into the program's, already
+// sharded (or replicated) as it will train, whatever world size and
+// strategy saved them; parts are matched by name. Throws fsdp::Error
+// naming the part and both sides for a checkpoint of other parts (a
+// parameter or buffer missing, extra or of another shape; an optimizer of
+// another kind or over other parameter groups; a state it lacks), and
+// naming the file for a missing or damaged one. Each file is read once and
+// its checksum checked at its end, so after a damaged file the parameters
+// and buffers may be partly loaded (optimizers and states are left as they
+// were): load again, or start over, before training on. Checkpoints of
+// versions 1 and 2 (one AdamW, no buffers) load into a model and an AdamW
+// named "optimizer".
+TrainerState load(const std::string& checkpoint, const Parts& parts, dist::World& world);
+TrainerState load(const std::string& checkpoint, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                   dist::World& world);
 
 // What is wrong with a checkpoint (its metadata, a missing file, a

@@ -19,8 +19,11 @@ namespace fsdp::checkpoint {
 inline constexpr const char* kMetadataFormat = "fsdp.cpp-checkpoint";
 // Version 2 adds "checksum", a CRC-32 of everything else in the file
 // ([Note: sealed metadata]); version 1 files (older saves) are read
-// without one.
-inline constexpr int kMetadataVersion = 2;
+// without one. Version 3 holds any optimizer ("optimizers": kind,
+// hyperparameters, per-parameter step and state tensors, where versions
+// 1-2 held one AdamW's step as params[].adam_step), the buffers
+// ("buffers", "buffer_file") and the program's states ("states").
+inline constexpr int kMetadataVersion = 3;
 // The largest step, tokens_seen or adam_step a checkpoint may record: far
 // past any run, and far enough inside int64 that the arithmetic they feed
 // (data positions, schedules, bias corrections) cannot overflow.
@@ -32,8 +35,11 @@ struct TrainerState {
   double loss_scale = 0;     // fp16 grad scaler (0: none)
   std::string config_yaml;   // the effective configuration
   std::string hf_config;     // the architecture, as Hugging Face config.json
-  std::string sharding;      // strategy name at save time
-  std::vector<int64_t> mesh; // (replicate, shard) at save time
+  // How the model was sharded at save time, as the library found it (save
+  // records its own; load reports it): the strategy's name ("replicate" and
+  // "unsharded" for modules without units) and the mesh (replicate, shard).
+  std::string sharding;
+  std::vector<int64_t> mesh;
   // Whatever else the program records (a JSON object): its own counters,
   // where its data stands. The trainer leaves it empty.
   nlohmann::json extra = nlohmann::json::object();
@@ -41,7 +47,7 @@ struct TrainerState {
 
 // [Note: sealed metadata]
 // Resume trusts metadata.json for the step, the tokens seen, AdamW's step
-// per parameter, the mesh and which file holds which elements; the rank
+// per parameter (any optimizer's), the mesh and which file holds which elements; the rank
 // files' CRCs are in it too. An edit there (tokens_seen, adam_step = 2^62,
 // world_size) would pass every range check and train differently, so the
 // file carries "checksum": "crc32:XXXXXXXX" of its compact JSON dump without

@@ -145,6 +145,15 @@ struct LocalShard {
 // steps (gathered units are released first).
 std::vector<LocalShard> local_shards(torch::nn::Module& root);
 
+// How `root`'s tree is sharded, as a checkpoint records it: the strategy
+// and the mesh (replicate, shard) of its units; {"", {}} for a tree without
+// units (a replicated or an unsharded module).
+struct ShardingRecord {
+  std::string strategy;
+  std::vector<int64_t> mesh;
+};
+ShardingRecord sharding_of(const torch::nn::Module& root);
+
 // Every parameter's shape before sharding, in the order of
 // root.named_parameters(), tied parameters once.
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& root);
@@ -173,6 +182,7 @@ FSDPState* state_of(const torch::nn::Module& module);
 // the outputs, so that their first gradient starts its backward.
 class Replicator;
 Replicator* replicator_of(const torch::nn::Module& module);
+void replicated_pre_forward(Replicator& replicator);
 void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
                              const std::vector<at::Tensor>& outputs);
 // set_requires_gradient_sync for a replicated module; false when `module` is not one.
@@ -293,6 +303,7 @@ auto call(M& module, Args&&... args) {
   FSDPState* state = detail::state_of(impl);
   if (state == nullptr) {
     if (detail::Replicator* replicator = detail::replicator_of(impl)) {
+      detail::replicated_pre_forward(*replicator);
       auto out = impl.forward(std::forward<Args>(args)...);
       detail::replicated_post_forward(*replicator, impl, detail::output_tensors(out));
       return out;

@@ -94,7 +94,9 @@ struct FullyShardOptions {
   // Stay replicated and untouched: no sharding, no gradient reduction.
   std::vector<at::Tensor> ignored_params;
   ParamInitFn param_init;
-  // Broadcast rank 0's values instead of trusting every rank's own init.
+  // Broadcast rank 0's parameters instead of trusting every rank's own
+  // init. Buffers are broadcast either way ([Note: buffers under
+  // fully_shard], src/core/fully_shard.cpp).
   bool sync_module_states = false;
 };
 

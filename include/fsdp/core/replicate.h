@@ -38,6 +38,10 @@ struct ReplicateOptions {
   // Broadcast rank 0's parameters and buffers at replicate() (as DDP does
   // at construction); false trusts every rank's own initialisation.
   bool sync_module_states = true;
+  // Broadcast rank 0's buffers (running statistics) before every forward,
+  // as DDP's broadcast_buffers does ([Note: buffers under replicate]);
+  // false leaves each rank's to follow its own batches.
+  bool broadcast_buffers = true;
 };
 
 // Refuses (fsdp::Error) a module replicated already, or one with a unit
