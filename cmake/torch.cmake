@@ -46,7 +46,11 @@ else()
   endif()
 endif()
 
-if(_fsdp_torch_root)
+if(_fsdp_torch_root AND TARGET torch AND TORCH_LIBRARY)
+  # The project found Torch before adding fsdp.cpp: its targets stand
+  # (TorchConfig cannot run twice in one project); the check below makes
+  # sure they are this LibTorch's.
+elseif(_fsdp_torch_root)
   # TorchConfig looks for its libraries and Caffe2 targets on the default
   # paths before its own, and Debian's 1.13 may be there: search the chosen
   # LibTorch first.
