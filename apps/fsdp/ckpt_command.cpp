@@ -1,4 +1,4 @@
-// `fsdp ckpt inspect CKPT`, `fsdp ckpt export [--format hf|dcp] CKPT OUT`
+// `fsdp ckpt inspect CKPT`, `fsdp ckpt export [--format hf|dcp|safetensors] CKPT OUT`
 // and `fsdp ckpt import --format dcp DCP OUT --model HF_DIR`. CKPT is one
 // checkpoint (step_N/) or a checkpoint directory, meaning its latest.
 //
@@ -129,7 +129,7 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   auto* exp = ckpt->add_subcommand("export", "write a Hugging Face directory (config.json + model.safetensors) or, "
                                              "with --format dcp, a PyTorch Distributed Checkpoint");
   exp->add_option("checkpoint", *from, "a checkpoint, or a directory of them (its latest)")->required();
-  exp->add_option("out", *out, "output directory")->required();
+  exp->add_option("out", *out, "output directory (a file for --format safetensors)")->required();
   auto dtype = std::make_shared<std::string>();
   auto shard_size = std::make_shared<std::string>("5GB");
   exp->add_option("--export-dtype,--dtype", *dtype,
@@ -139,14 +139,22 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   auto format = std::make_shared<std::string>("hf");
   exp->add_option("--format", *format,
                   "hf: a Hugging Face directory; dcp: a Distributed Checkpoint directory an FSDP2 job loads with "
-                  "dcp.load (model, AdamW state, step; tools/dcp_convert.py)")
-      ->check(CLI::IsMember({"hf", "dcp"}));
+                  "dcp.load (model, AdamW state, step; tools/dcp_convert.py); safetensors: every parameter whole "
+                  "and every buffer as one file OUT (any checkpoint, a library program's too)")
+      ->check(CLI::IsMember({"hf", "dcp", "safetensors"}));
   auto tokenizer = std::make_shared<std::string>();
   exp->add_option("--tokenizer", *tokenizer,
                   "tokenizer to write beside the weights (default: the run's: its --tokenizer, else its "
                   "--init-from's, else data/gpt2)");
   exp->callback([from, out, dtype, shard_size, format, tokenizer, &exit_code] {
     if (*format == "dcp") run_dcp_converter({"export", resolve(*from), *out});
+    if (*format == "safetensors") {
+      const auto ckpt_path = resolve(*from);
+      checkpoint::consolidate_to_safetensors(ckpt_path, *out);
+      std::printf("exported %s to %s (every parameter whole, every buffer)\n", ckpt_path.c_str(), out->c_str());
+      exit_code = 0;
+      return;
+    }
     models::HfExportOptions options;
     if (!dtype->empty()) options.dtype = models::hf::parse_export_dtype(*dtype, "--export-dtype");
     options.max_shard_bytes = models::hf::parse_size(*shard_size, "--export-shard-size");

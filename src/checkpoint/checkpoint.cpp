@@ -870,4 +870,41 @@ at::Tensor ParameterReader::read(const std::string& name, at::ScalarType dtype) 
   return full;
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterReader::buffers() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (!meta_.contains("buffers")) return out;
+  for (const auto& [name, b] : meta_["buffers"].items()) out.emplace_back(name, b["shape"].get<std::vector<int64_t>>());
+  return out;
+}
+
+at::Tensor ParameterReader::read_buffer(const std::string& name) {
+  FSDP_CHECK(meta_.contains("buffers") && meta_["buffers"].contains(name), "checkpoint '", checkpoint_,
+             "' has no buffer '", name, "'");
+  return files_->get(kBufferFileRank).view("buffer/" + name).clone();
+}
+
+void consolidate_to_safetensors(const std::string& checkpoint, const std::string& out) {
+  FSDP_CHECK(!fs::exists(fs::symlink_status(out)), "'", out,
+             "' exists; the consolidated safetensors file goes to a new path");
+  ParameterReader reader(checkpoint);
+  const auto& params = reader.metadata()["params"];
+  std::vector<io::SafetensorsWriter::Spec> specs;
+  for (const auto& [name, shape] : reader.parameters()) {
+    const auto* dtype = params[name].contains("dtype") ? &params[name]["dtype"] : nullptr;
+    const at::ScalarType saved = dtype != nullptr ? io::safetensors_dtype(dtype->get<std::string>()) : at::kFloat;
+    specs.push_back({name, saved, shape});
+  }
+  const auto buffers = reader.buffers();
+  std::vector<at::Tensor> buffer_values;
+  for (const auto& [name, shape] : buffers) {
+    buffer_values.push_back(reader.read_buffer(name));
+    specs.push_back({name, buffer_values.back().scalar_type(), shape});
+  }
+  io::SafetensorsWriter writer(out, specs);
+  const auto parameters = reader.parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) writer.write(reader.read(parameters[i].first, specs[i].dtype));
+  for (const auto& value : buffer_values) writer.write(value);
+  writer.commit();
+}
+
 }  // namespace fsdp::checkpoint

@@ -268,6 +268,7 @@ TEST(Checkpoint, AProgramOfTwoModelsAndTwoOptimizersResumesAtAnotherWorldSize) {
     auto first = launch(2, way + " 4 save-at 2");
     ASSERT_EQ(first.exit_code, 0) << first.output;
     const auto saved = load(way + "_w2");
+    fs::copy_file(dir + "/" + way + "_w2.pt", dir + "/" + way + "_w2_at_save.pt");
     expect_close(saved, reference_2, way + ", 2 steps at W = 2");
     auto loaded = launch(3, way + " 2 resume");  // nothing left to train: the state as loaded
     ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
@@ -290,6 +291,40 @@ TEST(Checkpoint, AProgramOfTwoModelsAndTwoOptimizersResumesAtAnotherWorldSize) {
       }
     }
   }
+  // The replicate run's checkpoint consolidated to one safetensors file:
+  // Python's safetensors reads every parameter and buffer, by the names the
+  // program gave, equal to what the run held at the save.
+  const std::string consolidated = dir + "/consolidated.safetensors";
+  const auto exported =
+      run_command(kCli + " ckpt export --format safetensors " + dir + "/ckpt " + consolidated);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto refused = run_command(kCli + " ckpt export --format safetensors " + dir + "/ckpt " + consolidated);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(contains(refused.output, "exists")) << refused.output;
+  const std::vector<std::string> names = {
+      "generator.up1.weight", "generator.norm1.weight", "generator.norm1.bias", "generator.up2.weight",
+      "discriminator.conv1.weight", "discriminator.conv2.weight", "discriminator.norm2.weight",
+      "discriminator.norm2.bias", "discriminator.conv3.weight",
+      "generator.norm1.running_mean", "generator.norm1.running_var", "generator.norm1.num_batches_tracked",
+      "discriminator.norm2.running_mean", "discriminator.norm2.running_var",
+      "discriminator.norm2.num_batches_tracked"};
+  const auto at_save = load("replicate_w2_at_save");
+  ASSERT_EQ(at_save.size(), names.size());
+  const auto read = run_command(std::string(FSDP_SOURCE_DIR) + "/.venv/bin/python -c \"import json, sys; from safetensors.torch import "
+                                "load_file; t = load_file(sys.argv[1]); print(json.dumps({k: [list(v.shape), "
+                                "v.double().sum().item(), v.double().pow(2).sum().item()] for k, v in t.items()}))\" " +
+                                consolidated);
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  const auto seen = nlohmann::json::parse(read.output);
+  EXPECT_EQ(seen.size(), names.size()) << read.output;
+  for (size_t i = 0; i < names.size(); ++i) {
+    ASSERT_TRUE(seen.contains(names[i])) << names[i] << " missing from " << read.output;
+    const auto expected = at_save[i].to(torch::kDouble);
+    EXPECT_EQ(seen[names[i]][0].get<std::vector<int64_t>>(), at_save[i].sizes().vec()) << names[i];
+    EXPECT_NEAR(seen[names[i]][1].get<double>(), expected.sum().item<double>(), 1e-9) << names[i];
+    EXPECT_NEAR(seen[names[i]][2].get<double>(), expected.pow(2).sum().item<double>(), 1e-9) << names[i];
+  }
+
   const auto inspected = run_command(kCli + " ckpt inspect " + dir + "/ckpt/step_00000002");
   ASSERT_EQ(inspected.exit_code, 0) << inspected.output;
   for (const char* line : {"sharding replicate, mesh [2,1]", "optimizer 'generator_adam': adam",

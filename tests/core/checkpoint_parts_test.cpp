@@ -13,6 +13,8 @@
 #include <torch/torch.h>
 
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/state_dict.h"
+#include "fsdp/io/safetensors.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp_test_support.h"
 
@@ -153,6 +155,70 @@ TEST(CheckpointParts, AnotherProgramsCheckpointIsRefusedNamingBothSides) {
   checkpoint::load(saved, checkpoint::Parts().model("", *same).optimizer("optimizer", same_sgd).state("program", program),
                    test_world());
   EXPECT_EQ(counters.at("seen").get<int>(), 4);
+}
+
+// FSDP2's full state dict: gathered, written once by rank 0, loaded into
+// an unsharded module (every parameter whole) and into a sharded one (each
+// rank's ranges), equal to what the trained module holds.
+TEST(StateDict, AFullStateDictLoadsIntoAnUnshardedModuleAndIntoShards) {
+  const std::string dir = shared_dir("state-dict");
+  if (test_world().rank() == 0) std::filesystem::create_directories(dir);
+  dist::barrier(test_world().group());
+  auto net = make_sharded_net();
+  torch::optim::SGD sgd(unique_parameters(*net), torch::optim::SGDOptions(0.1));
+  train_step(net, sgd, 0);
+  const std::string path = dir + "/model.safetensors";
+  checkpoint::save_full_state_dict(*net, path, test_world());
+  const auto full = full_parameters(*net);
+
+  torch::manual_seed(99);  // other weights, which the load replaces
+  NormNet plain;
+  checkpoint::load_full_state_dict(*plain, path);
+  const auto plain_params = plain->named_parameters();
+  ASSERT_EQ(plain_params.size(), full.size());
+  for (const auto& [name, value] : full) {
+    EXPECT_TRUE(torch::equal(plain_params[name], value)) << name;
+  }
+  if (test_world().rank() == 0) {  // the file holds rank 0's buffers
+    EXPECT_TRUE(torch::equal(plain->norm->running_mean, net->norm->running_mean));
+    EXPECT_EQ(plain->norm->num_batches_tracked.item<int64_t>(), 1);
+  }
+
+  auto resharded = make_sharded_net();
+  checkpoint::load_full_state_dict(*resharded, path);
+  const auto expected = local_shards(*net), actual = local_shards(*resharded);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_TRUE(torch::equal(actual[i].local, expected[i].local)) << actual[i].fqn;
+  }
+
+  // Another module's file: refused naming the key and both sides, nothing written.
+  const std::string bad = dir + "/bad_rank" + std::to_string(test_world().rank()) + ".safetensors";
+  const auto write = [&](const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+    std::vector<io::SafetensorsWriter::Spec> specs;
+    for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+    io::SafetensorsWriter writer(bad, specs);
+    for (const auto& [name, t] : tensors) writer.write(t);
+    writer.commit();
+  };
+  auto tensors = checkpoint::full_state_dict(*plain);
+  const auto before = plain->in->weight.clone();
+  auto reshaped = tensors;
+  reshaped[0].second = torch::zeros({3, 3});
+  write(reshaped);
+  expect_error_on_every_rank([&] { checkpoint::load_full_state_dict(*plain, bad); },
+                             {"'in.weight' has shape [3, 3], the module's is [8, 5]"});
+  auto missing = tensors;
+  missing.erase(missing.begin());
+  write(missing);
+  expect_error_on_every_rank([&] { checkpoint::load_full_state_dict(*plain, bad); },
+                             {"has no 'in.weight', which the module has (shape [8, 5])"});
+  auto extra = tensors;
+  extra.emplace_back("head.weight", torch::zeros({2}));
+  write(extra);
+  expect_error_on_every_rank([&] { checkpoint::load_full_state_dict(*plain, bad); },
+                             {"holds 'head.weight' (shape [2]), which the module does not have"});
+  EXPECT_TRUE(torch::equal(plain->in->weight, before)) << "a refused state dict changed the module";
 }
 
 }  // namespace

@@ -103,11 +103,21 @@ class ParameterReader {
   // Parameter `name` whole, converted to `dtype`. Throws naming the file
   // that is missing or damaged, or the parameter the checkpoint lacks.
   at::Tensor read(const std::string& name, at::ScalarType dtype = at::kFloat);
+  // Every saved buffer, name and shape (none before version 3), and one
+  // whole, in its saved dtype.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> buffers() const;
+  at::Tensor read_buffer(const std::string& name);
 
  private:
   std::string checkpoint_;
   nlohmann::json meta_;
   std::unique_ptr<detail::RankFiles> files_;
 };
+
+// `fsdp ckpt export --format safetensors`: every parameter whole, in its
+// saved dtype, and every buffer, under the names the checkpoint holds them
+// by, as one safetensors file at `out` (written atomically; an existing
+// file is refused). Any checkpoint: the trainer's, or a program's of its own.
+void consolidate_to_safetensors(const std::string& checkpoint, const std::string& out);
 
 }  // namespace fsdp::checkpoint
