@@ -166,6 +166,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Reshard{"flat_2_to_rows_3", 2, 3, "", 3, 2, "--shard-placement rows"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A program of the tests' own taking DIR first (tests/core/mixed_dtype_worker.cpp,
+// tests/consumer/dcgan.cpp), launched at a world size, and the tensor
+// lists it writes into DIR with torch::save.
+struct WorkerProgram {
+  std::string program;
+  std::string dir;
+  CommandResult launch(int world, const std::string& args) const {
+    return run_command(kCli + " launch -n " + std::to_string(world) + " -- " + program + " " + dir + " " + args);
+  }
+  std::vector<torch::Tensor> load(const std::string& name) const {
+    std::vector<torch::Tensor> tensors;
+    torch::load(tensors, dir + "/" + name + ".pt");
+    return tensors;
+  }
+};
+
 // Units of three dtypes (a frozen bf16 base, fp32 norms, fp64 adapters;
 // tests/core/mixed_dtype_worker.cpp), saved at W = 2 after 2 steps and
 // loaded at W = 3 and W = 1: every parameter comes back bit for bit in its
@@ -173,15 +189,9 @@ INSTANTIATE_TEST_SUITE_P(
 // with each rank's rows on their own.
 TEST(Checkpoint, UnitsOfSeveralDtypesResumeAtOtherWorldSizes) {
   const auto dir = make_temp_dir();
-  const std::string worker = FSDP_MIXED_DTYPE_WORKER;
-  const auto launch = [&](int world, const std::string& args) {
-    return run_command(kCli + " launch -n " + std::to_string(world) + " -- " + worker + " " + dir + " " + args);
-  };
-  const auto load = [&](const std::string& name) {
-    std::vector<torch::Tensor> tensors;
-    torch::load(tensors, dir + "/" + name + ".pt");
-    return tensors;
-  };
+  const WorkerProgram worker{FSDP_MIXED_DTYPE_WORKER, dir};
+  const auto launch = [&](int world, const std::string& args) { return worker.launch(world, args); };
+  const auto load = [&](const std::string& name) { return worker.load(name); };
   auto initial = launch(1, "0");
   ASSERT_EQ(initial.exit_code, 0) << initial.output;
   const auto start = load("params_w1");
@@ -241,14 +251,9 @@ TEST(Checkpoint, UnitsOfSeveralDtypesResumeAtOtherWorldSizes) {
 TEST(Checkpoint, AProgramOfTwoModelsAndTwoOptimizersResumesAtAnotherWorldSize) {
   const auto dir = make_temp_dir();
   const std::string program = FSDP_DCGAN;
-  const auto launch = [&](int world, const std::string& args) {
-    return run_command(kCli + " launch -n " + std::to_string(world) + " -- " + program + " " + dir + " " + args);
-  };
-  const auto load = [&](const std::string& name) {
-    std::vector<torch::Tensor> tensors;
-    torch::load(tensors, dir + "/" + name + ".pt");
-    return tensors;
-  };
+  const WorkerProgram worker{program, dir};
+  const auto launch = [&](int world, const std::string& args) { return worker.launch(world, args); };
+  const auto load = [&](const std::string& name) { return worker.load(name); };
   const auto expect_close = [](const std::vector<torch::Tensor>& actual, const std::vector<torch::Tensor>& expected,
                                const std::string& what) {
     ASSERT_EQ(actual.size(), expected.size()) << what;
