@@ -45,8 +45,12 @@ struct FSDPParam {
   // re-created by autograd when the parameter's dtype changes (set_data).
   compat::AutogradNodePtr grad_accumulator;
   // The sharded gradient the optimizer saw last step, set aside while the
-  // parameter is unsharded so autograd works on a full-shape gradient.
+  // parameter is unsharded so autograd works on a full-shape gradient, and
+  // the one-element stand-in the parameter holds as its gradient meanwhile,
+  // which tells whether a zero_grad came in between ([Note: zero_grad
+  // between forward and backward], gradient_paths.cpp).
   at::Tensor sharded_grad_stash;
+  at::Tensor stash_marker;
   // Whether the parameter had a gradient before this backward: one that no
   // rank produced a gradient for is left as it was (undefined stays
   // undefined, so optimizers skip it, as in one process).

@@ -60,6 +60,22 @@ class GradUsedHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
+// Before AccumulateGrad adds into a parameter's gradient: a stand-in left
+// by unshard is settled first, for a parameter used outside its unit's
+// forward, whose gradient can arrive before the unit's pre-backward
+// ([Note: zero_grad between forward and backward]).
+class SettleStashHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit SettleStashHook(FSDPParam* param) : param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    settle_stashed_gradient(*param_);
+    return grads;
+  }
+
+ private:
+  FSDPParam* param_;
+};
+
 }  // namespace
 
 bool FSDPParam::requires_grad() const { return param.requires_grad(); }
@@ -232,15 +248,16 @@ void FSDPParamGroup::register_grad_hooks() {
     if (!p.requires_grad()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(p.param);
     if (accumulator == p.grad_accumulator) continue;
+    accumulator->add_pre_hook(std::make_unique<SettleStashHook>(&p));
     accumulator->add_post_hook(std::make_unique<GradUsedHook>(this, i));
     p.grad_accumulator = std::move(accumulator);
   }
 }
 
-void FSDPParamGroup::prepare_gradients() {
+void FSDPParamGroup::prepare_gradients(bool in_backward) {
   if (state_ != ShardedState::kUnsharded) return;
   for (auto& part : parts_) {
-    if (part.trainable()) part.flow->prepare();
+    if (part.trainable()) part.flow->prepare(in_backward);
   }
 }
 

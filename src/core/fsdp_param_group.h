@@ -73,8 +73,9 @@ class FSDPParamGroup {
   uint64_t epoch() const { return epoch_; }
 
   // --- backward ---------------------------------------------------------
-  // Pre-backward: gradients become views of the buffer autograd accumulates into.
-  void prepare_gradients();
+  // Gradients become views of the buffer autograd accumulates into: at the
+  // pre-backward (`in_backward`), or after the forward of a unit staying gathered.
+  void prepare_gradients(bool in_backward);
   // The unit's backward is done: collects its gradients, reshards, and
   // hands the reduction to the CommContext (or keeps accumulating, without
   // gradient sync). Once per gathering in backward (FSDPState guarantees

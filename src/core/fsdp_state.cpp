@@ -285,7 +285,7 @@ void FSDPState::pre_forward(const torch::nn::Module& module) {
     if (training_.get() != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
     if (group_) {
       group_->wait_for_unshard();
-      if (frame.grad_enabled) group_->prepare_gradients();
+      if (frame.grad_enabled) group_->prepare_gradients(/*in_backward=*/true);
     }
     open_calls_.push_back(frame);
     return;
@@ -438,7 +438,7 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
     // Staying gathered (the root, shard_grad_op): gradient views now, so a
     // parameter used after this forward (a tied output head) accumulates
     // into the flat buffer in place instead of into a tensor of its own.
-    group_->prepare_gradients();
+    group_->prepare_gradients(/*in_backward=*/false);
   }
   // One pre-backward per call and backward, whichever of its outputs gets a
   // gradient first (a retained graph can be backwarded again).
@@ -504,7 +504,7 @@ void FSDPState::pre_backward() {
   enter(TrainingState::kPreBackward);
   if (group_) {
     group_->wait_for_unshard();
-    group_->prepare_gradients();
+    group_->prepare_gradients(/*in_backward=*/true);
   }
   prefetch_backward();
 }

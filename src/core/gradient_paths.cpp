@@ -32,7 +32,9 @@ namespace fsdp {
 //                     full shape; existing grads  full shape; last step's     buffer; last step's
 //                     become full-shape views of  sharded grads set aside     sharded grads set aside
 //                     the persistent grad buffer  (stash)                     (stash)
-//   prepare_gradients nothing (attached above)    existing grads become views of a flat grad buffer
+//   prepare_gradients notes which had grads    the stash settled; existing grads become views
+//                     (a zero_grad may come       of a flat grad buffer
+//                     after the forward)
 //   post_backward     grads re-viewed 1-D in the  fresh grads copied into the flat buffer, missing
 //                     persistent buffer           ones zeroed; cast to the reduce dtype; kept aside
 //                                                 without sync, else handed to the CommContext
@@ -77,6 +79,40 @@ namespace fsdp {
 // and the sum is divided once by the factor (never averaged and multiplied
 // back, which would round twice more at W = 3).
 
+// [Note: zero_grad between forward and backward]
+// While a unit is gathered (from its forward to its backward, and for the
+// root through both) its parameters view the gathered buffer in full
+// shape, and the sharded gradients of earlier backwards wait aside
+// (StagedGradients). PyTorch's habit of zeroing after the forward
+// (`out = G(z); optimizer.zero_grad(); loss.backward()`, the DCGAN
+// example's) must still reach them, as FSDP2's, whose optimizer holds the
+// separate sharded tensors, does. So the parameter holds a one-element
+// stand-in as its gradient meanwhile, and what the program did to it is
+// read before anything else touches the gradient (the unit's
+// pre-backward, a pre-hook on the parameter's AccumulateGrad for a use
+// outside the unit's forward, and reshard):
+//
+//   the stand-in, untouched        the stash comes back at reshard
+//   the stand-in, zeroed in place  the stash is zeroed (zero_grad(false), 1.13's)
+//   none                           the stash is dropped (zero_grad(), set to none)
+//   another tensor                 the stash is dropped; that gradient is kept
+//
+// The stand-in is not a full-shape tensor: that would cost a gathered
+// gradient's memory for every unit kept gathered, and AccumulateGrad would
+// add into it. It lives on the CPU, so reading it never synchronises a GPU.
+void settle_stashed_gradient(FSDPParam& p) {
+  if (!p.stash_marker.defined()) return;
+  at::Tensor& grad = p.param.mutable_grad();
+  const bool marker_kept = grad.defined() && grad.unsafeGetTensorImpl() == p.stash_marker.unsafeGetTensorImpl();
+  if (!marker_kept) {
+    p.sharded_grad_stash = at::Tensor();
+  } else {
+    if (*p.stash_marker.data_ptr<float>() == 0.0F) p.sharded_grad_stash.zero_();
+    grad = at::Tensor();
+  }
+  p.stash_marker = at::Tensor();
+}
+
 const char* to_string(GradientPath path) {
   switch (path) {
     case GradientPath::kInPlace: return "in_place";
@@ -104,8 +140,7 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shap
 }
 
 // The parameter's gradient becomes `view`, keeping its value.
-void attach_grad_view(FSDPParam& p, const at::Tensor& view) {
-  record_grad_existence(p);
+void rebind_grad(FSDPParam& p, const at::Tensor& view) {
   at::Tensor& grad = p.param.mutable_grad();
   if (!grad.defined()) {
     view.zero_();  // none yet, or set to none by the user: start from zero
@@ -115,15 +150,22 @@ void attach_grad_view(FSDPParam& p, const at::Tensor& view) {
   grad = view;
 }
 
-// attach_grad_view for a parameter that has a gradient. Without one yet,
+// rebind_grad, once existence is recorded.
+void attach_grad_view(FSDPParam& p, const at::Tensor& view) {
+  record_grad_existence(p);
+  rebind_grad(p, view);
+}
+
+// rebind_grad for a parameter that has a gradient. Without one yet,
 // the parameter keeps none through backward: autograd then hands over its
 // fresh gradient (no copy), and post-backward copies it into the view.
 // Zeroing the view here would make autograd add into zeros instead, two
 // passes more for the same result. A gradient that exists (the micro-steps
 // of accumulation) is attached, and autograd adds into the buffer in place.
+// Existence is recorded later, at the backward: a zero_grad may come
+// between a forward and its backward.
 void attach_existing_grad_view(FSDPParam& p, const at::Tensor& view) {
-  record_grad_existence(p);
-  if (p.param.grad().defined()) attach_grad_view(p, view);
+  if (p.param.grad().defined()) rebind_grad(p, view);
 }
 
 // The parameter's part of `flat` (laid out as `shard`), as an alias.
@@ -147,7 +189,14 @@ class PersistentGradients final : public GradientFlow {
     // hands one over); stage() attaches every view.
     if (p.requires_grad()) attach_existing_grad_view(p, sharded_alias(shard_, buffer_, p));
   }
-  void prepare() override {}  // attached at unshard
+  void prepare(bool in_backward) override {
+    // Attached at unshard; what the program left them as since (a zero_grad
+    // after the forward) is what they were before this backward.
+    if (!in_backward) return;
+    for (auto& p : shard_.params()) {
+      if (p.requires_grad()) record_grad_existence(p);
+    }
+  }
 
   void collect(bool /*unsharded*/) override { ensure_buffer(); }
   bool may_stay_gathered() const override { return false; }
@@ -204,26 +253,32 @@ class StagedGradients final : public GradientFlow {
   }
 
   void on_unsharded(FSDPParam& p) override {
-    // Last step's sharded gradient waits aside; backward works on a full-shape one.
+    // Last step's sharded gradient waits aside; backward works on a
+    // full-shape one ([Note: zero_grad between forward and backward]).
     if (!p.param.grad().defined()) return;
     p.sharded_grad_stash = p.param.grad();
-    p.param.mutable_grad() = at::Tensor();
+    p.stash_marker = at::ones({1}, at::TensorOptions().dtype(at::kFloat));
+    p.param.mutable_grad() = p.stash_marker;
   }
   void on_resharded(FSDPParam& p) override {
     // A full-shape gradient still here was never collected (an abandoned
     // backward): the sharded one from before this step takes its place.
+    settle_stashed_gradient(p);
     p.param.mutable_grad() = p.sharded_grad_stash;
     p.sharded_grad_stash = at::Tensor();
   }
 
-  void prepare() override {
+  void prepare(bool in_backward) override {
     // As at one rank (attach_existing_grad_view): a parameter without a
     // gradient keeps none, so autograd hands its fresh gradient over and
     // collect() copies it in, instead of autograd adding into a zeroed
-    // buffer.
+    // buffer. A stand-in is settled when the backward starts, not after the
+    // forward: a zero_grad may come between.
     const at::Tensor& flat = unfilled_buffer();
     for (auto& p : shard_.params()) {
       if (!p.requires_grad()) continue;
+      if (in_backward) settle_stashed_gradient(p);
+      if (p.stash_marker.defined()) continue;
       at::Tensor& grad = p.param.mutable_grad();
       if (!grad.defined()) continue;
       at::Tensor view = alias_of(flat, p.offset, p.shape);

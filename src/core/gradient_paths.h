@@ -41,6 +41,11 @@ struct ReductionSettings {
   ReducedGradHook reduced_grad_hook;
 };
 
+// Settles a gradient set aside at unshard against what the program did to
+// the stand-in since: kept, zeroed, set to none or replaced. Called before
+// anything reads or accumulates into the parameter's gradient.
+void settle_stashed_gradient(FSDPParam& p);
+
 class GradientFlow {
  public:
   virtual ~GradientFlow() = default;
@@ -50,9 +55,11 @@ class GradientFlow {
   // gradient follows it there.
   virtual void on_unsharded(FSDPParam& p) = 0;
   virtual void on_resharded(FSDPParam& p) = 0;
-  // Pre-backward on a gathered unit with trainable parameters: gradients
-  // become views of the buffer autograd accumulates into.
-  virtual void prepare() = 0;
+  // On a gathered unit with trainable parameters: gradients become views of
+  // the buffer autograd accumulates into. Called when the backward starts
+  // (`in_backward`), and before, after the forward of a unit that stays
+  // gathered; what a gradient was before this backward is read at the first.
+  virtual void prepare(bool in_backward) = 0;
 
   // Post-backward, in this order. Before the unit reshards (`unsharded`:
   // it is gathered now): gradients autograd left outside the buffer are

@@ -237,20 +237,17 @@ int run(int argc, char** argv) {
   for (; step < (save_at >= 0 ? save_at : steps); ++step) {
     const Batch b = batch(step);
     const torch::Tensor real = b.real.narrow(0, rank * rows, rows), noise = b.noise.narrow(0, rank * rows, rows);
-    // Both zeroed before any forward: from the generator's forward to its
-    // backward its unit (a root, kept gathered) holds the gradients of
-    // earlier steps aside, where a zero_grad does not reach them
-    // (docs/library.md, "Zeroing gradients"). The example zeroes the
-    // generator's after the discriminator's step; nothing reached it in
-    // between, so this is the same step.
-    d_adam.zero_grad();
-    g_adam.zero_grad();
+    // The example's order: the generator is zeroed after its forward, while
+    // its unit (a root, kept gathered until its backward) holds the
+    // gradients of the last step aside; the zeroing reaches them there.
+    d->zero_grad();
     auto out = fsdp::call(d, real);
     torch::binary_cross_entropy(out, torch::ones_like(out)).backward();
     const torch::Tensor fake = fsdp::call(g, noise);
     out = fsdp::call(d, fake.detach());
     torch::binary_cross_entropy(out, torch::zeros_like(out)).backward();
     d_adam.step();
+    g->zero_grad();
     out = fsdp::call(d, fake);
     torch::binary_cross_entropy(out, torch::ones_like(out)).backward();
     g_adam.step();

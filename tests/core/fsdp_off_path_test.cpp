@@ -14,6 +14,7 @@
 
 #include "../dist/dist_test_world.h"
 #include "adapter_net.h"
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/memory.h"
 #include "fsdp/core/replicate.h"
@@ -34,8 +35,18 @@ enum class Dtypes {
   kBf16FrozenBase,  // bf16 linear layers and fp32 norms frozen, fp32 adapters the only trainable ones
 };
 
+// Where gradients are cleared each step, and how.
+enum class ZeroGrad {
+  kAfterStep,               // set to none after the optimizer step
+  kAfterForwardToNone,      // after the first forward, before its backward: set to none (2.x's zero_grad())
+  kAfterForwardInPlace,     // ... zeroed in place (zero_grad(false), 1.13's zero_grad())
+  kAfterForwardOptimizer,   // ... the optimizer's own zero_grad(), whichever this LibTorch does
+};
+
 struct Scenario {
   AdapterNetConfig net;
+  ZeroGrad zero_grad = ZeroGrad::kAfterStep;
+  bool head_penalty = false;       // the loss adds a penalty on the root's head, computed after the forward
   Dtypes dtypes = Dtypes::kFp32;
   double tolerance = kTolerance;   // on the final parameters' relative difference
   int reshard_to = 0;              // > 0: reshard_after_forward = this many ranks
@@ -101,6 +112,23 @@ void set_grads_to_none(torch::nn::Module& m) {
   for (auto& p : unique_parameters(m)) p.mutable_grad() = torch::Tensor();
 }
 
+// Clears gradients as `how` says, as LibTorch's Optimizer::zero_grad does.
+void zero_grads(torch::nn::Module& m, torch::optim::Optimizer& optimizer, ZeroGrad how) {
+  if (how == ZeroGrad::kAfterForwardOptimizer) {
+    optimizer.zero_grad();
+    return;
+  }
+  for (auto& p : unique_parameters(m)) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad().detach_();
+    if (how == ZeroGrad::kAfterForwardInPlace) {
+      p.mutable_grad().zero_();
+    } else {
+      p.mutable_grad() = torch::Tensor();
+    }
+  }
+}
+
 
 NamedTensors named(torch::nn::Module& m) {
   NamedTensors out;
@@ -163,6 +191,11 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
           torch::Tensor y = targets_of(step, batch, rows).narrow(0, rank * kRowsPerRank, kRowsPerRank);
           loss = loss + torch::mse_loss(fsdp::call(net, x).to(torch::kFloat), y);
         }
+        // The root is gathered: its head is whole until its backward.
+        if (s.head_penalty) loss = loss + 0.1 * net->head->weight.pow(2).sum();
+        // Between the forward and its backward: the root is gathered, and
+        // the gradients of the last step wait aside in shard form.
+        if (m == 0 && s.zero_grad != ZeroGrad::kAfterStep) zero_grads(*net, optimizer, s.zero_grad);
         (loss / s.micro_steps).backward();
       }
       EXPECT_FALSE(fail_forward || fail_backward) << "the injected failure did not surface";
@@ -187,7 +220,7 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
       if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
     optimizer.step();
-    set_grads_to_none(*net);
+    if (s.zero_grad == ZeroGrad::kAfterStep) set_grads_to_none(*net);
     EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered buffers left after step " << step;
     if (log != nullptr && !s.replicated) log->last_step_events = event_log(*net);
     if (log != nullptr && s.replicated) log->replicate_stats.push_back(replicate_stats(*net));
@@ -227,6 +260,7 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
           const int batch = f + 10 * m;
           loss = loss + torch::mse_loss(net->forward(inputs_of(step, batch, rows, s.net.dim)), targets_of(step, batch, rows));
         }
+        if (s.head_penalty) loss = loss + 0.1 * net->head->weight.pow(2).sum();
         (loss / s.micro_steps).backward();
       }
     } else {
@@ -295,7 +329,12 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
       if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
     optimizer.step();
-    set_grads_to_none(*net);
+    // Zeroing after the next forward is zeroing here, in one process.
+    if (s.zero_grad == ZeroGrad::kAfterStep) {
+      set_grads_to_none(*net);
+    } else {
+      zero_grads(*net, optimizer, s.zero_grad);
+    }
   }
   return named(*net);
 }
@@ -480,6 +519,52 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Exceptions,
                          ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kHybridShard),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+class ZeroGradAfterForward : public ::testing::TestWithParam<std::tuple<ShardingStrategy, ZeroGrad>> {};
+TEST_P(ZeroGradAfterForward, ReachesTheGradientsSetAsideWhileGathered) {
+  // The DCGAN example's order: forward, zero_grad, backward, step. The root
+  // is gathered from its forward to its backward, and the last step's
+  // sharded gradients wait aside meanwhile: the zero_grad must clear them,
+  // as in one process, or every step adds the one before it. Gates are used
+  // on even steps only: on odd steps nothing else clears theirs.
+  Scenario s;
+  s.strategy = std::get<0>(GetParam());
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.zero_grad = std::get<1>(GetParam());
+  s.net.gate = true;
+  s.gate_on_even_steps = true;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  // Zeroed in place, the gates keep a (zero) gradient on odd steps; set to
+  // none, they have none, as in one process with the same calls.
+  const bool in_place = s.zero_grad == ZeroGrad::kAfterForwardInPlace ||
+                        (s.zero_grad == ZeroGrad::kAfterForwardOptimizer && FSDP_TORCH_VERSION < 200);
+  EXPECT_EQ(sharded.gate_grad_defined,
+            in_place ? std::vector<bool>(5, true) : (std::vector<bool>{true, false, true, false, true}));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, ZeroGradAfterForward,
+    ::testing::Combine(::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                         ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                       ::testing::Values(ZeroGrad::kAfterForwardToNone, ZeroGrad::kAfterForwardInPlace,
+                                         ZeroGrad::kAfterForwardOptimizer)),
+    [](const auto& info) {
+      const ZeroGrad how = std::get<1>(info.param);
+      const char* name = how == ZeroGrad::kAfterForwardToNone ? "to_none"
+                         : how == ZeroGrad::kAfterForwardInPlace ? "in_place" : "optimizer";
+      return std::string(to_string(std::get<0>(info.param))) + "_" + name;
+    });
+
+TEST(OffPath, ZeroGradAfterForwardWithARootParameterUsedAfterTheForward) {
+  // A parameter used again after its unit's forward (as a tied head is)
+  // accumulates into the gathered gradient buffer, not into the stand-in.
+  Scenario s;
+  s.zero_grad = ZeroGrad::kAfterForwardToNone;
+  s.head_penalty = true;
+  expect_matches_reference(s);
+  s.zero_grad = ZeroGrad::kAfterForwardInPlace;
+  expect_matches_reference(s);
+}
 
 TEST(OffPath, ParameterUnusedInSomeStepsGetsNoGradient) {
   Scenario s;
