@@ -19,6 +19,7 @@
 #include "fsdp/common/error_text.h"
 #include "fsdp/common/fault_point.h"
 #include "fsdp/checkpoint/optimizer_state.h"
+#include "checkpoint/snapshot.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/replicate.h"
 #include "fsdp/dist/collectives.h"
@@ -286,32 +287,54 @@ std::map<std::string, SavedOptimizer> saved_optimizers(const nlohmann::json& met
   return out;
 }
 
-// Save, stage 1: this rank's file (its shards, one replica writing each;
-// each optimizer's state of them; its RNG) into the temporary directory,
-// and on rank 0 the buffers' file. Returns the table rank 0 needs: per
-// parameter, (begin, count, writes), then per optimizer (has state, step,
-// which state tensors: a bit per optimizer_state_tensors entry).
+// A save's snapshot: everything it writes, taken from the parts at once,
+// so that writing needs nothing of the program (detail::Snapshot). Per
+// parameter the table holds (begin, count, writes), then per optimizer
+// (has state, step, which state tensors: a bit per optimizer_state_tensors
+// entry); rank 0 gathers every rank's to build the metadata.
 constexpr int64_t kShardColumns = 3, kOptimizerColumns = 3;
 
-at::Tensor write_rank_file(const std::string& tmp_dir, const Contents& c, int rank, WrittenFile& written) {
-  std::vector<io::SafetensorsWriter::Spec> specs;
-  std::vector<at::Tensor> tensors;
+// A copy in host memory that the program's next steps do not change
+// (async saves), or the tensor itself (a save that writes before it returns).
+at::Tensor keep(const at::Tensor& t, bool copy) {
+  if (!copy) return t;
+  return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+}  // namespace
+
+namespace detail {
+
+std::shared_ptr<Snapshot> snapshot(const Parts& parts, const TrainerState& state, int rank, int world_size,
+                                   bool copy) {
+  const Contents c = contents_of(parts, world_size);
+  auto snap = std::make_shared<Snapshot>();
+  snap->state = state;
+  snap->sharding = c.sharding;
+  std::vector<io::SafetensorsWriter::Spec>& specs = snap->specs;
+  std::vector<at::Tensor>& tensors = snap->tensors;
   const auto columns = kShardColumns + kOptimizerColumns * static_cast<int64_t>(c.optimizers.size());
   at::Tensor table = at::zeros({static_cast<int64_t>(c.shards.size()), columns}, at::kLong);
   auto rows = table.accessor<int64_t, 2>();
   for (size_t i = 0; i < c.shards.size(); ++i) {
     const auto& s = c.shards[i];
+    snap->params.push_back({s.fqn, s.shape, s.local.scalar_type()});
     const bool writes = (s.sharded ? s.replica == 0 : rank == 0) && s.numel > 0;
     rows[i][0] = s.begin;
     rows[i][1] = s.numel;
     rows[i][2] = writes ? 1 : 0;
     if (writes) {
       specs.push_back({"model/" + s.fqn, s.local.scalar_type(), {s.numel}});
-      tensors.push_back(s.local);
+      tensors.push_back(keep(s.local, copy));
     }
   }
   for (size_t k = 0; k < c.optimizers.size(); ++k) {
     const auto& o = c.optimizers[k];
+    Snapshot::Optimizer& saved = snap->optimizers.emplace_back();
+    saved.name = o.name;
+    saved.kind = o.kind;
+    saved.groups = o.groups;
+    for (const auto& group : o.optimizer->param_groups()) saved.options.push_back(group_options(o.kind, group.options()));
     const auto& names = optimizer_state_tensors(o.kind);
     auto& states = o.optimizer->state();
     for (const auto& group : o.groups) {
@@ -330,7 +353,7 @@ at::Tensor write_rank_file(const std::string& tmp_dir, const Contents& c, int ra
           rows[i][col + 2] |= int64_t{1} << (std::find(names.begin(), names.end(), tensor) - names.begin());
           if (rows[i][2] == 0) continue;
           specs.push_back({optimizer_tensor_name(o.name, tensor, s.fqn), value.scalar_type(), {s.numel}});
-          tensors.push_back(value.reshape({-1}));
+          tensors.push_back(keep(value.reshape({-1}), copy));
         }
       }
     }
@@ -338,16 +361,35 @@ at::Tensor write_rank_file(const std::string& tmp_dir, const Contents& c, int ra
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   specs.push_back({"rng/cpu", rng.scalar_type(), rng.sizes().vec()});
   tensors.push_back(rng);
+  snap->table = table;
+  // Rank 0 writes the buffers (its own values: [Note: buffers in a
+  // checkpoint]) and the metadata, with the states' JSON.
+  if (rank == 0) {
+    for (const auto& [fqn, value] : c.buffers) snap->buffers.emplace_back(fqn, keep(value.contiguous(), copy));
+    snap->states = nlohmann::json::object();
+    for (const auto& [name, part] : parts.states) snap->states[name] = part->state_dict();
+  }
+  return snap;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Snapshot;
+
+// Save, stage 1: this rank's file (its shards, one replica writing each;
+// each optimizer's state of them; its RNG) into the temporary directory.
+void write_rank_file(const std::string& tmp_dir, const Snapshot& snap, int rank, WrittenFile& written) {
   try {
-    io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), specs);
-    for (const auto& t : tensors) writer.write(t);
+    io::SafetensorsWriter writer(tmp_dir + "/" + rank_file(rank), snap.specs);
+    for (const auto& t : snap.tensors) writer.write(t);
     writer.commit();
     written.bytes = writer.bytes_written();
     written.crc32 = writer.crc32();
   } catch (const std::exception& e) {
     written.error = error_text(e);  // the ranks agree on it before going on
   }
-  return table;
 }
 
 constexpr const char* kBufferFile = "buffers.safetensors";
@@ -355,13 +397,13 @@ constexpr const char* kBufferFile = "buffers.safetensors";
 // Save, stage 1 on rank 0: every buffer whole, rank 0's values (the ranks'
 // may differ: [Note: buffers in a checkpoint]). Its size and checksum, or
 // nothing when there are no buffers.
-std::optional<nlohmann::json> write_buffer_file(const std::string& tmp_dir, const Contents& c, WrittenFile& written) {
-  if (c.buffers.empty()) return std::nullopt;
+std::optional<nlohmann::json> write_buffer_file(const std::string& tmp_dir, const Snapshot& snap, WrittenFile& written) {
+  if (snap.buffers.empty()) return std::nullopt;
   std::vector<io::SafetensorsWriter::Spec> specs;
-  for (const auto& [fqn, value] : c.buffers) specs.push_back({"buffer/" + fqn, value.scalar_type(), value.sizes().vec()});
+  for (const auto& [fqn, value] : snap.buffers) specs.push_back({"buffer/" + fqn, value.scalar_type(), value.sizes().vec()});
   try {
     io::SafetensorsWriter writer(tmp_dir + "/" + kBufferFile, specs);
-    for (const auto& [fqn, value] : c.buffers) writer.write(value.detach().contiguous());
+    for (const auto& [fqn, value] : snap.buffers) writer.write(value.detach().contiguous());
     writer.commit();
     return nlohmann::json{{"name", kBufferFile}, {"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}};
   } catch (const std::exception& e) {
@@ -371,10 +413,10 @@ std::optional<nlohmann::json> write_buffer_file(const std::string& tmp_dir, cons
 }
 
 // Save, stage 2 (rank 0): metadata.json from every rank's table and file.
-nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::Tensor& all_tables,
-                              const at::Tensor& all_files, const std::optional<nlohmann::json>& buffer_file,
-                              const TrainerState& state, int w) {
-  const auto n = static_cast<int64_t>(c.shards.size());
+nlohmann::json build_metadata(const Snapshot& snap, const at::Tensor& all_tables, const at::Tensor& all_files,
+                              const std::optional<nlohmann::json>& buffer_file, int w) {
+  const TrainerState& state = snap.state;
+  const auto n = static_cast<int64_t>(snap.params.size());
   const auto tables = all_tables.view({w, n, -1});
   nlohmann::json params = nlohmann::json::object();
   for (int64_t i = 0; i < n; ++i) {
@@ -385,19 +427,19 @@ nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::T
         pieces.push_back({{"rank", r}, {"begin", row[0].item<int64_t>()}, {"count", row[1].item<int64_t>()}});
       }
     }
-    const auto& s = c.shards[static_cast<size_t>(i)];
-    params[s.fqn] = {{"shape", s.shape}, {"dtype", io::safetensors_dtype_name(s.local.scalar_type())}, {"shards", pieces}};
+    const auto& s = snap.params[static_cast<size_t>(i)];
+    params[s.fqn] = {{"shape", s.shape}, {"dtype", io::safetensors_dtype_name(s.dtype)}, {"shards", pieces}};
   }
   nlohmann::json optimizers = nlohmann::json::object();
-  for (size_t k = 0; k < c.optimizers.size(); ++k) {
-    const auto& o = c.optimizers[k];
+  for (size_t k = 0; k < snap.optimizers.size(); ++k) {
+    const auto& o = snap.optimizers[k];
     const int64_t col = kShardColumns + kOptimizerColumns * static_cast<int64_t>(k);
     const auto& names = optimizer_state_tensors(o.kind);
     nlohmann::json groups = nlohmann::json::array(), saved_state = nlohmann::json::object();
     for (size_t g = 0; g < o.groups.size(); ++g) {
       nlohmann::json fqns = nlohmann::json::array();
       for (size_t i : o.groups[g]) {
-        fqns.push_back(c.shards[i].fqn);
+        fqns.push_back(snap.params[i].fqn);
         int64_t has = 0, step = 0, mask = 0;
         for (int r = 0; r < w; ++r) {
           const auto row = tables[r][static_cast<int64_t>(i)];
@@ -410,18 +452,16 @@ nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::T
         for (size_t b = 0; b < names.size(); ++b) {
           if ((mask >> b) & 1) held.push_back(names[b]);
         }
-        saved_state[c.shards[i].fqn] = {{"step", step}, {"tensors", held}};
+        saved_state[snap.params[i].fqn] = {{"step", step}, {"tensors", held}};
       }
-      groups.push_back({{"params", fqns}, {"options", group_options(o.kind, o.optimizer->param_groups()[g].options())}});
+      groups.push_back({{"params", fqns}, {"options", o.options[g]}});
     }
     optimizers[o.name] = {{"kind", o.kind}, {"groups", groups}, {"state", saved_state}};
   }
   nlohmann::json buffers = nlohmann::json::object();
-  for (const auto& [fqn, value] : c.buffers) {
+  for (const auto& [fqn, value] : snap.buffers) {
     buffers[fqn] = {{"shape", value.sizes().vec()}, {"dtype", io::safetensors_dtype_name(value.scalar_type())}};
   }
-  nlohmann::json states = nlohmann::json::object();
-  for (const auto& [name, part] : parts.states) states[name] = part->state_dict();
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < w; ++r) {
     files.push_back({{"rank", r},
@@ -433,8 +473,8 @@ nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::T
                          {"version", kMetadataVersion},
                          {"step", state.step},
                          {"world_size", w},
-                         {"sharding", c.sharding.strategy},
-                         {"mesh", c.sharding.mesh},
+                         {"sharding", snap.sharding.strategy},
+                         {"mesh", snap.sharding.mesh},
                          {"config", state.config_yaml},
                          {"hf_config", state.hf_config},
                          {"trainer", {{"tokens_seen", state.tokens_seen}, {"loss_scale", state.loss_scale}}},
@@ -442,7 +482,7 @@ nlohmann::json build_metadata(const Contents& c, const Parts& parts, const at::T
                          {"params", params},
                          {"optimizers", optimizers},
                          {"buffers", buffers},
-                         {"states", states},
+                         {"states", snap.states},
                          {"files", files}};
   if (buffer_file) meta["buffer_file"] = *buffer_file;
   return meta;
@@ -508,16 +548,13 @@ void agree_on_failure(dist::ProcessGroup& group, const std::string& local_error,
 }  // namespace
 
 
-std::string save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state,
-                 dist::World& world) {
-  auto& group = world.group();
-  const int rank = world.rank(), w = world.size();
-  const std::string name = step_name(state.step);
+namespace detail {
+
+std::string write_snapshot(const std::string& dir, int keep, const Snapshot& snap, dist::ProcessGroup& group) {
+  const int rank = group.rank(), w = group.size();
+  const std::string name = step_name(snap.state.step);
   const std::string final_dir = dir + "/" + name;
   const std::string tmp_dir = final_dir + ".tmp";
-  // Before anything is written: parts that cannot be saved are refused on
-  // every rank alike, leaving the folder as it was.
-  const Contents c = contents_of(parts, w);
   std::string error;
   if (rank == 0) {
     try {
@@ -531,14 +568,14 @@ std::string save(const std::string& dir, int keep, const Parts& parts, const Tra
   agree_on_failure(group, error, tmp_dir);
 
   WrittenFile written;
-  const at::Tensor table = write_rank_file(tmp_dir, c, rank, written);
+  write_rank_file(tmp_dir, snap, rank, written);
   std::optional<nlohmann::json> buffer_file;
-  if (rank == 0 && written.error.empty()) buffer_file = write_buffer_file(tmp_dir, c, written);
+  if (rank == 0 && written.error.empty()) buffer_file = write_buffer_file(tmp_dir, snap, written);
   agree_on_failure(group, written.error, tmp_dir);
 
   // Rank 0 learns who holds what, and every file's size and checksum.
-  at::Tensor all_tables = at::empty({w * table.numel()}, at::kLong);
-  dist::all_gather_into_tensor(group, all_tables, table.view({-1})).wait();
+  at::Tensor all_tables = at::empty({w * snap.table.numel()}, at::kLong);
+  dist::all_gather_into_tensor(group, all_tables, snap.table.view({-1})).wait();
   at::Tensor file_info =
       at::tensor({static_cast<int64_t>(written.bytes), static_cast<int64_t>(written.crc32)}, at::kLong);
   at::Tensor all_files = at::empty({2 * w}, at::kLong);
@@ -546,9 +583,8 @@ std::string save(const std::string& dir, int keep, const Parts& parts, const Tra
 
   if (rank == 0) {
     try {
-      io::write_file_atomically(
-          tmp_dir + "/metadata.json",
-          sealed_metadata_text(build_metadata(c, parts, all_tables, all_files, buffer_file, state, w)));
+      io::write_file_atomically(tmp_dir + "/metadata.json",
+                                sealed_metadata_text(build_metadata(snap, all_tables, all_files, buffer_file, w)));
       publish(dir, tmp_dir, final_dir, name, keep);
     } catch (const std::exception& e) {
       error = error_text(e);
@@ -562,6 +598,16 @@ std::string save(const std::string& dir, int keep, const Parts& parts, const Tra
   }
   agree_on_failure(group, error, tmp_dir);
   return final_dir;
+}
+
+}  // namespace detail
+
+std::string save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state,
+                 dist::World& world) {
+  // Before anything is written: parts that cannot be saved are refused on
+  // every rank alike, leaving the folder as it was.
+  const auto snap = detail::snapshot(parts, state, world.rank(), world.size(), /*copy=*/false);
+  return detail::write_snapshot(dir, keep, *snap, world.group());
 }
 
 std::string save(const std::string& dir, int keep, torch::nn::Module& model, torch::optim::Optimizer& optimizer,

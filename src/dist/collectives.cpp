@@ -74,9 +74,12 @@ c10::intrusive_ptr<c10d::Work> issue(const char* op, ProcessGroup& group, IssueF
   }
 }
 
+thread_local bool out_of_band = false;
+
 // Records the collective in the flight recorder and, under
 // FSDP_DEBUG=detail, checks that every rank is issuing the same one.
 int64_t record(const char* op, ProcessGroup& group, const at::Tensor& t) {
+  if (out_of_band) return 0;  // unrecorded: Work::wait and complete() ignore seq 0
   const int64_t seq = FlightRecorder::instance().issue(op, group.name(), group.role(), group.rank(), group.size(), t.numel(),
                                                        static_cast<int64_t>(t.nbytes()),
                                                        c10::toString(t.scalar_type()));
@@ -172,11 +175,15 @@ namespace {
 struct WaitTimer {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~WaitTimer() {
+    if (out_of_band) return;
     FlightRecorder::instance().add_blocked(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   }
 };
 }  // namespace
+
+OutOfBandCollectives::OutOfBandCollectives() { out_of_band = true; }
+OutOfBandCollectives::~OutOfBandCollectives() { out_of_band = false; }
 
 Work Work::and_then(std::function<void()> more) && {
   if (done_) {

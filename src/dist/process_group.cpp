@@ -384,7 +384,8 @@ void World::learn_hosts() {
 }
 
 std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vector<int> global_ranks,
-                                               const std::string& role) {
+                                               const std::string& role, std::optional<Backend> backend) {
+  const Backend kind = backend.value_or(backend_);
   FSDP_ASSERT(std::is_sorted(global_ranks.begin(), global_ranks.end()));
   const auto me = std::find(global_ranks.begin(), global_ranks.end(), env_.rank);
   FSDP_ASSERT(me != global_ranks.end());
@@ -395,7 +396,7 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
   auto store = c10::make_intrusive<c10d::PrefixStore>("fsdp/" + name + "#" + std::to_string(generation), store_);
   c10::intrusive_ptr<compat::C10dBackend> impl;
   try {
-    if (backend_ == Backend::kGloo) {
+    if (kind == Backend::kGloo) {
       auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
       opts->devices.push_back(gloo_device(env_));
       impl = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
@@ -407,13 +408,13 @@ std::shared_ptr<ProcessGroup> World::new_group(const std::string& name, std::vec
 #endif
     }
   } catch (const std::exception& e) {
-    throw Error("connecting " + name + " (" + std::to_string(size) + " ranks, " + to_string(backend_) +
+    throw Error("connecting " + name + " (" + std::to_string(size) + " ranks, " + to_string(kind) +
                 ") failed: " + error_text(e) + "; a peer died or never arrived");
   }
-  auto group = std::make_shared<ProcessGroup>(name, backend_, global_ranks, rank, options_.timeout, std::move(impl));
+  auto group = std::make_shared<ProcessGroup>(name, kind, global_ranks, rank, options_.timeout, std::move(impl));
   for (int r : global_ranks) group->hosts.push_back(hosts_[static_cast<size_t>(r)]);
   group->set_role(role);
-  if (backend_ == Backend::kGloo && size > 1) {
+  if (kind == Backend::kGloo && size > 1) {
     // Every member takes part, wanting it or not, so that all agree.
     std::string why;
     try {

@@ -4,7 +4,10 @@
 // that never stopped; a checkpoint of other parts is refused naming both
 // sides, on every rank, before anything is read.
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/io/safetensors.h"
@@ -113,6 +117,92 @@ TEST(CheckpointParts, EveryOptimizerKindAndTheBuffersResumeExactly) {
     // Something trained and something moved the statistics.
     EXPECT_GT(resumed->norm->num_batches_tracked.item<int64_t>(), 2);
   }
+}
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(AsyncSave, WritesTheStateAtTheSaveWhileTrainingGoesOn) {
+  for (const char* kind : {"sgd_nesterov", "adamw"}) {
+    SCOPED_TRACE(kind);
+    const auto& make = std::find_if(optimizer_kinds().begin(), optimizer_kinds().end(),
+                                    [&](const auto& k) { return k.first == kind; })->second;
+    const std::string sync_dir = shared_dir(std::string("sync-") + kind);
+    const std::string async_dir = shared_dir(std::string("async-") + kind);
+    checkpoint::AsyncSaver saver(test_world());
+    auto net = make_sharded_net();
+    auto optimizer = make(unique_parameters(*net));
+    const auto parts = checkpoint::Parts().model("", *net).optimizer("optimizer", *optimizer);
+    for (int64_t step = 0; step < 2; ++step) train_step(net, *optimizer, step);
+    checkpoint::TrainerState state;
+    state.step = 2;
+    checkpoint::save(sync_dir, 2, parts, state, test_world());
+    saver.save(async_dir, 2, parts, state);
+    EXPECT_TRUE(saver.in_flight());
+    // Training goes on (its collectives on the world's group) while the
+    // save writes and agrees over its own; the parameters and the moments
+    // change under it.
+    for (int64_t step = 2; step < 4; ++step) train_step(net, *optimizer, step);
+    const auto uninterrupted = state_of(net);
+    ASSERT_EQ(saver.wait(), async_dir + "/step_00000002");
+    EXPECT_FALSE(saver.in_flight());
+    EXPECT_EQ(saver.wait(), std::nullopt);
+    // File for file what a save at that moment writes: the state at step 2,
+    // not what the program holds by the time the files are written.
+    for (const auto& entry : std::filesystem::directory_iterator(sync_dir + "/step_00000002")) {
+      const std::string name = entry.path().filename().string();
+      EXPECT_EQ(bytes_of(entry.path().string()), bytes_of(async_dir + "/step_00000002/" + name)) << name;
+    }
+    EXPECT_EQ(bytes_of(async_dir + "/latest"), "step_00000002\n");
+
+    auto resumed = make_sharded_net();
+    auto fresh = make(unique_parameters(*resumed));
+    EXPECT_EQ(checkpoint::load(*checkpoint::latest(async_dir), *resumed, *fresh, test_world()).step, 2);
+    for (int64_t step = 2; step < 4; ++step) train_step(resumed, *fresh, step);
+    const auto after = state_of(resumed);
+    const size_t compared = test_world().rank() == 0 ? after.size() : after.size() - 3;  // buffers: rank 0's
+    for (size_t i = 0; i < compared; ++i) EXPECT_TRUE(torch::equal(after[i], uninterrupted[i])) << "tensor " << i;
+
+    // A save while one is in flight waits for it; `latest` moves to the newer.
+    state.step = 4;
+    saver.save(async_dir, 2, parts, state);
+    state.step = 5;
+    saver.save(async_dir, 2, parts, state);
+    EXPECT_EQ(saver.wait(), async_dir + "/step_00000005");
+    EXPECT_EQ(bytes_of(async_dir + "/latest"), "step_00000005\n");
+    EXPECT_TRUE(std::filesystem::is_directory(async_dir + "/step_00000004"));
+    EXPECT_FALSE(std::filesystem::exists(async_dir + "/step_00000002")) << "keep = 2";
+  }
+}
+
+TEST(AsyncSave, AFailedWriteIsReportedByWaitOnEveryRankAndTheSaverGoesOn) {
+  const std::string dir = shared_dir("async-fails");
+  checkpoint::AsyncSaver saver(test_world());
+  auto net = make_sharded_net();
+  torch::optim::SGD optimizer(unique_parameters(*net), torch::optim::SGDOptions(0.1));
+  const auto parts = checkpoint::Parts().model("", *net).optimizer("optimizer", optimizer);
+  checkpoint::TrainerState state;
+  state.step = 1;
+  saver.save(dir + "/ckpt", 1, parts, state);
+  ASSERT_TRUE(saver.wait().has_value());
+  // A folder that cannot be made: a file stands where it goes.
+  if (test_world().rank() == 0) std::ofstream(dir + "/file") << "in the way";
+  dist::barrier(test_world().group());
+  state.step = 2;
+  saver.save(dir + "/file/ckpt", 1, parts, state);
+  try {
+    saver.save(dir + "/ckpt", 1, parts, state);  // waits for the failed one first, and says so
+    ADD_FAILURE() << "the save did not fail";
+  } catch (const checkpoint::SaveError& e) {
+    EXPECT_NE(std::string(e.what()).find("failed on rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(saver.in_flight()) << "the save after a failed one is not started";
+  EXPECT_EQ(bytes_of(dir + "/ckpt/latest"), "step_00000001\n");
+  state.step = 3;
+  saver.save(dir + "/ckpt", 1, parts, state);
+  EXPECT_EQ(saver.wait(), dir + "/ckpt/step_00000003");
 }
 
 TEST(CheckpointParts, AnotherProgramsCheckpointIsRefusedNamingBothSides) {

@@ -20,6 +20,19 @@ namespace fsdp::dist {
 
 enum class ReduceOp { kSum, kAvg, kMax };
 
+// Collectives this thread issues while one lives are outside the job's
+// sequence: a background thread's (an async checkpoint's, on a group of its
+// own) interleave with the training thread's differently on each rank, so
+// they are neither fingerprinted nor checked ([Note: desync checks]), nor
+// counted as time the training waited.
+class OutOfBandCollectives {
+ public:
+  OutOfBandCollectives();
+  ~OutOfBandCollectives();
+  OutOfBandCollectives(const OutOfBandCollectives&) = delete;
+  OutOfBandCollectives& operator=(const OutOfBandCollectives&) = delete;
+};
+
 // Handle to one issued collective. wait() blocks until it is done (or the
 // group's timeout passes), then runs the finishing step (unpacking, local
 // reduction); failures surface as fsdp::Error naming the operation and group.

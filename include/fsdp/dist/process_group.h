@@ -156,9 +156,11 @@ class World {
   // A group of `global_ranks` (sorted, distinct). Only members call this;
   // `name` must be unique in the job and the same on all members.
   // `role` is the same on every rank for groups that play the same part
-  // (each rank's own shard group, say); empty: the name.
+  // (each rank's own shard group, say); empty: the name. `backend`: the
+  // world's unless given (Gloo beside NCCL, for host tensors).
   std::shared_ptr<ProcessGroup> new_group(const std::string& name, std::vector<int> global_ranks,
-                                          const std::string& role = "");
+                                          const std::string& role = "",
+                                          std::optional<Backend> backend = std::nullopt);
 
  private:
   World(LaunchEnv env, DistOptions options, c10::Device device, Backend backend,
