@@ -47,6 +47,21 @@ namespace fsdp {
 // callback; the guard the callback holds, destroyed with the engine's
 // graph task, finishes what was started and drops the backward's buckets.
 
+// [Note: replicate's mixed precision]
+// As DDP's mixed_precision: before a forward every floating parameter's
+// data becomes a copy in the param dtype (set_data, as FSDP's gathered
+// views; the fp32 tensor stays aside as the master), so the forward and
+// the backward compute in it. Its gradients arrive in that dtype and are
+// copied into buckets of the reduce dtype, averaged there, and handed over
+// in the master's dtype once the parameters point at their masters again,
+// at the end of backward (or right after a forward that no backward will
+// follow: no gradients, or none of its outputs needs one). set_data to
+// another dtype makes autograd replace the parameter's AccumulateGrad, so
+// the ready hooks follow the nodes. A gradient already there (micro-steps
+// without sync, or one the program set) stays in the master's dtype, and
+// AccumulateGrad adds the low-precision one into it in place: accumulation
+// is in fp32, where DDP casts the kept gradient down to the param dtype.
+
 namespace detail {
 
 class Replicator : public std::enable_shared_from_this<Replicator> {
@@ -57,6 +72,8 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
   void on_grad_ready(size_t index);
   void end_backward();
   void abandon() noexcept;
+  at::Tensor cast_input(const at::Tensor& input) const;
+  void use_masters(bool convert_grads = true) noexcept;
 
   bool requires_gradient_sync = true;
   ReplicateStats stats;
@@ -71,6 +88,9 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
     bool stale = false;  // a parameter got another gradient after the all-reduce started
   };
   void begin_backward();
+  void use_low_precision();
+  void hook_accumulator(size_t index);
+  at::ScalarType bucket_dtype(const at::Tensor& param) const;
   void start_ready_buckets();
   void start(Bucket& bucket);
   void write_back(Bucket& bucket);
@@ -83,6 +103,13 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
   std::unordered_set<const void*> bucketed_;  // params_' TensorImpls
   std::vector<std::string> names_;
   std::vector<compat::AutogradNodePtr> accumulators_;
+  // Mixed precision: the floating parameters cast for the forward, their
+  // masters and low-precision copies, and whether they point at the copies.
+  MixedPrecisionPolicy mixed_precision_;
+  std::vector<at::Tensor> cast_params_;
+  std::vector<at::Tensor> masters_;
+  std::vector<at::Tensor> low_;
+  bool low_precision_ = false;
   std::vector<size_t> bucket_of_;
   std::vector<uint8_t> ready_;
   std::vector<Bucket> buckets_;
@@ -132,8 +159,14 @@ struct BackwardGuard {
 }  // namespace
 
 Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& options)
-    : name_(module.name()), world_(options.world) {
+    : name_(module.name()), world_(options.world), mixed_precision_(options.mixed_precision) {
   FSDP_CHECK(world_ != nullptr, "replicate: ReplicateOptions::world is required");
+  FSDP_CHECK(!mixed_precision_.output_dtype, "replicate: mixed_precision.output_dtype is fully_shard's; replicate "
+             "returns the forward's output as computed (in param_dtype): cast it where you use it");
+  for (const auto dtype : {mixed_precision_.param_dtype, mixed_precision_.reduce_dtype}) {
+    FSDP_CHECK(!dtype || at::isFloatingType(*dtype), "replicate: mixed_precision dtypes must be floating, got ",
+               *dtype);
+  }
   FSDP_CHECK(options.bucket_cap_mb > 0, "replicate: bucket_cap_mb must be positive, got ", options.bucket_cap_mb);
   dist::ProcessGroup& group = world_->group();
   if (options.sync_module_states && world_->size() > 1) {
@@ -173,16 +206,73 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
     params_.push_back(p);
     bucketed_.insert(p.unsafeGetTensorImpl());
     names_.push_back(name);
-    auto accumulator = torch::autograd::impl::grad_accumulator(p);
-    accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
-    accumulators_.push_back(std::move(accumulator));
+    accumulators_.emplace_back();
+    hook_accumulator(index);
   }
   ready_.assign(params_.size(), 0);
+  if (mixed_precision_.param_dtype) {
+    for (const auto& [name, p] : unique_named_parameters(module)) {
+      if (!at::isFloatingType(p.scalar_type()) || p.scalar_type() == *mixed_precision_.param_dtype) continue;
+      cast_params_.push_back(p);
+      masters_.push_back(p.data());
+      low_.emplace_back();
+    }
+  }
   stats.buckets = static_cast<int64_t>(buckets_.size());
 }
 
+void Replicator::hook_accumulator(size_t index) {
+  auto accumulator = torch::autograd::impl::grad_accumulator(params_[index]);
+  if (accumulator == accumulators_[index]) return;
+  accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
+  accumulators_[index] = std::move(accumulator);
+}
+
+at::ScalarType Replicator::bucket_dtype(const at::Tensor& param) const {
+  if (!mixed_precision_.param_dtype || !at::isFloatingType(param.scalar_type())) return param.scalar_type();
+  return mixed_precision_.reduce_dtype.value_or(*mixed_precision_.param_dtype);
+}
+
+void Replicator::use_low_precision() {
+  if (cast_params_.empty() || low_precision_) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < cast_params_.size(); ++i) {
+    if (!low_[i].defined()) low_[i] = at::empty_like(masters_[i], masters_[i].options().dtype(*mixed_precision_.param_dtype));
+    low_[i].copy_(masters_[i]);
+    cast_params_[i].set_data(low_[i]);
+  }
+  low_precision_ = true;
+  for (size_t i = 0; i < params_.size(); ++i) hook_accumulator(i);
+}
+
+void Replicator::use_masters(bool convert_grads) noexcept {
+  if (!low_precision_) return;
+  for (size_t i = 0; i < cast_params_.size(); ++i) {
+    cast_params_[i].set_data(masters_[i]);
+    if (!convert_grads) continue;
+    at::Tensor& grad = cast_params_[i].mutable_grad();
+    // A gradient of this backward not written back (no sync): the master's dtype.
+    if (grad.defined() && grad.scalar_type() != masters_[i].scalar_type()) grad = grad.to(masters_[i].scalar_type());
+  }
+  low_precision_ = false;
+}
+
+at::Tensor Replicator::cast_input(const at::Tensor& input) const {
+  if (!mixed_precision_.param_dtype || !mixed_precision_.cast_forward_inputs || !input.defined() ||
+      !at::isFloatingType(input.scalar_type())) {
+    return input;
+  }
+  return input.to(*mixed_precision_.param_dtype);
+}
+
 void Replicator::post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs) {
-  if (!at::GradMode::is_enabled()) return;
+  const bool backward_follows =
+      at::GradMode::is_enabled() &&
+      std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (!backward_follows) {
+    use_masters();  // an evaluation: the optimizer steps the masters
+    return;
+  }
   // A parameter that became trainable after replicate() is in no bucket:
   // its gradients would differ across the ranks, and so would the models.
   // Names are looked up only for the error.
@@ -245,7 +335,7 @@ void Replicator::start(Bucket& bucket) {
   RECORD_USER_SCOPE("replicate::all_reduce");
   const at::Tensor& first = params_[bucket.params.front()];
   const auto n = static_cast<int64_t>(bucket.params.size());
-  bucket.flat = at::empty({bucket.numel + n}, first.options().requires_grad(false));
+  bucket.flat = at::empty({bucket.numel + n}, first.options().dtype(bucket_dtype(first)).requires_grad(false));
   std::vector<float> flags(static_cast<size_t>(n), 0.0f);
   int64_t offset = 0;
   for (int64_t k = 0; k < n; ++k) {
@@ -276,15 +366,18 @@ void Replicator::write_back(Bucket& bucket) {
     if (used_anywhere[k] == 0.0f) continue;  // no rank had a gradient: none stays none
     // The gradient becomes the buffer's memory instead of a copy of it: a
     // tensor over its storage that autograd does not treat as a view
-    // (optimizers' zero_grad calls detach_(), which views refuse).
-    p.mutable_grad() = at::empty({0}, bucket.flat.options())
-                           .set_(bucket.flat.storage(), bucket.flat.storage_offset() + at, p.sizes(),
-                                 c10::contiguous_strides(p.sizes()));
+    // (optimizers' zero_grad calls detach_(), which views refuse); under
+    // mixed precision, a copy in the master's dtype when the bucket's differs.
+    at::Tensor grad = at::empty({0}, bucket.flat.options())
+                          .set_(bucket.flat.storage(), bucket.flat.storage_offset() + at, p.sizes(),
+                                c10::contiguous_strides(p.sizes()));
+    p.mutable_grad() = grad.scalar_type() == p.scalar_type() ? grad : grad.to(p.scalar_type());
   }
 }
 
 void Replicator::end_backward() {
   RECORD_USER_SCOPE("replicate::end_of_backward");
+  if (!requires_gradient_sync) use_masters();
   if (requires_gradient_sync) {
     // Buckets with a parameter this rank had no gradient for start now, in order.
     while (next_bucket_ < buckets_.size()) start(buckets_[next_bucket_++]);
@@ -303,6 +396,7 @@ void Replicator::end_backward() {
       start(buckets_[b]);
       ++stats.reduced_again;
     }
+    use_masters(/*convert_grads=*/false);  // write_back hands over the averages in the masters' dtype
     for (Bucket& bucket : buckets_) write_back(bucket);
     ++stats.synchronised_backwards;
   }
@@ -323,6 +417,7 @@ void Replicator::reset_backward() {
 }
 
 void Replicator::abandon() noexcept {
+  use_masters();
   for (Bucket& bucket : buckets_) {
     if (!bucket.work) continue;
     try {
@@ -348,6 +443,7 @@ Replicator* replicator_of(const torch::nn::Module& module) {
 // 0's: what rank 0 holds after a step is its own batch's update of rank 0's
 // buffers, whatever the world size, and that is what a checkpoint saves.
 void Replicator::pre_forward() {
+  use_low_precision();
   if (buffers_.empty()) return;
   at::NoGradGuard no_grad;
   for (const auto& b : buffers_) {
@@ -363,6 +459,12 @@ void Replicator::pre_forward() {
 }
 
 void replicated_pre_forward(Replicator& replicator) { replicator.pre_forward(); }
+
+at::Tensor replicated_cast_input(Replicator& replicator, const at::Tensor& input) {
+  return replicator.cast_input(input);
+}
+
+void replicated_forward_failed(Replicator& replicator) noexcept { replicator.use_masters(); }
 
 void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
                              const std::vector<at::Tensor>& outputs) {

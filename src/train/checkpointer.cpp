@@ -192,32 +192,74 @@ bool Checkpointer::due(int64_t step, int64_t total_steps, bool stop_requested) c
 
 void Checkpointer::save(const checkpoint::TrainerState& state, torch::nn::Module& model,
                         torch::optim::AdamW& optimizer, MetricsLog* metrics) {
+  wait_for_save(metrics);
   const std::string step = std::to_string(state.step);
   if (!parameters_finite(world_.group(), model)) {
     log_.say("step " + step + ": weights are not finite; checkpoint not written (the latest stays the last good one)");
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  std::string path;
-  try {
-    path = checkpoint::save(config_.dir, static_cast<int>(config_.keep), model, optimizer, state, world_);
-  } catch (const checkpoint::SaveError& e) {
-    // Every rank has the same error, so every rank takes the same branch.
-    if (config_.on_save_error == OnSaveError::kStop) {
-      throw Error(std::string(e.what()) + ". Stopping (--on-save-error stop); free space and run again to resume, " +
-                  "or pass --on-save-error continue to train on without this checkpoint");
-    }
-    ++failed_saves_;
-    log_.warn(std::string(e.what()) + "; training on (--on-save-error continue)");
-    if (metrics) metrics->write({{"event", "checkpoint_failed"}, {"step", state.step}, {"error", e.what()}});
+  const auto seconds_since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const int keep = static_cast<int>(config_.keep);
+  if (config_.async_save) {
+    if (!async_) async_ = std::make_unique<checkpoint::AsyncSaver>(world_);
+    async_->save(config_.dir, keep, checkpoint::Parts().model("", model).optimizer("optimizer", optimizer), state);
+    pending_step_ = state.step;
+    pending_staging_seconds_ = seconds_since_start();
     return;
   }
-  last_saved_step_ = state.step;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string path;
+  try {
+    path = checkpoint::save(config_.dir, keep, model, optimizer, state, world_);
+  } catch (const checkpoint::SaveError& e) {
+    save_failed(e, state.step, metrics);
+    return;
+  }
+  report_saved(path, state.step, seconds_since_start(), 0, metrics);
+}
+
+void Checkpointer::wait_for_save(MetricsLog* metrics) {
+  if (!async_ || !async_->in_flight()) return;
+  const int64_t step = pending_step_;
+  pending_step_ = -1;
+  std::optional<std::string> path;
+  try {
+    path = async_->wait();
+  } catch (const checkpoint::SaveError& e) {
+    save_failed(e, step, metrics);
+    return;
+  }
+  report_saved(*path, step, pending_staging_seconds_, async_->last_write_seconds(), metrics);
+}
+
+void Checkpointer::save_failed(const checkpoint::SaveError& e, int64_t step, MetricsLog* metrics) {
+  // Every rank has the same error, so every rank takes the same branch.
+  if (config_.on_save_error == OnSaveError::kStop) {
+    throw Error(std::string(e.what()) + ". Stopping (--on-save-error stop); free space and run again to resume, " +
+                "or pass --on-save-error continue to train on without this checkpoint");
+  }
+  ++failed_saves_;
+  log_.warn(std::string(e.what()) + "; training on (--on-save-error continue)");
+  if (metrics) metrics->write({{"event", "checkpoint_failed"}, {"step", step}, {"error", e.what()}});
+}
+
+void Checkpointer::report_saved(const std::string& path, int64_t step, double seconds, double background_seconds,
+                                MetricsLog* metrics) {
+  last_saved_step_ = step;
   char line[512];
-  std::snprintf(line, sizeof(line), "saved %s (%.2f s)", path.c_str(), secs);
+  if (config_.async_save) {
+    std::snprintf(line, sizeof(line), "saved %s (%.2f s staging, %.2f s written in the background)", path.c_str(),
+                  seconds, background_seconds);
+  } else {
+    std::snprintf(line, sizeof(line), "saved %s (%.2f s)", path.c_str(), seconds);
+  }
   log_.say(line);
-  if (metrics) metrics->write({{"event", "checkpoint"}, {"step", state.step}, {"path", path}, {"seconds", secs}});
+  if (!metrics) return;
+  nlohmann::json event = {{"event", "checkpoint"}, {"step", step}, {"path", path}, {"seconds", seconds}};
+  if (config_.async_save) event["background_seconds"] = background_seconds;
+  metrics->write(event);
 }
 
 }  // namespace fsdp::train

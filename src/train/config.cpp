@@ -250,6 +250,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(checkpoint, resume, "--resume", "resume, and fail if there is nothing to resume"),
       FSDP_FIELD(checkpoint, resume_from, "--resume-from", "resume from the checkpoint of this step instead of the latest (0: the latest)"),
       FSDP_FIELD(checkpoint, on_save_error, "--on-save-error", "when a save fails (a full disk): stop the run, or warn and train on"),
+      FSDP_FIELD(checkpoint, async_save, "--async-save", "copy each checkpoint to host memory and write it in the background while training goes on (the next save and the end of the run wait for it; a failure is reported there)"),
   };
   return fields;
 }

@@ -403,6 +403,7 @@ TrainSummary Trainer::run() {
       if (memory::recording()) write_memory_snapshot(step);  // the steps recorded so far
       // The export folder this start made stays only with an export in it.
       if (log_.speaks()) remove_if_holds_no_file(paths_.export_root_created);
+      checkpointer_->wait_for_save(metrics_.get());
       const bool saved = checkpointer_->last_saved_step() == step + 1;
       // Another rank may have seen the signal; the launcher forwards the same one to all.
       summary_.stopped_by_signal = g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM;
@@ -414,6 +415,7 @@ TrainSummary Trainer::run() {
       return summary_;
     }
   }
+  checkpointer_->wait_for_save(metrics_.get());  // the last one, written in the background, published
   // Every step skipped means no update was applied: not a success.
   const int64_t trained = total - start_step_;
   FSDP_CHECK(trained == 0 || guard_->skipped() < trained, "every one of this run's ", trained,
@@ -656,6 +658,7 @@ void Trainer::finish_run() {
     if (checkpointer_->last_saved_step() != config_.runtime.steps && checkpointable()) {
       checkpointer_->redirect(paths_.folder.checkpoints());
       checkpointer_->save(state_to_save(config_.runtime.steps), *model_, *optimizer_, metrics_.get());
+      checkpointer_->wait_for_save(metrics_.get());
       throw Error(std::string(e.what()) + " (the trained weights were saved to " + paths_.folder.checkpoints() +
                   "; `fsdp ckpt export` writes them in Hugging Face's format)");
     }

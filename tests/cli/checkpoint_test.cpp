@@ -579,24 +579,39 @@ TEST(Checkpoint, AnExportStoppedOverAnEarlierOneLeavesItWhole) {
   fs::remove_all(dir);
 }
 
-TEST(Checkpoint, AKillDuringASaveLeavesTheLastCompleteCheckpoint) {
+class KillDuringASave : public ::testing::TestWithParam<bool> {};
+TEST_P(KillDuringASave, LeavesTheLastCompleteCheckpoint) {
   const auto dir = make_temp_dir();
   const auto corpus = small_corpus(dir);
+  // Asynchronous: the fault point is reached on the thread writing in the
+  // background, while the training thread has gone on to the next steps.
+  const std::string async = GetParam() ? " --async-save" : "";
   // Rank 0 is killed (SIGKILL) inside its second save, after the shards and
   // metadata are written but before the checkpoint is published.
   const auto killed = run_command("env FSDP_FAULT_POINT=checkpoint.before_publish@2 " + kCli + " launch -n 2 -- " +
                                   kCli + " train --model gpt2-tiny --seq-len 16 --data " + corpus +
-                                  " --batch-size 2 --steps 8 --save-every 1 --ckpt-dir " + dir + "/ckpt2");
+                                  " --batch-size 2 --steps 8 --save-every 1 --ckpt-dir " + dir + "/ckpt2" + async);
   EXPECT_NE(killed.exit_code, 0);
   EXPECT_NE(killed.output.find("SIGKILL"), std::string::npos) << killed.output;
   EXPECT_EQ(read_text(dir + "/ckpt2/latest"), "step_00000001");
   const auto report = run_command(kCli + " ckpt inspect " + dir + "/ckpt2");
   EXPECT_EQ(report.exit_code, 0) << report.output;
   const auto resumed = run_command(kCli + " launch -n 2 -- " + kCli + " train --model gpt2-tiny --seq-len 16 --data " +
-                                   corpus + " --batch-size 2 --steps 3 --ckpt-dir " + dir + "/ckpt2");
+                                   corpus + " --batch-size 2 --steps 3 --ckpt-dir " + dir + "/ckpt2" + async);
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + dir + "/ckpt2/step_00000001"), std::string::npos) << resumed.output;
+  if (GetParam()) {
+    // The run's end waited for its last save: published, and equal to a
+    // save written before the step went on.
+    EXPECT_EQ(read_text(dir + "/ckpt2/latest"), "step_00000003");
+    const auto sync = run_command(kCli + " launch -n 2 -- " + kCli + " train --model gpt2-tiny --seq-len 16 --data " +
+                                  corpus + " --batch-size 2 --steps 3 --save-every 1 --ckpt-dir " + dir + "/sync");
+    ASSERT_EQ(sync.exit_code, 0) << sync.output;
+    expect_same_weights(dir + "/sync/step_00000003", dir + "/ckpt2/step_00000003");
+  }
 }
+INSTANTIATE_TEST_SUITE_P(Checkpoint, KillDuringASave, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "async" : "sync"); });
 
 TEST(Checkpoint, SigtermMidRunSavesAndTheResumeContinuesIdentically) {
   const auto dir = make_temp_dir();

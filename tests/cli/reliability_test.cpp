@@ -36,21 +36,6 @@ int occurrences(const std::string& text, const std::string& needle) {
   return n;
 }
 
-// Every tensor of every rank file of two checkpoints, compared bit for bit.
-void expect_same_weights(const std::string& a, const std::string& b) {
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(a)) {
-    const std::string name = e.path().filename().string();
-    if (e.path().extension() != ".safetensors") continue;
-    ++files;
-    io::SafetensorsFile fa(a + "/" + name), fb(b + "/" + name);
-    ASSERT_EQ(fa.entries().size(), fb.entries().size()) << name;
-    for (const auto& entry : fa.entries()) {
-      EXPECT_TRUE(at::equal(fa.view(entry.name), fb.view(entry.name))) << name << ": " << entry.name;
-    }
-  }
-  EXPECT_GT(files, 0) << "no rank files in " << a;
-}
 
 TEST(Restarts, RanksKilledAtRandomMomentsRestartAndEndWithTheUninterruptedWeights) {
   const auto dir = make_temp_dir();

@@ -2,9 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 
+#include <gtest/gtest.h>
+
 #include "fsdp/data/token_file.h"
+#include "fsdp/io/safetensors.h"
 
 namespace fsdp::testing {
 
@@ -39,6 +43,21 @@ std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics) {
 bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
+}
+
+void expect_same_weights(const std::string& a, const std::string& b) {
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".safetensors") continue;
+    ++files;
+    io::SafetensorsFile fa(a + "/" + name), fb(b + "/" + name);
+    ASSERT_EQ(fa.entries().size(), fb.entries().size()) << name;
+    for (const auto& entry : fa.entries()) {
+      EXPECT_TRUE(at::equal(fa.view(entry.name), fb.view(entry.name))) << name << ": " << entry.name;
+    }
+  }
+  EXPECT_GT(files, 0) << "no rank files in " << a;
 }
 
 }  // namespace fsdp::testing

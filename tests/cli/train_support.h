@@ -19,4 +19,7 @@ std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics);
 
 bool exists(const std::string& path);
 
+// Every tensor of every rank file of two checkpoints, compared bit for bit.
+void expect_same_weights(const std::string& a, const std::string& b);
+
 }  // namespace fsdp::testing

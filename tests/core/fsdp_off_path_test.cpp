@@ -155,7 +155,9 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
   options.prefetch_depth = s.prefetch_depth;
   if (s.replicated) {
     // Buckets of about 2 KB: several per model, each a few parameters.
-    replicate(net, ReplicateOptions{test_world_ptr(), /*bucket_cap_mb=*/0.002});
+    ReplicateOptions replicate_options{test_world_ptr(), /*bucket_cap_mb=*/0.002};
+    replicate_options.mixed_precision = options.mixed_precision;
+    replicate(net, replicate_options);
   } else {
     for (auto& b : net->blocks) {
       if (s.nest_base) fully_shard(b->base, options);
@@ -920,6 +922,53 @@ TEST_P(Replicated, MatchesOneProcessWithBucketsReducedDuringBackward) {
 }
 INSTANTIATE_TEST_SUITE_P(Cases, Replicated, ::testing::Range<size_t>(0, std::size(kReplicatedCases)),
                          [](const auto& info) { return std::string(kReplicatedCases[info.param].name); });
+
+class ReplicatedBf16 : public ::testing::TestWithParam<bool> {};
+TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
+  // DDP's mixed_precision: each rank's rows through a bf16 copy of the
+  // weights, the bf16 gradients averaged in fp32 and stepped on the fp32
+  // masters. With an evaluation between backward and step, the no-grad
+  // forward must leave the parameters on their masters for the optimizer.
+  Scenario s;
+  s.replicated = true;
+  s.bf16 = true;
+  s.eval_before_step = GetParam();
+  // Both sides run the same bf16 kernels on the same rows; the averages
+  // differ only in the fp32 summation order over the ranks (at W = 3 and
+  // more), which can move a later bf16 rounding of the weights by one ulp.
+  s.tolerance = 1e-3;
+  expect_matches_reference(s);
+  // The weights the optimizer holds are fp32 again after each step.
+  auto net = build(s);
+  ReplicateOptions options{test_world_ptr()};
+  options.mixed_precision.param_dtype = torch::kBFloat16;
+  options.mixed_precision.reduce_dtype = torch::kFloat;
+  replicate(net, options);
+  torch::Tensor x = inputs_of(0, 0, kRowsPerRank, s.net.dim);
+  torch::Tensor out = fsdp::call(net, x);
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16) << "the forward computed in bf16";
+  EXPECT_EQ(net->head->weight.scalar_type(), torch::kBFloat16) << "between forward and backward";
+  torch::mse_loss(out.to(torch::kFloat), targets_of(0, 0, kRowsPerRank)).backward();
+  for (const auto& p : net->parameters()) {
+    EXPECT_EQ(p.scalar_type(), torch::kFloat);
+    if (p.requires_grad()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Replicate, ReplicatedBf16, ::testing::Bool(),
+                         [](const auto& info) { return std::string(info.param ? "eval_before_step" : "plain"); });
+
+TEST(Replicate, MixedPrecisionRefusesAnOutputDtype) {
+  auto net = build(Scenario{});
+  ReplicateOptions options{test_world_ptr()};
+  options.mixed_precision.param_dtype = torch::kBFloat16;
+  options.mixed_precision.output_dtype = torch::kFloat;
+  try {
+    replicate(net, options);
+    ADD_FAILURE() << "output_dtype was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("output_dtype is fully_shard's"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Replicate, ARankDependentGraphMatchesEachRanksRowsReplayed) {
   // The gates are used on rank 0 only: the ranks reach their buckets in

@@ -185,6 +185,18 @@ Replicator* replicator_of(const torch::nn::Module& module);
 void replicated_pre_forward(Replicator& replicator);
 void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
                              const std::vector<at::Tensor>& outputs);
+// A floating input cast to the mixed-precision policy's param dtype.
+at::Tensor replicated_cast_input(Replicator& replicator, const at::Tensor& input);
+// A forward that threw: the parameters get their own dtype back.
+void replicated_forward_failed(Replicator& replicator) noexcept;
+template <typename T>
+decltype(auto) replicated_cast_arg(Replicator& replicator, T&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return replicated_cast_input(replicator, arg);
+  } else {
+    return std::forward<T>(arg);
+  }
+}
 // set_requires_gradient_sync for a replicated module; false when `module` is not one.
 bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync);
 
@@ -304,9 +316,14 @@ auto call(M& module, Args&&... args) {
   if (state == nullptr) {
     if (detail::Replicator* replicator = detail::replicator_of(impl)) {
       detail::replicated_pre_forward(*replicator);
-      auto out = impl.forward(std::forward<Args>(args)...);
-      detail::replicated_post_forward(*replicator, impl, detail::output_tensors(out));
-      return out;
+      try {
+        auto out = impl.forward(detail::replicated_cast_arg(*replicator, std::forward<Args>(args))...);
+        detail::replicated_post_forward(*replicator, impl, detail::output_tensors(out));
+        return out;
+      } catch (...) {
+        detail::replicated_forward_failed(*replicator);
+        throw;
+      }
     }
     return impl.forward(std::forward<Args>(args)...);
   }

@@ -26,6 +26,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "fsdp/core/options.h"
 #include "fsdp/dist/process_group.h"
 
 namespace fsdp {
@@ -42,6 +43,14 @@ struct ReplicateOptions {
   // as DDP's broadcast_buffers does ([Note: buffers under replicate]);
   // false leaves each rank's to follow its own batches.
   bool broadcast_buffers = true;
+  // DDP's mixed_precision: with a param_dtype, every floating parameter is
+  // cast to it before each forward (the fp32 values stay the master the
+  // optimizer steps) and floating inputs too (cast_forward_inputs);
+  // gradients are computed in it, averaged in reduce_dtype (param_dtype
+  // when unset) and handed over in each parameter's own dtype. Gradients
+  // kept across micro-steps (no sync) accumulate in the parameter's dtype.
+  // output_dtype is fully_shard's alone: cast the output yourself.
+  MixedPrecisionPolicy mixed_precision;
 };
 
 // Refuses (fsdp::Error) a module replicated already, or one with a unit

@@ -4,12 +4,14 @@
 // resume restores and reports (the configuration keys that changed, beside
 // the ones a resume may change).
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/train/cadence.h"
@@ -42,9 +44,13 @@ class Checkpointer {
   // Collective. Writes `state` unless some rank's weights are not finite
   // (then `latest` stays the last good one). A failed save stops the run or,
   // under --on-save-error continue, is counted and reported. `metrics` is
-  // rank 0's (null elsewhere).
+  // rank 0's (null elsewhere). Under --async-save the state is staged and
+  // written in the background, after waiting for the save before.
   void save(const checkpoint::TrainerState& state, torch::nn::Module& model, torch::optim::AdamW& optimizer,
             MetricsLog* metrics);
+  // Collective. Waits for a save written in the background, and reports it
+  // (or its failure, as save() does). Nothing to do without --async-save.
+  void wait_for_save(MetricsLog* metrics);
   // Later saves go to `dir` (the run folder's, when a run ends without one).
   void redirect(const std::string& dir) { config_.dir = dir; }
 
@@ -60,12 +66,19 @@ class Checkpointer {
   std::string intact_checkpoints(const std::string& except) const;
   void set_aside_newer_than(int64_t step) const;
   void report_differences(const checkpoint::TrainerState& state, const std::string& path, const TrainConfig& now);
+  // A failed save: stops the run, or is counted and reported.
+  void save_failed(const checkpoint::SaveError& e, int64_t step, MetricsLog* metrics);
+  void report_saved(const std::string& path, int64_t step, double seconds, double background_seconds,
+                    MetricsLog* metrics);
 
   TrainConfig::Checkpoint& config_;
   dist::World& world_;
   RunLog& log_;
   int64_t last_saved_step_ = -1;
   int64_t failed_saves_ = 0;
+  std::unique_ptr<checkpoint::AsyncSaver> async_;  // made at the first --async-save save
+  int64_t pending_step_ = -1;                      // the save in flight
+  double pending_staging_seconds_ = 0;
 };
 
 }  // namespace fsdp::train

@@ -124,6 +124,10 @@ struct TrainConfig {
     // A save that fails (a full disk): stop the run, or warn and train on
     // (`latest` stays on the last complete checkpoint either way).
     OnSaveError on_save_error = OnSaveError::kStop;
+    // Stage each save in host memory and write it in the background while
+    // training goes on (checkpoint/async_save.h); the next save and the end
+    // of the run wait for it.
+    bool async_save = false;
   } checkpoint;
 
   // Loads a YAML file over the current values. Throws fsdp::Error naming
