@@ -933,10 +933,11 @@ TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
   s.replicated = true;
   s.bf16 = true;
   s.eval_before_step = GetParam();
-  // Both sides run the same bf16 kernels on the same rows; the averages
-  // differ only in the fp32 summation order over the ranks (at W = 3 and
-  // more), which can move a later bf16 rounding of the weights by one ulp.
-  s.tolerance = 1e-3;
+  // Both sides run the same bf16 kernels on the same rows and average the
+  // same widened gradients: measured bit-identical at W = 1 to 4. The
+  // bound leaves room for an fp32 summation order over the ranks that a
+  // backend might change.
+  s.tolerance = 1e-6;
   expect_matches_reference(s);
   // The weights the optimizer holds are fp32 again after each step.
   auto net = build(s);
