@@ -1,8 +1,12 @@
 #include "fsdp/checkpoint/state_dict.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 
+#include "fsdp/checkpoint/optimizer_state.h"
+#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/core/fully_shard.h"
@@ -69,6 +73,186 @@ void load_full_state_dict(torch::nn::Module& root, const std::string& path) {
     if (s.numel > 0) s.local.copy_(file.read_range(s.fqn, s.begin, s.numel));
   }
   for (const auto& [name, value] : buffers) value.detach().copy_(file.view(name));
+}
+
+namespace {
+
+constexpr const char* kOptimizerMetadataKey = "fsdp.optimizer";
+
+// The module's shards, and each of the optimizer's parameters as an index
+// into them, group by group.
+struct OptimizerLayout {
+  std::vector<LocalShard> shards;
+  std::vector<std::vector<size_t>> groups;
+};
+
+OptimizerLayout layout_of(torch::nn::Module& root, torch::optim::Optimizer& optimizer) {
+  OptimizerLayout layout;
+  layout.shards = local_shards(root);
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < layout.shards.size(); ++i) index[layout.shards[i].param.unsafeGetTensorImpl()] = i;
+  for (const auto& group : optimizer.param_groups()) {
+    auto& indices = layout.groups.emplace_back();
+    for (const auto& p : group.params()) {
+      const auto it = index.find(p.unsafeGetTensorImpl());
+      FSDP_CHECK(it != index.end(), "optimizer state dict: the optimizer steps a parameter of shape ", p.sizes(),
+                 " that the module does not hold (create the optimizer after fully_shard, over the module's "
+                 "parameters)");
+      indices.push_back(it->second);
+    }
+  }
+  return layout;
+}
+
+// Whether this rank writes its range of the parameter (one replica does).
+bool writes(const LocalShard& s, int rank) { return (s.sharded ? s.replica == 0 : rank == 0) && s.numel > 0; }
+
+}  // namespace
+
+FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                             dist::World& world) {
+  const std::string kind = optimizer_kind(optimizer);
+  const OptimizerLayout layout = layout_of(root, optimizer);
+  const auto& names = optimizer_state_tensors(kind);
+  std::vector<size_t> order;
+  for (const auto& group : layout.groups) order.insert(order.end(), group.begin(), group.end());
+  // Which parameters have state, their steps and which tensors, agreed on
+  // by every rank (a rank whose shard is empty holds state of no elements).
+  const auto n = static_cast<int64_t>(order.size());
+  at::Tensor table = at::zeros({n, 3}, at::kLong);
+  std::vector<ParamState> local(order.size());
+  auto& states = optimizer.state();
+  for (int64_t k = 0; k < n; ++k) {
+    const LocalShard& s = layout.shards[order[static_cast<size_t>(k)]];
+    const auto it = states.find(compat::optimizer_state_key(s.param));
+    if (it == states.end()) continue;
+    local[static_cast<size_t>(k)] = read_param_state(kind, *it->second);
+    table[k][0] = 1;
+    table[k][1] = local[static_cast<size_t>(k)].step;
+    int64_t mask = 0;
+    for (const auto& [tensor, value] : local[static_cast<size_t>(k)].tensors) {
+      mask |= int64_t{1} << (std::find(names.begin(), names.end(), tensor) - names.begin());
+    }
+    table[k][2] = mask;
+  }
+  table = table.to(world.device());
+  dist::all_reduce(world.group(), table, dist::ReduceOp::kMax).wait();
+  table = table.cpu();
+
+  FullOptimizerState out;
+  nlohmann::json groups = nlohmann::json::array();
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    nlohmann::json fqns = nlohmann::json::array();
+    for (size_t i : layout.groups[g]) fqns.push_back(layout.shards[i].fqn);
+    groups.push_back({{"options", group_options(kind, optimizer.param_groups()[g].options())}, {"params", fqns}});
+  }
+  nlohmann::json saved_state = nlohmann::json::object();
+  for (int64_t k = 0; k < n; ++k) {
+    if (table[k][0].item<int64_t>() == 0) continue;
+    const LocalShard& s = layout.shards[order[static_cast<size_t>(k)]];
+    nlohmann::json held = nlohmann::json::array();
+    for (size_t b = 0; b < names.size(); ++b) {
+      if (((table[k][2].item<int64_t>() >> b) & 1) == 0) continue;
+      held.push_back(names[b]);
+      // Whole: each element from the one rank that writes it, zeros from
+      // the rest, summed.
+      at::Tensor whole = at::zeros({c10::multiply_integers(s.shape)}, s.param.options().device(world.device()));
+      for (const auto& [tensor, value] : local[static_cast<size_t>(k)].tensors) {
+        if (tensor == names[b] && writes(s, world.rank())) whole.narrow(0, s.begin, s.numel).copy_(value.reshape({-1}));
+      }
+      dist::all_reduce(world.group(), whole, dist::ReduceOp::kSum).wait();
+      out.tensors.emplace_back(names[b] + "/" + s.fqn, whole.view(s.shape).cpu());
+    }
+    saved_state[s.fqn] = {{"step", table[k][1].item<int64_t>()}, {"tensors", held}};
+  }
+  out.description = {{"kind", kind}, {"groups", groups}, {"state", saved_state}};
+  return out;
+}
+
+void save_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                    const std::string& path, dist::World& world) {
+  const FullOptimizerState state = full_optimizer_state_dict(root, optimizer, world);
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      std::vector<io::SafetensorsWriter::Spec> specs;
+      for (const auto& [name, t] : state.tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+      io::SafetensorsWriter writer(path, specs, {{kOptimizerMetadataKey, state.description.dump()}});
+      for (const auto& [name, t] : state.tensors) writer.write(t.contiguous());
+      writer.commit();
+    } catch (const std::exception& e) {
+      error = error_text(e);
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
+  dist::broadcast(world.group(), failed, 0).wait();
+  FSDP_CHECK(failed.item<int>() == 0, "saving the optimizer state dict to '", path, "' failed on rank 0",
+             error.empty() ? std::string() : ": " + error);
+}
+
+void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                    const std::string& path) {
+  const io::SafetensorsFile file(path);
+  const std::string where = "optimizer state dict '" + path + "'";
+  const auto meta = file.metadata().find(kOptimizerMetadataKey);
+  FSDP_CHECK(meta != file.metadata().end(), where, " has no '", kOptimizerMetadataKey,
+             "' metadata: not a file save_full_optimizer_state_dict wrote");
+  const std::string kind = optimizer_kind(optimizer);
+  const OptimizerLayout layout = layout_of(root, optimizer);
+  std::map<std::string, const LocalShard*> by_name;
+  for (const auto& s : layout.shards) by_name[s.fqn] = &s;
+  // Every check, and every read, before anything changes.
+  std::map<const LocalShard*, ParamState> loaded;
+  std::vector<nlohmann::json> options;
+  try {
+    const nlohmann::json description = nlohmann::json::parse(meta->second);
+    const std::string saved_kind = description.at("kind").get<std::string>();
+    FSDP_CHECK(saved_kind == kind, where, " was saved from ", saved_kind, ", this optimizer is ", kind);
+    const auto& groups = description.at("groups");
+    FSDP_CHECK(groups.is_array() && groups.size() == layout.groups.size(), where, " holds ", groups.size(),
+               " parameter group(s), this optimizer ", layout.groups.size());
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      std::vector<std::string> own;
+      for (size_t i : layout.groups[g]) own.push_back(layout.shards[i].fqn);
+      const auto saved = groups[g].at("params").get<std::vector<std::string>>();
+      FSDP_CHECK(saved == own, where, ": group ", g, " holds ", nlohmann::json(saved).dump(), ", this optimizer's ",
+                 nlohmann::json(own).dump());
+      options.push_back(groups[g].at("options"));
+      // Checked on a copy: a refused file changes nothing.
+      auto trial = optimizer.param_groups()[g].options().clone();
+      set_group_options(kind, *trial, options.back(), where + " group " + std::to_string(g));
+    }
+    for (const auto& [fqn, entry] : description.at("state").items()) {
+      const auto found = by_name.find(fqn);
+      FSDP_CHECK(found != by_name.end(), where, " holds state for '", fqn, "', which the module does not have");
+      const LocalShard& s = *found->second;
+      ParamState& state = loaded[&s];
+      state.step = entry.at("step").get<int64_t>();
+      for (const auto& tensor : entry.at("tensors").get<std::vector<std::string>>()) {
+        const std::string name = tensor + "/" + fqn;
+        const auto* e = file.find(name);
+        FSDP_CHECK(e != nullptr, where, " lists '", name, "' but does not hold it");
+        FSDP_CHECK(e->shape == s.shape, where, ": '", name, "' has shape ", c10::IntArrayRef(e->shape),
+                   ", the parameter's is ", c10::IntArrayRef(s.shape));
+        at::Tensor value = at::empty_like(s.param);
+        if (s.numel > 0) value.view({-1}).copy_(file.read_range(name, s.begin, s.numel));
+        state.tensors.emplace_back(tensor, value);
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(where + ": its '" + kOptimizerMetadataKey + "' metadata is not what save_full_optimizer_state_dict " +
+                "writes (" + e.what() + ")");
+  }
+  auto& states = optimizer.state();
+  for (const auto& group : layout.groups) {
+    for (size_t i : group) states.erase(compat::optimizer_state_key(layout.shards[i].param));
+  }
+  for (const auto& [shard, state] : loaded) {
+    states[compat::optimizer_state_key(shard->param)] = make_param_state(kind, state);
+  }
+  for (size_t g = 0; g < layout.groups.size(); ++g) {
+    set_group_options(kind, optimizer.param_groups()[g].options(), options[g], where + " group " + std::to_string(g));
+  }
 }
 
 }  // namespace fsdp::checkpoint

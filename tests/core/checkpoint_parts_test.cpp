@@ -17,6 +17,7 @@
 
 #include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/optimizer_state.h"
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/core/fully_shard.h"
@@ -309,6 +310,75 @@ TEST(StateDict, AFullStateDictLoadsIntoAnUnshardedModuleAndIntoShards) {
   expect_error_on_every_rank([&] { checkpoint::load_full_state_dict(*plain, bad); },
                              {"holds 'head.weight' (shape [2]), which the module does not have"});
   EXPECT_TRUE(torch::equal(plain->in->weight, before)) << "a refused state dict changed the module";
+}
+
+TEST(StateDict, TheOptimizersFullStateDictLoadsIntoShardsAndIntoOneProcess) {
+  for (const auto& [kind, make] : optimizer_kinds()) {
+    SCOPED_TRACE(kind);
+    const std::string dir = shared_dir("optim-state-dict-" + kind);
+    if (test_world().rank() == 0) std::filesystem::create_directories(dir);
+    dist::barrier(test_world().group());
+    auto net = make_sharded_net();
+    auto optimizer = make(unique_parameters(*net));
+    for (int64_t step = 0; step < 2; ++step) train_step(net, *optimizer, step);
+    const std::string model_path = dir + "/model.safetensors", optim_path = dir + "/optim.safetensors";
+    checkpoint::save_full_state_dict(*net, model_path, test_world());
+    checkpoint::save_full_optimizer_state_dict(*net, *optimizer, optim_path, test_world());
+    const auto shards = local_shards(*net);
+    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> held;  // this rank's state, per shard
+    for (const auto& s : shards) {
+      auto& copies = held.emplace_back();
+      for (const auto& [name, value] :
+           checkpoint::read_param_state(checkpoint::optimizer_kind(*optimizer),
+                                        *optimizer->state().at(compat::optimizer_state_key(s.param)))
+               .tensors) {
+        copies.emplace_back(name, value.clone());  // the optimizer updates its own in place
+      }
+    }
+    for (int64_t step = 2; step < 4; ++step) train_step(net, *optimizer, step);
+    const auto uninterrupted = state_of(net);
+
+    // A fresh sharded program from the two files continues bit for bit.
+    auto resumed = make_sharded_net();
+    auto fresh = make(unique_parameters(*resumed));
+    fresh->param_groups()[0].options().set_lr(123.0);  // the saved rate comes back
+    checkpoint::load_full_state_dict(*resumed, model_path);
+    checkpoint::load_full_optimizer_state_dict(*resumed, *fresh, optim_path);
+    for (int64_t step = 2; step < 4; ++step) train_step(resumed, *fresh, step);
+    const auto after = state_of(resumed);
+    const size_t compared = test_world().rank() == 0 ? after.size() : after.size() - 3;  // buffers: rank 0's
+    for (size_t i = 0; i < compared; ++i) EXPECT_TRUE(torch::equal(after[i], uninterrupted[i])) << "tensor " << i;
+
+    // One process, unsharded: its state holds, at each shard's range, what
+    // that shard's optimizer held.
+    NormNet plain;
+    auto whole = make(plain->parameters());
+    checkpoint::load_full_optimizer_state_dict(*plain, *whole, optim_path);
+    EXPECT_EQ(whole->param_groups()[0].options().get_lr(), optimizer->param_groups()[0].options().get_lr());
+    const auto plain_params = plain->named_parameters();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const auto& s = shards[i];
+      const auto state = checkpoint::read_param_state(checkpoint::optimizer_kind(*whole),
+                                                      *whole->state().at(compat::optimizer_state_key(plain_params[s.fqn])));
+      ASSERT_EQ(state.tensors.size(), held[i].size()) << s.fqn;
+      for (size_t t = 0; t < held[i].size(); ++t) {
+        EXPECT_EQ(state.tensors[t].first, held[i][t].first);
+        EXPECT_TRUE(torch::equal(state.tensors[t].second.reshape({-1}).narrow(0, s.begin, s.numel),
+                                 held[i][t].second.reshape({-1})))
+            << s.fqn << " " << held[i][t].first;
+      }
+    }
+  }
+  // Another optimizer's file: refused naming both, nothing changed.
+  const std::string sgd_file = std::filesystem::temp_directory_path().string() + "/fsdp-parts-optim-state-dict-" +
+                               "sgd_nesterov-" + std::to_string(test_world().size()) + "-" + std::getenv("MASTER_PORT") +
+                               "/optim.safetensors";
+  NormNet plain;
+  torch::optim::Adam adam(plain->parameters(), torch::optim::AdamOptions(0.5));
+  expect_error_on_every_rank(
+      [&] { checkpoint::load_full_optimizer_state_dict(*plain, adam, sgd_file); },
+      {"was saved from sgd, this optimizer is adam"});
+  EXPECT_EQ(adam.param_groups()[0].options().get_lr(), 0.5);
 }
 
 }  // namespace

@@ -9,6 +9,15 @@
 //            Python's `safetensors` read;
 //   sharded  each rank's own ranges: local_shards (core/fully_shard.h).
 //
+// and the optimizer's twins (get_optimizer_state_dict / set_optimizer_state_dict):
+//
+//   full     each parameter's state tensors whole, as "<tensor>/<fqn>"
+//            ("exp_avg/b0.fc.weight"), with the optimizer's kind, each
+//            group's hyperparameters and parameters, and each parameter's
+//            step count as the file's metadata (a JSON "fsdp.optimizer");
+//   sharded  each rank's optimizer itself: its state tensors are shaped
+//            like its parameters' shards, as LibTorch keeps them.
+//
 // torch::save(module) on a sharded module writes this rank's 1-D shards,
 // which torch::load then puts into an unsharded module without a word:
 // save and load full state dicts instead, or checkpoints (checkpoint.h).
@@ -18,7 +27,9 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include "fsdp/dist/process_group.h"
 
@@ -40,5 +51,30 @@ void save_full_state_dict(torch::nn::Module& root, const std::string& path, dist
 // module lacks or the file lacks, and for another shape; nothing is
 // written then. dtypes convert to the module's.
 void load_full_state_dict(torch::nn::Module& root, const std::string& path);
+
+// Collective: `optimizer`'s state over `root`'s parameters, whole, on the
+// CPU (tensors), and what it describes (description: kind, groups with
+// their options and parameter names, each parameter's step and tensors).
+// Throws fsdp::Error, on every rank, for an optimizer of a kind checkpoints
+// do not hold or one stepping a parameter `root` lacks.
+struct FullOptimizerState {
+  nlohmann::json description;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+};
+FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                             dist::World& world);
+
+// Collective: full_optimizer_state_dict written by rank 0 to `path`, as
+// save_full_state_dict writes the model's.
+void save_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                    const std::string& path, dist::World& world);
+
+// Not collective: each rank puts into `optimizer` its part of every saved
+// state tensor (shaped like its shard of the parameter), each step count
+// and each group's hyperparameters. Throws fsdp::Error naming both sides,
+// before anything changes, for another kind, other groups or parameters,
+// or a tensor missing or of another shape.
+void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
+                                    const std::string& path);
 
 }  // namespace fsdp::checkpoint
