@@ -36,6 +36,19 @@ struct UnitStateHolder : torch::nn::Module {
   void to(torch::Device device, torch::Dtype dtype, bool /*non_blocking*/) override { check_to(&device, &dtype); }
   void to(torch::Dtype dtype, bool /*non_blocking*/) override { check_to(nullptr, &dtype); }
   void to(torch::Device device, bool /*non_blocking*/) override { check_to(&device, nullptr); }
+  // torch::save and torch::load of a sharded module would write, and read
+  // back into any module, this rank's 1-D shards. Module::save and load ask
+  // each child whether it is serializable before writing or reading it,
+  // after the module's own parameters, and this holder is the first child:
+  // the save is refused before anything reaches the disk, the load before
+  // any child changes (a parameter registered on the unit module itself,
+  // outside every child, has been read by then).
+  bool is_serializable() const override {
+    throw Error("torch::save / torch::load: " + unit_name + " is sharded by fully_shard, and its parameters hold "
+                "this rank's shards only. Save its whole state with fsdp::checkpoint::save_full_state_dict (one "
+                "safetensors file an unsharded module loads) and load whole weights with load_full_state_dict; "
+                "for a resumable sharded checkpoint, fsdp::checkpoint::save and load");
+  }
 
   std::shared_ptr<FSDPState> state;
   std::string unit_name;

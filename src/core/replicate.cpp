@@ -127,6 +127,9 @@ struct ReplicatorHolder : torch::nn::Module {
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& /*device*/) const override {
     throw Error("clone: a module with replicate applied cannot be cloned; clone the model before replicating it");
   }
+  // Every rank holds the whole module: torch::save and torch::load see it
+  // as it was before replicate.
+  bool is_serializable() const override { return false; }
   std::shared_ptr<Replicator> replicator;
 };
 

@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"
+#include "fsdp/core/replicate.h"
 #include "fsdp/core/module_holder.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
@@ -57,6 +59,36 @@ TEST(FullyShardErrors, AnAncestorShardedBeforeItsBlocks) {
   fully_shard(model, default_options());
   expect_error_on_every_rank([&] { fully_shard(model->blocks[0], default_options()); },
                              {"every parameter of module", "ancestor was sharded first", "children before parents"});
+}
+
+TEST(FullyShardErrors, TorchSaveAndLoadOfAShardedModuleAreRefusedNamingTheStateDicts) {
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/fsdp-torch-save-" +
+                          std::to_string(test_world().rank()) + "-" + std::getenv("MASTER_PORT");
+  std::filesystem::create_directories(dir);
+  auto plain = make_tiny(tiny_config(), kInitSeed);
+  torch::save(plain, dir + "/plain.pt");
+  auto model = make_tiny(tiny_config(), kInitSeed);
+  for (auto& block : model->blocks) fully_shard(block, default_options());
+  fully_shard(model, default_options());
+  expect_error_on_every_rank([&] { torch::save(model, dir + "/sharded.pt"); },
+                             {"torch::save / torch::load:", "sharded by fully_shard", "save_full_state_dict"});
+  EXPECT_FALSE(std::filesystem::exists(dir + "/sharded.pt")) << "a refused save wrote the file";
+  const auto before = full_parameters(*model);
+  expect_error_on_every_rank([&] { torch::load(model, dir + "/plain.pt"); },
+                             {"torch::save / torch::load:", "sharded by fully_shard", "load_full_state_dict"});
+  const auto after = full_parameters(*model);
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(torch::equal(after[i].second, before[i].second)) << after[i].first;
+  // A replicated module is whole on every rank: saved and loaded as if never replicated.
+  auto replicated = make_tiny(tiny_config(), kInitSeed);
+  replicate(replicated, ReplicateOptions{test_world_ptr()});
+  torch::save(replicated, dir + "/replicated.pt");
+  auto loaded = make_tiny(tiny_config(), kInitSeed + 1);
+  torch::load(loaded, dir + "/replicated.pt");
+  for (const auto& item : replicated->named_parameters()) {
+    EXPECT_TRUE(torch::equal(loaded->named_parameters()[item.key()], item.value())) << item.key();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FullyShardErrors, ParameterSharedBetweenTwoUnits) {

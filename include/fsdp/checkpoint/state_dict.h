@@ -18,9 +18,8 @@
 //   sharded  each rank's optimizer itself: its state tensors are shaped
 //            like its parameters' shards, as LibTorch keeps them.
 //
-// torch::save(module) on a sharded module writes this rank's 1-D shards,
-// which torch::load then puts into an unsharded module without a word:
-// save and load full state dicts instead, or checkpoints (checkpoint.h).
+// torch::save(module) and torch::load of a sharded module are refused,
+// naming these: its parameters hold this rank's 1-D shards.
 
 #include <string>
 #include <utility>
