@@ -84,13 +84,16 @@ void check_part_name(const Checker& c, const std::string& name, const std::strin
   if (name.empty()) c.fail(field, "holds an empty name");
 }
 
-void check_shape(const Checker& c, const json& shape, const std::string& field) {
+// Returns the shape's element count (0 with a dimension of 0).
+int64_t check_shape(const Checker& c, const json& shape, const std::string& field) {
   if (!shape.is_array()) c.fail(field, "must be an array");
   int64_t numel = 1;
   for (const auto& d : shape) {
     numel *= std::max<int64_t>(1, c.integer(d, field + "[]", 0, kMaxElements));
     if (numel > kMaxElements) c.fail(field, "holds more elements than any model");
   }
+  for (const auto& d : shape) numel = d.get<int64_t>() == 0 ? 0 : numel;
+  return numel;
 }
 
 // Version 3's optimizers, buffers and states.
@@ -200,14 +203,7 @@ json parse_metadata(const std::string& text, const std::string& path) {
   for (const auto& [name, p] : params.items()) {
     const std::string field = "params['" + name + "'].";
     if (!p.is_object()) c.fail(field.substr(0, field.size() - 1), "must be an object");
-    const json& shape = c.member(p, "shape", field);
-    if (!shape.is_array()) c.fail(field + "shape", "must be an array");
-    int64_t numel = 1;
-    for (const auto& d : shape) {
-      numel *= std::max<int64_t>(1, c.integer(d, field + "shape[]", 0, kMaxElements));
-      if (numel > kMaxElements) c.fail(field + "shape", "holds more elements than any model");
-    }
-    for (const auto& d : shape) numel = d.get<int64_t>() == 0 ? 0 : numel;
+    const int64_t numel = check_shape(c, c.member(p, "shape", field), field + "shape");
     c.string_if_present(p, "dtype", field);
     if (version < 3) c.integer(c.member(p, "adam_step", field), field + "adam_step", 0, kMaxCheckpointCount);
     const json& shards = c.member(p, "shards", field);

@@ -24,25 +24,35 @@ std::vector<std::pair<std::string, at::Tensor>> full_state_dict(torch::nn::Modul
   return out;
 }
 
-void save_full_state_dict(torch::nn::Module& root, const std::string& path, dist::World& world) {
-  const auto tensors = full_state_dict(root);
+namespace {
+
+// Rank 0 writes `tensors` to `path` (safetensors, atomically); every rank
+// learns whether it did, and throws naming `what` when it did not.
+void write_on_rank_zero(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata, const std::string& what,
+                        dist::World& world) {
   std::string error;
   if (world.rank() == 0) {
     try {
       std::vector<io::SafetensorsWriter::Spec> specs;
       for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
-      io::SafetensorsWriter writer(path, specs);
-      for (const auto& [name, t] : tensors) writer.write(t);
+      io::SafetensorsWriter writer(path, specs, metadata);
+      for (const auto& [name, t] : tensors) writer.write(t.contiguous());
       writer.commit();
     } catch (const std::exception& e) {
       error = error_text(e);
     }
   }
-  // Every rank learns whether rank 0 wrote it.
   at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
   dist::broadcast(world.group(), failed, 0).wait();
-  FSDP_CHECK(failed.item<int>() == 0, "saving the full state dict to '", path, "' failed on rank 0",
+  FSDP_CHECK(failed.item<int>() == 0, "saving the ", what, " to '", path, "' failed on rank 0",
              error.empty() ? std::string() : ": " + error);
+}
+
+}  // namespace
+
+void save_full_state_dict(torch::nn::Module& root, const std::string& path, dist::World& world) {
+  write_on_rank_zero(path, full_state_dict(root), {}, "full state dict", world);
 }
 
 void load_full_state_dict(torch::nn::Module& root, const std::string& path) {
@@ -172,22 +182,8 @@ FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::opt
 void save_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,
                                     const std::string& path, dist::World& world) {
   const FullOptimizerState state = full_optimizer_state_dict(root, optimizer, world);
-  std::string error;
-  if (world.rank() == 0) {
-    try {
-      std::vector<io::SafetensorsWriter::Spec> specs;
-      for (const auto& [name, t] : state.tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
-      io::SafetensorsWriter writer(path, specs, {{kOptimizerMetadataKey, state.description.dump()}});
-      for (const auto& [name, t] : state.tensors) writer.write(t.contiguous());
-      writer.commit();
-    } catch (const std::exception& e) {
-      error = error_text(e);
-    }
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
-  dist::broadcast(world.group(), failed, 0).wait();
-  FSDP_CHECK(failed.item<int>() == 0, "saving the optimizer state dict to '", path, "' failed on rank 0",
-             error.empty() ? std::string() : ": " + error);
+  write_on_rank_zero(path, state.tensors, {{kOptimizerMetadataKey, state.description.dump()}},
+                     "optimizer state dict", world);
 }
 
 void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optimizer& optimizer,

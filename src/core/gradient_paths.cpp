@@ -90,7 +90,7 @@ namespace fsdp {
 // stand-in as its gradient meanwhile, and what the program did to it is
 // read before anything else touches the gradient (the unit's
 // pre-backward, a pre-hook on the parameter's AccumulateGrad for a use
-// outside the unit's forward, and reshard):
+// outside the unit's forward, post-backward's collect, and reshard):
 //
 //   the stand-in, untouched        the stash comes back at reshard
 //   the stand-in, zeroed in place  the stash is zeroed (zero_grad(false), 1.13's)
@@ -298,6 +298,9 @@ class StagedGradients final : public GradientFlow {
     // parameter that got none has its slice zeroed; then parameters drop them.
     for (auto& p : shard_.params()) {
       if (!p.requires_grad()) continue;
+      // A unit whose pre-backward never ran (a call of several modules'
+      // round left incomplete) still settles its stand-ins here.
+      settle_stashed_gradient(p);
       at::Tensor& grad = p.param.mutable_grad();
       at::Tensor view = alias_of(zeroed_buffer(), p.offset, p.shape);
       if (!grad.defined()) {

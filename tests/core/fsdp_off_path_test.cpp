@@ -952,7 +952,9 @@ TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
   torch::mse_loss(out.to(torch::kFloat), targets_of(0, 0, kRowsPerRank)).backward();
   for (const auto& p : net->parameters()) {
     EXPECT_EQ(p.scalar_type(), torch::kFloat);
-    if (p.requires_grad()) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+    if (p.requires_grad()) {
+      EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+    }
   }
 }
 INSTANTIATE_TEST_SUITE_P(Replicate, ReplicatedBf16, ::testing::Bool(),
