@@ -150,7 +150,7 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   }
   print_table(prediction, overhead, overhead_source, headroom, headroom_source);
   if (job.model.dropout > 0) std::printf("note: dropout's masks (--dropout) are not counted\n");
-  if (job.fsdp.shard_placement != "flat" && plan::shard_group_size(job, pf.world_size) > 1) {
+  if (job.fsdp.shard_placement != train::ShardPlacement::kFlat && plan::shard_group_size(job, pf.world_size) > 1) {
     std::printf("note: planned as --shard-placement flat; rows also holds each gather in flight and each "
                 "reduce-scatter's input a second time, in rank-major order, and pads each parameter on its own\n");
   }

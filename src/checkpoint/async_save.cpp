@@ -10,7 +10,7 @@
 
 namespace fsdp::checkpoint {
 
-AsyncSaver::AsyncSaver(dist::World& world) : rank_(world.rank()), world_size_(world.size()) {
+AsyncSaver::AsyncSaver(dist::World& world) : world_(world) {
   std::vector<int> all(static_cast<size_t>(world.size()));
   std::iota(all.begin(), all.end(), 0);
   // Gloo whatever the world's backend: the writes agree over host tensors.
@@ -23,7 +23,7 @@ AsyncSaver::~AsyncSaver() {
 
 void AsyncSaver::save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state) {
   wait();
-  std::shared_ptr<const detail::Snapshot> snap = detail::snapshot(parts, state, rank_, world_size_, /*copy=*/true);
+  std::shared_ptr<const detail::Snapshot> snap = detail::agreed_snapshot(parts, state, world_, /*copy=*/true);
   path_.clear();
   error_ = nullptr;
   worker_ = std::thread([this, dir, keep, snap] {

@@ -602,11 +602,31 @@ std::string write_snapshot(const std::string& dir, int keep, const Snapshot& sna
 
 }  // namespace detail
 
+namespace detail {
+
+std::shared_ptr<Snapshot> agreed_snapshot(const Parts& parts, const TrainerState& state, dist::World& world,
+                                          bool copy) {
+  std::shared_ptr<Snapshot> snap;
+  std::exception_ptr error;
+  try {
+    snap = snapshot(parts, state, world.rank(), world.size(), copy);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto failed = ranks_that_failed(world.group(), error != nullptr);
+  if (error) std::rethrow_exception(error);
+  FSDP_CHECK(failed.empty(), "checkpoint: rank ", failed.empty() ? 0 : failed.front(),
+             " could not take its part of the save (its error says why); nothing was written");
+  return snap;
+}
+
+}  // namespace detail
+
 std::string save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state,
                  dist::World& world) {
   // Before anything is written: parts that cannot be saved are refused on
   // every rank alike, leaving the folder as it was.
-  const auto snap = detail::snapshot(parts, state, world.rank(), world.size(), /*copy=*/false);
+  const auto snap = detail::agreed_snapshot(parts, state, world, /*copy=*/false);
   return detail::write_snapshot(dir, keep, *snap, world.group());
 }
 

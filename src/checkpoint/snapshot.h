@@ -51,6 +51,12 @@ struct Snapshot {
 // refers to the program's own tensors.
 std::shared_ptr<Snapshot> snapshot(const Parts& parts, const TrainerState& state, int rank, int world_size, bool copy);
 
+// Collective over `world`: snapshot(), then every rank learns whether any
+// failed (a refused part fails on every rank alike; a host copy that runs
+// out of memory on one), so that none goes on to write alone.
+std::shared_ptr<Snapshot> agreed_snapshot(const Parts& parts, const TrainerState& state, dist::World& world,
+                                          bool copy);
+
 // Collective over `group` (the ranks that took the snapshot, in the same
 // order): writes, checksums and publishes. Returns the checkpoint's
 // directory; throws SaveError on every rank when any rank failed.

@@ -126,10 +126,13 @@ FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::opt
   const auto& names = optimizer_state_tensors(kind);
   std::vector<size_t> order;
   for (const auto& group : layout.groups) order.insert(order.end(), group.begin(), group.end());
-  // Which parameters have state, their steps and which tensors, agreed on
-  // by every rank (a rank whose shard is empty holds state of no elements).
+  // Which parameters have state, their steps, whether a state tensor is
+  // shaped unlike its parameter, and which tensors (a column each), agreed
+  // on by every rank (a rank whose shard is empty holds state of no
+  // elements) before any rank can refuse.
   const auto n = static_cast<int64_t>(order.size());
-  at::Tensor table = at::zeros({n, 3}, at::kLong);
+  constexpr int64_t kHas = 0, kStep = 1, kBad = 2, kTensors = 3;
+  at::Tensor table = at::zeros({n, kTensors + static_cast<int64_t>(names.size())}, at::kLong);
   std::vector<ParamState> local(order.size());
   auto& states = optimizer.state();
   for (int64_t k = 0; k < n; ++k) {
@@ -137,17 +140,21 @@ FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::opt
     const auto it = states.find(compat::optimizer_state_key(s.param));
     if (it == states.end()) continue;
     local[static_cast<size_t>(k)] = read_param_state(kind, *it->second);
-    table[k][0] = 1;
-    table[k][1] = local[static_cast<size_t>(k)].step;
-    int64_t mask = 0;
+    table[k][kHas] = 1;
+    table[k][kStep] = local[static_cast<size_t>(k)].step;
     for (const auto& [tensor, value] : local[static_cast<size_t>(k)].tensors) {
-      mask |= int64_t{1} << (std::find(names.begin(), names.end(), tensor) - names.begin());
+      table[k][kTensors + (std::find(names.begin(), names.end(), tensor) - names.begin())] = 1;
+      if (value.numel() != s.param.numel()) table[k][kBad] = 1;
     }
-    table[k][2] = mask;
   }
   table = table.to(world.device());
   dist::all_reduce(world.group(), table, dist::ReduceOp::kMax).wait();
   table = table.cpu();
+  for (int64_t k = 0; k < n; ++k) {
+    FSDP_CHECK(table[k][kBad].item<int64_t>() == 0, "optimizer state dict: the optimizer holds state for '",
+               layout.shards[order[static_cast<size_t>(k)]].fqn,
+               "' shaped unlike the parameter: only state shaped like its parameter is gathered");
+  }
 
   FullOptimizerState out;
   nlohmann::json groups = nlohmann::json::array();
@@ -158,11 +165,11 @@ FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::opt
   }
   nlohmann::json saved_state = nlohmann::json::object();
   for (int64_t k = 0; k < n; ++k) {
-    if (table[k][0].item<int64_t>() == 0) continue;
+    if (table[k][kHas].item<int64_t>() == 0) continue;
     const LocalShard& s = layout.shards[order[static_cast<size_t>(k)]];
     nlohmann::json held = nlohmann::json::array();
     for (size_t b = 0; b < names.size(); ++b) {
-      if (((table[k][2].item<int64_t>() >> b) & 1) == 0) continue;
+      if (table[k][kTensors + static_cast<int64_t>(b)].item<int64_t>() == 0) continue;
       held.push_back(names[b]);
       // Whole: each element from the one rank that writes it, zeros from
       // the rest, summed.
@@ -173,7 +180,7 @@ FullOptimizerState full_optimizer_state_dict(torch::nn::Module& root, torch::opt
       dist::all_reduce(world.group(), whole, dist::ReduceOp::kSum).wait();
       out.tensors.emplace_back(names[b] + "/" + s.fqn, whole.view(s.shape).cpu());
     }
-    saved_state[s.fqn] = {{"step", table[k][1].item<int64_t>()}, {"tensors", held}};
+    saved_state[s.fqn] = {{"step", table[k][kStep].item<int64_t>()}, {"tensors", held}};
   }
   out.description = {{"kind", kind}, {"groups", groups}, {"state", saved_state}};
   return out;
@@ -197,8 +204,8 @@ void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optim
   const OptimizerLayout layout = layout_of(root, optimizer);
   std::map<std::string, const LocalShard*> by_name;
   for (const auto& s : layout.shards) by_name[s.fqn] = &s;
-  // Every check, and every read, before anything changes.
-  std::map<const LocalShard*, ParamState> loaded;
+  // Every check, every read and every new state, before anything changes.
+  std::vector<std::pair<const LocalShard*, std::unique_ptr<torch::optim::OptimizerParamState>>> loaded;
   std::vector<nlohmann::json> options;
   try {
     const nlohmann::json description = nlohmann::json::parse(meta->second);
@@ -222,7 +229,7 @@ void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optim
       const auto found = by_name.find(fqn);
       FSDP_CHECK(found != by_name.end(), where, " holds state for '", fqn, "', which the module does not have");
       const LocalShard& s = *found->second;
-      ParamState& state = loaded[&s];
+      ParamState state;
       state.step = entry.at("step").get<int64_t>();
       for (const auto& tensor : entry.at("tensors").get<std::vector<std::string>>()) {
         const std::string name = tensor + "/" + fqn;
@@ -234,6 +241,7 @@ void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optim
         if (s.numel > 0) value.view({-1}).copy_(file.read_range(name, s.begin, s.numel));
         state.tensors.emplace_back(tensor, value);
       }
+      loaded.emplace_back(&s, make_param_state(kind, state));  // refuses a tensor the kind does not hold
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + ": its '" + kOptimizerMetadataKey + "' metadata is not what save_full_optimizer_state_dict " +
@@ -243,9 +251,7 @@ void load_full_optimizer_state_dict(torch::nn::Module& root, torch::optim::Optim
   for (const auto& group : layout.groups) {
     for (size_t i : group) states.erase(compat::optimizer_state_key(layout.shards[i].param));
   }
-  for (const auto& [shard, state] : loaded) {
-    states[compat::optimizer_state_key(shard->param)] = make_param_state(kind, state);
-  }
+  for (auto& [shard, state] : loaded) states[compat::optimizer_state_key(shard->param)] = std::move(state);
   for (size_t g = 0; g < layout.groups.size(); ++g) {
     set_group_options(kind, optimizer.param_groups()[g].options(), options[g], where + " group " + std::to_string(g));
   }

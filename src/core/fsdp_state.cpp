@@ -439,6 +439,10 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
     // parameter used after this forward (a tied output head) accumulates
     // into the flat buffer in place instead of into a tensor of its own.
     group_->prepare_gradients(/*in_backward=*/false);
+  } else if (group_ && !frame.was_unsharded) {
+    // No backward follows (no output needs a gradient): as after a no-grad
+    // forward, nothing is kept for one.
+    group_->reshard();
   }
   // One pre-backward per call and backward, whichever of its outputs gets a
   // gradient first (a retained graph can be backwarded again).

@@ -97,13 +97,19 @@ namespace fsdp {
 //   none                           the stash is dropped (zero_grad(), set to none)
 //   another tensor                 the stash is dropped; that gradient is kept
 //
+// A unit kept gathered after a forward that no backward follows (a
+// grad-enabled forward whose outputs need no gradient) is resharded at
+// once, so the optimizer never meets a stand-in there; one whose outputs
+// are kept alive past the optimizer step, unbackwarded, is gathered at the
+// step, and LibTorch's optimizers refuse its parameters' full shapes.
 // The stand-in is not a full-shape tensor: that would cost a gathered
 // gradient's memory for every unit kept gathered, and AccumulateGrad would
 // add into it. It lives on the CPU, so reading it never synchronises a GPU.
 void settle_stashed_gradient(FSDPParam& p) {
   if (!p.stash_marker.defined()) return;
   at::Tensor& grad = p.param.mutable_grad();
-  const bool marker_kept = grad.defined() && grad.unsafeGetTensorImpl() == p.stash_marker.unsafeGetTensorImpl();
+  // By its memory: Module::zero_grad detaches into a new tensor over it.
+  const bool marker_kept = grad.defined() && grad.is_alias_of(p.stash_marker);
   if (!marker_kept) {
     p.sharded_grad_stash = at::Tensor();
   } else {

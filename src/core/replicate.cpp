@@ -48,19 +48,24 @@ namespace fsdp {
 // graph task, finishes what was started and drops the backward's buckets.
 
 // [Note: replicate's mixed precision]
-// As DDP's mixed_precision: before a forward every floating parameter's
-// data becomes a copy in the param dtype (set_data, as FSDP's gathered
-// views; the fp32 tensor stays aside as the master), so the forward and
-// the backward compute in it. Its gradients arrive in that dtype and are
-// copied into buckets of the reduce dtype, averaged there, and handed over
-// in the master's dtype once the parameters point at their masters again,
-// at the end of backward (or right after a forward that no backward will
-// follow: no gradients, or none of its outputs needs one). set_data to
+// As DDP's mixed_precision: for a forward every floating parameter's data
+// becomes a copy in the param dtype (set_data, as FSDP's gathered views;
+// the fp32 tensor stays aside as the master), and so it does again for the
+// backward, from the first gradient that reaches the call's outputs to
+// the end of backward. In between, and after, the parameters are their
+// masters: an evaluation between a forward and its backward, a forward
+// whose graph is dropped, a use of a parameter after the call, and the
+// optimizer all see fp32. Masters are read again at each cast, so weights
+// the program replaced (torch::load) are the ones cast. Gradients arrive in
+// the param dtype and are copied into buckets of the reduce dtype,
+// averaged there, and handed over in the master's dtype. set_data to
 // another dtype makes autograd replace the parameter's AccumulateGrad, so
-// the ready hooks follow the nodes. A gradient already there (micro-steps
-// without sync, or one the program set) stays in the master's dtype, and
-// AccumulateGrad adds the low-precision one into it in place: accumulation
-// is in fp32, where DDP casts the kept gradient down to the param dtype.
+// the ready hooks follow the nodes (a parameter used in the call and after
+// it reaches two nodes; its bucket is averaged again at the end). A
+// gradient already there (micro-steps without sync, or one the program
+// set) stays in the master's dtype, and AccumulateGrad adds the
+// low-precision one into it in place: accumulation is in fp32, where DDP
+// casts the kept gradient down to the param dtype.
 
 namespace detail {
 
@@ -225,22 +230,27 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
 }
 
 void Replicator::hook_accumulator(size_t index) {
+  if (!params_[index].requires_grad()) return;  // frozen after replicate(): no node, no gradient
   auto accumulator = torch::autograd::impl::grad_accumulator(params_[index]);
-  if (accumulator == accumulators_[index]) return;
+  if (accumulator == nullptr || accumulator == accumulators_[index]) return;
   accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
   accumulators_[index] = std::move(accumulator);
 }
 
 at::ScalarType Replicator::bucket_dtype(const at::Tensor& param) const {
-  if (!mixed_precision_.param_dtype || !at::isFloatingType(param.scalar_type())) return param.scalar_type();
-  return mixed_precision_.reduce_dtype.value_or(*mixed_precision_.param_dtype);
+  if (!at::isFloatingType(param.scalar_type())) return param.scalar_type();
+  if (mixed_precision_.reduce_dtype) return *mixed_precision_.reduce_dtype;
+  return mixed_precision_.param_dtype.value_or(param.scalar_type());
 }
 
 void Replicator::use_low_precision() {
   if (cast_params_.empty() || low_precision_) return;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < cast_params_.size(); ++i) {
-    if (!low_[i].defined()) low_[i] = at::empty_like(masters_[i], masters_[i].options().dtype(*mixed_precision_.param_dtype));
+    masters_[i] = cast_params_[i].data();  // what the parameter holds now: the master
+    if (!low_[i].defined() || low_[i].sizes() != masters_[i].sizes() || low_[i].device() != masters_[i].device()) {
+      low_[i] = at::empty_like(masters_[i], masters_[i].options().dtype(*mixed_precision_.param_dtype));
+    }
     low_[i].copy_(masters_[i]);
     cast_params_[i].set_data(low_[i]);
   }
@@ -272,10 +282,9 @@ void Replicator::post_forward(const torch::nn::Module& module, const std::vector
   const bool backward_follows =
       at::GradMode::is_enabled() &&
       std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-  if (!backward_follows) {
-    use_masters();  // an evaluation: the optimizer steps the masters
-    return;
-  }
+  // Until the backward casts them again, the parameters are their masters.
+  use_masters();
+  if (!backward_follows) return;
   // A parameter that became trainable after replicate() is in no bucket:
   // its gradients would differ across the ranks, and so would the models.
   // Names are looked up only for the error.
@@ -286,6 +295,10 @@ void Replicator::post_forward(const torch::nn::Module& module, const std::vector
                  " requires a gradient but did not when replicate() was called, so its gradients would not be "
                  "averaged over the ranks; set requires_grad before replicate()");
     }
+  }
+  // The masters' nodes, hooked for a parameter used after this call.
+  if (!cast_params_.empty()) {
+    for (size_t i = 0; i < params_.size(); ++i) hook_accumulator(i);
   }
   auto self = shared_from_this();
   for (const auto& out : outputs) {
@@ -301,6 +314,7 @@ void Replicator::post_forward(const torch::nn::Module& module, const std::vector
 void Replicator::begin_backward() {
   if (in_backward_) return;
   in_backward_ = true;
+  use_low_precision();  // the backward computes in the param dtype, as the forward did
   if (requires_gradient_sync) stats.reduced_during_backward = 0;
   auto guard = std::make_shared<BackwardGuard>(shared_from_this());
   torch::autograd::Engine::get_default_engine().queue_callback([guard] {

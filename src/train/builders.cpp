@@ -202,8 +202,8 @@ void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const st
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
   config.validate_for_shard_group(mesh->layout().shard);
   if (f.reshard_after_forward > 0) par.fsdp.reshard_after_forward = static_cast<int>(f.reshard_after_forward);
-  if (f.shard_placement != "flat") {
-    const bool columns = f.shard_placement == "columns";
+  if (f.shard_placement != train::ShardPlacement::kFlat) {
+    const bool columns = f.shard_placement == train::ShardPlacement::kColumns;
     par.fsdp.shard_placement = [columns](const std::string&, const at::Tensor& p) -> std::optional<Shard> {
       if (p.dim() == 0) return std::nullopt;
       return Shard{columns && p.dim() >= 2 ? 1 : 0};

@@ -36,6 +36,12 @@ struct EnumSpellings<train::LrScheduleKind> {
                                                                {train::LrScheduleKind::kConstant, "constant"}};
 };
 template <>
+struct EnumSpellings<train::ShardPlacement> {
+  static constexpr Spelling<train::ShardPlacement> kTable[] = {{train::ShardPlacement::kFlat, "flat"},
+                                                               {train::ShardPlacement::kRows, "rows"},
+                                                               {train::ShardPlacement::kColumns, "columns"}};
+};
+template <>
 struct EnumSpellings<train::OnSaveError> {
   static constexpr Spelling<train::OnSaveError> kTable[] = {{train::OnSaveError::kStop, "stop"},
                                                             {train::OnSaveError::kContinue, "continue"}};
@@ -320,6 +326,7 @@ void assign(TrainConfig& config, const Field& f, const std::string& value, const
 std::string name_of(Precision p) { return spelling_of(p); }
 std::string name_of(LrScheduleKind k) { return spelling_of(k); }
 std::string name_of(OnSaveError e) { return spelling_of(e); }
+std::string name_of(ShardPlacement p) { return spelling_of(p); }
 
 std::vector<std::string> TrainConfig::sections() { return section_names(); }
 
@@ -480,9 +487,7 @@ void TrainConfig::validate() const {
   FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");
   if (!hf_export.dtype.empty()) models::hf::parse_export_dtype(hf_export.dtype, "export.dtype");
   models::hf::parse_size(hf_export.shard_size, "export.shard_size");
-  FSDP_CHECK(fsdp.shard_placement == "flat" || fsdp.shard_placement == "rows" || fsdp.shard_placement == "columns",
-             "fsdp.shard_placement is '", fsdp.shard_placement, "': expected flat, rows or columns");
-  FSDP_CHECK(fsdp.shard_placement != "columns" || (checkpoint.dir.empty() && checkpoint.save_every == 0 &&
+  FSDP_CHECK(fsdp.shard_placement != ShardPlacement::kColumns || (checkpoint.dir.empty() && checkpoint.save_every == 0 &&
                                                    !checkpoint.resume && checkpoint.resume_from == 0),
              "fsdp.shard_placement columns cannot be checkpointed (a rank's columns of a matrix are not one range "
              "of it, which is what checkpoints store): use rows or flat with --ckpt-dir, --save-every or --resume");

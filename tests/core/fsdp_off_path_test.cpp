@@ -41,6 +41,7 @@ enum class ZeroGrad {
   kAfterForwardToNone,      // after the first forward, before its backward: set to none (2.x's zero_grad())
   kAfterForwardInPlace,     // ... zeroed in place (zero_grad(false), 1.13's zero_grad())
   kAfterForwardOptimizer,   // ... the optimizer's own zero_grad(), whichever this LibTorch does
+  kAfterForwardModule,      // ... the module's zero_grad(false): zeroed in place, each gradient a new tensor
 };
 
 struct Scenario {
@@ -116,6 +117,10 @@ void set_grads_to_none(torch::nn::Module& m) {
 void zero_grads(torch::nn::Module& m, torch::optim::Optimizer& optimizer, ZeroGrad how) {
   if (how == ZeroGrad::kAfterForwardOptimizer) {
     optimizer.zero_grad();
+    return;
+  }
+  if (how == ZeroGrad::kAfterForwardModule) {
+    m.zero_grad(/*set_to_none=*/false);
     return;
   }
   for (auto& p : unique_parameters(m)) {
@@ -325,9 +330,18 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
       if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
     }
     if (s.dropped_forward_before_step) {
-      // Each rank's rows through the plain model: the output each rank sees.
+      // Each rank's rows through the plain model (its bf16 copy, under
+      // bf16): the output each rank sees.
       const int rank = test_world().rank();
-      torch::Tensor out = net->forward(inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank));
+      torch::Tensor x = inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+      torch::Tensor out;
+      if (s.bf16) {
+        torch::NoGradGuard no_grad;
+        for (size_t i = 0; i < master.size(); ++i) compute_params[i].copy_(master[i]);
+        out = compute->forward(x.to(torch::kBFloat16));
+      } else {
+        out = net->forward(x);
+      }
       if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
     optimizer.step();
@@ -539,7 +553,7 @@ TEST_P(ZeroGradAfterForward, ReachesTheGradientsSetAsideWhileGathered) {
   expect_matches_reference(s, &sharded, &reference);
   // Zeroed in place, the gates keep a (zero) gradient on odd steps; set to
   // none, they have none, as in one process with the same calls.
-  const bool in_place = s.zero_grad == ZeroGrad::kAfterForwardInPlace ||
+  const bool in_place = s.zero_grad == ZeroGrad::kAfterForwardInPlace || s.zero_grad == ZeroGrad::kAfterForwardModule ||
                         (s.zero_grad == ZeroGrad::kAfterForwardOptimizer && FSDP_TORCH_VERSION < 200);
   EXPECT_EQ(sharded.gate_grad_defined,
             in_place ? std::vector<bool>(5, true) : (std::vector<bool>{true, false, true, false, true}));
@@ -549,11 +563,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                          ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                        ::testing::Values(ZeroGrad::kAfterForwardToNone, ZeroGrad::kAfterForwardInPlace,
-                                         ZeroGrad::kAfterForwardOptimizer)),
+                                         ZeroGrad::kAfterForwardOptimizer, ZeroGrad::kAfterForwardModule)),
     [](const auto& info) {
       const ZeroGrad how = std::get<1>(info.param);
-      const char* name = how == ZeroGrad::kAfterForwardToNone ? "to_none"
-                         : how == ZeroGrad::kAfterForwardInPlace ? "in_place" : "optimizer";
+      const char* name = how == ZeroGrad::kAfterForwardToNone    ? "to_none"
+                         : how == ZeroGrad::kAfterForwardInPlace ? "in_place"
+                         : how == ZeroGrad::kAfterForwardModule  ? "module"
+                                                                 : "optimizer";
       return std::string(to_string(std::get<0>(info.param))) + "_" + name;
     });
 
@@ -923,16 +939,20 @@ TEST_P(Replicated, MatchesOneProcessWithBucketsReducedDuringBackward) {
 INSTANTIATE_TEST_SUITE_P(Cases, Replicated, ::testing::Range<size_t>(0, std::size(kReplicatedCases)),
                          [](const auto& info) { return std::string(kReplicatedCases[info.param].name); });
 
-class ReplicatedBf16 : public ::testing::TestWithParam<bool> {};
+// What runs between backward and step.
+enum class BeforeStep { kNothing, kEvaluation, kDroppedForward };
+class ReplicatedBf16 : public ::testing::TestWithParam<BeforeStep> {};
 TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
   // DDP's mixed_precision: each rank's rows through a bf16 copy of the
   // weights, the bf16 gradients averaged in fp32 and stepped on the fp32
-  // masters. With an evaluation between backward and step, the no-grad
-  // forward must leave the parameters on their masters for the optimizer.
+  // masters. An evaluation, or a forward with gradients whose graph is
+  // dropped, between backward and step must leave the parameters on their
+  // masters for the optimizer.
   Scenario s;
   s.replicated = true;
   s.bf16 = true;
-  s.eval_before_step = GetParam();
+  s.eval_before_step = GetParam() == BeforeStep::kEvaluation;
+  s.dropped_forward_before_step = GetParam() == BeforeStep::kDroppedForward;
   // Both sides run the same bf16 kernels on the same rows and average the
   // same widened gradients: measured bit-identical at W = 1 to 4. The
   // bound leaves room for an fp32 summation order over the ranks that a
@@ -948,7 +968,7 @@ TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
   torch::Tensor x = inputs_of(0, 0, kRowsPerRank, s.net.dim);
   torch::Tensor out = fsdp::call(net, x);
   EXPECT_EQ(out.scalar_type(), torch::kBFloat16) << "the forward computed in bf16";
-  EXPECT_EQ(net->head->weight.scalar_type(), torch::kBFloat16) << "between forward and backward";
+  EXPECT_EQ(net->head->weight.scalar_type(), torch::kFloat) << "between forward and backward: the masters";
   torch::mse_loss(out.to(torch::kFloat), targets_of(0, 0, kRowsPerRank)).backward();
   for (const auto& p : net->parameters()) {
     EXPECT_EQ(p.scalar_type(), torch::kFloat);
@@ -957,8 +977,16 @@ TEST_P(ReplicatedBf16, ComputesInBf16AndAveragesInFp32AsEachRanksRowsReplayed) {
     }
   }
 }
-INSTANTIATE_TEST_SUITE_P(Replicate, ReplicatedBf16, ::testing::Bool(),
-                         [](const auto& info) { return std::string(info.param ? "eval_before_step" : "plain"); });
+INSTANTIATE_TEST_SUITE_P(Replicate, ReplicatedBf16,
+                         ::testing::Values(BeforeStep::kNothing, BeforeStep::kEvaluation, BeforeStep::kDroppedForward),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case BeforeStep::kNothing: return std::string("plain");
+                             case BeforeStep::kEvaluation: return std::string("evaluation_before_step");
+                             case BeforeStep::kDroppedForward: return std::string("dropped_forward_before_step");
+                           }
+                           return std::string("?");
+                         });
 
 TEST(Replicate, MixedPrecisionRefusesAnOutputDtype) {
   auto net = build(Scenario{});

@@ -44,7 +44,8 @@ class AsyncSaver {
   // throws its SaveError (this save is then not started). Then copies the
   // parts to host memory and returns; the files are written in the
   // background. Parts that cannot be saved are refused here, as by
-  // checkpoint::save, before anything is written.
+  // checkpoint::save, before anything is written; a rank that cannot copy
+  // its part fails the save on every rank. `world` outlives the saver.
   void save(const std::string& dir, int keep, const Parts& parts, const TrainerState& state);
   // Blocks until the save in flight is published or has failed on every
   // rank; returns its directory (nothing when none was in flight) or throws
@@ -56,9 +57,8 @@ class AsyncSaver {
   double last_write_seconds() const { return write_seconds_; }
 
  private:
+  dist::World& world_;
   std::shared_ptr<dist::ProcessGroup> group_;
-  int rank_ = 0;
-  int world_size_ = 1;
   std::thread worker_;
   std::string path_;
   std::exception_ptr error_;

@@ -39,7 +39,8 @@ class FSDPState;
 // Shards the parameters of `module` that no unit below it holds. Apply it to
 // submodules (blocks) before their ancestors, and last to the root. Throws
 // fsdp::Error, on every rank and before any collective, for a module sharded
-// twice, a parameter shared with another unit, or mixed dtypes in one unit.
+// twice or a parameter shared with another unit. A unit may hold several
+// dtypes ([Note: a unit of several dtypes]).
 void fully_shard(torch::nn::Module& module, const FullyShardOptions& options);
 
 template <typename M>

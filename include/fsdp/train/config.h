@@ -27,10 +27,13 @@ namespace fsdp::train {
 // checked against the enum at compile time (common/enum_spellings.h).
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class OnSaveError { kStop, kContinue };
+// How each unit's parameters are cut (FullyShardOptions::shard_placement).
+enum class ShardPlacement { kFlat, kRows, kColumns };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
 std::string name_of(Precision p);
 std::string name_of(LrScheduleKind k);
 std::string name_of(OnSaveError e);
+std::string name_of(ShardPlacement p);
 
 struct TrainConfig {
   struct Model {
@@ -113,7 +116,7 @@ struct TrainConfig {
     // layout), each rank holding whole rows of each; columns: matrices on
     // Shard(1), the rest on Shard(0) (not checkpointable: a rank's columns
     // are not one range of the matrix).
-    std::string shard_placement = "flat";
+    ShardPlacement shard_placement = ShardPlacement::kFlat;
   } fsdp;
   struct Checkpoint {
     std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one

@@ -49,7 +49,7 @@ class Trainer {
 
  private:
   // Whether the layout can be saved (--shard-placement columns cannot).
-  bool checkpointable() const { return config_.fsdp.shard_placement != "columns"; }
+  bool checkpointable() const { return config_.fsdp.shard_placement != ShardPlacement::kColumns; }
   // Where a step's time went: data loading, forward + backward (including
   // the collectives it waited on), clipping + optimizer; comm_seconds is the
   // part of the step spent blocked on collectives.
