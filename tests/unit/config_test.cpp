@@ -198,8 +198,9 @@ TEST(Config, EnumKeysTakeAndPrintEachSpelling) {
       EXPECT_NE(c.to_yaml().find(line), std::string::npos) << line << " in " << c.to_yaml();
     }
   }
-  EXPECT_EQ(enum_keys, 4u) << "lr_schedule, precision, sharding, on_save_error";
+  EXPECT_EQ(enum_keys, 5u) << "lr_schedule, precision, sharding, shard_placement, on_save_error";
   EXPECT_EQ(name_of(Precision::kFp16), "fp16");
+  EXPECT_EQ(name_of(ShardPlacement::kRows), "rows");
   EXPECT_EQ(std::string(to_string(ShardingStrategy::kShardGradOp)), "shard_grad_op");
   EXPECT_EQ(name_of(LrScheduleKind::kConstant), "constant");
   EXPECT_EQ(name_of(OnSaveError::kContinue), "continue");
