@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error.h"
+#include "fsdp/data/chat_data.h"
 #include "fsdp/data/prepare.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -42,7 +43,9 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
   prepare->add_option("--input", options->input,
                       "a .txt/.json/.jsonl file ({\"text\": ...} per line), a .parquet file (a Hugging Face "
-                      "dataset's), a directory of them, or a quoted glob ('shards/*.parquet')")
+                      "dataset's), a directory of them, or a quoted glob ('shards/*.parquet'); chat data: .jsonl "
+                      "lines of {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}, rendered with "
+                      "--tokenizer's chat template, the loss on the answers")
       ->required();
   prepare->add_option("--text-field", options->text_field,
                       "the field of a .json file or .jsonl line, or the column of a .parquet file, holding the text")
@@ -72,11 +75,19 @@ void add_data_command(CLI::App& app, int& exit_code) {
       std::printf("data prepare: .txt files were split into documents at %s (--doc-separator)\n",
                   options->txt_separator ? "each separator" : "blank lines");
     }
-    std::printf("data prepare: %lld documents, %s of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
-                static_cast<long long>(s.documents), data::human_bytes(s.bytes).c_str(),
+    std::printf("data prepare: %lld %s, %s of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
+                static_cast<long long>(s.documents), s.examples ? "chat examples" : "documents",
+                data::human_bytes(s.bytes).c_str(),
                 static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());
-    std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
+    if (s.examples) {
+      std::printf("data prepare: tokenizer and chat template %s; the loss covers %lld of %lld tokens (the answers; "
+                  "masks in .mask files beside the token files); the longest example has %lld tokens\n",
+                  s.tokenizer.c_str(), static_cast<long long>(s.trained_tokens),
+                  static_cast<long long>(s.train_tokens + s.val_tokens), static_cast<long long>(s.longest_example));
+    } else {
+      std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
+    }
     if (!s.note.empty()) std::printf("data prepare: %s\n", s.note.c_str());
     if (!s.removed.empty()) {
       std::string names;
@@ -90,11 +101,38 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto tokenizer_dir = std::make_shared<std::string>(data::default_tokenizer_dir());
   auto* encode = data->add_subcommand("encode", "print the token ids of standard input, one line");
   encode->add_option("--tokenizer", *tokenizer_dir, kTokenizerHelp)->capture_default_str();
-  encode->callback([tokenizer_dir, &exit_code] {
+  auto chat = std::make_shared<bool>(false), generation_prompt = std::make_shared<bool>(false),
+       render = std::make_shared<bool>(false);
+  encode->add_flag("--chat", *chat,
+                   "standard input is one conversation ({\"messages\": [...]}, or the list itself): its ids under "
+                   "--tokenizer's chat template, as apply_chat_template(tokenize=True)");
+  encode->add_flag("--add-generation-prompt", *generation_prompt, "with --chat: end with the assistant's turn opened");
+  encode->add_flag("--render", *render, "with --chat: print the rendered text instead of its ids");
+  encode->callback([tokenizer_dir, chat, generation_prompt, render, &exit_code] {
     const auto tokenizer = data::Tokenizer::from_dir(*tokenizer_dir);
     std::stringstream in;
     in << std::cin.rdbuf();
-    const auto ids = tokenizer->encode(in.str());
+    std::string text = in.str();
+    if (*chat) {
+      nlohmann::ordered_json record;
+      try {
+        record = nlohmann::ordered_json::parse(text);
+      } catch (const std::exception& e) {
+        throw Error(std::string("data encode --chat: standard input is not JSON (") + e.what() + ")");
+      }
+      if (record.is_array()) record = {{"messages", record}};
+      FSDP_CHECK(record.is_object() && record.contains("messages"), "data encode --chat: expected {\"messages\": ",
+                 "[...]} or a list of messages on standard input");
+      const data::ChatEncoder encoder(*tokenizer_dir, *tokenizer);
+      text = encoder.render(record["messages"], *generation_prompt,
+                            record.value("chat_template_kwargs", nlohmann::ordered_json::object()));
+      if (*render) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        exit_code = 0;
+        return;
+      }
+    }
+    const auto ids = tokenizer->encode(text);
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
     std::printf("\n");
     exit_code = 0;

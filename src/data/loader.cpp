@@ -1,6 +1,8 @@
 #include "fsdp/data/loader.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/data/loss_mask.h"
+#include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data {
 namespace {
@@ -39,14 +41,50 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   FSDP_CHECK(o_.batch_size >= 1 && o_.seq_len >= 1 && o_.grad_accum >= 1,
              "data: batch_size, seq_len and grad_accum must be at least 1");
   if (source == "synthetic") return;
-  stream_ = std::make_shared<TokenStream>(expand_token_paths(source, o_.flag));
+  const auto paths = expand_token_paths(source, o_.flag);
+  stream_ = std::make_shared<TokenStream>(paths);
+  // Chat data: every file's record says so, and its mask lies beside it.
+  for (size_t k = 0; k < paths.size(); ++k) {
+    const auto record = tokenizer_record_beside(paths[k]);
+    const bool examples = record && record->examples;
+    if (k > 0 && examples != !example_starts_.empty()) {
+      throw Error(o_.flag + " '" + source + "' mixes chat data (with loss masks) and plain token files; train on one "
+                  "kind at a time");
+    }
+    if (!examples) continue;
+    const TokenFile file(paths[k]);
+    const auto mask = read_loss_mask_file(loss_mask_path(paths[k]), file.size());
+    for (size_t t = 0; t < mask.size(); ++t) {
+      if (mask[t] & kMaskExampleStart) example_starts_.push_back(static_cast<int64_t>(mask_.size() + t));
+    }
+    FSDP_CHECK(!mask.empty() && (mask[0] & kMaskExampleStart), "'", loss_mask_path(paths[k]),
+               "' does not start an example at its first token; prepare the data again");
+    mask_.insert(mask_.end(), mask.begin(), mask.end());
+  }
   const auto max = stream_->max_token();
   FSDP_CHECK(max.id < o_.vocab_size, "'", max.path, "' holds token id ", max.id, " (at position ", max.position,
              "), which is not below the model's vocabulary of ", o_.vocab_size,
              " (a file tokenized for another model?)", o_.vocab_advice ? "; " + o_.vocab_advice(max.id) : "");
   const int64_t B = o_.batch_size, T = o_.seq_len;
-  FSDP_CHECK(stream_->size() > B * T, o_.flag, " '", source, "' holds ", stream_->size(),
+  FSDP_CHECK(!example_starts_.empty() || stream_->size() > B * T, o_.flag, " '", source, "' holds ", stream_->size(),
              " tokens, fewer than one batch of ", B, " x ", T, " + 1");
+}
+
+int64_t DataLoader::example_length(int64_t e) const {
+  const auto k = static_cast<size_t>(e);
+  return (k + 1 < example_starts_.size() ? example_starts_[k + 1] : stream_->size()) - example_starts_[k];
+}
+
+int64_t DataLoader::longest_example() const {
+  int64_t longest = 0;
+  for (int64_t e = 0; e < examples(); ++e) longest = std::max(longest, example_length(e));
+  return longest;
+}
+
+int64_t DataLoader::examples_longer_than_a_row() const {
+  int64_t n = 0;
+  for (int64_t e = 0; e < examples(); ++e) n += example_length(e) > o_.seq_len + 1;
+  return n;
 }
 
 void DataLoader::resume_at(int64_t step, int64_t tokens) {
@@ -80,15 +118,31 @@ int64_t DataLoader::offset(int64_t step, int micro_step) const {
 
 int64_t DataLoader::sequence_start(int64_t i) const {
   const int64_t T = o_.seq_len;
+  if (!example_starts_.empty()) {
+    const int64_t n = examples();
+    const int64_t e = o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
+    return example_starts_[static_cast<size_t>(e)];
+  }
   if (!o_.shuffle || !stream_) return i * T;
   const int64_t windows = (stream_->size() - 1) / T;
   const int64_t epoch = i / windows;
   return permute_index(i % windows, windows, o_.seed, static_cast<uint64_t>(epoch)) * T;
 }
 
-void DataLoader::read_sequence(int64_t i, int64_t* out) const {
+void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const {
   const int64_t T = o_.seq_len;
   const int64_t start = sequence_start(i);
+  if (!example_starts_.empty()) {
+    const int64_t n = examples();
+    const int64_t e = o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
+    const int64_t length = std::min(example_length(e), T + 1);
+    stream_->read(start, length, out);
+    for (int64_t k = 0; k <= T; ++k) {
+      if (k >= length) out[k] = 0;  // padding: never a target, after every real token
+      trained[k] = k < length && (mask_[static_cast<size_t>(start + k)] & kMaskTrained);
+    }
+    return;
+  }
   if (stream_) {
     stream_->read(start % stream_->size(), T + 1, out);
     return;
@@ -104,10 +158,30 @@ void DataLoader::read_sequence(int64_t i, int64_t* out) const {
 Batch DataLoader::batch(int64_t step, int micro_step) const {
   const int64_t B = o_.batch_size, T = o_.seq_len;
   auto rows = torch::empty({B, T + 1}, torch::kLong);
+  std::vector<uint8_t> trained(static_cast<size_t>(B * (T + 1)), 1);
   const int64_t first = offset(step, micro_step) / T;
-  for (int64_t b = 0; b < B; ++b) read_sequence(first + b, rows[b].data_ptr<int64_t>());
-  if (!o_.device.is_cpu()) rows = rows.to(o_.device);
-  return {rows.narrow(1, 0, T).contiguous(), rows.narrow(1, 1, T).contiguous()};
+  for (int64_t b = 0; b < B; ++b) read_sequence(first + b, rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+  // A copy (with B = 1 the narrowed rows count as contiguous already, and
+  // the ignore index written below would reach the inputs).
+  auto targets = rows.narrow(1, 1, T).clone(at::MemoryFormat::Contiguous);
+  int64_t counted = B * T;
+  if (!example_starts_.empty()) {
+    counted = 0;
+    auto* t = targets.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t k = 0; k < T; ++k) {
+        const bool keep = trained[static_cast<size_t>(b * (T + 1) + k + 1)] != 0;
+        if (!keep) t[b * T + k] = -100;
+        counted += keep;
+      }
+    }
+  }
+  auto inputs = rows.narrow(1, 0, T).contiguous();
+  if (!o_.device.is_cpu()) {
+    inputs = inputs.to(o_.device);
+    targets = targets.to(o_.device);
+  }
+  return {inputs, targets, counted};
 }
 
 }  // namespace fsdp::data

@@ -19,6 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/common/error.h"
+#include "fsdp/data/chat_data.h"
+#include "fsdp/data/loss_mask.h"
 #include "fsdp/io/input_file.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
@@ -155,6 +157,67 @@ std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions
   return split_txt(ss.str(), o.txt_separator);
 }
 
+// A .jsonl file's records (a .json file's one), in order, each with where
+// it is for messages; blank lines are skipped. Keys keep their order: a
+// template writes a tool's arguments as given.
+struct Record {
+  nlohmann::ordered_json value;
+  std::string where;
+  int64_t bytes;
+};
+
+std::vector<Record> records_of(const fs::path& path) {
+  io::check_regular_file(path.string(), "input of `data prepare`");
+  FSDP_CHECK(path.extension() == ".jsonl" || path.extension() == ".json", "'", path.string(),
+             "': chat data is read from .jsonl (one record a line) and .json files; expected one of those beside the "
+             "other chat data");
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
+  std::vector<Record> out;
+  std::string line;
+  int64_t n = 0;
+  const auto parse = [&](const std::string& text, const std::string& where) {
+    try {
+      out.push_back({nlohmann::ordered_json::parse(text), where, static_cast<int64_t>(text.size())});
+    } catch (const std::exception& e) {
+      throw Error(where + " is not valid JSON (" + e.what() + ")");
+    }
+  };
+  if (path.extension() == ".json") {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    parse(ss.str(), "'" + path.string() + "'");
+    return out;
+  }
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    parse(line, "'" + path.string() + "' line " + std::to_string(n));
+  }
+  return out;
+}
+
+// Whether the corpus is chat data: its first .jsonl or .json file's first
+// record is a conversation or a prompt and completion.
+bool holds_chat_data(const std::vector<fs::path>& files) {
+  for (const auto& f : files) {
+    if (f.extension() != ".jsonl" && f.extension() != ".json") continue;
+    std::ifstream in(f, std::ios::binary);
+    std::string line;
+    if (f.extension() == ".json") {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      line = ss.str();
+    } else {
+      while (std::getline(in, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+      }
+    }
+    const auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+    return !j.is_discarded() && is_chat_record(j);
+  }
+  return false;
+}
+
 bool is_document_file(const fs::path& p) {
   const auto ext = p.extension();
   return ext == ".txt" || ext == ".json" || ext == ".jsonl" || ext == ".parquet";
@@ -175,29 +238,35 @@ std::vector<std::string> split_files(const std::string& name, size_t tokens, int
   return files;
 }
 
+// The tokens, and for chat data the mask beside each file (empty masks:
+// none).
 void write_split(const std::string& dir, const std::vector<std::string>& files, const std::vector<int32_t>& tokens,
-                 int64_t shard_tokens, int64_t vocab_size) {
+                 const std::vector<uint8_t>& masks, int64_t shard_tokens, int64_t vocab_size) {
   const size_t per_file = shard_tokens <= 0 ? tokens.size() : static_cast<size_t>(shard_tokens);
   for (size_t k = 0; k < files.size(); ++k) {
-    const size_t start = k * per_file, end = std::min(tokens.size(), start + per_file);
-    write_token_file(dir + "/" + files[k], {tokens.begin() + static_cast<std::ptrdiff_t>(start),
-                                            tokens.begin() + static_cast<std::ptrdiff_t>(end)},
-                     vocab_size);
+    const auto start = static_cast<std::ptrdiff_t>(k * per_file);
+    const auto end = static_cast<std::ptrdiff_t>(std::min(tokens.size(), k * per_file + per_file));
+    write_token_file(dir + "/" + files[k], {tokens.begin() + start, tokens.begin() + end}, vocab_size);
+    if (!masks.empty()) {
+      write_loss_mask_file(loss_mask_path(dir + "/" + files[k]), {masks.begin() + start, masks.begin() + end});
+    }
   }
 }
 
 // Whether NAME is a file `data prepare` writes: train.bin, val.bin, or a
-// shard train_NNNNNN.bin / val_NNNNNN.bin.
+// shard train_NNNNNN.bin / val_NNNNNN.bin, or the .mask beside one.
 bool prepare_writes(const std::string& name) {
   const auto digits = [&](size_t from) {
     return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(from),
                        name.begin() + static_cast<std::ptrdiff_t>(from + 6), [](char c) { return c >= '0' && c <= '9'; });
   };
   for (const std::string split : {"train", "val"}) {
-    if (name == split + ".bin") return true;
-    if (name.size() == split.size() + 11 && name.compare(0, split.size() + 1, split + "_") == 0 &&
-        name.compare(name.size() - 4, 4, ".bin") == 0 && digits(split.size() + 1)) {
-      return true;
+    for (const std::string ext : {".bin", ".mask"}) {
+      if (name == split + ext) return true;
+      if (name.size() == split.size() + 7 + ext.size() && name.compare(0, split.size() + 1, split + "_") == 0 &&
+          name.compare(name.size() - ext.size(), ext.size(), ext) == 0 && digits(split.size() + 1)) {
+        return true;
+      }
     }
   }
   return false;
@@ -253,10 +322,27 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_dir(o.tokenizer_dir);
   const int32_t separator = tokenizer->document_separator();
 
+  // Chat data ([Note: where an answer's loss starts]): every record an
+  // example under the model's chat template, with its loss mask.
+  const bool chat = holds_chat_data(files);
+  std::unique_ptr<ChatEncoder> chat_encoder;
+  if (chat) chat_encoder = std::make_unique<ChatEncoder>(o.tokenizer_dir, *tokenizer, /*require_template=*/false);
   std::vector<std::string> docs;
+  std::vector<Record> records;
   std::vector<size_t> file_of_doc;  // to name the file of a document that fails
   PrepareStats stats;
+  stats.examples = chat;
   for (size_t k = 0; k < files.size(); ++k) {
+    if (chat) {
+      for (auto& r : records_of(files[k])) {
+        FSDP_CHECK(is_chat_record(r.value), r.where, " is no chat record ({\"messages\": [...]} or {\"prompt\": ..., ",
+                   "\"completion\": ...}) though the corpus's first record is: one prepare takes one kind of data");
+        stats.bytes += r.bytes;
+        records.push_back(std::move(r));
+        file_of_doc.push_back(k);
+      }
+      continue;
+    }
     auto file_docs = documents_of(files[k], o);
     if (files[k].extension() == ".txt" && file_docs.size() > 1) stats.split_txt = true;
     for (auto& d : file_docs) {
@@ -265,16 +351,18 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       file_of_doc.push_back(k);
     }
   }
-  FSDP_CHECK(!docs.empty(), "--input '", o.input, "' holds no documents: its ", files.size(), " file(s) are empty, "
+  const size_t count = chat ? records.size() : docs.size();
+  FSDP_CHECK(count > 0, "--input '", o.input, "' holds no documents: its ", files.size(), " file(s) are empty, "
              "or hold only null or empty texts");
-  stats.documents = static_cast<int64_t>(docs.size());
+  stats.documents = static_cast<int64_t>(count);
 
   // Documents are independent: each thread encodes every n-th with its own
   // clone of the tokenizer (the tables are shared, the cache is not).
   const int threads =
       std::max(1, std::min<int>(o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency()),
-                                static_cast<int>(docs.size())));
-  std::vector<std::vector<int32_t>> encoded(docs.size());
+                                static_cast<int>(count)));
+  std::vector<std::vector<int32_t>> encoded(count);
+  std::vector<std::vector<uint8_t>> trained(chat ? count : 0);
   std::atomic<int64_t> done{0}, done_bytes{0};
   std::vector<std::thread> pool;
   std::exception_ptr failure;
@@ -284,18 +372,25 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     pool.emplace_back([&, t] {
       try {
         const auto own = tokenizer->clone();
-        for (size_t i = static_cast<size_t>(t); i < docs.size(); i += static_cast<size_t>(threads)) {
-          try {
-            encoded[i] = own->encode(docs[i]);
-          } catch (const Error& e) {
-            throw Error("'" + files[file_of_doc[i]].string() + "': " + e.what());
+        for (size_t i = static_cast<size_t>(t); i < count && !failed; i += static_cast<size_t>(threads)) {
+          if (chat) {
+            Example example = chat_encoder->encode(records[i].value, *own, records[i].where);
+            encoded[i] = std::move(example.tokens);
+            trained[i] = std::move(example.trained);
+            done_bytes += records[i].bytes;
+          } else {
+            try {
+              encoded[i] = own->encode(docs[i]);
+            } catch (const Error& e) {
+              throw Error("'" + files[file_of_doc[i]].string() + "': " + e.what());
+            }
+            done_bytes += static_cast<int64_t>(docs[i].size());
           }
-          done_bytes += static_cast<int64_t>(docs[i].size());
           ++done;
         }
       } catch (...) {
         std::lock_guard<std::mutex> lock(failure_mutex);
-        failure = std::current_exception();
+        if (!failure) failure = std::current_exception();
         failed = true;
       }
     });
@@ -305,7 +400,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   auto report = [&] {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "%stokenized %lld/%lld documents, %s/%s (%s/s, %d threads)%s", tty ? "\r" : "",
-                 static_cast<long long>(done.load()), static_cast<long long>(docs.size()),
+                 static_cast<long long>(done.load()), static_cast<long long>(count),
                  human_bytes(done_bytes.load()).c_str(), human_bytes(stats.bytes).c_str(),
                  human_bytes(static_cast<int64_t>(static_cast<double>(done_bytes.load()) / std::max(secs, 1e-9))).c_str(),
                  threads, tty ? "" : "\n");
@@ -329,19 +424,34 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   }
 
   const auto every = o.val_fraction > 0 ? static_cast<size_t>(std::max(2.0, std::round(1.0 / o.val_fraction))) : 0;
+  // Text: each document after the separator. Chat data: each example as
+  // its template renders it, its mask beside.
   std::vector<int32_t> train, val;
+  std::vector<uint8_t> train_mask, val_mask;
   for (size_t i = 0; i < encoded.size(); ++i) {
-    auto& dest = (every > 0 && encoded.size() > 1 && i % every == every - 1) ? val : train;
-    dest.push_back(separator);
+    const bool held_out = every > 0 && encoded.size() > 1 && i % every == every - 1;
+    auto& dest = held_out ? val : train;
+    if (chat) {
+      auto& mask = held_out ? val_mask : train_mask;
+      for (size_t k = 0; k < trained[i].size(); ++k) {
+        mask.push_back(static_cast<uint8_t>((trained[i][k] ? kMaskTrained : 0) | (k == 0 ? kMaskExampleStart : 0)));
+      }
+    } else {
+      dest.push_back(separator);
+    }
     dest.insert(dest.end(), encoded[i].begin(), encoded[i].end());
   }
   if (every > 0 && val.empty()) {
     // Fewer documents than one in `every`: the last whole document is held
     // out (never part of one: a cut document would be half in each split).
     if (encoded.size() >= 2) {
-      const size_t last = encoded.back().size() + 1;
+      const size_t last = encoded.back().size() + (chat ? 0 : 1);
       val.assign(train.end() - static_cast<std::ptrdiff_t>(last), train.end());
       train.resize(train.size() - last);
+      if (chat) {
+        val_mask.assign(train_mask.end() - static_cast<std::ptrdiff_t>(last), train_mask.end());
+        train_mask.resize(train_mask.size() - last);
+      }
       stats.note = std::to_string(encoded.size()) + " documents, fewer than the " + std::to_string(every) +
                    " one in --val-fraction needs: the last document is held out for validation";
     } else {
@@ -364,6 +474,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   record.files = train_files;
   record.files.insert(record.files.end(), val_files.begin(), val_files.end());
   record.complete = false;
+  record.examples = chat;
   write_tokenizer_record(o.out_dir, record);
   std::vector<std::string> stale;
   for (const auto& entry : fs::directory_iterator(o.out_dir)) {
@@ -374,15 +485,19 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   }
   std::sort(stale.begin(), stale.end());
   for (const auto& name : stale) fs::remove(fs::path(o.out_dir) / name);
-  write_split(o.out_dir, train_files, train, o.shard_tokens, tokenizer->vocab_size());
-  write_split(o.out_dir, val_files, val, o.shard_tokens, tokenizer->vocab_size());
+  write_split(o.out_dir, train_files, train, train_mask, o.shard_tokens, tokenizer->vocab_size());
+  write_split(o.out_dir, val_files, val, val_mask, o.shard_tokens, tokenizer->vocab_size());
   record.complete = true;
   write_tokenizer_record(o.out_dir, record);
   stats.train_files = static_cast<int>(train_files.size());
   stats.val_files = static_cast<int>(val_files.size());
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
-  stats.separator = separator;
+  stats.separator = chat ? -1 : separator;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    stats.trained_tokens += std::count(trained[i].begin(), trained[i].end(), uint8_t{1});
+    stats.longest_example = std::max<int64_t>(stats.longest_example, static_cast<int64_t>(trained[i].size()));
+  }
   stats.tokenizer = tokenizer->source();
   stats.removed = stale;
   return stats;

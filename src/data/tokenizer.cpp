@@ -198,6 +198,15 @@ int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(tables_->byt
 
 const std::string& Tokenizer::source() const { return tables_->source; }
 
+bool Tokenizer::is_special(int32_t id) const {
+  return std::any_of(tables_->added.begin(), tables_->added.end(),
+                     [&](const TokenizerTables::AddedToken& a) { return a.id == id && a.special; });
+}
+
+const std::vector<int32_t>& Tokenizer::template_prefix() const { return tables_->template_prefix; }
+
+const std::map<std::string, std::string>& Tokenizer::special_tokens() const { return tables_->special_tokens; }
+
 int32_t Tokenizer::document_separator() const {
   FSDP_CHECK(tables_->separator >= 0, tables_->source,
              ": no token separates documents: the tokenizer has no <|endoftext|> and no tokenizer_config.json ",

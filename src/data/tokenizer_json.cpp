@@ -200,6 +200,30 @@ std::string special_token(const json& config, const char* key) {
 
 json parse(const std::string& text, const std::string& what) { return io::parse_json(text, what); }
 
+// The special tokens a post-processor puts before a single text:
+// TemplateProcessing's leading SpecialTokens (in a Sequence too), Bert's and
+// Roberta's cls. Anything unread adds nothing.
+void template_prefix_of(const json& p, std::vector<int32_t>& out) {
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) return;
+  const std::string type = p["type"].get<std::string>();
+  if (type == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
+    for (const auto& inner : p["processors"]) template_prefix_of(inner, out);
+  } else if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array()) {
+    for (const auto& piece : p["single"]) {
+      if (!piece.is_object() || !piece.contains("SpecialToken")) break;
+      const auto name = piece["SpecialToken"].value("id", std::string());
+      const auto& specials = p.value("special_tokens", json::object());
+      if (!specials.contains(name) || !specials[name].contains("ids")) break;
+      for (const auto& id : specials[name]["ids"]) {
+        if (id.is_number_integer()) out.push_back(id.get<int32_t>());
+      }
+    }
+  } else if ((type == "BertProcessing" || type == "RobertaProcessing") && p.contains("cls") && p["cls"].is_array() &&
+             p["cls"].size() == 2 && p["cls"][1].is_number_integer()) {
+    out.push_back(p["cls"][1].get<int32_t>());
+  }
+}
+
 int32_t token_id(const json& id, const std::string& where, const std::string& token) {
   FSDP_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 24), where, ": token '",
              token, "' has id ", id.dump(), "; expected an integer in 0..", (1 << 24) - 1);
@@ -284,11 +308,18 @@ std::shared_ptr<TokenizerTables> read_tables(const json& j, const json& config, 
     FSDP_CHECK(!rewrites || !flag(a, "normalized", false), where, ": added token '", content,
                "' sets \"normalized\" beside a Prepend or Replace normalizer, which is not supported (", kSupported,
                ")");
-    t->added.push_back({content, token_id(a["id"], where, content)});
+    t->added.push_back({content, token_id(a["id"], where, content), flag(a, "special", false)});
   }
-  // post_processor only adds template tokens (Hugging Face's
-  // add_special_tokens), which encode() never does; truncation and padding
-  // concern batches of model inputs, not documents.
+  // post_processor adds template tokens (Hugging Face's add_special_tokens),
+  // which encode() never does; the tokens it puts before a text are kept
+  // for callers that need them. Truncation and padding concern batches of
+  // model inputs, not documents.
+  if (j.contains("post_processor")) template_prefix_of(j["post_processor"], t->template_prefix);
+  for (const char* key : {"bos_token", "eos_token", "pad_token", "unk_token"}) {
+    if (config.is_object()) {
+      if (auto token = special_token(config, key); !token.empty()) t->special_tokens[key] = token;
+    }
+  }
 
   FSDP_CHECK(config.is_null() || config.is_object(), where, ": its tokenizer_config.json is not a JSON object");
   finish_tables(*t, merges, special_token(config, "bos_token"), special_token(config, "eos_token"));

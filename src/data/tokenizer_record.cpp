@@ -47,12 +47,13 @@ TokenizerRecord record_of(const Tokenizer& tokenizer) {
 }
 
 void write_tokenizer_record(const std::string& dir, const TokenizerRecord& r) {
-  const nlohmann::json j = {{"tokenizer", r.source},
-                            {"vocab_size", r.vocab_size},
-                            {"vocabulary_fingerprint", r.fingerprint},
-                            {"document_separator", r.separator},
-                            {"files", r.files},
-                            {"complete", r.complete}};
+  nlohmann::json j = {{"tokenizer", r.source},
+                      {"vocab_size", r.vocab_size},
+                      {"vocabulary_fingerprint", r.fingerprint},
+                      {"document_separator", r.separator},
+                      {"files", r.files},
+                      {"complete", r.complete}};
+  if (r.examples) j["examples"] = true;
   io::write_file_atomically(dir + "/" + kTokenizerRecordFile, j.dump(2) + "\n");
 }
 
@@ -72,6 +73,7 @@ std::optional<TokenizerRecord> tokenizer_record_beside(const std::string& token_
     r.separator = j.at("document_separator").get<int32_t>();
     if (j.contains("files")) r.files = j.at("files").get<std::vector<std::string>>();
     if (j.contains("complete")) r.complete = j.at("complete").get<bool>();
+    if (j.contains("examples")) r.examples = j.at("examples").get<bool>();
   } catch (const std::exception& e) {
     throw Error("'" + path.string() + "' is not a tokenizer record `fsdp data prepare` writes (" + e.what() +
                 "); delete it, or prepare the data again");

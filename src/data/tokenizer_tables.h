@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,7 @@ struct TokenizerTables {
   struct AddedToken {
     std::string content;
     int32_t id;
+    bool special = false;  // tokenizer.json's "special": a control token (<|im_end|>), not text (<think>)
   };
   // Normalisation, applied in order to the text between added tokens.
   struct Normalizer {
@@ -67,6 +69,12 @@ struct TokenizerTables {
   std::vector<Step> steps;
   bool ignore_merges = false;  // a piece spelled as one vocabulary token is that token (Llama 3)
   int32_t separator = -1;      // see Tokenizer::document_separator
+  // What the post-processor puts before a text (Hugging Face's
+  // add_special_tokens=True): Llama's and Mistral's BOS; none for Qwen.
+  std::vector<int32_t> template_prefix;
+  // tokenizer_config.json's special tokens by name (bos_token, eos_token,
+  // pad_token, unk_token): the variables a chat template reads.
+  std::map<std::string, std::string> special_tokens;
 
   bool byte_level = true;
   // Byte-level: id of each byte's own token.

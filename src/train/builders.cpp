@@ -1,5 +1,6 @@
 #include "fsdp/train/builders.h"
 
+#include <cstdio>
 #include <iostream>
 #include <set>
 
@@ -177,6 +178,25 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   if (!loader->synthetic()) {
     const auto made_by = check_data_tokenizer(config, source, validation ? "--val-data" : "--data");
     if (!made_by.empty()) what += ", tokenized by " + made_by;
+  }
+  if (loader->examples() > 0) {
+    // Chat data: one example a row, cut to a row when longer.
+    what += "; " + std::to_string(loader->examples()) + " chat examples, one a row, the loss on their answers; the "
+            "longest has " + std::to_string(loader->longest_example()) + " tokens";
+    if (const int64_t cut = loader->examples_longer_than_a_row(); cut > 0) {
+      what += "; " + std::to_string(cut) + " longer than data.seq_len + 1 (" + std::to_string(d.seq_len + 1) +
+              ") are cut to their first " + std::to_string(d.seq_len + 1) + " tokens (raise --seq-len to keep them whole)";
+    }
+  }
+  if (!validation && !loader->synthetic()) {
+    // How many times the run goes over the data: rows of T tokens, or examples.
+    const double rows = static_cast<double>(per_step / d.seq_len) * static_cast<double>(config.runtime.steps);
+    const double epochs = loader->examples() > 0
+                              ? rows / static_cast<double>(loader->examples())
+                              : rows * static_cast<double>(d.seq_len) / static_cast<double>(loader->tokens_in_files());
+    char text[64];
+    std::snprintf(text, sizeof(text), "%.2f", epochs);
+    what += "; " + std::string(text) + " epochs in " + std::to_string(config.runtime.steps) + " steps";
   }
   if (validation) {
     log.say("validation data: " + what);

@@ -457,12 +457,36 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const auto comm_before = dist::FlightRecorder::instance().totals();
   const int64_t A = config_.data.grad_accum;
   double loss_sum = 0, aux_sum = 0, data_s = 0, forward_backward_s = 0;
+  // [Note: the loss of chat data]: each trained target weighs the same
+  // across micro-steps and ranks, so the step needs the global count first.
+  const bool examples = train_data_->examples() > 0;
+  std::vector<data::Batch> batches;
+  double trained_in_step = 0;
+  if (examples) {
+    const auto t = Clock::now();
+    memory::set_phase("data");
+    auto count = torch::zeros({1}, torch::kDouble);
+    for (int a = 0; a < A; ++a) {
+      batches.push_back(train_data_->batch(step, a));
+      count += static_cast<double>(batches.back().trained_targets);
+    }
+    dist::all_reduce(world_->group(), count, dist::ReduceOp::kSum).wait();
+    trained_in_step = count.item<double>();
+    data_s += seconds_since(t);
+  }
   for (int a = 0; a < A; ++a) {
     // Reduce gradients once per optimizer step, on the last micro-step.
     set_requires_gradient_sync(*model_, a == A - 1);
     auto t = Clock::now();
     memory::set_phase("data");
-    const data::Batch batch = train_data_->batch(step, a);
+    data::Batch batch = examples ? std::move(batches[static_cast<size_t>(a)]) : train_data_->batch(step, a);
+    // A micro-batch whose rows train nothing still runs (its collectives
+    // are every rank's), weighing 0; one target keeps its mean finite.
+    if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
+    const double weight = !examples ? 1.0 / static_cast<double>(A)
+                          : trained_in_step > 0
+                              ? static_cast<double>(batch.trained_targets) * world_->size() / trained_in_step
+                              : 0.0;
     data_s += seconds_since(t);
     t = Clock::now();
     // Named ranges split a profiled step (--profile-steps) by phase.
@@ -474,10 +498,13 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     {
       RECORD_USER_SCOPE("train::backward");
       memory::set_phase("backward");
-      const torch::Tensor loss = losses.trained / static_cast<double>(A);
+      const torch::Tensor aux = model_->auxiliary_loss();
+      const torch::Tensor loss = !examples       ? losses.trained / static_cast<double>(A)
+                                 : aux.defined() ? losses.lm * weight + aux / static_cast<double>(A)
+                                                 : losses.lm * weight;
       (scaler_ ? scaler_->scale(loss) : loss).backward();
     }
-    loss_sum += losses.lm.item<double>() / static_cast<double>(A);
+    loss_sum += losses.lm.item<double>() * weight;
     if (const torch::Tensor aux = model_->auxiliary_loss(); aux.defined()) aux_sum += aux.item<double>() / static_cast<double>(A);
     forward_backward_s += seconds_since(t);
   }
@@ -611,14 +638,23 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
 double Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
-  double sum = 0;
+  double sum = 0, trained = 0;
+  const bool examples = val_data_->examples() > 0;
   for (int64_t e = 0; e < config_.eval.batches; ++e) {
-    const data::Batch batch = val_data_->batch(e, 0);
+    data::Batch batch = val_data_->batch(e, 0);
+    if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
     // The loss uses the output head: inside the root's call, where it is gathered.
-    sum += fsdp::run(model_, [&] { return lm_loss(model_->forward(batch.inputs), batch.targets); }).item<double>();
+    const double mean =
+        fsdp::run(model_, [&] { return lm_loss(model_->forward(batch.inputs), batch.targets); }).item<double>();
+    sum += examples ? mean * static_cast<double>(batch.trained_targets) : mean;
+    trained += static_cast<double>(batch.trained_targets);
   }
   model_->train();
-  return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.eval.batches));
+  if (!examples) return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.eval.batches));
+  // Chat data: the mean over every trained target of every rank's batches.
+  auto totals = torch::tensor({sum, trained}, torch::kDouble);
+  dist::all_reduce(world_->group(), totals, dist::ReduceOp::kSum).wait();
+  return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
 }
 
 void Trainer::evaluate_and_log(int64_t steps_done) {

@@ -12,10 +12,20 @@
 // T+1 tokens and sequence i reads window pi_e(i mod n), where pi_e is a
 // seeded permutation of the n windows for epoch e = i / n, computed without
 // state. Either way a run at W=2 sees exactly the global batch of W=1.
+//
+// Chat data (token files `fsdp data prepare` wrote with loss masks beside
+// them, fsdp/data/loss_mask.h) is read as whole examples instead: sequence
+// i is example i mod n (pi_e(i mod n) with shuffle), one to a row, from its
+// first token: an example longer than T+1 tokens is cut to its first T+1
+// (the rest is never trained on), a shorter one padded. Targets the mask
+// does not cover, and padding, are -100 (the loss's ignore index); every
+// row starts at position 0 and attends to its own example alone. The
+// positions above count T tokens per row, so resuming works alike.
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -25,7 +35,8 @@ namespace fsdp::data {
 
 struct Batch {
   torch::Tensor inputs;   // (B, T) int64
-  torch::Tensor targets;  // (B, T) int64
+  torch::Tensor targets;  // (B, T) int64; -100 where nothing is trained (chat data)
+  int64_t trained_targets = 0;  // targets other than -100
 };
 
 struct LoaderOptions {
@@ -59,10 +70,18 @@ class DataLoader {
   size_t files() const { return stream_ ? stream_->files() : 0; }
   // The stream window sequence i reads (its first token's position).
   int64_t sequence_start(int64_t i) const;
+  // Chat data: the number of examples (0: a token stream), the longest,
+  // and how many are longer than one row (T+1 tokens) holds.
+  int64_t examples() const { return static_cast<int64_t>(example_starts_.size()); }
+  int64_t longest_example() const;
+  int64_t examples_longer_than_a_row() const;
 
  private:
-  void read_sequence(int64_t i, int64_t* out) const;
+  void read_sequence(int64_t i, int64_t* out, uint8_t* trained) const;
+  int64_t example_length(int64_t e) const;
   std::shared_ptr<TokenStream> stream_;
+  std::vector<uint8_t> mask_;             // chat data: the masks of the whole stream
+  std::vector<int64_t> example_starts_;  // chat data: where each example starts in the stream
   LoaderOptions o_;
   int64_t start_step_ = 0, start_tokens_ = 0;
 };

@@ -36,7 +36,10 @@ struct PrepareStats {
   int64_t bytes = 0;
   int train_files = 0;
   int val_files = 0;
-  int32_t separator = -1;  // the token before each document
+  int32_t separator = -1;  // the token before each document (none for chat data)
+  bool examples = false;   // chat data: examples with loss masks (fsdp/data/chat_data.h)
+  int64_t trained_tokens = 0;   // chat data: tokens the loss covers, both splits
+  int64_t longest_example = 0;  // chat data: in tokens
   std::string tokenizer;   // what was read
   std::string note;        // how the validation split was made, when not by the every-N rule
   bool split_txt = false;  // some .txt file was cut into several documents
@@ -47,7 +50,11 @@ struct PrepareStats {
 
 // Each document is a part of a .txt file (see txt_separator), the text
 // field of one .json file (the demo corpus's layout), or the text field of
-// each line of a .jsonl file.
+// each line of a .jsonl file. When the first record of the first .jsonl or
+// .json file is chat data (fsdp/data/chat_data.h), every record is, and
+// each is an example: its tokens under the chat template of
+// `tokenizer_dir`, without separators, with NAME.mask beside each token
+// file (fsdp/data/loss_mask.h), split every k-th example as documents are.
 // Documents are taken in sorted file order (lines in order), each preceded
 // by the tokenizer's document separator (<|endoftext|> for GPT-2 and Qwen,
 // <|begin_of_text|> for Llama 3); every k-th goes to val, k = round(1 / fraction). The

@@ -10,6 +10,7 @@
 // header.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,15 @@ class Tokenizer {
   // <|begin_of_text|>; Llama 2, Mistral: <s>), else its eos_token. Throws
   // when there is none.
   int32_t document_separator() const;
+  // Whether `id` is an added token marked special (<|im_end|>, <|eot_id|>,
+  // </s>): a control token, not text (<think> is not).
+  bool is_special(int32_t id) const;
+  // The tokens Hugging Face's add_special_tokens=True puts before a text
+  // (Llama's and Mistral's BOS; none for Qwen and GPT-2).
+  const std::vector<int32_t>& template_prefix() const;
+  // tokenizer_config.json's bos_token, eos_token, pad_token and unk_token
+  // that are set, by name (none for GPT-2's original files).
+  const std::map<std::string, std::string>& special_tokens() const;
   // What was read, for messages: "tokenizer.json in 'DIR'".
   const std::string& source() const;
 

@@ -27,6 +27,9 @@ struct TokenizerRecord {
   // False while `data prepare` writes the folder: a prepare that stopped
   // midway leaves a record no run trains past.
   bool complete = true;
+  // Chat data: each token file has its loss mask beside it
+  // (fsdp/data/loss_mask.h), and a run trains on whole examples.
+  bool examples = false;
 };
 
 // The record of a tokenizer. Two tokenizers with the same vocabulary (GPT-2's

@@ -1,0 +1,79 @@
+#pragma once
+// Chat and instruction data as training examples: a record's tokens under
+// the model's own chat template, and which of them the loss covers.
+// Light header: no LibTorch.
+//
+// Records (one JSON object each, as TRL's SFTTrainer reads them):
+//   {"messages": [{"role": ..., "content": ...}, ...]}  a conversation: the
+//       loss covers each assistant message;
+//   {"prompt": [...messages], "completion": [...messages]}  a conversational
+//       pair, and {"prompt": "...", "completion": "..."} a plain one: the
+//       loss covers the completion.
+// Optional "tools" and "chat_template_kwargs" (enable_thinking, ...) are
+// handed to the template, as transformers' apply_chat_template does.
+//
+// Where the loss starts and ends ([Note: where an answer's loss starts]):
+// - A pair (TRL's completion_only_loss): the prompt alone is tokenized
+//   (under the template with add_generation_prompt, or plain), then prompt
+//   and completion together; the loss starts where the two token lists
+//   part, and runs to the end. A plain pair gets the tokenizer's eos_token
+//   appended to its completion (unless it ends with it) and the tokens
+//   add_special_tokens puts before a text (Llama's BOS), as TRL does.
+// - A conversation: assistant message k's loss starts where the template's
+//   rendering of the messages before it, with add_generation_prompt, ends
+//   (that text must begin the whole conversation's rendering: what the model
+//   is trained to continue is what it sees when it generates), and runs
+//   through the first special token after that (<|im_end|>, <|eot_id|>,
+//   </s>) and the whitespace tokens that follow it.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/data/chat_template.h"
+#include "fsdp/data/tokenizer.h"
+
+namespace fsdp::data {
+
+struct Example {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;  // 1 where predicting the token counts in the loss
+};
+
+// Whether a JSON record is chat data (it has "messages", or "prompt" and
+// "completion") rather than a text field.
+bool is_chat_record(const nlohmann::ordered_json& record);
+
+class ChatEncoder {
+ public:
+  // The template of the tokenizer's directory (chat_template_source);
+  // throws when it has none or the renderer refuses it. Plain pairs need
+  // no template: `require_template` false leaves it unread.
+  ChatEncoder(const std::string& tokenizer_dir, const Tokenizer& tokenizer, bool require_template = true);
+  ~ChatEncoder();
+
+  // One record as an example, tokenized by `tokenizer` (a clone of the one
+  // given above, for another thread). Throws fsdp::Error starting with
+  // WHERE for a record that is not chat data of a kind above, a role the
+  // template does not know, and a template that raises.
+  Example encode(const nlohmann::ordered_json& record, const Tokenizer& tokenizer, const std::string& where) const;
+
+  // The template's text for MESSAGES (for `fsdp generate --chat`).
+  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  bool has_template() const { return template_ != nullptr; }
+
+ private:
+  nlohmann::ordered_json context(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& record) const;
+  std::unique_ptr<ChatTemplate> template_;
+  std::string template_where_;
+  nlohmann::ordered_json special_tokens_;  // bos_token, eos_token, ... by name
+  std::vector<int32_t> prefix_;            // the tokens add_special_tokens puts before a text
+  std::string eos_;
+};
+
+}  // namespace fsdp::data

@@ -1,0 +1,161 @@
+#include "fsdp/data/chat_data.h"
+
+#include <algorithm>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::data {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr const char* kRoles[] = {"system", "user", "assistant", "tool"};
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// A list of messages, checked: objects with a known role and string content
+// (an assistant's may be absent or null beside tool_calls).
+void check_messages(const Json& messages, const std::string& where, const std::string& field) {
+  FSDP_CHECK(messages.is_array() && !messages.empty(), where, ": \"", field,
+             "\" is not a non-empty list of messages ({\"role\": ..., \"content\": ...})");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    const std::string which = where + ": \"" + field + "\" message " + std::to_string(i + 1);
+    FSDP_CHECK(m.is_object(), which, " is not an object ({\"role\": ..., \"content\": ...})");
+    FSDP_CHECK(m.contains("role") && m["role"].is_string(), which, " has no string \"role\"");
+    const std::string role = m["role"].get<std::string>();
+    FSDP_CHECK(std::find(std::begin(kRoles), std::end(kRoles), role) != std::end(kRoles), which, " has the role '",
+               role, "'; expected one of system, user, assistant, tool");
+    const bool calls = role == "assistant" && m.contains("tool_calls");
+    FSDP_CHECK((m.contains("content") && m["content"].is_string()) ||
+                   (calls && (!m.contains("content") || m["content"].is_null())),
+               which, " (", role, ") has no string \"content\"");
+  }
+}
+
+}  // namespace
+
+bool is_chat_record(const Json& record) {
+  return record.is_object() && (record.contains("messages") || (record.contains("prompt") && record.contains("completion")));
+}
+
+ChatEncoder::ChatEncoder(const std::string& tokenizer_dir, const Tokenizer& tokenizer, bool require_template)
+    : prefix_(tokenizer.template_prefix()) {
+  for (const auto& [name, token] : tokenizer.special_tokens()) special_tokens_[name] = token;
+  if (auto eos = tokenizer.special_tokens().find("eos_token"); eos != tokenizer.special_tokens().end()) {
+    eos_ = eos->second;
+  }
+  const auto source = chat_template_source(tokenizer_dir);
+  if (!source) {
+    FSDP_CHECK(!require_template, "'", tokenizer_dir, "' has no chat template (chat_template.jinja, or ",
+               "tokenizer_config.json's \"chat_template\"), which conversations are rendered with; use the model's ",
+               "own Hugging Face directory as --tokenizer");
+    return;
+  }
+  template_where_ = "the chat template of '" + tokenizer_dir + "'";
+  try {
+    template_ = std::make_unique<ChatTemplate>(*source);
+  } catch (const Error& e) {
+    throw Error(template_where_ + " cannot be rendered by fsdp.cpp: " + e.what());
+  }
+}
+
+ChatEncoder::~ChatEncoder() = default;
+
+Json ChatEncoder::context(const Json& messages, bool add_generation_prompt, const Json& record) const {
+  Json c = special_tokens_.is_null() ? Json::object() : special_tokens_;
+  c["messages"] = messages;
+  c["tools"] = record.contains("tools") ? record["tools"] : Json();
+  c["add_generation_prompt"] = add_generation_prompt;
+  if (record.contains("chat_template_kwargs") && record["chat_template_kwargs"].is_object()) {
+    for (const auto& [key, value] : record["chat_template_kwargs"].items()) c[key] = value;
+  }
+  return c;
+}
+
+std::string ChatEncoder::render(const Json& messages, bool add_generation_prompt, const Json& extra) const {
+  FSDP_CHECK(template_ != nullptr, "no chat template to render the conversation with");
+  Json record = Json::object();
+  if (!extra.is_null()) record["chat_template_kwargs"] = extra;
+  return template_->render(context(messages, add_generation_prompt, record));
+}
+
+Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, const std::string& where) const {
+  FSDP_CHECK(is_chat_record(record), where, ": expected chat data: {\"messages\": [...]} or {\"prompt\": ..., ",
+             "\"completion\": ...}");
+  const auto rendered = [&](const Json& messages, bool add_generation_prompt) {
+    FSDP_CHECK(template_ != nullptr, where, ": conversations need a chat template, and the tokenizer has none");
+    try {
+      return template_->render(context(messages, add_generation_prompt, record));
+    } catch (const Error& e) {
+      throw Error(where + ": " + template_where_ + ": " + e.what());
+    }
+  };
+  Example out;
+  if (record.contains("messages")) {
+    const Json& messages = record["messages"];
+    check_messages(messages, where, "messages");
+    const std::string whole = rendered(messages, false);
+    out.tokens = tokenizer.encode(whole);
+    out.trained.assign(out.tokens.size(), 0);
+    bool any = false;
+    for (size_t k = 0; k < messages.size(); ++k) {
+      if (messages[k]["role"] != "assistant") continue;
+      any = true;
+      const Json before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(k));
+      const std::string prompt = before.empty() ? std::string() : rendered(before, true);
+      FSDP_CHECK(whole.compare(0, prompt.size(), prompt) == 0, where, ": message ", k + 1,
+                 " (assistant): the chat template renders the messages before it, with add_generation_prompt, "
+                 "into a text that does not begin the whole conversation's, so what the model would be trained ",
+                 "to continue is not what it sees when it generates; split the conversation at this message");
+      size_t end = common_prefix(tokenizer.encode(prompt), out.tokens);
+      const size_t start = end;
+      while (end < out.tokens.size() && !tokenizer.is_special(out.tokens[end])) ++end;
+      if (end < out.tokens.size()) ++end;
+      while (end < out.tokens.size() && !tokenizer.is_special(out.tokens[end])) {
+        const std::string text = tokenizer.decode({out.tokens[end]});
+        if (text.empty() || text.find_first_not_of(" \t\r\n") != std::string::npos) break;
+        ++end;
+      }
+      std::fill(out.trained.begin() + static_cast<std::ptrdiff_t>(start),
+                out.trained.begin() + static_cast<std::ptrdiff_t>(end), uint8_t{1});
+    }
+    FSDP_CHECK(any, where, ": the conversation has no assistant message, so nothing in it would be trained");
+    return out;
+  }
+  const Json& prompt = record["prompt"];
+  const Json& completion = record["completion"];
+  std::vector<int32_t> prompt_tokens;
+  if (prompt.is_string() && completion.is_string()) {
+    std::string answer = completion.get<std::string>();
+    if (!eos_.empty() && (answer.size() < eos_.size() || answer.compare(answer.size() - eos_.size(), eos_.size(), eos_) != 0)) {
+      answer += eos_;
+    }
+    prompt_tokens = prefix_;
+    const auto p = tokenizer.encode(prompt.get<std::string>());
+    prompt_tokens.insert(prompt_tokens.end(), p.begin(), p.end());
+    out.tokens = prefix_;
+    const auto all = tokenizer.encode(prompt.get<std::string>() + answer);
+    out.tokens.insert(out.tokens.end(), all.begin(), all.end());
+  } else if (prompt.is_array() && completion.is_array()) {
+    check_messages(prompt, where, "prompt");
+    check_messages(completion, where, "completion");
+    Json both = prompt;
+    for (const auto& m : completion) both.push_back(m);
+    prompt_tokens = tokenizer.encode(rendered(prompt, true));
+    out.tokens = tokenizer.encode(rendered(both, false));
+  } else {
+    throw Error(where + ": \"prompt\" and \"completion\" are expected both strings or both lists of messages, not a " +
+                prompt.type_name() + " and a " + completion.type_name());
+  }
+  const size_t start = common_prefix(prompt_tokens, out.tokens);
+  out.trained.assign(out.tokens.size(), 0);
+  std::fill(out.trained.begin() + static_cast<std::ptrdiff_t>(start), out.trained.end(), uint8_t{1});
+  return out;
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,138 @@
+"""Supervised fine-tuning against TRL's SFTTrainer (tests/reference/trl_sft.py).
+
+The same tiny Qwen3 directory (hf_models' shape with the real Qwen3
+tokenizer and chat template, data/qwen3), the same records, batch 1 per
+rank, accumulation 2, file order, fp32, AdamW at a constant rate, clipping
+at 1:
+- `fsdp data prepare` writes, example by example, TRL's input_ids, and a
+  loss mask that is TRL's completion_mask (conversational pairs under the
+  chat template, and plain-text pairs with the EOS appended). A
+  conversation of one question and its answer ({"messages": [...]}) is
+  masked as the same pair is.
+- `fsdp train` on them (one example a row, the loss on the completions,
+  averaged over every trained token of every rank and micro-step) makes
+  TRL's per-step losses within LOSS_BOUND at W = 1 and W = 2.
+"""
+import argparse
+import json
+import os
+import shutil
+
+import numpy as np
+import torch
+import transformers
+
+import harness
+import hf_models
+import token_files
+
+LOSS_BOUND = 1e-5
+STEPS = 4
+SETTINGS = ["--steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2", "--seq-len", "128", "--lr", "1e-3",
+            "--lr-schedule", "constant", "--warmup-steps", "0", "--weight-decay", "0", "--beta1", "0.9", "--beta2",
+            "0.999", "--eps", "1e-8", "--grad-clip", "1.0", "--precision", "fp32", "--log-every", "1",
+            "--tensorboard=false", "--sample-tokens", "0"]
+
+QUESTIONS = ["What is the capital of France?", "Name a prime number above 10.", "Translate 'cat' into German.",
+             "How many legs has a spider?", "Say hello.", "What colour is the sky on a clear day?",
+             "Give me a word that rhymes with tree.", "What is 12 times 12?"]
+ANSWERS = ["Paris.", "Thirteen is one.", "Katze.", "Eight.", "Hello!", "Blue, mostly.",
+           "Bee, or sea, or free.", "144."]
+
+
+def conversational_pairs():
+    out = []
+    for k, (q, a) in enumerate(zip(QUESTIONS * 2, ANSWERS * 2)):
+        prompt = ([{"role": "system", "content": "You answer in one line."}] if k % 3 == 0 else []) + \
+                 [{"role": "user", "content": q if k < 8 else q + " Please."}]
+        out.append({"prompt": prompt, "completion": [{"role": "assistant", "content": a}]})
+    return out
+
+
+def plain_pairs():
+    return [{"prompt": f"Question: {q}\nAnswer:", "completion": f" {a}"} for q, a in zip(QUESTIONS * 2, ANSWERS * 2)]
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def prepared(args, records, work, name, directory):
+    """The examples `fsdp data prepare` makes of RECORDS: (tokens, mask) each."""
+    data = os.path.join(work, name + ".jsonl")
+    write_jsonl(data, records)
+    out = os.path.join(work, name + "-tokens")
+    harness.run([args.fsdp, "data", "prepare", "--input", data, "--out-dir", out, "--tokenizer", directory,
+                 "--val-fraction", "0"])
+    tokens = token_files.read(os.path.join(out, "train.bin"))
+    mask = np.fromfile(os.path.join(out, "train.mask"), dtype=np.uint8, offset=1024)
+    starts = list(np.flatnonzero(mask & 2)) + [len(tokens)]
+    examples = [(tokens[a:b].tolist(), (mask[a:b] & 1).tolist()) for a, b in zip(starts, starts[1:])]
+    return data, os.path.join(out, "train.bin"), examples
+
+
+def run_trl(directory, data, world, work):
+    out = os.path.join(work, "trl.json")
+    harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+                 os.path.join(os.path.dirname(__file__), "trl_sft.py"), "--model", directory, "--data", data,
+                 "--out", out, "--work", os.path.join(work, "trl-run"), "--steps", str(STEPS)])
+    return json.load(open(out))
+
+
+def run_fsdp(args, directory, tokens, world, work):
+    out = os.path.join(work, "fsdp-run")
+    harness.run([args.fsdp, "launch", "-n", str(world), "--", args.fsdp, "train", "--init-from", directory,
+                 "--data", tokens, "--out-dir", out] + SETTINGS)
+    lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
+
+
+def main():
+    args = harness.parse_args(__doc__)
+    work = harness.work_dir(args)
+    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
+    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
+        raise SystemExit(77)
+    directory = os.path.join(work, "qwen3")
+    config = hf_models.config("qwen3")
+    config.vocab_size = 151936  # Qwen3's own: every id of its tokenizer
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), directory)
+
+    # One question and its answer as a conversation: masked as the pair is.
+    pairs = conversational_pairs()
+    _, _, as_pairs = prepared(args, pairs[:3], work, "pairs3", directory)
+    _, _, as_messages = prepared(args, [{"messages": p["prompt"] + p["completion"]} for p in pairs[:3]], work,
+                                 "messages3", directory)
+    harness.check("conversations of one answer: examples (tokens, mask) unlike the same pairs'",
+                  sum(a != b for a, b in zip(as_pairs, as_messages)), 0)
+
+    cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
+    for name, records, worlds in cases:
+        data, tokens, ours = prepared(args, records, work, name.replace(" ", "-"), directory)
+        for world in worlds:
+            case_work = os.path.join(work, f"{name.replace(' ', '-')}-w{world}")
+            theirs = run_trl(directory, data, world, case_work)
+            if world == worlds[0]:
+                expected = [(t["input_ids"], t["completion_mask"]) for t in theirs["tokenized"]]
+                harness.check(f"{name}: examples whose tokens differ from TRL's input_ids",
+                              sum(a[0] != b[0] for a, b in zip(ours, expected)) + abs(len(ours) - len(expected)), 0)
+                harness.check(f"{name}: examples whose loss mask differs from TRL's completion_mask",
+                              sum(a[1] != b[1] for a, b in zip(ours, expected)), 0)
+            losses = np.array(run_fsdp(args, directory, tokens, world, case_work))
+            reference = np.array(theirs["losses"])
+            if len(losses) != STEPS or len(reference) != STEPS:
+                harness.fail(f"{name} W={world}: expected {STEPS} losses, got {len(losses)} (fsdp) and "
+                             f"{len(reference)} (TRL)")
+            print(f"{name} W={world}: TRL {np.round(reference, 6).tolist()}, fsdp {np.round(losses, 6).tolist()}")
+            harness.check(f"{name} W={world}: largest relative loss difference from TRL",
+                          float((np.abs(losses - reference) / np.abs(reference)).max()), LOSS_BOUND)
+
+
+if __name__ == "__main__":
+    main()

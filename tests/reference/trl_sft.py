@@ -1,0 +1,60 @@
+"""TRL's SFTTrainer, run as a careful user would for an exact comparison:
+`python -m torch.distributed.run --nproc-per-node W trl_sft.py --model DIR
+--data FILE.jsonl --out LOSSES.json --steps N ...`. Batch 1 per rank, the
+data in file order (train_sampling_strategy="sequential"), fp32, AdamW with
+a constant learning rate; the per-step training losses (TRL's log: the
+mean over every rank's trained tokens) go to LOSSES.json on rank 0, and the
+tokenized dataset (input_ids, completion_mask) beside it.
+"""
+import argparse
+import json
+import os
+
+import datasets
+import torch
+import transformers
+import trl
+
+
+class Losses(transformers.TrainerCallback):
+    def __init__(self):
+        self.losses = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    for name in ("--model", "--data", "--out", "--work"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--grad-accum", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    dataset = datasets.load_dataset("json", data_files=args.data, split="train")
+    config = trl.SFTConfig(
+        output_dir=args.work, per_device_train_batch_size=1, gradient_accumulation_steps=args.grad_accum,
+        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
+        save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
+        packing=False, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    losses = Losses()
+    trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[losses])
+    trainer.train()
+    if int(os.environ.get("RANK", "0")) == 0:
+        # The completion mask is folded into the labels (-100 outside it).
+        tokenized = [{"input_ids": list(map(int, row["input_ids"])),
+                      "completion_mask": [int(label != -100) for label in row["labels"]]}
+                     for row in trainer.train_dataset]
+        with open(args.out, "w") as f:
+            json.dump({"losses": losses.losses, "tokenized": tokenized}, f)
+
+
+if __name__ == "__main__":
+    main()
