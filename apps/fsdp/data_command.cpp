@@ -85,6 +85,13 @@ void add_data_command(CLI::App& app, int& exit_code) {
                   "masks in .mask files beside the token files); the longest example has %lld tokens\n",
                   s.tokenizer.c_str(), static_cast<long long>(s.trained_tokens),
                   static_cast<long long>(s.train_tokens + s.val_tokens), static_cast<long long>(s.longest_example));
+      if (s.answers_left_out > 0) {
+        std::printf("data prepare: note: %lld assistant message%s left out of the loss: the chat template renders "
+                    "what precedes %s differently when the model generates %s (Mistral's tools go before the last "
+                    "user message only)\n",
+                    static_cast<long long>(s.answers_left_out), s.answers_left_out == 1 ? " is" : "s are",
+                    s.answers_left_out == 1 ? "it" : "them", s.answers_left_out == 1 ? "it" : "them");
+      }
     } else {
       std::printf("data prepare: tokenizer %s; documents start with token %d\n", s.tokenizer.c_str(), s.separator);
     }

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error.h"
+#include "fsdp/data/chat_data.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/train/generate.h"
@@ -39,15 +40,19 @@ void check_tokenizer_fits(const data::Tokenizer& tokenizer, int64_t model_vocab,
 
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
-    std::string from, prompt = "\n", tokenizer;
-    bool ignore_eos = false;
+    std::string from, prompt = "\n", tokenizer, system;
+    bool ignore_eos = false, chat = false;
     std::vector<std::string> stop;
     train::SampleOptions sample;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand("generate", "sample text from a Hugging Face model directory");
   cmd->add_option("--from", f->from, "Hugging Face directory (config.json + model.safetensors)")->required();
-  cmd->add_option("--prompt", f->prompt, "text to continue");
+  cmd->add_option("--prompt", f->prompt, "text to continue (with --chat: the user's message)");
+  cmd->add_flag("--chat", f->chat,
+                "the prompt is a user's message: rendered with the model's chat template (chat_template.jinja or "
+                "tokenizer_config.json's, as apply_chat_template with add_generation_prompt), the reply generated");
+  cmd->add_option("--system", f->system, "with --chat: a system message before the user's");
   // CLI::NonNegativeNumber's message prints DBL_MAX in full, 309 digits.
   const CLI::Validator non_negative(
       [](std::string& v) { return std::strtod(v.c_str(), nullptr) >= 0 ? "" : "expected 0 or more, got " + v; },
@@ -107,7 +112,18 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     }
     const bool implicit_default = f->tokenizer.empty() && !data::has_tokenizer(f->from);
     check_tokenizer_fits(*tokenizer, model->vocab_size(), f->from, implicit_default);
-    auto prompt = tokenizer->encode(f->prompt);
+    std::string prompt_text = f->prompt;
+    FSDP_CHECK(f->chat || f->system.empty(), "--system needs --chat (it is a message of the conversation)");
+    if (f->chat) {
+      // The model directory's template (an export carries it), else the tokenizer's.
+      const std::string template_dir = data::chat_template_source(f->from) ? f->from : tokenizer_dir;
+      const data::ChatEncoder chat(template_dir, *tokenizer);
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!f->system.empty()) messages.push_back({{"role", "system"}, {"content", f->system}});
+      messages.push_back({{"role", "user"}, {"content", f->prompt}});
+      prompt_text = chat.render(messages, /*add_generation_prompt=*/true);
+    }
+    auto prompt = tokenizer->encode(prompt_text);
     if (prompt.empty()) prompt.push_back(tokenizer->document_separator());
     for (const int32_t id : prompt) {
       FSDP_CHECK(id < model->vocab_size(), "--prompt encodes to token ", id, ", outside the vocabulary of ",
@@ -132,7 +148,8 @@ void add_generate_command(CLI::App& app, int& exit_code) {
     }
     const auto ids = train::generate(model, prompt, f->sample);
     // fwrite: a byte-fallback token may decode to a NUL byte.
-    const std::string text = f->prompt + tokenizer->decode_continuation(prompt, ids) + "\n";
+    // With --chat the reply alone: the rendered prompt is the template's markup.
+    const std::string text = (f->chat ? "" : f->prompt) + tokenizer->decode_continuation(prompt, ids) + "\n";
     std::fwrite(text.data(), 1, text.size(), stdout);
     exit_code = 0;
   });

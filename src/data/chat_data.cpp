@@ -108,10 +108,13 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
       any = true;
       const Json before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(k));
       const std::string prompt = before.empty() ? std::string() : rendered(before, true);
-      FSDP_CHECK(whole.compare(0, prompt.size(), prompt) == 0, where, ": message ", k + 1,
-                 " (assistant): the chat template renders the messages before it, with add_generation_prompt, "
-                 "into a text that does not begin the whole conversation's, so what the model would be trained ",
-                 "to continue is not what it sees when it generates; split the conversation at this message");
+      if (whole.compare(0, prompt.size(), prompt) != 0) {
+        // What precedes this answer in the whole conversation is not what
+        // the model sees when it generates it (Mistral's tools go before
+        // the last user message only): the answer is left out of the loss.
+        ++out.answers_left_out;
+        continue;
+      }
       size_t end = common_prefix(tokenizer.encode(prompt), out.tokens);
       const size_t start = end;
       while (end < out.tokens.size() && !tokenizer.is_special(out.tokens[end])) ++end;
@@ -125,6 +128,12 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
                 out.trained.begin() + static_cast<std::ptrdiff_t>(end), uint8_t{1});
     }
     FSDP_CHECK(any, where, ": the conversation has no assistant message, so nothing in it would be trained");
+    FSDP_CHECK(out.answers_left_out < static_cast<int64_t>(std::count_if(messages.begin(), messages.end(), [](const Json& m) {
+                 return m["role"] == "assistant";
+               })),
+               where, ": the chat template renders the messages before each assistant message, with "
+               "add_generation_prompt, into a text that does not begin the whole conversation's, so no answer can be "
+               "trained on the context the model sees when it generates it");
     return out;
   }
   const Json& prompt = record["prompt"];

@@ -363,7 +363,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
                                 static_cast<int>(count)));
   std::vector<std::vector<int32_t>> encoded(count);
   std::vector<std::vector<uint8_t>> trained(chat ? count : 0);
-  std::atomic<int64_t> done{0}, done_bytes{0};
+  std::atomic<int64_t> done{0}, done_bytes{0}, answers_left_out{0};
   std::vector<std::thread> pool;
   std::exception_ptr failure;
   std::atomic<bool> failed{false};
@@ -377,6 +377,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
             Example example = chat_encoder->encode(records[i].value, *own, records[i].where);
             encoded[i] = std::move(example.tokens);
             trained[i] = std::move(example.trained);
+            answers_left_out += example.answers_left_out;
             done_bytes += records[i].bytes;
           } else {
             try {
@@ -494,6 +495,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
   stats.separator = chat ? -1 : separator;
+  stats.answers_left_out = answers_left_out;
   for (size_t i = 0; i < trained.size(); ++i) {
     stats.trained_tokens += std::count(trained[i].begin(), trained[i].end(), uint8_t{1});
     stats.longest_example = std::max<int64_t>(stats.longest_example, static_cast<int64_t>(trained[i].size()));

@@ -21,10 +21,13 @@
 //   add_special_tokens puts before a text (Llama's BOS), as TRL does.
 // - A conversation: assistant message k's loss starts where the template's
 //   rendering of the messages before it, with add_generation_prompt, ends
-//   (that text must begin the whole conversation's rendering: what the model
-//   is trained to continue is what it sees when it generates), and runs
+//   (when that text does not begin the whole conversation's rendering, as
+//   Mistral's tools, written before the last user message only, make
+//   earlier answers, the answer is left out of the loss: the model is
+//   trained to continue only what it sees when it generates), and runs
 //   through the first special token after that (<|im_end|>, <|eot_id|>,
-//   </s>) and the whitespace tokens that follow it.
+//   </s>) and the whitespace tokens that follow it. A conversation none
+//   of whose answers can be trained is refused.
 
 #include <cstdint>
 #include <memory>
@@ -41,6 +44,9 @@ namespace fsdp::data {
 struct Example {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> trained;  // 1 where predicting the token counts in the loss
+  // Assistant messages the loss leaves out: the template renders what
+  // precedes them otherwise when it generates them (see below).
+  int64_t answers_left_out = 0;
 };
 
 // Whether a JSON record is chat data (it has "messages", or "prompt" and

@@ -40,6 +40,7 @@ struct PrepareStats {
   bool examples = false;   // chat data: examples with loss masks (fsdp/data/chat_data.h)
   int64_t trained_tokens = 0;   // chat data: tokens the loss covers, both splits
   int64_t longest_example = 0;  // chat data: in tokens
+  int64_t answers_left_out = 0; // chat data: assistant messages outside the loss (fsdp/data/chat_data.h)
   std::string tokenizer;   // what was read
   std::string note;        // how the validation split was made, when not by the every-N rule
   bool split_txt = false;  // some .txt file was cut into several documents

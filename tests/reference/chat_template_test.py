@@ -1,0 +1,173 @@
+"""fsdp's chat templates against transformers' apply_chat_template, on each
+supported family's real template (data/, scripts/fetch_data.sh): Qwen3's
+(thinking blocks, tools), Llama 3's and Llama 3.2 Instruct's (the date, a
+system message taken out, tools in the first user message) and Mistral
+Nemo's (alternation checked by raise_exception, tools, tool-call ids).
+For each conversation (one message; a system prompt; several turns; an
+answer with reasoning; a tool call and its result) with and without
+add_generation_prompt, with and without tools, and with
+enable_thinking=False, `fsdp data encode --chat` gives
+apply_chat_template(tokenize=True)'s ids, and refuses what it refuses.
+Then bad data and templates outside the subset are refused by `fsdp data
+prepare`, naming the line and the construct.
+"""
+import json
+import os
+import subprocess
+
+import transformers
+
+import harness
+import token_files
+
+FAMILIES = ("qwen3", "llama3", "llama3_2", "mistral_nemo")
+
+CONVERSATIONS = {
+    "one message": [{"role": "user", "content": "hi"}],
+    "system prompt": [{"role": "system", "content": "Be brief.  "}, {"role": "user", "content": " What is 2+2?\n"}],
+    "multi-turn": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                   {"role": "user", "content": "c"}, {"role": "assistant", "content": "d\n"}],
+    "reasoning": [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
+                  {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nans1"},
+                  {"role": "user", "content": "q2 日本語 👋"},
+                  {"role": "assistant", "content": "<think>\nr2\n</think>\n\nans2"}],
+    "reasoning field": [{"role": "user", "content": "x"},
+                        {"role": "assistant", "content": "y", "reasoning_content": "because"}],
+    "tool call": [{"role": "user", "content": "weather?"},
+                  {"role": "assistant", "content": "", "tool_calls": [
+                      {"id": "abcdefghi", "type": "function",
+                       "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+                  {"role": "tool", "tool_call_id": "abcdefghi", "content": "sunny"},
+                  {"role": "assistant", "content": "It is sunny."}],
+    "not alternating": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather \"now\"",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+def ours(args, directory, record, generation_prompt):
+    command = [args.fsdp, "data", "encode", "--chat", "--tokenizer", directory]
+    if generation_prompt:
+        command.append("--add-generation-prompt")
+    result = subprocess.run(command, input=json.dumps(record), capture_output=True, text=True)
+    if result.returncode != 0:
+        return "refused", result.stderr
+    return [int(x) for x in result.stdout.strip().split(",") if x], ""
+
+
+def theirs(tokenizer, messages, generation_prompt, tools, kwargs):
+    try:
+        out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                            tools=tools, **kwargs)
+    except Exception as e:  # the template's raise_exception
+        return "refused", str(e)
+    ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+    return list(ids), ""
+
+
+def refused(args, work, name, lines, expected, directory):
+    """`fsdp data prepare` of LINES exits 1 with every string of EXPECTED in its message."""
+    data = os.path.join(work, name + ".jsonl")
+    with open(data, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    result = subprocess.run([args.fsdp, "data", "prepare", "--input", data, "--out-dir", os.path.join(work, name),
+                             "--tokenizer", directory], capture_output=True, text=True)
+    message = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+    if result.returncode != 1 or not all(e in message for e in expected):
+        harness.fail(f"{name}: expected exit 1 naming {expected}, got {result.returncode}: {result.stderr}")
+    print(f"{name}: refused: {message}")
+
+
+def main():
+    args = harness.parse_args(__doc__)
+    work = harness.work_dir(args)
+    data = os.path.join(harness.SOURCE_DIR, "data")
+    missing = [f for f in FAMILIES if not os.path.isfile(os.path.join(data, f, "tokenizer_config.json"))]
+    if missing:
+        print(f"SKIP: data/{missing[0]} is missing (scripts/fetch_data.sh fetches it)")
+        raise SystemExit(77)
+    compared = 0
+    for family in FAMILIES:
+        directory = os.path.join(data, family)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+        agreed = refusals = 0
+        for name, messages in CONVERSATIONS.items():
+            for generation_prompt in (False, True):
+                for tools in (None, TOOLS):
+                    for kwargs in ({}, {"enable_thinking": False}):
+                        record = {"messages": messages, "chat_template_kwargs": kwargs}
+                        if tools:
+                            record["tools"] = tools
+                        expected, why = theirs(tokenizer, messages, generation_prompt, tools, kwargs)
+                        if tools:
+                            # data encode --chat renders without tools: only prepare reads a record's.
+                            continue
+                        got, message = ours(args, directory, record, generation_prompt)
+                        case = f"{family}, {name}, add_generation_prompt={generation_prompt}, {kwargs or 'no kwargs'}"
+                        if got != expected:
+                            harness.fail(f"{case}: fsdp {got} {message.strip()}\n  transformers {expected} {why}")
+                        if got == "refused":
+                            # The template's own words reach the user.
+                            if why.split(":")[-1].strip()[:40] not in message:
+                                harness.fail(f"{case}: fsdp's refusal does not carry the template's message "
+                                             f"'{why}': {message}")
+                            refusals += 1
+                        agreed += 1
+        compared += agreed
+        print(f"{family}: {agreed} renderings equal apply_chat_template's ids ({refusals} refused by both)")
+
+    # Tools reach the template through prepare's records: the examples'
+    # tokens are apply_chat_template's with the same tools.
+    for family in ("qwen3", "llama3_2", "mistral_nemo"):
+        directory = os.path.join(data, family)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+        records = [{"messages": CONVERSATIONS[n], "tools": TOOLS} for n in ("tool call", "multi-turn")]
+        path = os.path.join(work, family + "-tools.jsonl")
+        with open(path, "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        out = os.path.join(work, family + "-tools")
+        said = harness.run([args.fsdp, "data", "prepare", "--input", path, "--out-dir", out, "--tokenizer", directory,
+                            "--val-fraction", "0"]).stdout
+        if family == "mistral_nemo" and "1 assistant message is left out of the loss" not in said:
+            harness.fail(f"mistral_nemo: the first answer of a multi-turn conversation with tools (the tools go "
+                         f"before the last user message only) is not reported left out of the loss:\n{said}")
+        tokens = token_files.read(os.path.join(out, "train.bin")).tolist()
+        expected = []
+        for r in records:
+            expected += theirs(tokenizer, r["messages"], False, TOOLS, {})[0]
+        harness.check(f"{family}: tokens of examples with tools unlike apply_chat_template's",
+                      int(tokens != expected), 0)
+
+    directory = os.path.join(data, "qwen3")
+    refused(args, work, "unknown-role",
+            ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+             '{"messages": [{"role": "bot", "content": "a"}]}'],
+            ["line 2", "'bot'", "system, user, assistant, tool"], directory)
+    refused(args, work, "no-role", ['{"messages": [{"content": "a"}, {"role": "assistant", "content": "b"}]}'],
+            ["line 1", "message 1", "\"role\""], directory)
+    refused(args, work, "no-answer", ['{"messages": [{"role": "user", "content": "a"}]}'],
+            ["line 1", "no assistant message"], directory)
+    refused(args, work, "mixed-kinds",
+            ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+             '{"text": "plain"}'], ["line 2", "one kind"], directory)
+    for name, construct, template in (
+            ("macro", "the statement 'macro'", "{% macro greet(x) %}{{ x }}{% endmacro %}{{ greet(messages) }}"),
+            ("filter", "the filter 'wordcount'", "{{ messages[0].content | wordcount }}"),
+            ("unclosed", "'if' is never closed", "{% for m in messages %}{{ m.content }}{% endfor %}{% if x %}")):
+        custom = os.path.join(work, "template-" + name)
+        os.makedirs(custom, exist_ok=True)
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(directory, file)) as src, open(os.path.join(custom, file), "w") as dst:
+                dst.write(src.read())
+        with open(os.path.join(custom, "chat_template.jinja"), "w") as f:
+            f.write(template)
+        refused(args, work, "template-" + name,
+                ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'],
+                ["chat template", "line 1", construct], custom)
+    print(f"{compared} renderings compared")
+
+
+if __name__ == "__main__":
+    main()
