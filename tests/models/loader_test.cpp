@@ -8,6 +8,8 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/data/loader.h"
+#include "fsdp/data/loss_mask.h"
+#include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data {
 namespace {
@@ -214,6 +216,86 @@ TEST(DataOrder, DirectoriesAndEmptyGlobsAreNamed) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("matches no file"), std::string::npos) << e.what();
+  }
+}
+
+// Chat data as `data prepare` writes it: EXAMPLES (token lists) with the
+// trained flags TRAINED, in a folder with the record that says so.
+std::string example_files(const std::string& name, const std::vector<std::vector<int32_t>>& examples,
+                          const std::vector<std::vector<uint8_t>>& trained) {
+  const auto dir = "/tmp/fsdp-loader-" + std::to_string(::getpid()) + "-" + name;
+  std::filesystem::create_directories(dir);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (size_t e = 0; e < examples.size(); ++e) {
+    for (size_t k = 0; k < examples[e].size(); ++k) {
+      tokens.push_back(examples[e][k]);
+      mask.push_back(static_cast<uint8_t>((trained[e][k] ? kMaskTrained : 0) | (k == 0 ? kMaskExampleStart : 0)));
+    }
+  }
+  write_token_file(dir + "/train.bin", tokens);
+  write_loss_mask_file(dir + "/train.mask", mask);
+  TokenizerRecord record{"test", 100, "0", 0};
+  record.files = {"train.bin"};
+  record.examples = true;
+  write_tokenizer_record(dir, record);
+  return dir + "/train.bin";
+}
+
+TEST(ChatExamples, EachRowIsOneExampleFromItsStartPaddedOrCutWithUntrainedTargetsIgnored) {
+  // Three examples: 4 tokens (the last two trained), 9 (all trained), 2.
+  const auto path = example_files("rows", {{10, 11, 12, 13}, {20, 21, 22, 23, 24, 25, 26, 27, 28}, {30, 31}},
+                                  {{0, 0, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1}, {0, 1}});
+  const int64_t T = 5;
+  auto loader = make(path, 1, T, 0, 1, 1, 100, 0);
+  EXPECT_EQ(loader.examples(), 3);
+  EXPECT_EQ(loader.longest_example(), 9);
+  EXPECT_EQ(loader.examples_longer_than_a_row(), 1);  // 9 > T + 1
+  const std::vector<std::vector<int64_t>> inputs = {{10, 11, 12, 13, 0}, {20, 21, 22, 23, 24}, {30, 31, 0, 0, 0},
+                                                    {10, 11, 12, 13, 0}};
+  // Target k is token k + 1, counted when that token is trained.
+  const std::vector<std::vector<int64_t>> targets = {
+      {-100, 12, 13, -100, -100}, {21, 22, 23, 24, 25}, {31, -100, -100, -100, -100}, {-100, 12, 13, -100, -100}};
+  const std::vector<int64_t> counted = {2, 5, 1, 2};
+  for (int64_t step = 0; step < 4; ++step) {  // the fourth wraps to the first example
+    const auto b = loader.batch(step, 0);
+    EXPECT_TRUE(b.inputs.equal(torch::tensor(inputs[static_cast<size_t>(step)]).unsqueeze(0))) << "step " << step;
+    EXPECT_TRUE(b.targets.equal(torch::tensor(targets[static_cast<size_t>(step)]).unsqueeze(0)))
+        << "step " << step << ": " << b.targets;
+    EXPECT_EQ(b.trained_targets, counted[static_cast<size_t>(step)]) << "step " << step;
+  }
+}
+
+TEST(ChatExamples, TwoRanksReadWhatOneReadsAndShuffleVisitsEveryExampleOncePerEpoch) {
+  std::vector<std::vector<int32_t>> examples;
+  std::vector<std::vector<uint8_t>> trained;
+  for (int32_t e = 0; e < 7; ++e) {
+    examples.push_back({e, static_cast<int32_t>(e + 50), static_cast<int32_t>(e + 60)});
+    trained.push_back({0, 1, static_cast<uint8_t>(e % 2)});
+  }
+  const auto path = example_files("order", examples, trained);
+  for (const bool shuffle : {false, true}) {
+    auto one = make(path, 2, 4, 0, 1, 1, 100, 3, shuffle);
+    auto r0 = make(path, 1, 4, 0, 2, 1, 100, 3, shuffle), r1 = make(path, 1, 4, 1, 2, 1, 100, 3, shuffle);
+    std::multiset<int64_t> seen;
+    for (int64_t step = 0; step < 7; ++step) {  // 14 rows: two epochs of 7
+      const auto whole = one.batch(step, 0);
+      EXPECT_TRUE(torch::cat({r0.batch(step, 0).targets, r1.batch(step, 0).targets}).equal(whole.targets));
+      for (int64_t b = 0; b < 2; ++b) seen.insert(whole.inputs[b][0].item<int64_t>());
+    }
+    for (int64_t e = 0; e < 7; ++e) EXPECT_EQ(seen.count(e), 2u) << "example " << e << " shuffle " << shuffle;
+  }
+}
+
+TEST(ChatExamples, AMaskFromAnotherPrepareIsRefusedNamingIt) {
+  const auto path = example_files("stale", {{1, 2, 3}, {4, 5}}, {{0, 1, 1}, {1, 1}});
+  write_loss_mask_file(loss_mask_path(path), {kMaskExampleStart, 1, 1});  // 3 bytes for 5 tokens
+  try {
+    make(path, 1, 4, 0, 1, 1, 100, 0);
+    FAIL() << "a mask of another length was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.mask' masks 3 tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds 5"), std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,92 @@
+// The chat-template renderer on the semantics the families' templates rely
+// on, each value written by hand from Jinja's and Python's rules (the
+// families' own templates are compared with transformers in
+// tests/reference/chat_template_test.py).
+
+#include <gtest/gtest.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/data/chat_template.h"
+
+namespace fsdp::data {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string render(const std::string& source, const Json& context = Json::object()) {
+  return ChatTemplate(source).render(context);
+}
+
+std::string refusal(const std::string& source, const Json& context = Json::object()) {
+  try {
+    render(source, context);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(rendered)";
+}
+
+TEST(ChatTemplate, BlockTagsTakeTheirLineAndTheNewlineAfterThemAsTransformersSetsJinja) {
+  // lstrip_blocks: the indentation before a block tag goes; trim_blocks:
+  // the newline after it; an output tag keeps both; '-' strips all
+  // whitespace on its side; one trailing newline of the template goes.
+  EXPECT_EQ(render("  {% if true %}\n  a\n  {% endif %}\n  b {{ 1 }}  {# c #}\n{%- if 1 %} z {% endif -%}   \n  q\n"),
+            "  a\n  b 1   z q");
+}
+
+TEST(ChatTemplate, ValuesAreWrittenAsPythonWritesThem) {
+  EXPECT_EQ(render("{{ none }}|{{ [1, 'a', none, true, {'k': 1.0}] }}|{{ 7 / 2 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 'x' ~ 1 }}"),
+            "None|[1, 'a', None, True, {'k': 1.0}]|3.5|-4|2|x1");
+  EXPECT_EQ(render("{{ x | tojson }}|{{ x | tojson(indent=2) }}", {{"x", {{"b", 1}, {"a", {"é", "\n"}}}}}),
+            "{\"b\": 1, \"a\": [\"é\", \"\\n\"]}|{\n  \"b\": 1,\n  \"a\": [\n    \"é\",\n    \"\\n\"\n  ]\n}");
+}
+
+TEST(ChatTemplate, SetInsideALoopLastsOneIterationAndANamespaceCarriesOut) {
+  EXPECT_EQ(render("{% set x = 0 %}{% for i in [1, 2, 3] %}{{ x }}{% set x = i %}{{ x }};{% endfor %}|{{ x }}"),
+            "01;02;03;|0");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
+            "6");
+}
+
+TEST(ChatTemplate, LoopsFilterThenCountAndSlicesFollowPython) {
+  EXPECT_EQ(render("{% for m in ms if m.r != 'x' %}{{ loop.index0 }}{{ m.r }}{{ loop.last }},{% endfor %}",
+                   {{"ms", Json::array({{{"r", "a"}}, {{"r", "x"}}, {{"r", "b"}}})}}),
+            "0aFalse,1bTrue,");
+  EXPECT_EQ(render("{{ s[::-1] }}|{{ s[1:] }}|{{ s[:-1] }}|{{ l[-1] }}|{{ l[5] is defined }}",
+                   {{"s", "añb"}, {"l", {1, 2, 3}}}),
+            "bña|ñb|añ|3|False");
+  EXPECT_EQ(render("{{ s.split('</think>')[-1].lstrip('\\n') }}|{{ s.startswith('<think>') }}|{{ '  x '|trim }}",
+                   {{"s", "<think>\nr\n</think>\n\nanswer"}}),
+            "answer|True|x");
+  EXPECT_EQ(render("{{ ms | selectattr('role', 'equalto', 'user') | list | length }}"
+                   "{{ ms | rejectattr('role', 'equalto', 'user') | map(attribute='c') | join(',') }}",
+                   {{"ms", Json::array({{{"role", "user"}, {"c", "1"}}, {{"role", "bot"}, {"c", "2"}}})}}),
+            "12");
+}
+
+TEST(ChatTemplate, AnUndefinedValueWritesNothingAndItsAttributeIsRefusedNamingIt) {
+  EXPECT_EQ(render("[{{ missing }}]{{ missing is defined }}{{ d.nokey is defined }}", {{"d", Json::object()}}), "[]FalseFalse");
+  EXPECT_NE(refusal("{{ missing.attr }}").find("'missing' is undefined"), std::string::npos);
+  EXPECT_NE(refusal("{{ raise_exception('roles must alternate') }}").find("roles must alternate"), std::string::npos);
+}
+
+TEST(ChatTemplate, ConstructsOutsideTheSubsetAreRefusedWhenParsedNamingTheLine) {
+  for (const auto& [source, construct] : std::vector<std::pair<std::string, std::string>>{
+           {"a\n{% macro m() %}{% endmacro %}", "line 2: the statement 'macro'"},
+           {"\n\n{{ x | wordcount }}", "line 3: the filter 'wordcount'"},
+           {"{{ x is callable }}", "line 1: the test 'callable'"},
+           {"{% for x in y %}", "'for' is never closed"},
+           {"{% endif %}", "'endif' closes nothing"},
+           {"{% set x %}a{% endset %}", "block assignments"},
+           {"{{ 'a }}", "never closed"}}) {
+    try {
+      ChatTemplate t(source);
+      ADD_FAILURE() << source << " parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(construct), std::string::npos) << source << ": " << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::data
