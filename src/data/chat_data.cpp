@@ -96,6 +96,7 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
     }
   };
   Example out;
+  // [Note: where an answer's loss starts]: see chat_data.h.
   if (record.contains("messages")) {
     const Json& messages = record["messages"];
     check_messages(messages, where, "messages");

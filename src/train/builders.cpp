@@ -198,6 +198,17 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
     std::snprintf(text, sizeof(text), "%.2f", epochs);
     what += "; " + std::string(text) + " epochs in " + std::to_string(config.runtime.steps) + " steps";
   }
+  if (validation && !loader->synthetic()) {
+    // One evaluation reads eval.batches batches of B rows on each of W ranks.
+    const int64_t rows = config.eval.batches * d.batch_size * world.size();
+    const int64_t held = loader->examples() > 0 ? loader->examples() : (loader->tokens_in_files() - 1) / d.seq_len;
+    if (held < rows) {
+      log.warn("the validation data holds " + std::to_string(held) + (loader->examples() > 0 ? " examples" : " rows of " + std::to_string(d.seq_len) + " tokens") +
+               ", fewer than one evaluation reads (" + std::to_string(rows) + " = eval.batches " +
+               std::to_string(config.eval.batches) + " x batch " + std::to_string(d.batch_size) + " x " +
+               std::to_string(world.size()) + " ranks): some are counted more than once (--eval-batches lowers it)");
+    }
+  }
   if (validation) {
     log.say("validation data: " + what);
   } else {

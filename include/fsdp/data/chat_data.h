@@ -12,7 +12,7 @@
 // Optional "tools" and "chat_template_kwargs" (enable_thinking, ...) are
 // handed to the template, as transformers' apply_chat_template does.
 //
-// Where the loss starts and ends ([Note: where an answer's loss starts]):
+// [Note: where an answer's loss starts]
 // - A pair (TRL's completion_only_loss): the prompt alone is tokenized
 //   (under the template with add_generation_prompt, or plain), then prompt
 //   and completion together; the loss starts where the two token lists
