@@ -32,7 +32,7 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
   char text[512];
   std::snprintf(text, sizeof(text),
                 "%s model, %lld layers, width %lld, vocabulary %lld; %d rank%s, %s; %s; micro-batch %lld x %lld "
-                "tokens, %lld micro-step%s; prefetch %lld; activation checkpointing %s; chunked loss %s",
+                "tokens, %lld micro-step%s%s; prefetch %lld; activation checkpointing %s; chunked loss %s",
                 m.family.c_str(), static_cast<long long>(m.layers), static_cast<long long>(m.hidden),
                 static_cast<long long>(m.vocab), world, world == 1 ? "" : "s",
                 (to_string(job.fsdp.sharding) +
@@ -43,7 +43,11 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                     .c_str(),
                 train::name_of(job.runtime.precision).c_str(), static_cast<long long>(job.data.batch_size),
                 static_cast<long long>(job.data.seq_len), static_cast<long long>(job.data.grad_accum),
-                job.data.grad_accum == 1 ? "" : "s", static_cast<long long>(job.fsdp.prefetch_depth),
+                job.data.grad_accum == 1 ? "" : "s",
+                job.data.grad_accum == 1 ? ""
+                : job.fsdp.accumulate == train::Accumulate::kSharded ? " accumulated sharded"
+                                                                     : " accumulated unsharded",
+                static_cast<long long>(job.fsdp.prefetch_depth),
                 selective                         ? "selective (op)"
                 : job.model.activation_checkpoint ? "on"
                                                   : "off",

@@ -175,8 +175,16 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // micro-step, whose moments these are, holds all of them until each
   // unit's post-backward adds it in. In place, they accumulate in the
   // gradient buffers already counted. The root's and blocks [0, n)'s.
+  // --accumulate sharded: each micro-step's gradients are reduce-scattered
+  // and added into the shards, which the earlier micro-steps made: from
+  // the last one's start every unit's shard is held, the root's and blocks
+  // [0, n)'s beside those "gradients" counts.
   const bool accumulates = job.data.grad_accum > 1 && !aliased;
-  const auto unsynced = [&](int64_t n) { return accumulates ? (root.padded + padded(0, n)) * s.reduce : int64_t{0}; };
+  const bool into_shards = job.fsdp.accumulate == train::Accumulate::kSharded;
+  const auto unsynced = [&](int64_t n) {
+    if (!accumulates) return int64_t{0};
+    return into_shards ? (root.shard + range(shard_sum, 0, n)) * s.master : (root.padded + padded(0, n)) * s.reduce;
+  };
   const auto moment = [&](std::string phase, std::vector<Part> parts) {
     Moment mo{std::move(phase), {{"sharded parameters", params_bytes}, {"optimizer state", optimizer_bytes}}};
     for (auto& p : parts) {

@@ -146,6 +146,7 @@ std::string train_flags(const train::TrainConfig& job) {
   flags += " --batch-size " + std::to_string(job.data.batch_size) + " --grad-accum " +
            std::to_string(job.data.grad_accum) + " --seq-len " + std::to_string(job.data.seq_len) + " --precision " +
            train::name_of(job.runtime.precision) + " --prefetch-depth " + std::to_string(job.fsdp.prefetch_depth);
+  if (job.data.grad_accum > 1 && job.fsdp.accumulate == train::Accumulate::kSharded) flags += " --accumulate sharded";
   if (job.fsdp.reshard_after_forward > 0) {
     flags += " --reshard-after-forward " + std::to_string(job.fsdp.reshard_after_forward);
   }

@@ -42,6 +42,11 @@ struct EnumSpellings<train::ShardPlacement> {
                                                                {train::ShardPlacement::kColumns, "columns"}};
 };
 template <>
+struct EnumSpellings<train::Accumulate> {
+  static constexpr Spelling<train::Accumulate> kTable[] = {{train::Accumulate::kUnsharded, "unsharded"},
+                                                           {train::Accumulate::kSharded, "sharded"}};
+};
+template <>
 struct EnumSpellings<train::OnSaveError> {
   static constexpr Spelling<train::OnSaveError> kTable[] = {{train::OnSaveError::kStop, "stop"},
                                                             {train::OnSaveError::kContinue, "continue"}};
@@ -249,6 +254,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, reshard_after_forward, "--reshard-after-forward", "ranks a block stays sharded over between forward and backward: 0 lets --sharding decide, k (dividing the shard group) keeps 1/k per rank so backward gathers inside groups of k ranks, e.g. one node's"),
       FSDP_FIELD(fsdp, explicit_prefetch, "--explicit-prefetch", "each block prefetches its neighbour"),
       FSDP_FIELD(fsdp, shard_placement, "--shard-placement", "how parameters are cut: flat (each unit's parameters end to end, 1-D slices), rows (each parameter on its first dim, FSDP2's Shard(0): whole rows per rank, a copy after each gather) or columns (matrices on Shard(1); not checkpointable)"),
+      FSDP_FIELD(fsdp, accumulate, "--accumulate", "where gradients add up over --grad-accum micro-steps: unsharded (each unit keeps its whole gradient, one reduce-scatter on the last micro-step) or sharded (a reduce-scatter every micro-step into the rank's shard, FSDP2's default: a shard of the memory, --grad-accum times the traffic)"),
       FSDP_FIELD(fsdp, wrap_policy, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
       FSDP_FIELD(checkpoint, dir, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
       FSDP_FIELD(checkpoint, save_every, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
@@ -327,6 +333,7 @@ std::string name_of(Precision p) { return spelling_of(p); }
 std::string name_of(LrScheduleKind k) { return spelling_of(k); }
 std::string name_of(OnSaveError e) { return spelling_of(e); }
 std::string name_of(ShardPlacement p) { return spelling_of(p); }
+std::string name_of(Accumulate a) { return spelling_of(a); }
 
 std::vector<std::string> TrainConfig::sections() { return section_names(); }
 

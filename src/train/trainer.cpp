@@ -498,8 +498,9 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     data_s += seconds_since(t);
   }
   for (int a = 0; a < A; ++a) {
-    // Reduce gradients once per optimizer step, on the last micro-step.
-    set_requires_gradient_sync(*model_, a == A - 1);
+    // Reduce gradients once per optimizer step, on the last micro-step, or
+    // every micro-step into the shards (--accumulate sharded).
+    set_requires_gradient_sync(*model_, config_.fsdp.accumulate == Accumulate::kSharded || a == A - 1);
     auto t = Clock::now();
     memory::set_phase("data");
     data::Batch batch = examples ? std::move(batches[static_cast<size_t>(a)]) : train_data_->batch(step, a);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -90,6 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
                                "--model llama-tiny --sharding shard_grad_op --precision bf16"},
                       PlanCase{"gpt2_w2_no_shard_chunked", 2, "--model gpt2-tiny --sharding no_shard --chunk-loss"},
                       PlanCase{"llama_w2_accumulation_bf16", 2, "--model llama-tiny --grad-accum 3 --precision bf16"},
+                      PlanCase{"llama_w2_accumulation_sharded_bf16", 2,
+                               "--model llama-tiny --grad-accum 3 --precision bf16 --accumulate sharded"},
                       // A tied head at a large vocabulary: its gradient waits for the embedding's.
                       PlanCase{"qwen3_w2_tied_large_vocab", 2, "--model qwen3-tiny --vocab-size 32000"},
                       // Mixture-of-Experts: routed and shared experts, dense and sparse layers mixed.
@@ -98,6 +101,40 @@ INSTANTIATE_TEST_SUITE_P(
                       PlanCase{"llama4_fp32", 1, "--model llama4-tiny"},
                       PlanCase{"llama4_w2_ac", 2, "--model llama4-tiny --activation-checkpoint"}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
+
+// --accumulate sharded reduce-scatters every micro-step into the shards
+// (FSDP2's default) instead of keeping each unit's whole gradient until the
+// last: the same training (fp32 sums in another order), a lower peak, and
+// the plan's difference between the two is the run's.
+TEST(PlanAgainstAccounting, ShardedAccumulationTrainsTheSameAndHoldsShardsNotWholeGradients) {
+  const std::string flags = "--model llama-tiny --seq-len 64 --batch-size 4 --grad-accum 3 --world-size 2";
+  std::map<std::string, std::vector<double>> losses;
+  std::map<std::string, double> measured, predicted;
+  for (const std::string mode : {"unsharded", "sharded"}) {
+    const std::string dir = temp_dir("accumulate_" + mode);
+    const auto r = run_command(kCli + " launch -n 2 -- " + kCli + " train --model llama-tiny --seq-len 64 " +
+                               "--batch-size 4 --grad-accum 3 --accumulate " + mode +
+                               " --steps 3 --log-every 1 --tensorboard=false --out-dir " + dir + "/run");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const auto& line : read_metrics(dir + "/run/metrics.jsonl")) {
+      if (line.contains("loss") && !line.contains("event") && line.value("split", "train") == "train") {
+        losses[mode].push_back(line["loss"].get<double>());
+      }
+      if (line.contains("allocated_peak_mb")) measured[mode] = line["allocated_peak_mb"].get<double>();
+    }
+    predicted[mode] = plan_json("--model llama-tiny --seq-len 64 --batch-size 4 --grad-accum 3 --world-size 2 "
+                                "--accumulate " + mode)["tensor_peak_bytes"].get<double>() / kMiB;
+  }
+  ASSERT_EQ(losses["sharded"].size(), 3u);
+  ASSERT_EQ(losses["unsharded"].size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_NEAR(losses["sharded"][k] / losses["unsharded"][k], 1.0, 1e-5) << "step " << k + 1;
+  }
+  const double saved = measured["unsharded"] - measured["sharded"];
+  EXPECT_GT(saved, 0) << "sharded " << measured["sharded"] << " MiB, unsharded " << measured["unsharded"] << " MiB";
+  EXPECT_NEAR(predicted["unsharded"] - predicted["sharded"], saved, 0.2 * saved)
+      << "the plan's difference against the run's; " << flags;
+}
 
 // The recorded snapshot replays (tools/memory_peak.py, independent of the
 // writer) to the same peak the trainer's accounting reports.

@@ -29,11 +29,19 @@ enum class Precision { kFp32, kBf16, kFp16 };
 enum class OnSaveError { kStop, kContinue };
 // How each unit's parameters are cut (FullyShardOptions::shard_placement).
 enum class ShardPlacement { kFlat, kRows, kColumns };
+// Where gradients add up across the micro-steps of an accumulating step:
+// unsharded, each unit keeping its whole gradient until the last
+// micro-step's reduce-scatter (one reduction a step, a whole model's
+// gradients held); sharded, reduce-scattered every micro-step into the
+// rank's shard (FSDP2's and torchtitan's default: A reductions a step, a
+// shard held).
+enum class Accumulate { kUnsharded, kSharded };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
 std::string name_of(Precision p);
 std::string name_of(LrScheduleKind k);
 std::string name_of(OnSaveError e);
 std::string name_of(ShardPlacement p);
+std::string name_of(Accumulate a);
 
 struct TrainConfig {
   struct Model {
@@ -117,6 +125,7 @@ struct TrainConfig {
     // Shard(1), the rest on Shard(0) (not checkpointable: a rank's columns
     // are not one range of the matrix).
     ShardPlacement shard_placement = ShardPlacement::kFlat;
+    Accumulate accumulate = Accumulate::kUnsharded;  // with data.grad_accum > 1
   } fsdp;
   struct Checkpoint {
     std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one
