@@ -1,5 +1,7 @@
 #include "fsdp/train/builders.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <set>
@@ -147,15 +149,12 @@ std::string check_data_tokenizer(const TrainConfig& config, const std::string& s
 
 }  // namespace
 
-std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const models::CausalLMImpl& model,
+std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models::CausalLMImpl& model,
                                                const dist::World& world, bool validation, RunLog& log) {
   const auto& d = config.data;
   FSDP_CHECK(d.seq_len <= model.max_seq_len(), "data.seq_len ", d.seq_len, " exceeds the model's ",
              model.max_seq_len(), " positions");
   const int64_t per_step = config.tokens_per_step(world.size());
-  FSDP_CHECK(validation || config.runtime.steps <= checkpoint::kMaxCheckpointCount / per_step, "--steps ",
-             config.runtime.steps, " at ", per_step, " tokens per step would count more than 2^62 tokens, past what a "
-             "checkpoint records; expected at most ", checkpoint::kMaxCheckpointCount / per_step, " steps");
   data::LoaderOptions o;
   o.batch_size = d.batch_size;
   o.seq_len = d.seq_len;
@@ -170,6 +169,21 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
   if (config.model.init_from.empty()) o.vocab_advice = preset_vocab_advice;
   const std::string& source = validation ? d.val : d.train;
   auto loader = std::make_unique<data::DataLoader>(source, o);
+  // The data's rows: examples, or windows of T tokens (+1 for the last target).
+  const int64_t rows_in_data = loader->synthetic()     ? 0
+                               : loader->examples() > 0 ? loader->examples()
+                                                        : std::max<int64_t>(1, (loader->tokens_in_files() - 1) / d.seq_len);
+  const int64_t rows_per_step = per_step / d.seq_len;
+  if (!validation && config.runtime.epochs > 0) {
+    const double steps = std::ceil(config.runtime.epochs * static_cast<double>(rows_in_data) /
+                                   static_cast<double>(rows_per_step));
+    FSDP_CHECK(steps <= 1e15, "--epochs ", config.runtime.epochs, " of ", rows_in_data, " rows at ", rows_per_step,
+               " rows per step is more steps than a run makes");
+    config.runtime.steps = std::max<int64_t>(1, static_cast<int64_t>(steps));
+  }
+  FSDP_CHECK(validation || config.runtime.steps <= checkpoint::kMaxCheckpointCount / per_step, "--steps ",
+             config.runtime.steps, " at ", per_step, " tokens per step would count more than 2^62 tokens, past what a "
+             "checkpoint records; expected at most ", checkpoint::kMaxCheckpointCount / per_step, " steps");
   std::string what =
       loader->synthetic()
           ? "synthetic (random tokens, seeded: a smoke test with nothing to learn)"
@@ -189,19 +203,19 @@ std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const 
     }
   }
   if (!validation && !loader->synthetic()) {
-    // How many times the run goes over the data: rows of T tokens, or examples.
-    const double rows = static_cast<double>(per_step / d.seq_len) * static_cast<double>(config.runtime.steps);
-    const double epochs = loader->examples() > 0
-                              ? rows / static_cast<double>(loader->examples())
-                              : rows * static_cast<double>(d.seq_len) / static_cast<double>(loader->tokens_in_files());
+    // How many times the run goes over the data's rows.
+    const double epochs = static_cast<double>(rows_per_step) * static_cast<double>(config.runtime.steps) /
+                          static_cast<double>(rows_in_data);
     char text[64];
     std::snprintf(text, sizeof(text), "%.2f", epochs);
-    what += "; " + std::string(text) + " epochs in " + std::to_string(config.runtime.steps) + " steps";
+    what += "; " + std::string(text) + " epochs in " + std::to_string(config.runtime.steps) + " steps of " +
+            std::to_string(rows_per_step) + " rows (the data holds " + std::to_string(rows_in_data) + ")" +
+            (config.runtime.epochs > 0 ? " (--epochs)" : "");
   }
   if (validation && !loader->synthetic()) {
     // One evaluation reads eval.batches batches of B rows on each of W ranks.
     const int64_t rows = config.eval.batches * d.batch_size * world.size();
-    const int64_t held = loader->examples() > 0 ? loader->examples() : (loader->tokens_in_files() - 1) / d.seq_len;
+    const int64_t held = rows_in_data;
     if (held < rows) {
       log.warn("the validation data holds " + std::to_string(held) + (loader->examples() > 0 ? " examples" : " rows of " + std::to_string(d.seq_len) + " tokens") +
                ", fewer than one evaluation reads (" + std::to_string(rows) + " = eval.batches " +

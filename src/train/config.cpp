@@ -228,6 +228,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(optim, eps, "--eps", "AdamW epsilon"),
       FSDP_FIELD(optim, grad_clip, "--grad-clip", "max gradient norm, 0 disables clipping"),
       FSDP_FIELD(runtime, steps, "--steps", "optimizer steps"),
+      FSDP_FIELD(runtime, epochs, "--epochs", "passes over the training data, instead of --steps (the steps their rows take, rounded up; 0: --steps decides)"),
       FSDP_FIELD(runtime, seed, "--seed", "random seed (weights, synthetic data, shuffling, sampling)"),
       FSDP_FIELD(runtime, precision, "--precision", "compute dtype (fp16 needs CUDA)"),
       FSDP_FIELD(runtime, out_dir, "--out-dir", "run folder: config.yaml, metrics.jsonl, tensorboard/, logs/, checkpoints/ (empty: out/<run name>)"),
@@ -452,6 +453,12 @@ void TrainConfig::validate() const {
   at_most(data.seq_len, int64_t{1} << 24, "data.seq_len");
   at_most(data.batch_size, int64_t{1} << 24, "data.batch_size");
   positive(runtime.steps, "runtime.steps");
+  FSDP_CHECK(std::isfinite(runtime.epochs) && runtime.epochs >= 0 && runtime.epochs <= 1e9, "runtime.epochs is ",
+             runtime.epochs, ": expected 0 (--steps decides) or a positive number of passes over the data");
+  FSDP_CHECK(runtime.epochs == 0 || runtime.steps == Runtime{}.steps, "runtime.steps ", runtime.steps,
+             " and runtime.epochs ", runtime.epochs, " both say how long to train; give one (--epochs sets the steps)");
+  FSDP_CHECK(runtime.epochs == 0 || data.train != "synthetic", "runtime.epochs needs token files (--data): synthetic "
+             "data is endless; give --steps");
   positive(logging.every, "logging.every");
   positive(eval.batches, "eval.batches");
   positive(guard.max_bad_steps, "guard.max_bad_steps");

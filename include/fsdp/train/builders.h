@@ -32,8 +32,11 @@ struct BuiltModel {
 // Says what was built (and, under --print-model, its modules and shapes).
 BuiltModel build_model(const TrainConfig::Model& config, const dist::World& world, RunLog& log);
 
-// The training loader, or (`validation`) the evaluation one; says what it reads.
-std::unique_ptr<data::DataLoader> build_loader(const TrainConfig& config, const models::CausalLMImpl& model,
+// The training loader, or (`validation`) the evaluation one; says what it
+// reads. The training loader sets runtime.steps from runtime.epochs when
+// that is given: the data's rows (examples, or windows of seq_len tokens)
+// times the epochs, in whole steps.
+std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models::CausalLMImpl& model,
                                                const dist::World& world, bool validation, RunLog& log);
 
 std::shared_ptr<dist::DeviceMesh> build_mesh(const TrainConfig::Fsdp& config, const std::shared_ptr<dist::World>& world);

@@ -76,6 +76,9 @@ struct TrainConfig {
   } optim;
   struct Runtime {
     int64_t steps = 100;
+    // > 0: passes over the training data, which set `steps` (their rows,
+    // rounded up to whole steps) once the data is read; replaces --steps.
+    double epochs = 0;
     int64_t seed = 1337;
     Precision precision = Precision::kFp32;
     std::string out_dir;          // the run folder; empty: out/<run_name>
