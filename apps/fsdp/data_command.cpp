@@ -11,6 +11,7 @@
 #include "fsdp/data/chat_data.h"
 #include "fsdp/data/prepare.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/io/input_file.h"
 
 namespace fsdp::cli {
 namespace {
@@ -121,12 +122,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
     in << std::cin.rdbuf();
     std::string text = in.str();
     if (*chat) {
-      nlohmann::ordered_json record;
-      try {
-        record = nlohmann::ordered_json::parse(text);
-      } catch (const std::exception& e) {
-        throw Error(std::string("data encode --chat: standard input is not JSON (") + e.what() + ")");
-      }
+      nlohmann::ordered_json record = io::parse_ordered_json(text, "data encode --chat: standard input");
       if (record.is_array()) record = {{"messages", record}};
       FSDP_CHECK(record.is_object() && record.contains("messages"), "data encode --chat: expected {\"messages\": ",
                  "[...]} or a list of messages on standard input");

@@ -48,6 +48,8 @@ ChatEncoder::ChatEncoder(const std::string& tokenizer_dir, const Tokenizer& toke
   for (const auto& [name, token] : tokenizer.special_tokens()) special_tokens_[name] = token;
   if (auto eos = tokenizer.special_tokens().find("eos_token"); eos != tokenizer.special_tokens().end()) {
     eos_ = eos->second;
+    const auto ids = tokenizer.encode(eos_);
+    if (ids.size() == 1) eos_id_ = ids[0];
   }
   const auto source = chat_template_source(tokenizer_dir);
   if (!source) {
@@ -116,9 +118,19 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
         ++out.answers_left_out;
         continue;
       }
-      size_t end = common_prefix(tokenizer.encode(prompt), out.tokens);
-      const size_t start = end;
-      while (end < out.tokens.size() && !tokenizer.is_special(out.tokens[end])) ++end;
+      const size_t start = common_prefix(tokenizer.encode(prompt), out.tokens);
+      // The turn ends at the end-of-sequence token, or at the first special
+      // token after the answer's text began (a tool call's own opening
+      // token, Mistral's [TOOL_CALLS], is the answer's), whichever comes
+      // first; then its line breaks.
+      size_t end = start;
+      bool text_seen = false;
+      while (end < out.tokens.size()) {
+        const int32_t id = out.tokens[end];
+        if (id == eos_id_ || (text_seen && tokenizer.is_special(id))) break;
+        text_seen = text_seen || !tokenizer.is_special(id);
+        ++end;
+      }
       if (end < out.tokens.size()) ++end;
       while (end < out.tokens.size() && !tokenizer.is_special(out.tokens[end])) {
         const std::string text = tokenizer.decode({out.tokens[end]});

@@ -3,8 +3,15 @@
 // trailing newline kept). Whatever lies outside the subset is refused here,
 // naming the line, so that no template is ever rendered approximately.
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <set>
+
+#include <unicode/uchar.h>
+#include <unicode/utf8.h>
 
 #include "chat_template_ast.h"
 #include "fsdp/common/error.h"
@@ -19,7 +26,34 @@ const std::set<std::string> kFilters = {
 const std::set<std::string> kTests = {
     "defined", "undefined", "none",   "string", "number", "integer", "float", "boolean", "mapping",
     "iterable", "sequence", "true",   "false",  "equalto", "eq",     "==",    "ne",      "!=",
-    "odd",     "even",      "divisibleby", "sameas", "in",  "lt",    "gt",    "le",      "ge"};
+    "odd",     "even",      "divisibleby", "in",  "lt",    "gt",    "le",      "ge"};
+
+// Deeper than any real template nests (expressions, blocks).
+constexpr int kMaxNesting = 100;
+
+// Python's str.isspace for one UTF-8 character.
+bool is_python_space(UChar32 c) { return u_isUWhiteSpace(c) || (c >= 0x1c && c <= 0x1f); }
+
+// Python's str.lstrip() / rstrip() with no argument: Unicode whitespace.
+std::string strip_python_space(const std::string& s, bool left, bool right) {
+  int32_t begin = 0, end = static_cast<int32_t>(s.size());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(s.data());
+  while (left && begin < end) {
+    int32_t next = begin;
+    UChar32 c;
+    U8_NEXT(bytes, next, end, c);
+    if (!is_python_space(c)) break;
+    begin = next;
+  }
+  while (right && end > begin) {
+    int32_t prev = end;
+    UChar32 c;
+    U8_PREV(bytes, begin, prev, c);
+    if (!is_python_space(c)) break;
+    end = prev;
+  }
+  return s.substr(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+}
 
 // ---- segments: text and tags, whitespace control applied ----------------
 
@@ -29,18 +63,31 @@ struct Segment {
   int line;
 };
 
-int line_at(const std::string& s, size_t pos) {
-  int line = 1;
-  for (size_t i = 0; i < pos && i < s.size(); ++i) line += s[i] == '\n';
-  return line;
-}
+// Line numbers of positions, counted once (a template of many lines must
+// not cost a rescan per tag).
+class Lines {
+ public:
+  explicit Lines(const std::string& s) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '\n') starts_.push_back(i + 1);
+    }
+  }
+  int at(size_t pos) const {
+    return static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin());
+  }
+
+ private:
+  std::vector<size_t> starts_{0};
+};
 
 bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 // The end of the tag opened at `from` (the position after its opener):
-// where `closer` starts outside every string literal.
+// where `closer` starts outside every string literal and bracket, as
+// Jinja's lexer balances them ({{ {'a': {'b': 1}} }}).
 size_t tag_end(const std::string& s, size_t from, const std::string& closer, int line) {
   char quote = 0;
+  int depth = 0;
   for (size_t i = from; i < s.size(); ++i) {
     const char c = s[i];
     if (quote) {
@@ -51,16 +98,32 @@ size_t tag_end(const std::string& s, size_t from, const std::string& closer, int
       }
     } else if (c == '\'' || c == '"') {
       quote = c;
-    } else if (s.compare(i, closer.size(), closer) == 0) {
+    } else if (depth == 0 && s.compare(i, closer.size(), closer) == 0) {
       return i;
+    } else if (c == '(' || c == '[' || c == '{') {
+      ++depth;
+    } else if ((c == ')' || c == ']' || c == '}') && depth > 0) {
+      --depth;
     }
   }
   throw Error("chat template line " + std::to_string(line) + ": a tag opened here is never closed with '" + closer + "'");
 }
 
-std::vector<Segment> segments_of(std::string s) {
-  // Jinja's keep_trailing_newline=False: one newline at the end goes.
+std::vector<Segment> segments_of(std::string source) {
+  // Jinja reads \r\n and \r as \n; keep_trailing_newline=False: one
+  // newline at the end goes.
+  std::string s;
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      s += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      s += source[i];
+    }
+  }
   if (!s.empty() && s.back() == '\n') s.pop_back();
+  const Lines lines(s);
+  const auto line_at = [&](const std::string&, size_t pos) { return lines.at(pos); };
   std::vector<Segment> out;
   std::string text;
   bool strip_leading = false;  // a '-' closed the last tag
@@ -78,9 +141,7 @@ std::vector<Segment> segments_of(std::string s) {
     if (open == std::string::npos || open + 1 >= s.size()) open = s.size();
     std::string chunk = s.substr(pos, open - pos);
     if (strip_leading) {
-      size_t k = 0;
-      while (k < chunk.size() && space(chunk[k])) ++k;
-      chunk.erase(0, k);
+      chunk = strip_python_space(chunk, true, false);
       strip_leading = false;
     }
     if (open == s.size()) {
@@ -92,7 +153,7 @@ std::vector<Segment> segments_of(std::string s) {
     const char modifier = open + 2 < s.size() ? s[open + 2] : 0;
     const int line = line_at(s, open);
     if (modifier == '-') {
-      while (!chunk.empty() && space(chunk.back())) chunk.pop_back();
+      chunk = strip_python_space(chunk, false, true);
     } else if (kind != '{' && modifier != '+') {
       // lstrip_blocks: spaces and tabs between the start of the line (in
       // the source) and a block or comment tag go.
@@ -120,11 +181,7 @@ std::vector<Segment> segments_of(std::string s) {
       strip_leading = true;
     } else if (kind != '{') {
       // trim_blocks: the first newline after a block or comment tag goes.
-      if (pos < s.size() && s[pos] == '\n') {
-        ++pos;
-      } else if (pos + 1 < s.size() && s[pos] == '\r' && s[pos + 1] == '\n') {
-        pos += 2;
-      }
+      if (pos < s.size() && s[pos] == '\n') ++pos;
     }
     if (pos >= s.size()) {
       flush(line);
@@ -255,6 +312,7 @@ class ExprParser {
   }
 
   ExprPtr expression(bool with_condition = true) {
+    const Deeper deeper(*this);
     auto e = or_expr();
     if (with_condition && is_name("if")) {
       ++at_;
@@ -301,6 +359,7 @@ class ExprParser {
     return e;
   }
   ExprPtr not_expr() {
+    const Deeper deeper(*this);
     if (is_name("not")) {
       ++at_;
       auto e = make(Expr::Kind::kUnary);
@@ -310,38 +369,71 @@ class ExprParser {
     }
     return compare();
   }
+  // Python's chains: a < b < c is a < b and b < c (b is read twice; the
+  // subset's expressions have no side effects).
   ExprPtr compare() {
-    auto e = concat();
+    auto first = sum();
+    std::vector<std::pair<std::string, ExprPtr>> chain;
     for (;;) {
+      std::string op;
       if (peek().kind == Token::Kind::kOperator &&
           (peek().text == "==" || peek().text == "!=" || peek().text == "<" || peek().text == ">" ||
            peek().text == "<=" || peek().text == ">=")) {
-        const std::string op = tokens_[at_++].text;
-        e = binary(op, std::move(e), concat());
+        op = tokens_[at_++].text;
       } else if (is_name("in")) {
         ++at_;
-        e = binary("in", std::move(e), concat());
+        op = "in";
       } else if (is_name("not") && is_name("in", 1)) {
         at_ += 2;
-        e = binary("not in", std::move(e), concat());
+        op = "not in";
       } else {
-        return e;
+        break;
       }
+      chain.emplace_back(op, sum());
     }
+    if (chain.empty()) return first;
+    ExprPtr result;
+    const Expr* left = first.get();
+    std::vector<ExprPtr> keep;
+    keep.push_back(std::move(first));
+    for (auto& [op, right] : chain) {
+      auto link = binary(op, copy(*left), copy(*right));
+      result = result ? binary("and", std::move(result), std::move(link)) : std::move(link);
+      left = right.get();
+      keep.push_back(std::move(right));
+    }
+    return result;
   }
-  ExprPtr concat() {
-    auto e = sum();
-    while (is_op("~")) {
-      ++at_;
-      e = binary("~", std::move(e), sum());
+  static ExprPtr copy(const Expr& e) {
+    auto out = std::make_unique<Expr>();
+    out->kind = e.kind;
+    out->value = e.value;
+    out->name = e.name;
+    out->op = e.op;
+    out->negated = e.negated;
+    out->line = e.line;
+    for (int k = 0; k < 3; ++k) out->has[k] = e.has[k];
+    for (const auto& o : e.operands) out->operands.push_back(o ? copy(*o) : nullptr);
+    for (const auto& o : e.keys) out->keys.push_back(copy(*o));
+    for (const auto& o : e.items) out->items.push_back(copy(*o));
+    for (const auto& o : e.arguments.positional) out->arguments.positional.push_back(copy(*o));
+    for (const auto& [k, o] : e.arguments.named) out->arguments.named.emplace_back(k, copy(*o));
+    return out;
+  }
+  // Jinja's order: + and - bind looser than ~, which binds looser than *.
+  ExprPtr sum() {
+    auto e = concat();
+    while (is_op("+") || is_op("-")) {
+      const std::string op = tokens_[at_++].text;
+      e = binary(op, std::move(e), concat());
     }
     return e;
   }
-  ExprPtr sum() {
+  ExprPtr concat() {
     auto e = product();
-    while (is_op("+") || is_op("-")) {
-      const std::string op = tokens_[at_++].text;
-      e = binary(op, std::move(e), product());
+    while (is_op("~")) {
+      ++at_;
+      e = binary("~", std::move(e), product());
     }
     return e;
   }
@@ -362,6 +454,7 @@ class ExprParser {
     return e;
   }
   ExprPtr unary(bool with_filter) {
+    const Deeper deeper(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       e = make(Expr::Kind::kUnary);
@@ -399,12 +492,17 @@ class ExprParser {
       }
       case Token::Kind::kInteger: {
         auto e = make(Expr::Kind::kLiteral);
-        e->value = std::stoll(t.text);
+        errno = 0;
+        const long long v = std::strtoll(t.text.c_str(), nullptr, 10);
+        if (errno == ERANGE) throw fail("the integer " + t.text + " is past 64 bits, outside the supported subset");
+        e->value = static_cast<int64_t>(v);
         return e;
       }
       case Token::Kind::kFloat: {
         auto e = make(Expr::Kind::kLiteral);
-        e->value = std::stod(t.text);
+        const double v = std::strtod(t.text.c_str(), nullptr);
+        if (!std::isfinite(v)) throw fail("the number " + t.text + " is past a double's range");
+        e->value = v;
         return e;
       }
       case Token::Kind::kOperator:
@@ -552,10 +650,20 @@ class ExprParser {
     }
   }
 
+  // Nesting is bounded: the parser and the renderer recurse, and a
+  // hostile template must be refused, not overflow the stack.
+  struct Deeper {
+    explicit Deeper(ExprParser& p) : p(p) {
+      if (++p.depth_ > kMaxNesting) throw p.fail("expressions nest deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    ~Deeper() { --p.depth_; }
+    ExprParser& p;
+  };
   std::string source_;
   std::vector<Token> tokens_;
   size_t at_ = 0;
   int line_;
+  int depth_ = 0;
 };
 
 // ---- statements -----------------------------------------------------------
@@ -607,6 +715,14 @@ class Parser {
     auto node = std::make_unique<Node>();
     node->line = line;
     ++at_;
+    if (word == "if" || word == "for" || word == "generation") {
+      if (depth_ >= kMaxNesting) throw p.fail("blocks nest deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    struct Nest {
+      int& depth;
+      explicit Nest(int& d) : depth(++d) {}
+      ~Nest() { --depth; }
+    } nest(depth_);
     if (word == "if") {
       node->kind = Node::Kind::kIf;
       auto condition = p.expression();
@@ -651,7 +767,9 @@ class Parser {
       }
       if (p.is_name("recursive")) throw p.fail("recursive loops are outside the supported subset");
       p.expect_end();
+      ++loops_;
       node->body = body({"else", "endfor"}, "for", line);
+      --loops_;
       ExprParser end(segments_[at_].text, segments_[at_].line);
       const std::string next = end.name();
       end.expect_end();
@@ -681,6 +799,7 @@ class Parser {
       return node;
     }
     if (word == "break" || word == "continue") {
+      if (loops_ == 0) throw p.fail("'" + word + "' outside a loop");
       node->kind = word == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       p.expect_end();
       return node;
@@ -698,6 +817,8 @@ class Parser {
 
   std::vector<Segment> segments_;
   size_t at_ = 0;
+  int depth_ = 0;  // blocks open
+  int loops_ = 0;  // for-loop bodies open (the else branch is outside)
 };
 
 }  // namespace

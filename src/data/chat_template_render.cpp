@@ -12,6 +12,10 @@
 #include <filesystem>
 #include <map>
 
+#include <unicode/uchar.h>
+#include <unicode/locid.h>
+#include <unicode/unistr.h>
+
 #include "chat_template_ast.h"
 #include "fsdp/common/error.h"
 #include "fsdp/io/input_file.h"
@@ -201,9 +205,48 @@ void dump_json(const Json& j, int indent, int depth, std::string& out) {
   }
 }
 
+// Python's str.isspace for one UTF-8 character.
 bool python_space(const std::string& c) {
-  return c == " " || c == "\t" || c == "\n" || c == "\r" || c == "\v" || c == "\f" || c == "\x1c" || c == "\x1d" ||
-         c == "\x1e" || c == "\x1f" || c == "\xc2\x85" || c == "\xc2\xa0";
+  int32_t i = 0;
+  UChar32 u;
+  U8_NEXT(reinterpret_cast<const uint8_t*>(c.data()), i, static_cast<int32_t>(c.size()), u);
+  return u >= 0 && (u_isUWhiteSpace(u) || (u >= 0x1c && u <= 0x1f));
+}
+
+// Python's str.upper() and lower() (full case mappings: 'ß'.upper() is 'SS').
+std::string change_case(const std::string& s, bool upper) {
+  icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+  if (upper) {
+    u.toUpper(icu::Locale::getRoot());
+  } else {
+    u.toLower(icu::Locale::getRoot());
+  }
+  std::string out;
+  return u.toUTF8String(out);
+}
+
+// Python's title() and capitalize(), a character at a time.
+std::string title_case(const std::string& s, bool every_word) {
+  std::string out;
+  bool word_start = true, first = true;
+  for (const auto& c : characters(s)) {
+    int32_t i = 0;
+    UChar32 u;
+    U8_NEXT(reinterpret_cast<const uint8_t*>(c.data()), i, static_cast<int32_t>(c.size()), u);
+    if (u < 0) {
+      out += c;
+      continue;
+    }
+    const bool up = every_word ? word_start : first;
+    const UChar32 mapped = up ? u_totitle(u) : u_tolower(u);
+    char bytes[4];
+    int32_t n = 0;
+    U8_APPEND_UNSAFE(reinterpret_cast<uint8_t*>(bytes), n, mapped);
+    out.append(bytes, static_cast<size_t>(n));
+    word_start = !u_isalpha(u);
+    first = false;
+  }
+  return out;
 }
 
 std::string strip(const std::string& s, const Json& chars, bool left, bool right) {
@@ -282,9 +325,10 @@ class Renderer {
   static bool equal(const Value& a, const Value& b) {
     if (!a.defined() || !b.defined()) return a.defined() == b.defined();
     if (!a.is_data() || !b.is_data()) return a.ns && a.ns == b.ns;
-    if (a.data.is_number() && b.data.is_number() && !a.data.is_boolean() && !b.data.is_boolean()) {
-      return a.data.get<double>() == b.data.get<double>();
-    }
+    // Python: True == 1 and 1 == 1.0.
+    const auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
+    const auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
+    if (numeric(a.data) && numeric(b.data)) return as_double(a.data) == as_double(b.data);
     return a.data == b.data;
   }
 
@@ -331,11 +375,28 @@ class Renderer {
       }
       return j.contains(name) ? Value::of(j[name]) : Value::undefined(name);
     }
-    if (j.is_array() && !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) {
-      const auto i = static_cast<size_t>(std::stoll(name));
-      return i < j.size() ? Value::of(j[i]) : Value::undefined(name);
+    if ((j.is_array() || j.is_string()) && !name.empty() && name.size() < 10 &&
+        std::all_of(name.begin(), name.end(), ::isdigit)) {
+      return subscript(object, Value::of(static_cast<int64_t>(std::stoll(name))), line);  // x.0 is x[0]
     }
     return Value::undefined(name);
+  }
+
+  // Jinja's attribute getter of map and selectattr: "a.b.0" follows each
+  // part, a number an index.
+  Value attribute_path(const Value& object, const std::string& path, int line) const {
+    Value v = object;
+    size_t start = 0;
+    for (;;) {
+      const size_t dot = path.find('.', start);
+      const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (!v.defined()) return v;
+      const bool index = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
+      v = index && v.is_data() && v.data.is_array() ? subscript(v, Value::of(std::stoll(part)), line)
+                                                     : attribute(v, part, line);
+      if (dot == std::string::npos) return v;
+      start = dot + 1;
+    }
   }
 
   Value subscript(const Value& object, const Value& key, int line) const {
@@ -346,6 +407,7 @@ class Renderer {
       return j.contains(k.get<std::string>()) ? Value::of(j[k.get<std::string>()]) : Value::undefined(str(k));
     }
     if (k.is_string()) return attribute(object, k.get<std::string>(), line);
+    if (k.is_boolean()) return subscript(object, Value::of(k.get<bool>() ? 1 : 0), line);
     if (!k.is_number_integer()) fail(line, "a " + std::string(j.type_name()) + " is subscripted by a " + k.type_name());
     if (j.is_array()) {
       const int64_t i = python_index(k.get<int64_t>(), static_cast<int64_t>(j.size()));
@@ -397,7 +459,10 @@ class Renderer {
     const int64_t start = clamp(bound[0], has[0], step > 0 ? 0 : n - 1);
     const int64_t stop = clamp(bound[1], has[1], step > 0 ? n : -1);
     std::vector<Json> picked;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) picked.push_back(parts[static_cast<size_t>(i)]);
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+      picked.push_back(parts[static_cast<size_t>(i)]);
+      if (__builtin_add_overflow(i, step, &i)) break;
+    }
     if (j.is_string()) {
       std::string s;
       for (auto& c : picked) s += c.get<std::string>();
@@ -411,15 +476,30 @@ class Renderer {
       fail(line, "'" + op + "' of a " + a.type_name() + " and a " + b.type_name());
     }
     const bool ints = a.is_number_integer() && b.is_number_integer();
-    if (ints && op != "/") {
+    if (ints && op != "/" && !(op == "**" && b.get<int64_t>() < 0)) {
       const int64_t x = a.get<int64_t>(), y = b.get<int64_t>();
       if ((op == "//" || op == "%") && y == 0) fail(line, "division by zero");
-      if (op == "+") return x + y;
-      if (op == "-") return x - y;
-      if (op == "*") return x * y;
+      // Python's integers have no bound; a template's past 64 bits is refused.
+      const auto too_big = [&] { fail(line, "'" + op + "' of " + str(a) + " and " + str(b) + " is past 64 bits"); };
+      int64_t r = 0;
+      if (op == "+") return __builtin_add_overflow(x, y, &r) ? (too_big(), r) : r;
+      if (op == "-") return __builtin_sub_overflow(x, y, &r) ? (too_big(), r) : r;
+      if (op == "*") return __builtin_mul_overflow(x, y, &r) ? (too_big(), r) : r;
+      if (y == -1 && (op == "//" || op == "%")) {
+        if (op == "%") return int64_t{0};
+        return __builtin_sub_overflow(int64_t{0}, x, &r) ? (too_big(), r) : r;
+      }
       if (op == "//") return x / y - ((x % y != 0) && ((x < 0) != (y < 0)) ? 1 : 0);
       if (op == "%") return ((x % y) + y) % y;
-      if (op == "**") return static_cast<int64_t>(std::llround(std::pow(x, y)));
+      // x ** y, y >= 0, by squaring.
+      int64_t base = x, e = y;
+      r = 1;
+      while (e > 0) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) too_big();
+        e >>= 1;
+        if (e > 0 && __builtin_mul_overflow(base, base, &base)) too_big();
+      }
+      return r;
     }
     const double x = a.get<double>(), y = b.get<double>();
     if ((op == "/" || op == "//" || op == "%") && y == 0) fail(line, "division by zero");
@@ -451,8 +531,16 @@ class Renderer {
   }
 
   bool less(const Json& a, const Json& b, int line) const {
-    if (a.is_number() && b.is_number()) return a.get<double>() < b.get<double>();
+    const auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
+    const auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
+    if (numeric(a) && numeric(b)) return as_double(a) < as_double(b);
     if (a.is_string() && b.is_string()) return a.get<std::string>() < b.get<std::string>();
+    if (a.is_array() && b.is_array()) {  // lexicographic, as Python's lists
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        if (!equal(Value::of(a[i]), Value::of(b[i]))) return less(a[i], b[i], line);
+      }
+      return a.size() < b.size();
+    }
     fail(line, "a " + std::string(a.type_name()) + " and a " + b.type_name() + " cannot be ordered");
   }
 
@@ -499,15 +587,15 @@ class Renderer {
     };
     if (name == "defined") return v.defined();
     if (name == "undefined") return !v.defined();
-    if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") return equal(v, arg(0));
+    if (name == "equalto" || name == "eq" || name == "==") return equal(v, arg(0));
     if (name == "ne" || name == "!=") return !equal(v, arg(0));
     if (name == "in") return contains(arg(0), v, line);
-    if (!v.defined()) return name == "iterable";
+    if (!v.defined()) return name == "iterable" || name == "sequence";  // Jinja's Undefined is an empty one
     if (!v.is_data()) return false;
     const Json& j = v.data;
     if (name == "none") return j.is_null();
     if (name == "string") return j.is_string();
-    if (name == "number") return j.is_number() && !j.is_boolean();
+    if (name == "number") return j.is_number() || j.is_boolean();  // Python's bool is a number
     if (name == "integer") return j.is_number_integer();
     if (name == "float") return j.is_number_float();
     if (name == "boolean") return j.is_boolean();
@@ -517,12 +605,11 @@ class Renderer {
     if (name == "iterable" || name == "sequence") return j.is_string() || j.is_array() || j.is_object();
     const Json& x = data(v, line, "tested");
     if (name == "odd" || name == "even") {
-      if (!x.is_number_integer()) fail(line, "the test '" + name + "' needs an integer");
-      return (x.get<int64_t>() % 2 != 0) == (name == "odd");
+      const Json r = number_op("%", x, Json(2), line);
+      return equal(Value::of(r), Value::of(name == "odd" ? 1 : 0));
     }
     if (name == "divisibleby") {
-      const Json& d = data(arg(0), line, "a divisor");
-      return d.get<int64_t>() != 0 && x.get<int64_t>() % d.get<int64_t>() == 0;
+      return equal(Value::of(number_op("%", x, data(arg(0), line, "a divisor"), line)), Value::of(0));
     }
     const Json& y = data(arg(0), line, "compared");
     if (name == "lt") return less(x, y, line);
@@ -571,15 +658,8 @@ class Renderer {
       return Value::of(strip(text(v, line), chars ? chars->data : Json(), true, true));
     }
     if (f == "string") return Value::of(text(v, line));
-    if (f == "upper" || f == "lower" || f == "capitalize") {
-      std::string s = text(v, line);
-      for (size_t i = 0; i < s.size(); ++i) {
-        const bool up = f == "upper" || (f == "capitalize" && i == 0);
-        s[i] = static_cast<char>(up ? std::toupper(static_cast<unsigned char>(s[i]))
-                                    : std::tolower(static_cast<unsigned char>(s[i])));
-      }
-      return Value::of(s);
-    }
+    if (f == "upper" || f == "lower") return Value::of(change_case(text(v, line), f == "upper"));
+    if (f == "capitalize") return Value::of(title_case(text(v, line), false));
     if (f == "replace") {
       std::string s = text(v, line);
       const std::string from = text(args.at(0, "old", line, "replace"), line);
@@ -587,27 +667,50 @@ class Renderer {
       return Value::of(replace_all(s, from, to));
     }
     if (f == "tojson") {
+      only(args, 1, {"indent", "sort_keys"}, line, f);
       const Value* indent = args.maybe(0, "indent");
+      const Value* sort = args.maybe(99, "sort_keys");
+      int width = -1;
+      if (indent && indent->is_data() && !indent->data.is_null()) {
+        if (!indent->data.is_number_integer() || indent->data.get<int64_t>() < 0 || indent->data.get<int64_t>() > 64) {
+          fail(line, "tojson(indent=...) takes a count of spaces from 0 to 64 in the supported subset");
+        }
+        width = static_cast<int>(indent->data.get<int64_t>());
+      }
+      Json value = data(v, line, "written as JSON");
+      if (sort && truthy(*sort)) value = sorted_keys(value);
       std::string out;
-      dump_json(data(v, line, "written as JSON"), indent && indent->is_data() && !indent->data.is_null()
-                                                      ? static_cast<int>(indent->data.get<int64_t>())
-                                                      : -1,
-                0, out);
+      dump_json(value, width, 0, out);
       return Value::of(out);
     }
     if (f == "int") {
       const Json& j = data(v, line, "made an integer");
-      if (j.is_number()) return Value::of(static_cast<int64_t>(j.get<double>()));
+      if (j.is_boolean()) return Value::of(j.get<bool>() ? 1 : 0);
+      if (j.is_number_integer()) return Value::of(j.get<int64_t>());
+      if (j.is_number()) {
+        const double d = j.get<double>();
+        if (!(std::fabs(d) < 9.2e18)) fail(line, "int of " + str(j) + " is past 64 bits");
+        return Value::of(static_cast<int64_t>(d));
+      }
       try {
         return Value::of(static_cast<int64_t>(std::stoll(j.get<std::string>())));
       } catch (const std::exception&) {
         return Value::of(0);
       }
     }
-    if (f == "float") return Value::of(data(v, line, "made a float").get<double>());
+    if (f == "float") {
+      const Json& j = data(v, line, "made a float");
+      if (j.is_number()) return Value::of(j.get<double>());
+      fail(line, "float of a " + std::string(j.type_name()) + " is outside the supported subset");
+    }
     if (f == "abs") {
       const Json& j = data(v, line, "made absolute");
-      return j.is_number_integer() ? Value::of(std::llabs(j.get<int64_t>())) : Value::of(std::fabs(j.get<double>()));
+      if (j.is_number_integer()) {
+        const int64_t x = j.get<int64_t>();
+        return x >= 0 ? Value::of(x) : Value::of(number_op("-", Json(0), j, line));
+      }
+      if (j.is_number()) return Value::of(std::fabs(j.get<double>()));
+      fail(line, "abs of a " + std::string(j.type_name()));
     }
     if (f == "items") {
       Json out = Json::array();
@@ -635,19 +738,29 @@ class Renderer {
       return Value::of(out);
     }
     if (f == "unique") {
+      // Jinja's default compares strings without case, keeping the first.
+      only(args, 0, {}, line, f);
       Json out = Json::array();
+      std::vector<Json> seen;
       for (const auto& item : list) {
-        if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+        const Json key = item.is_string() ? Json(change_case(item.get<std::string>(), false)) : item;
+        if (std::find(seen.begin(), seen.end(), key) == seen.end()) {
+          seen.push_back(key);
+          out.push_back(item);
+        }
       }
       return Value::of(out);
     }
     if (f == "map") {
+      only(args, 0, {"attribute"}, line, f);
       const Value* attribute_name = args.maybe(99, "attribute");
-      if (!attribute_name || !args.positional.empty()) fail(line, "only map(attribute=...) is in the supported subset");
+      if (!attribute_name) fail(line, "only map(attribute=...) is in the supported subset");
       Json out = Json::array();
+      const std::string path = text(*attribute_name, line);
       for (const auto& item : list) {
-        const Value got = attribute(Value::of(item), text(*attribute_name, line), line);
-        out.push_back(got.defined() ? got.data : Json());
+        const Value got = attribute_path(Value::of(item), path, line);
+        if (!got.defined()) fail(line, "map(attribute='" + path + "'): an item has no '" + path + "'");
+        out.push_back(data(got, line, "mapped"));
       }
       return Value::of(out);
     }
@@ -661,19 +774,53 @@ class Renderer {
     }
     Json out = Json::array();
     for (const auto& item : list) {
-      const Value got = attribute(Value::of(item), field, line);
+      const Value got = attribute_path(Value::of(item), field, line);
       const bool pass = test_name.empty() ? truthy(got) : test(test_name, got, test_args, line);
       if (pass == (f == "selectattr")) out.push_back(item);
     }
     return Value::of(out);
   }
 
-  static std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-    if (from.empty()) return s;
-    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+  // Python's str.replace (count < 0: every occurrence).
+  static std::string replace_all(std::string s, const std::string& from, const std::string& to, int64_t count = -1) {
+    if (from.empty()) {
+      if (count != 0 && !to.empty()) throw Error("chat template: replace of an empty string is outside the supported subset");
+      return s;
+    }
+    for (size_t at = s.find(from); at != std::string::npos && count != 0; at = s.find(from, at + to.size())) {
       s.replace(at, from.size(), to);
+      if (count > 0) --count;
     }
     return s;
+  }
+
+  // Refuses arguments the subset does not implement: more than `most`
+  // positional ones, or a name outside `names`.
+  void only(const Evaluated& args, size_t most, std::initializer_list<const char*> names, int line,
+            const std::string& what) const {
+    if (args.positional.size() > most) {
+      fail(line, what + " with " + std::to_string(args.positional.size()) + " arguments is outside the supported subset");
+    }
+    for (const auto& [key, value] : args.named) {
+      if (std::none_of(names.begin(), names.end(), [&](const char* n) { return key == n; })) {
+        fail(line, what + "(" + key + "=...) is outside the supported subset");
+      }
+    }
+  }
+
+  static Json sorted_keys(const Json& j) {
+    if (j.is_array()) {
+      Json out = Json::array();
+      for (const auto& item : j) out.push_back(sorted_keys(item));
+      return out;
+    }
+    if (!j.is_object()) return j;
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : j.items()) keys.push_back(key);
+    std::sort(keys.begin(), keys.end());
+    Json out = Json::object();
+    for (const auto& key : keys) out[key] = sorted_keys(j[key]);
+    return out;
   }
 
   Value call(const Expr& e) {
@@ -692,9 +839,12 @@ class Renderer {
         const std::time_t now = std::time(nullptr);
         std::tm local{};
         ::localtime_r(&now, &local);
-        char out[256];
-        const size_t n = std::strftime(out, sizeof(out), text(args.at(0, "format", line, name), line).c_str(), &local);
-        return Value::of(std::string(out, n));
+        const std::string format = text(args.at(0, "format", line, name), line);
+        std::string out(format.size() * 8 + 64, '\0');
+        const size_t n = std::strftime(out.data(), out.size(), format.c_str(), &local);
+        if (n == 0 && !format.empty()) fail(line, "strftime_now('" + format + "') writes nothing or too much");
+        out.resize(n);
+        return Value::of(out);
       }
       if (name == "namespace" || name == "dict") {
         Json attributes = Json::object();
@@ -718,7 +868,12 @@ class Renderer {
       }
       if (step == 0) fail(line, "range() with a step of 0");
       Json out = Json::array();
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+        // Jinja's sandbox refuses ranges of more than 100,000 items.
+        if (out.size() >= 100000) fail(line, "range() of more than 100000 items");
+        out.push_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;
+      }
       return Value::of(out);
     }
     const Json& self = *f.self;
@@ -747,9 +902,17 @@ class Renderer {
       return Value::of(name == "startswith" ? starts : ends);
     }
     if (name == "split") {
+      only(args, 2, {"sep", "maxsplit"}, line, name);
       const Value* separator = args.maybe(0, "sep");
+      const Value* most = args.maybe(1, "maxsplit");
+      int64_t splits = -1;
+      if (most && most->is_data()) {
+        if (!most->data.is_number_integer()) fail(line, "split's maxsplit must be an integer");
+        splits = most->data.get<int64_t>();
+      }
       Json out = Json::array();
       if (!separator || !separator->is_data() || separator->data.is_null()) {
+        if (splits >= 0) fail(line, "split(None, maxsplit) is outside the supported subset");
         std::string word;
         for (const auto& c : characters(s)) {
           if (python_space(c)) {
@@ -765,26 +928,27 @@ class Renderer {
       const std::string sep = text(*separator, line);
       if (sep.empty()) fail(line, "split() with an empty separator");
       size_t start = 0;
-      for (size_t at = s.find(sep); at != std::string::npos; at = s.find(sep, start)) {
+      for (size_t at = s.find(sep); at != std::string::npos && splits != 0; at = s.find(sep, start)) {
         out.push_back(s.substr(start, at - start));
         start = at + sep.size();
+        if (splits > 0) --splits;
       }
       out.push_back(s.substr(start));
       return Value::of(out);
     }
     if (name == "replace") {
-      return Value::of(replace_all(s, text(args.at(0, "old", line, name), line), text(args.at(1, "new", line, name), line)));
+      only(args, 3, {"old", "new", "count"}, line, name);
+      const Value* count = args.maybe(2, "count");
+      int64_t n = -1;
+      if (count && count->is_data()) {
+        if (!count->data.is_number_integer()) fail(line, "replace's count must be an integer");
+        n = count->data.get<int64_t>();
+      }
+      return Value::of(replace_all(s, text(args.at(0, "old", line, name), line), text(args.at(1, "new", line, name), line), n));
     }
-    std::string out = s;
-    bool word_start = true;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const auto c = static_cast<unsigned char>(out[i]);
-      bool up = name == "upper" || ((name == "title" || name == "capitalize") && word_start);
-      if (name == "capitalize" && i > 0) up = false;
-      out[i] = static_cast<char>(up ? std::toupper(c) : (name == "upper" ? c : std::tolower(c)));
-      word_start = !std::isalpha(c);
-    }
-    return Value::of(out);
+    only(args, 0, {}, line, name);
+    if (name == "upper" || name == "lower") return Value::of(change_case(s, name == "upper"));
+    return Value::of(title_case(s, name == "title"));
   }
 
   Value eval(const Expr& e) {
@@ -914,7 +1078,12 @@ ChatTemplate::~ChatTemplate() = default;
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   std::string out;
   jinja::Renderer renderer(context, out);
-  renderer.body(template_->body);
+  try {
+    renderer.body(template_->body);
+  } catch (const nlohmann::json::exception& e) {
+    // A value of a kind the operation does not take (a string's float()).
+    throw Error(std::string("chat template: a value of the wrong kind (") + e.what() + ")");
+  }
   return out;
 }
 

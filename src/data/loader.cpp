@@ -57,7 +57,9 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
     for (size_t t = 0; t < mask.size(); ++t) {
       if (mask[t] & kMaskExampleStart) example_starts_.push_back(static_cast<int64_t>(mask_.size() + t));
     }
-    FSDP_CHECK(!mask.empty() && (mask[0] & kMaskExampleStart), "'", loss_mask_path(paths[k]),
+    // Shards (--shard-tokens) cut examples anywhere: only the stream's
+    // first token must start one.
+    FSDP_CHECK(k > 0 || (!mask.empty() && (mask[0] & kMaskExampleStart)), "'", loss_mask_path(paths[k]),
                "' does not start an example at its first token; prepare the data again");
     mask_.insert(mask_.end(), mask.begin(), mask.end());
   }

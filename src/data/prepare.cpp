@@ -177,11 +177,7 @@ std::vector<Record> records_of(const fs::path& path) {
   std::string line;
   int64_t n = 0;
   const auto parse = [&](const std::string& text, const std::string& where) {
-    try {
-      out.push_back({nlohmann::ordered_json::parse(text), where, static_cast<int64_t>(text.size())});
-    } catch (const std::exception& e) {
-      throw Error(where + " is not valid JSON (" + e.what() + ")");
-    }
+    out.push_back({io::parse_ordered_json(text, where), where, static_cast<int64_t>(text.size())});
   };
   if (path.extension() == ".json") {
     std::stringstream ss;
@@ -212,8 +208,11 @@ bool holds_chat_data(const std::vector<fs::path>& files) {
       while (std::getline(in, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
       }
     }
-    const auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
-    return !j.is_discarded() && is_chat_record(j);
+    try {
+      return is_chat_record(io::parse_ordered_json(line, "'" + f.string() + "'"));
+    } catch (const Error&) {
+      return false;  // read again, and refused naming the line, as text
+    }
   }
   return false;
 }

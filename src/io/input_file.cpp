@@ -102,6 +102,16 @@ nlohmann::json parse_json(const std::string& text, const std::string& what) {
   }
 }
 
+nlohmann::ordered_json parse_ordered_json(const std::string& text, const std::string& what) {
+  FSDP_CHECK(nesting_depth(text, kMaxJsonDepth) <= kMaxJsonDepth, what, " nests arrays and objects deeper than ",
+             kMaxJsonDepth, " levels, which no file of this kind needs (corrupt or hostile)");
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(what + " is not valid JSON (" + e.what() + ")");
+  }
+}
+
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   return parse_json(read_file(path, what), what + " '" + path + "'");
 }

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 
+import numpy as np
 import transformers
 
 import harness
@@ -134,6 +135,16 @@ def main():
             harness.fail(f"mistral_nemo: the first answer of a multi-turn conversation with tools (the tools go "
                          f"before the last user message only) is not reported left out of the loss:\n{said}")
         tokens = token_files.read(os.path.join(out, "train.bin")).tolist()
+        # The tool call's answer is trained whole: its opening special token
+        # ([TOOL_CALLS] on Mistral), the call, and the end of the turn.
+        mask = np.fromfile(os.path.join(out, "train.mask"), dtype=np.uint8, offset=1024)
+        first = len(theirs(tokenizer, records[0]["messages"], False, TOOLS, {})[0])
+        trained = [t for t, m in zip(tokens[:first], mask[:first]) if m & 1]
+        text = tokenizer.decode(trained, skip_special_tokens=False)
+        for part in ("get_weather", "It is sunny.", tokenizer.eos_token if family != "llama3_2" else "<|eot_id|>"):
+            if part not in text:
+                harness.fail(f"{family}: the trained tokens of a tool call's conversation lack {part!r}: {text!r}")
+        print(f"{family}: the answers of a conversation with a tool call are trained: {text!r}")
         expected = []
         for r in records:
             expected += theirs(tokenizer, r["messages"], False, TOOLS, {})[0]
@@ -147,6 +158,9 @@ def main():
             ["line 2", "'bot'", "system, user, assistant, tool"], directory)
     refused(args, work, "no-role", ['{"messages": [{"content": "a"}, {"role": "assistant", "content": "b"}]}'],
             ["line 1", "message 1", "\"role\""], directory)
+    refused(args, work, "deep-record",
+            ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "tools": ' +
+             "[" * 100000 + "]" * 100000 + "}"], ["line 1", "deeper than 64"], directory)
     refused(args, work, "no-answer", ['{"messages": [{"role": "user", "content": "a"}]}'],
             ["line 1", "no assistant message"], directory)
     refused(args, work, "mixed-kinds",

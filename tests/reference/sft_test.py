@@ -59,13 +59,15 @@ def write_jsonl(path, records):
             f.write(json.dumps(r) + "\n")
 
 
-def prepared(args, records, work, name, directory):
+def prepared(args, records, work, name, directory, extra=()):
     """The examples `fsdp data prepare` makes of RECORDS: (tokens, mask) each."""
     data = os.path.join(work, name + ".jsonl")
     write_jsonl(data, records)
     out = os.path.join(work, name + "-tokens")
     harness.run([args.fsdp, "data", "prepare", "--input", data, "--out-dir", out, "--tokenizer", directory,
-                 "--val-fraction", "0"])
+                 "--val-fraction", "0", *extra])
+    if extra:
+        return data, os.path.join(out, "train_*.bin"), None
     tokens = token_files.read(os.path.join(out, "train.bin"))
     mask = np.fromfile(os.path.join(out, "train.mask"), dtype=np.uint8, offset=1024)
     starts = list(np.flatnonzero(mask & 2)) + [len(tokens)]
@@ -132,6 +134,12 @@ def main():
             print(f"{name} W={world}: TRL {np.round(reference, 6).tolist()}, fsdp {np.round(losses, 6).tolist()}")
             harness.check(f"{name} W={world}: largest relative loss difference from TRL",
                           float((np.abs(losses - reference) / np.abs(reference)).max()), LOSS_BOUND)
+            if name == "conversational pairs" and world == 1:
+                # Shards of 100 tokens cut examples; each is still read whole.
+                _, shards, _ = prepared(args, records, work, "sharded", directory, ("--shard-tokens", "100"))
+                sharded = np.array(run_fsdp(args, directory, shards, 1, os.path.join(work, "sharded-w1")))
+                harness.check("the same pairs in shards of 100 tokens: largest loss difference from one file",
+                              float(np.abs(sharded - losses).max()), 0.0)
 
 
 if __name__ == "__main__":

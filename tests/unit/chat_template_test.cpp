@@ -41,6 +41,31 @@ TEST(ChatTemplate, ValuesAreWrittenAsPythonWritesThem) {
             "{\"b\": 1, \"a\": [\"é\", \"\\n\"]}|{\n  \"b\": 1,\n  \"a\": [\n    \"é\",\n    \"\\n\"\n  ]\n}");
 }
 
+TEST(ChatTemplate, OperatorsBindAndChainAsInJinja) {
+  // ~ binds tighter than + (so 'n=' + (1 ~ '')), comparisons chain as in
+  // Python, a negative power is a float, True is 1.
+  EXPECT_EQ(render("{{ 'n=' + 1 ~ '' }}|{{ 1 == 1 == 1 }}|{{ 1 < 3 < 2 }}|{{ 2 ** -1 }}|{{ true == 1 }}|{{ [3, 1] < [3, 2] }}"),
+            "n=1|True|False|0.5|True|True");
+  EXPECT_EQ(render("{{ {'a': {'b': 1}} }}|{{ 'abc'.0 }}|{{ 'ÉCOLE'|lower }}|{{ 'straße'|upper }}"),
+            "{'a': {'b': 1}}|a|école|STRASSE");
+  EXPECT_EQ(render("a\r\nb\r"), "a\nb");  // newlines read as \n; the trailing one goes
+}
+
+TEST(ChatTemplate, HostileTemplatesAreRefusedNotCrashed) {
+  EXPECT_NE(refusal("{{ (-9223372036854775807 - 1) // -1 }}").find("past 64 bits"), std::string::npos);
+  EXPECT_NE(refusal("{{ 9223372036854775807 + 1 }}").find("past 64 bits"), std::string::npos);
+  EXPECT_EQ(render("{{ [1, 2, 3][1::9223372036854775807] }}"), "[2]");
+  EXPECT_NE(refusal("{{ range(100001) | length }}").find("more than 100000"), std::string::npos);
+  EXPECT_NE(refusal("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nest deeper"),
+            std::string::npos);
+  std::string blocks;
+  for (int i = 0; i < 500; ++i) blocks += "{% if true %}";
+  EXPECT_NE(refusal(blocks).find("nest deeper"), std::string::npos);
+  EXPECT_NE(refusal("{{ 99999999999999999999 }}").find("past 64 bits"), std::string::npos);
+  EXPECT_NE(refusal("{{ 'a,b,c'.split(',', 1, 2) }}").find("outside the supported subset"), std::string::npos);
+  EXPECT_EQ(render("{{ 'a,b,c'.split(',', 1) }}|{{ 'aaa'.replace('a', 'b', 2) }}"), "['a', 'b,c']|bba");
+}
+
 TEST(ChatTemplate, SetInsideALoopLastsOneIterationAndANamespaceCarriesOut) {
   EXPECT_EQ(render("{% set x = 0 %}{% for i in [1, 2, 3] %}{{ x }}{% set x = i %}{{ x }};{% endfor %}|{{ x }}"),
             "01;02;03;|0");
@@ -78,6 +103,7 @@ TEST(ChatTemplate, ConstructsOutsideTheSubsetAreRefusedWhenParsedNamingTheLine) 
            {"{% for x in y %}", "'for' is never closed"},
            {"{% endif %}", "'endif' closes nothing"},
            {"{% set x %}a{% endset %}", "block assignments"},
+           {"{% break %}", "'break' outside a loop"},
            {"{{ 'a }}", "never closed"}}) {
     try {
       ChatTemplate t(source);

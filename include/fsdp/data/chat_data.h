@@ -25,9 +25,11 @@
 //   Mistral's tools, written before the last user message only, make
 //   earlier answers, the answer is left out of the loss: the model is
 //   trained to continue only what it sees when it generates), and runs
-//   through the first special token after that (<|im_end|>, <|eot_id|>,
-//   </s>) and the whitespace tokens that follow it. A conversation none
-//   of whose answers can be trained is refused.
+//   through the tokenizer's eos_token or the first special token after the
+//   answer's text began, whichever comes first (<|im_end|>, <|eot_id|>,
+//   </s>; a tool call's opening [TOOL_CALLS] is the answer's), and the
+//   whitespace tokens that follow it. A conversation none of whose answers
+//   can be trained is refused.
 
 #include <cstdint>
 #include <memory>
@@ -80,6 +82,7 @@ class ChatEncoder {
   nlohmann::ordered_json special_tokens_;  // bos_token, eos_token, ... by name
   std::vector<int32_t> prefix_;            // the tokens add_special_tokens puts before a text
   std::string eos_;
+  int32_t eos_id_ = -1;  // the eos_token's id, when it is one token
 };
 
 }  // namespace fsdp::data

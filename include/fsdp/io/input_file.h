@@ -39,6 +39,9 @@ std::string read_file(const std::string& path, const std::string& what);
 // `text` parsed; throws fsdp::Error "<what> is not valid JSON (...)" or
 // "<what> nests deeper than 64 levels" before the parser builds anything.
 nlohmann::json parse_json(const std::string& text, const std::string& what);
+// parse_json, keeping each object's keys in their order (chat records,
+// whose order a chat template writes back).
+nlohmann::ordered_json parse_ordered_json(const std::string& text, const std::string& what);
 // read_file, then parse_json.
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
