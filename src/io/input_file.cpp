@@ -92,24 +92,28 @@ std::string read_file(const std::string& path, const std::string& what) {
   return text;
 }
 
-nlohmann::json parse_json(const std::string& text, const std::string& what) {
+namespace {
+
+// Both JSON kinds (keys sorted, keys in order) under the same bound.
+template <typename Json>
+Json parse_bounded(const std::string& text, const std::string& what) {
   FSDP_CHECK(nesting_depth(text, kMaxJsonDepth) <= kMaxJsonDepth, what, " nests arrays and objects deeper than ",
              kMaxJsonDepth, " levels, which no file of this kind needs (corrupt or hostile)");
   try {
-    return nlohmann::json::parse(text);
+    return Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(what + " is not valid JSON (" + e.what() + ")");
   }
 }
 
+}  // namespace
+
+nlohmann::json parse_json(const std::string& text, const std::string& what) {
+  return parse_bounded<nlohmann::json>(text, what);
+}
+
 nlohmann::ordered_json parse_ordered_json(const std::string& text, const std::string& what) {
-  FSDP_CHECK(nesting_depth(text, kMaxJsonDepth) <= kMaxJsonDepth, what, " nests arrays and objects deeper than ",
-             kMaxJsonDepth, " levels, which no file of this kind needs (corrupt or hostile)");
-  try {
-    return nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(what + " is not valid JSON (" + e.what() + ")");
-  }
+  return parse_bounded<nlohmann::ordered_json>(text, what);
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {

@@ -66,6 +66,26 @@ TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
   EXPECT_GT(metrics.front()["peak_flops_per_rank"].get<double>(), 0);
 }
 
+// --epochs 2 over a corpus of R rows of 32 tokens at 2 ranks x 4 rows a
+// step makes ceil(2R / 8) steps; beside --steps it is refused.
+TEST(Train, EpochsSetTheStepsFromTheRowsTheDataHolds) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const int64_t rows = (data::TokenFile(corpus).size() - 1) / 32;
+  const auto r = run_command(kCli + " launch -n 2 -- " + kCli + " train --model gpt2-tiny --data " + corpus +
+                             " --epochs 2 --seq-len 32 --batch-size 4 --log-every 1 --metrics " + dir + "/m.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const int64_t steps = (2 * rows + 7) / 8;
+  EXPECT_EQ(train_losses(read_metrics(dir + "/m.jsonl")).size(), static_cast<size_t>(steps)) << rows << " rows";
+  EXPECT_NE(r.output.find("in " + std::to_string(steps) + " steps of 8 rows (the data holds " + std::to_string(rows) +
+                          ") (--epochs)"),
+            std::string::npos)
+      << r.output;
+  const auto both = run_command(kCli + " train --model gpt2-tiny --data " + corpus + " --epochs 2 --steps 7");
+  EXPECT_EQ(both.exit_code, 1) << both.output;
+  EXPECT_NE(both.output.find("give one (--epochs sets the steps)"), std::string::npos) << both.output;
+}
+
 TEST(Train, TwoRanksReproduceOneRankOnTheSameGlobalBatch) {
   const auto dir = make_temp_dir();
   const auto corpus = small_corpus(dir);
