@@ -198,6 +198,8 @@ std::vector<Record> records_of(const fs::path& path) {
 bool holds_chat_data(const std::vector<fs::path>& files) {
   for (const auto& f : files) {
     if (f.extension() != ".jsonl" && f.extension() != ".json") continue;
+    // Opening a FIFO would block for good: refused first, naming it.
+    io::check_regular_file(f.string(), "input of `data prepare`");
     std::ifstream in(f, std::ios::binary);
     std::string line;
     if (f.extension() == ".json") {
