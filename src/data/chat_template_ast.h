@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <unicode/uchar.h>
 
 namespace fsdp::data::jinja {
 
@@ -79,6 +80,10 @@ struct Template {
 // templates under (trim_blocks, lstrip_blocks). Throws fsdp::Error naming
 // the line and the construct for anything outside the subset.
 std::unique_ptr<Template> parse(const std::string& source);
+// Python's str.isspace for one character: what strip(), split() and the
+// '-' of a tag take away.
+inline bool is_python_space(UChar32 c) { return u_isUWhiteSpace(c) || (c >= 0x1c && c <= 0x1f); }
+
 // Whether NAME is a test of the subset (`x is NAME`, selectattr's test).
 bool is_supported_test(const std::string& name);
 

@@ -31,9 +31,6 @@ const std::set<std::string> kTests = {
 // Deeper than any real template nests (expressions, blocks).
 constexpr int kMaxNesting = 100;
 
-// Python's str.isspace for one UTF-8 character.
-bool is_python_space(UChar32 c) { return u_isUWhiteSpace(c) || (c >= 0x1c && c <= 0x1f); }
-
 // Python's str.lstrip() / rstrip() with no argument: Unicode whitespace.
 std::string strip_python_space(const std::string& s, bool left, bool right) {
   int32_t begin = 0, end = static_cast<int32_t>(s.size());

@@ -88,6 +88,10 @@ std::string python_float(double d) {
 
 std::string repr(const Json& j);
 
+// Python's bool is a number (True == 1): compared and ordered as one.
+bool numeric(const Json& j) { return j.is_number() || j.is_boolean(); }
+double as_double(const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); }
+
 std::string str(const Json& j) {
   switch (j.type()) {
     case Json::value_t::string: return j.get<std::string>();
@@ -210,7 +214,7 @@ bool python_space(const std::string& c) {
   int32_t i = 0;
   UChar32 u;
   U8_NEXT(reinterpret_cast<const uint8_t*>(c.data()), i, static_cast<int32_t>(c.size()), u);
-  return u >= 0 && (u_isUWhiteSpace(u) || (u >= 0x1c && u <= 0x1f));
+  return u >= 0 && is_python_space(u);
 }
 
 // Python's str.upper() and lower() (full case mappings: 'ß'.upper() is 'SS').
@@ -326,8 +330,6 @@ class Renderer {
     if (!a.defined() || !b.defined()) return a.defined() == b.defined();
     if (!a.is_data() || !b.is_data()) return a.ns && a.ns == b.ns;
     // Python: True == 1 and 1 == 1.0.
-    const auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
-    const auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
     if (numeric(a.data) && numeric(b.data)) return as_double(a.data) == as_double(b.data);
     return a.data == b.data;
   }
@@ -531,8 +533,6 @@ class Renderer {
   }
 
   bool less(const Json& a, const Json& b, int line) const {
-    const auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
-    const auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
     if (numeric(a) && numeric(b)) return as_double(a) < as_double(b);
     if (a.is_string() && b.is_string()) return a.get<std::string>() < b.get<std::string>();
     if (a.is_array() && b.is_array()) {  // lexicographic, as Python's lists

@@ -72,6 +72,11 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
              " tokens, fewer than one batch of ", B, " x ", T, " + 1");
 }
 
+int64_t DataLoader::example_of(int64_t i) const {
+  const int64_t n = examples();
+  return o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
+}
+
 int64_t DataLoader::example_length(int64_t e) const {
   const auto k = static_cast<size_t>(e);
   return (k + 1 < example_starts_.size() ? example_starts_[k + 1] : stream_->size()) - example_starts_[k];
@@ -120,11 +125,7 @@ int64_t DataLoader::offset(int64_t step, int micro_step) const {
 
 int64_t DataLoader::sequence_start(int64_t i) const {
   const int64_t T = o_.seq_len;
-  if (!example_starts_.empty()) {
-    const int64_t n = examples();
-    const int64_t e = o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
-    return example_starts_[static_cast<size_t>(e)];
-  }
+  if (!example_starts_.empty()) return example_starts_[static_cast<size_t>(example_of(i))];
   if (!o_.shuffle || !stream_) return i * T;
   const int64_t windows = (stream_->size() - 1) / T;
   const int64_t epoch = i / windows;
@@ -135,9 +136,7 @@ void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const 
   const int64_t T = o_.seq_len;
   const int64_t start = sequence_start(i);
   if (!example_starts_.empty()) {
-    const int64_t n = examples();
-    const int64_t e = o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
-    const int64_t length = std::min(example_length(e), T + 1);
+    const int64_t length = std::min(example_length(example_of(i)), T + 1);
     stream_->read(start, length, out);
     for (int64_t k = 0; k <= T; ++k) {
       if (k >= length) out[k] = 0;  // padding: never a target, after every real token

@@ -78,6 +78,7 @@ class DataLoader {
 
  private:
   void read_sequence(int64_t i, int64_t* out, uint8_t* trained) const;
+  int64_t example_of(int64_t i) const;  // the example sequence i reads (chat data)
   int64_t example_length(int64_t e) const;
   std::shared_ptr<TokenStream> stream_;
   std::vector<uint8_t> mask_;             // chat data: the masks of the whole stream
