@@ -82,7 +82,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
     FSDP_CHECK(job.runtime.precision != train::Precision::kFp16,
                "bench matmul: --precision fp16 is not timed; use --dtypes fp32,bf16");
     init_runtime();  // the trainer's threads and allocator
-    const auto shape = plan::model_shape(job.model);
+    const auto shape = plan::model_shape(job);
     const auto gemms = bench::step_gemms(shape, job.data.batch_size, job.data.seq_len,
                                          job.model.activation_checkpoint);
     std::vector<std::string> dtypes = *matmul_dtypes;
@@ -111,7 +111,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   kernels->callback([kernel_flags, kernel_seconds, &exit_code] {
     const train::TrainConfig job = resolve(*kernel_flags);
     init_runtime();
-    const auto shape = plan::model_shape(job.model);
+    const auto shape = plan::model_shape(job);
     bench::print_kernel_bench(bench::run_kernel_bench(shape, job.data.batch_size, job.data.seq_len, *kernel_seconds),
                               std::cout);
     exit_code = 0;

@@ -98,7 +98,7 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
   plan::Target target;
   target.flash_attention = target.composite_loss = target.composite_elementwise = device != nullptr;
   target.selective_checkpointing = pf.selective_ac;
-  const plan::ModelShape shape = plan::model_shape(job.model);
+  const plan::ModelShape shape = plan::model_shape(job);
   const plan::Prediction prediction = plan::predict(shape, job, pf.world_size, target);
 
   int64_t overhead = 0;

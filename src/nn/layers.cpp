@@ -9,6 +9,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
+#include "fsdp/nn/dropout.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::nn {
@@ -33,7 +34,12 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std) {
   if (with_bias) bias = register_parameter("bias", new_parameter({out}, [](torch::Tensor& t) { t.zero_(); }));
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  if (!lora_A) return y;
+  const torch::Tensor h = lora_dropout ? dropout(lora_dropout, x) : x;
+  return y + lora_B->forward(lora_A->forward(h)) * lora_scale;  // PEFT's order of operations
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t count, int64_t dim, double std, std::optional<int64_t> padding_row_)
     : padding_row(padding_row_) {

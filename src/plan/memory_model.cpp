@@ -32,6 +32,13 @@ struct Unit {
   int64_t params = 0;
   int64_t shard = 0;   // elements per rank
   int64_t padded = 0;  // shard * S
+  int64_t trainable = 0;        // parameters that get gradients (all but a LoRA job's frozen base)
+  int64_t trainable_shard = 0;  // ... per rank: what AdamW keeps moments of
+  // What gradients travel in: the whole unit's flat shard, or under LoRA
+  // with a bf16 policy only the adapters' (the frozen base is kept in bf16,
+  // a flat shard of its own that is never reduced: [Note: a unit of
+  // several dtypes]).
+  int64_t grad_params = 0, grad_shard = 0, grad_padded = 0;
 };
 
 }  // namespace
@@ -73,12 +80,25 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // Explicit prefetch gathers exactly the next block, whatever the depth.
   const int64_t depth = job.fsdp.explicit_prefetch ? 1 : job.fsdp.prefetch_depth;
 
-  const auto unit = [&](std::string name, int64_t params) {
+  // LoRA under a bf16 policy: the frozen base is stored in bf16 beside
+  // fp32 adapters, a dtype (and a flat shard) of its own.
+  const bool lora = job.lora.rank > 0;
+  const bool base_apart = lora && s.compute != s.master;
+  const int64_t frozen_bytes = base_apart ? s.compute : s.master;
+  const auto unit = [&](std::string name, int64_t params, int64_t trainable) {
     Unit u{std::move(name), params, ceil_div(params, S), 0};
     u.padded = u.shard * S;
+    u.trainable = trainable < 0 ? params : trainable;
+    u.trainable_shard = ceil_div(u.trainable, S);
+    u.grad_params = base_apart ? u.trainable : params;
+    u.grad_shard = ceil_div(u.grad_params, S);
+    u.grad_padded = u.grad_shard * S;
     return u;
   };
-  const Unit root = unit("root", m.root_params);
+  const auto trainable_of = [&](int64_t i) {
+    return m.block_trainable.empty() ? int64_t{-1} : m.block_trainable[static_cast<size_t>(i)];
+  };
+  const Unit root = unit("root", m.root_params, m.root_trainable);
   const int64_t L = m.layers;
   // Per block: its unit, what it keeps for backward, under the job's
   // checkpointing, and its backward's transient.
@@ -87,7 +107,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const int64_t act_input = s.N * m.hidden * s.compute;
   Prediction out;
   for (int64_t i = 0; i < L; ++i) {
-    block.push_back(unit("block " + std::to_string(i), m.block_params[static_cast<size_t>(i)]));
+    block.push_back(unit("block " + std::to_string(i), m.block_params[static_cast<size_t>(i)], trainable_of(i)));
     const auto mem = m.block_memory(i, s);
     act_block.push_back(mem.kept);
     kept.push_back(target.selective_checkpointing ? mem.selective
@@ -98,12 +118,16 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
         std::max(out.block_checkpointed_bytes, target.selective_checkpointing ? mem.selective : act_input);
   }
   // Prefix sums over the blocks: [0, i) of each per-block quantity.
-  std::vector<int64_t> kept_sum{0}, padded_sum{0}, shard_sum{0}, params_sum{0};
+  std::vector<int64_t> kept_sum{0}, padded_sum{0}, shard_sum{0}, trainable_shard_sum{0}, grad_params_sum{0},
+      grad_shard_sum{0}, grad_padded_sum{0};
   for (size_t j = 0; j < block.size(); ++j) {
     kept_sum.push_back(kept_sum.back() + kept[j]);
     padded_sum.push_back(padded_sum.back() + block[j].padded);
     shard_sum.push_back(shard_sum.back() + block[j].shard);
-    params_sum.push_back(params_sum.back() + block[j].params);
+    trainable_shard_sum.push_back(trainable_shard_sum.back() + block[j].trainable_shard);
+    grad_params_sum.push_back(grad_params_sum.back() + block[j].grad_params);
+    grad_shard_sum.push_back(grad_shard_sum.back() + block[j].grad_shard);
+    grad_padded_sum.push_back(grad_padded_sum.back() + block[j].grad_padded);
   }
   // Blocks [first, last) of one of them.
   const auto range = [&](const std::vector<int64_t>& sums, int64_t first, int64_t last) {
@@ -113,11 +137,14 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   };
   const auto kept_before = [&](int64_t i) { return range(kept_sum, 0, i); };
   const auto padded = [&](int64_t first, int64_t last) { return range(padded_sum, first, last); };
+  const auto grad_padded = [&](int64_t first, int64_t last) { return range(grad_padded_sum, first, last); };
 
-  int64_t shards = root.shard + range(shard_sum, 0, L);
-  const int64_t params_bytes = shards * s.master;
-  const int64_t optimizer_bytes = 2 * shards * s.master;  // AdamW's two moments, in the shards' dtype
-  out.state_bytes = 2 * params_bytes + optimizer_bytes;
+  const int64_t shards = root.shard + range(shard_sum, 0, L);
+  const int64_t trainable_shards = root.trainable_shard + range(trainable_shard_sum, 0, L);
+  const int64_t grad_shards = root.grad_shard + range(grad_shard_sum, 0, L);
+  const int64_t params_bytes = trainable_shards * s.master + (shards - trainable_shards) * frozen_bytes;
+  const int64_t optimizer_bytes = 2 * trainable_shards * s.master;  // AdamW's two moments, in the shards' dtype
+  out.state_bytes = params_bytes + grad_shards * s.master + optimizer_bytes;
   const int64_t gathered_root = aliased ? 0 : root.padded * s.compute;
   const auto gathered_blocks = [&](int64_t first, int64_t last) {
     return aliased ? 0 : padded(first, last) * s.compute;
@@ -141,9 +168,9 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // this one collects and casts (in_flight, below).
   const auto reduction = [&](const Unit& u, int64_t gathered, int64_t fresh, int64_t before) -> int64_t {
     if (aliased) return 0;
-    const int64_t buffer = u.padded * s.compute;
-    const int64_t cast = s.reduce != s.compute ? u.padded * s.reduce : 0;
-    const int64_t scatter = S > 1 ? u.padded * s.reduce + u.shard * s.reduce : 0;
+    const int64_t buffer = u.grad_padded * s.compute;
+    const int64_t cast = s.reduce != s.compute ? u.grad_padded * s.reduce : 0;
+    const int64_t scatter = S > 1 ? u.grad_padded * s.reduce + u.grad_shard * s.reduce : 0;
     return std::max({gathered + buffer + fresh + before, buffer + cast + before, (cast > 0 ? cast : buffer) + scatter});
   };
   // A unit's reduce-scatter stays in flight until the next unit's
@@ -153,21 +180,22 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // reduce dtype) and Gloo's receive buffer of the same size are held. Its
   // output shard is counted in "gradients" from its issue on. With one rank
   // per shard group there is no collective.
-  const auto in_flight = [&](const Unit& u) -> int64_t { return aliased || S == 1 ? 0 : 2 * u.padded * s.reduce; };
+  const auto in_flight = [&](const Unit& u) -> int64_t { return aliased || S == 1 ? 0 : 2 * u.grad_padded * s.reduce; };
   // A tied head (its weight the embedding's: the root then holds the
   // vocabulary's V x C once, not twice) cannot hand its gradient to the
   // root's buffer at the root's pre-backward: the weight's one gradient
   // accumulator has two inputs, so autograd holds the head's gradient in
   // its input buffer until the embedding's backward, the last, has made
   // the other.
-  const bool tied = m.tied_head;
+  const bool tied = m.tied_head && root.trainable == root.params;  // (LoRA freezes it: no gradient)
+  const bool head_trains = root.trainable == root.params;
   const int64_t tied_grad = tied ? m.vocab * m.hidden * s.compute : 0;
   // A unit that stays gathered after forward (the root; every unit under
   // shard_grad_op) makes its flat gradient buffer then, so that a
   // parameter used after it (a tied head) accumulates in place: the root
   // and, under shard_grad_op, blocks [0, n).
   const auto kept_grad_buffers = [&](int64_t n) {
-    return aliased ? 0 : root.padded * s.compute + (full_shard ? 0 : padded(0, n) * s.compute);
+    return aliased ? 0 : root.grad_padded * s.compute + (full_shard ? 0 : grad_padded(0, n) * s.compute);
   };
 
   // With accumulation, each unit keeps its unsharded gradient (reduce
@@ -183,7 +211,8 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const bool into_shards = job.fsdp.accumulate == train::Accumulate::kSharded;
   const auto unsynced = [&](int64_t n) {
     if (!accumulates) return int64_t{0};
-    return into_shards ? (root.shard + range(shard_sum, 0, n)) * s.master : (root.padded + padded(0, n)) * s.reduce;
+    return into_shards ? (root.grad_shard + range(grad_shard_sum, 0, n)) * s.master
+                       : (root.grad_padded + grad_padded(0, n)) * s.reduce;
   };
   const auto moment = [&](std::string phase, std::vector<Part> parts) {
     Moment mo{std::move(phase), {{"sharded parameters", params_bytes}, {"optimizer state", optimizer_bytes}}};
@@ -198,8 +227,8 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // its forward and the gradients land in it; otherwise a unit's reduced
   // shard appears at its post-backward. Blocks [first, last) and the root.
   const auto sharded_grads = [&](int64_t first, int64_t last, bool root_has) {
-    const int64_t blocks = range(aliased ? params_sum : shard_sum, first, last);
-    return (blocks + (root_has ? (aliased ? root.params : root.shard) : 0)) * s.master;
+    const int64_t blocks = range(aliased ? grad_params_sum : grad_shard_sum, first, last);
+    return (blocks + (root_has ? (aliased ? root.grad_params : root.grad_shard) : 0)) * s.master;
   };
 
   // Forward: block i gathered with `depth` ahead (all kept under
@@ -211,7 +240,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
            {{"gathered units", gathered_root + gathered_blocks(full_shard ? i : 0, ahead)},
             {kept_name, kept_parts(0, i)},
             {"activations", kept_before(i) + act_block[static_cast<size_t>(i)]},
-            {"unsharded gradients and reduce-scatter", full_shard || aliased ? 0 : padded(0, i) * s.compute},
+            {"unsharded gradients and reduce-scatter", full_shard || aliased ? 0 : grad_padded(0, i) * s.compute},
             {"gradients", aliased ? sharded_grads(0, i + 1, true) : 0},
             {"gradients kept between micro-steps", unsynced(L)}});
   }
@@ -235,7 +264,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
                   {"gradients kept between micro-steps", unsynced(L)}});
   // Loss backward: the hidden rows' gradient and the head's (vocab x C);
   // chunked, also an fp32 sum of the head's gradient and a chunk's logits.
-  int64_t loss_backward = s.N * m.hidden * s.compute + head_weight * s.compute;
+  int64_t loss_backward = s.N * m.hidden * s.compute + (head_trains ? head_weight * s.compute : 0);
   if (chunked) {
     loss_backward += head_weight * 4 + chunk_rows * m.vocab * s.logits;
   } else if (target.composite_loss) {
@@ -261,7 +290,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
     const auto& b = block[static_cast<size_t>(i)];
     const int64_t first_held = full_shard ? i - std::min(depth, i) : 0;
     const int64_t gradients = aliased ? grads_after_forward : sharded_grads(i + 1, L, false);
-    const int64_t block_grads = aliased ? 0 : b.padded * s.compute + b.params * s.compute;
+    const int64_t block_grads = aliased ? 0 : b.grad_padded * s.compute + b.trainable * s.compute;
     const int64_t before = i + 1 < L ? in_flight(block[static_cast<size_t>(i + 1)]) : 0;
     moment("backward block " + std::to_string(i),
            {{"gathered units", gathered_root + gathered_blocks(first_held, i + 1)},
@@ -276,7 +305,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
             {kept_name, kept_parts(0, first_held)},
             {"activations", kept_before(i)},
             {"unsharded gradients and reduce-scatter",
-             reduction(b, 0, b.params * s.compute, before) + kept_grad_buffers(i)},
+             reduction(b, 0, b.trainable * s.compute, before) + kept_grad_buffers(i)},
             {"the tied head's gradient", tied_grad},
             {"gradients", gradients},
             {"gradients kept between micro-steps", unsynced(i + 1)}});
@@ -288,14 +317,15 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   // before autograd sums them: two at once. In place, the fresh ones (the
   // embeddings'; an untied head's went in after the loss's backward) are
   // added into the gradient buffer and freed.
-  const int64_t root_fresh = root.params * s.compute + tied_grad;
-  const int64_t embedding_fresh = (tied ? root.params : root.params - head_weight) * s.compute + tied_grad;
+  const int64_t root_fresh = root.trainable * s.compute + tied_grad;
+  const int64_t embedding_fresh =
+      head_trains ? (tied ? root.params : root.params - head_weight) * s.compute + tied_grad : 0;
   moment("backward root", {{"unsharded gradients and reduce-scatter",
                             reduction(root, gathered_root, root_fresh, L > 0 ? in_flight(block[0]) : 0)},
                            {"fresh gradients", aliased ? embedding_fresh : 0},
                            {"gradients kept between micro-steps", unsynced(0)},
                            {"gradients", sharded_grads(0, L, aliased)}});
-  moment("optimizer", {{"gradients", params_bytes}});
+  moment("optimizer", {{"gradients", grad_shards * s.master}});
 
   out.peak = *std::max_element(out.timeline.begin(), out.timeline.end(),
                                [](const Moment& a, const Moment& b) { return a.total() < b.total(); });

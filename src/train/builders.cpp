@@ -7,12 +7,15 @@
 #include <set>
 
 #include "fsdp/checkpoint/metadata.h"
+#include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer_record.h"
+#include "fsdp/models/hf/peft_adapter.h"
 #include "fsdp/models/parallelize.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/nn/lora.h"
 
 namespace fsdp::train {
 
@@ -72,7 +75,50 @@ torch::ScalarType precision_dtype(Precision p) {
   return torch::kFloat;
 }
 
-BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, RunLog& log) {
+namespace {
+
+// LoRA: adapters on the targeted layers, every other parameter frozen.
+// Under a bf16 policy the frozen ones are kept in bf16 (what they are
+// gathered in anyway): no fp32 copy of a weight that never changes, so a
+// rank holds half the base's bytes; the adapters keep fp32 masters.
+void add_lora_adapters(models::CausalLMImpl& model, const TrainConfig& config, BuiltModel& built, RunLog& log) {
+  const auto& l = config.lora;
+  nn::LoraOptions o;
+  o.rank = l.rank;
+  o.alpha = l.alpha;
+  o.dropout = l.dropout;
+  o.targets = config.lora_targets();
+  const auto layers = nn::add_lora(model, o);
+  if (!l.init_from.empty()) models::load_peft_adapter(model, l.init_from, l.rank, l.alpha);
+  const auto frozen_dtype = precision_dtype(config.runtime.precision);
+  if (frozen_dtype != torch::kFloat) {
+    for (auto& p : model.parameters()) {
+      if (p.requires_grad()) continue;
+      p.set_data(is_deferred(p) ? at::empty_strided(p.sizes(), std::vector<int64_t>(p.dim(), 0), p.options().dtype(frozen_dtype))
+                                : p.to(frozen_dtype));
+    }
+  }
+  int64_t trainable = 0;
+  for (const auto& p : unique_parameters(model)) trainable += p.requires_grad() ? p.numel() : 0;
+  built.parameters = models::count_parameters(model);
+  char share[32], alpha[32];
+  std::snprintf(share, sizeof(share), "%.2f%%", 100.0 * static_cast<double>(trainable) / static_cast<double>(built.parameters));
+  std::snprintf(alpha, sizeof(alpha), "%g", l.alpha);
+  std::set<std::string> kinds;
+  for (const auto& name : layers) kinds.insert(name.substr(name.rfind('.') + 1));
+  std::string kind_list;
+  for (const auto& k : kinds) kind_list += (kind_list.empty() ? "" : ",") + k;
+  log.say("LoRA rank " + std::to_string(l.rank) + ", alpha " + alpha +
+          " on " + std::to_string(layers.size()) + " layers (" + kind_list + "): " + std::to_string(trainable) +
+          " trainable parameters (" + share + "), the other " + std::to_string(built.parameters - trainable) +
+          " frozen" + (frozen_dtype != torch::kFloat ? " and kept in " + name_of(config.runtime.precision) : "") +
+          (l.init_from.empty() ? "" : "; the adapters start from " + l.init_from));
+}
+
+}  // namespace
+
+BuiltModel build_model(const TrainConfig& config, const dist::World& world, RunLog& log) {
+  const TrainConfig::Model& m = config.model;
   BuiltModel built;
   if (m.init_from.empty()) {
     built.model = models::build_preset(m.name, m.dropout, m.vocab_size);
@@ -96,12 +142,13 @@ BuiltModel build_model(const TrainConfig::Model& m, const dist::World& world, Ru
   if (built.init_weights && !built.init_weights->family().partial_load_note.empty()) {
     log.say("note: '" + m.init_from + "' " + built.init_weights->family().partial_load_note);
   }
+  if (config.lora.rank > 0) add_lora_adapters(model, config, built, log);
   if (m.print && log.speaks()) {
     std::cout << model << "\n";
     for (const auto& item : model.named_parameters()) {
       std::cout << "  " << item.key() << "  " << item.value().sizes() << "  " << item.value().numel() << "\n";
     }
-    std::cout << "  total  " << params << " parameters\n";
+    std::cout << "  total  " << built.parameters << " parameters\n";
   }
   return built;
 }
@@ -273,7 +320,9 @@ void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const st
 
 DecayGroups choose_decay_groups(const torch::nn::Module& model) {
   DecayGroups groups;
-  for (const auto& p : unique_parameters(model)) (p.dim() >= 2 ? groups.decay : groups.no_decay).push_back(p);
+  for (const auto& p : unique_parameters(model)) {
+    if (p.requires_grad()) (p.dim() >= 2 ? groups.decay : groups.no_decay).push_back(p);  // LoRA freezes the rest
+  }
   return groups;
 }
 

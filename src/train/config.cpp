@@ -210,6 +210,11 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(model, activation_checkpoint, "--activation-checkpoint", "recompute each block in backward"),
       FSDP_FIELD(model, chunk_loss, "--chunk-loss", "cross-entropy without materialising all logits"),
       FSDP_FIELD(model, print, "--print-model", "print the module tree, shapes and parameter counts"),
+      FSDP_FIELD(lora, rank, "--lora-rank", "LoRA: train rank-r adapters on the Linear layers --lora-targets names and freeze every other parameter (0: off, full fine-tuning)"),
+      FSDP_FIELD(lora, alpha, "--lora-alpha", "LoRA: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)"),
+      FSDP_FIELD(lora, dropout, "--lora-dropout", "LoRA: dropout on the adapters' input"),
+      FSDP_FIELD(lora, targets, "--lora-targets", "LoRA: comma-separated layer names (q_proj,v_proj), or all-linear: every Linear layer but the output head and MoE routers"),
+      FSDP_FIELD(lora, init_from, "--lora-init-from", "LoRA: start the adapters from a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of fresh ones"),
       FSDP_FIELD(data, train, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
       FSDP_FIELD(data, val, "--val-data", "token files for evaluation (as --data)"),
       FSDP_FIELD(data, seq_len, "--seq-len", "tokens per sequence"),
@@ -247,6 +252,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD_AS(export, hf_export, dir, "--export-hf", "write a Hugging Face directory at the end"),
       FSDP_FIELD_AS(export, hf_export, dtype, "--export-dtype", "dtype of exported weights: float32, bfloat16 or float16 (empty: the torch_dtype of the model's config.json)"),
       FSDP_FIELD_AS(export, hf_export, shard_size, "--export-shard-size", "largest exported weight file before sharding with an index (5GB, 500MB, 2GiB)"),
+      FSDP_FIELD_AS(export, hf_export, merge_lora, "--merge-lora", "with LoRA, export a plain model with the adapters folded into its weights, instead of a PEFT adapter directory"),
       FSDP_FIELD(guard, max_bad_steps, "--max-bad-steps", "non-finite loss or gradient norm this many steps in a row stops the run (each is skipped)"),
       FSDP_FIELD(guard, skip_spikes, "--skip-spikes", "skip updates whose loss z-score over recent steps exceeds this (0: off)"),
       FSDP_FIELD(fsdp, sharding, "--sharding", "sharding strategy"),
@@ -498,6 +504,16 @@ void TrainConfig::validate() const {
              runtime.run_name, "' names no folder of its own under out/ (use a name, or --out-dir for a path)");
   FSDP_CHECK(logging.memory_snapshot >= 0, "logging.memory_snapshot is ", logging.memory_snapshot,
              ": expected 0 (off) or a number of steps");
+  FSDP_CHECK(lora.rank >= 0 && lora.rank <= (int64_t{1} << 16), "lora.rank is ", lora.rank,
+             ": expected 0 (off) or an adapter rank such as 8, 16 or 64");
+  FSDP_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "lora.alpha is ", lora.alpha,
+             ": expected a positive scale numerator (the adapters are scaled by alpha / rank)");
+  FSDP_CHECK(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout is ", lora.dropout, ": expected 0 <= p < 1");
+  FSDP_CHECK(!lora_targets().empty(), "lora.targets is empty: expected layer names such as q_proj,v_proj, or all-linear");
+  FSDP_CHECK(lora.rank > 0 || lora.init_from.empty(), "lora.init_from names an adapter, and lora.rank is 0 (no "
+             "LoRA): give --lora-rank (the adapter's r) and --lora-alpha");
+  FSDP_CHECK(lora.rank > 0 || !hf_export.merge_lora, "export.merge_lora folds LoRA adapters into the weights, and "
+             "lora.rank is 0 (no adapters): drop --merge-lora, or give --lora-rank");
   FSDP_CHECK(sample.tokens >= 0, "sample.tokens is ", sample.tokens, ": expected 0 or more");
   if (!hf_export.dtype.empty()) models::hf::parse_export_dtype(hf_export.dtype, "export.dtype");
   models::hf::parse_size(hf_export.shard_size, "export.shard_size");
@@ -509,6 +525,22 @@ void TrainConfig::validate() const {
   FSDP_CHECK(wrap.kind == models::WrapPolicy::Kind::kBlock || (!model.activation_checkpoint && !fsdp.explicit_prefetch),
              "fsdp.wrap_policy ", fsdp.wrap_policy,
              " cannot be combined with activation checkpointing or explicit prefetch (both work on whole blocks; use block)");
+}
+
+std::vector<std::string> TrainConfig::lora_targets() const {
+  std::vector<std::string> out;
+  std::string item;
+  for (const char c : lora.targets + ",") {
+    if (c != ',') {
+      if (c != ' ') item += c;
+      continue;
+    }
+    if (!item.empty()) out.push_back(item);
+    item.clear();
+  }
+  FSDP_CHECK(out.size() == 1 || std::find(out.begin(), out.end(), "all-linear") == out.end(), "lora.targets '",
+             lora.targets, "': all-linear stands alone (it names every Linear layer)");
+  return out;
 }
 
 std::vector<std::string> TrainConfig::differences(const TrainConfig& other) const {

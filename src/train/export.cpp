@@ -5,7 +5,9 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
+#include "fsdp/models/hf/peft_adapter.h"
 #include "fsdp/models/hf/weights.h"
+#include "fsdp/nn/lora.h"
 
 namespace fsdp::train {
 namespace {
@@ -18,9 +20,31 @@ std::string join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExport& r, const CompanionSources& sources,
+void export_trained_model(models::CausalLMImpl& model, const TrainConfig& config, const CompanionSources& sources,
                           dist::World& world, RunLog& log) {
-  const auto params = full_parameters(model);
+  const TrainConfig::HfExport& r = config.hf_export;
+  auto params = full_parameters(model);
+  const bool lora = config.lora.rank > 0;
+  if (lora && !r.merge_lora) {
+    if (log.speaks()) {
+      models::PeftAdapterInfo info;
+      info.rank = config.lora.rank;
+      info.alpha = config.lora.alpha;
+      info.dropout = config.lora.dropout;
+      info.base_model = config.model.init_from.empty() ? config.model.name : config.model.init_from;
+      CompanionReport report;
+      info.companions = [&](const std::string& staged) {
+        report = write_hf_companions(sources, model.vocab_size(), staged);
+      };
+      models::save_peft_adapter(model, params, info, r.dir);
+      log.say("exported the LoRA adapter to " + r.dir + " (PEFT's adapter_config.json and adapter_model.safetensors" +
+              (report.written.empty() ? "" : ", with " + join(report.written)) + "); --merge-lora writes the model "
+              "with the adapters folded in instead");
+    }
+    dist::barrier(world.group());
+    return;
+  }
+  if (lora) params = nn::merge_lora(params, config.lora.alpha / static_cast<double>(config.lora.rank));
   if (log.speaks()) {
     models::HfExportOptions options;
     if (!r.dtype.empty()) options.dtype = models::hf::parse_export_dtype(r.dtype, "--export-dtype");

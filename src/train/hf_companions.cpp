@@ -163,9 +163,13 @@ CompanionReport write_hf_companions(const CompanionSources& sources, int64_t mod
 
   // config.json: the ids the model came with override the family's
   // defaults; the tokenizer's fill only what is unset.
+  // An adapter directory (PEFT's) has no config.json: the base model's
+  // ids and generation settings are the base's own, and only the tokenizer
+  // and chat template go beside it.
+  const bool adapter = !is_file(out / "config.json");
   const nlohmann::json from_model = special_token_ids({sources.model_dir, ""});
   const nlohmann::json ids = special_token_ids({sources.model_dir, tokenizer_fits ? sources.tokenizer_dir : ""});
-  auto config = read_json(out / "config.json");
+  auto config = adapter ? nlohmann::json::object() : read_json(out / "config.json");
   bool changed = false;
   for (const auto& [key, value] : ids.items()) {
     // A decoder family's config.json states its padding row, null
@@ -177,10 +181,12 @@ CompanionReport write_hf_companions(const CompanionSources& sources, int64_t mod
       config[key] = value;
     }
   }
-  if (changed) write_json(out / "config.json", config);
+  if (changed && !adapter) write_json(out / "config.json", config);
 
   // generation_config.json: the model's own, else the ids `generate` stops at.
-  if (!sources.model_dir.empty() && is_file(model_dir / "generation_config.json")) {
+  if (adapter) {
+    // The base's.
+  } else if (!sources.model_dir.empty() && is_file(model_dir / "generation_config.json")) {
     copy_into(model_dir / "generation_config.json", out / "generation_config.json");
     report.written.push_back("generation_config.json");
   } else {

@@ -93,7 +93,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
     // --print-model prints and exits, as --print-config does: no run
     // folder, no data, no step.
     torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));
-    auto built = build_model(config_.model, *world_, log_);
+    auto built = build_model(config_, *world_, log_);
     apply_fsdp(*built.model, config_, build_mesh(config_.fsdp, world_), built.init_weights, log_);
     return;
   }
@@ -127,7 +127,7 @@ void Trainer::set_up() {
   check_output_paths(config_, paths_.folder, log_.speaks());
   if (log_.speaks()) fault_point("train.start_folders_made");
   torch::manual_seed(static_cast<uint64_t>(config_.runtime.seed));  // the same initial weights on every rank
-  auto built = build_model(config_.model, *world_, log_);
+  auto built = build_model(config_, *world_, log_);
   model_ = built.model;
   params_ = built.parameters;
   active_params_ = model_->active_parameter_count();
@@ -739,7 +739,7 @@ std::string Trainer::sample_text() {
 }
 
 void Trainer::export_hf() {
-  export_trained_model(*model_, config_.hf_export, companion_sources(config_), *world_, log_);
+  export_trained_model(*model_, config_, companion_sources(config_), *world_, log_);
 }
 
 }  // namespace fsdp::train

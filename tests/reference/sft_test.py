@@ -91,13 +91,8 @@ def run_fsdp(args, directory, tokens, world, work):
     return [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
 
 
-def main():
-    args = harness.parse_args(__doc__)
-    work = harness.work_dir(args)
-    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
-    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
-        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
-        raise SystemExit(77)
+def tiny_qwen3(work, tokenizer_dir):
+    """hf_models' Qwen3 with Qwen3's vocabulary, tokenizer and chat template, saved in WORK/qwen3."""
     directory = os.path.join(work, "qwen3")
     config = hf_models.config("qwen3")
     config.vocab_size = 151936  # Qwen3's own: every id of its tokenizer
@@ -105,6 +100,17 @@ def main():
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tokenizer_dir, name), directory)
+    return directory
+
+
+def main():
+    args = harness.parse_args(__doc__)
+    work = harness.work_dir(args)
+    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
+    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
+        raise SystemExit(77)
+    directory = tiny_qwen3(work, tokenizer_dir)
 
     # One question and its answer as a conversation: masked as the pair is.
     pairs = conversational_pairs()

@@ -4,7 +4,9 @@
 data in file order (train_sampling_strategy="sequential"), fp32, AdamW with
 a constant learning rate; the per-step training losses (TRL's log: the
 mean over every rank's trained tokens) go to LOSSES.json on rank 0, and the
-tokenized dataset (input_ids, completion_mask) beside it.
+tokenized dataset (input_ids, completion_mask) beside it. With --adapter
+DIR the model is the base with that PEFT LoRA adapter, trainable (the rest
+frozen), and --save-adapter writes the trained adapter.
 """
 import argparse
 import json
@@ -32,6 +34,8 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--grad-accum", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
+    parser.add_argument("--save-adapter", help="where the trained adapter goes (rank 0)")
     args = parser.parse_args()
     torch.manual_seed(0)
     dataset = datasets.load_dataset("json", data_files=args.data, split="train")
@@ -42,6 +46,9 @@ def main():
         save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
         packing=False, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if args.adapter:
+        import peft
+        model = peft.PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     losses = Losses()
     trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
@@ -52,6 +59,8 @@ def main():
         tokenized = [{"input_ids": list(map(int, row["input_ids"])),
                       "completion_mask": [int(label != -100) for label in row["labels"]]}
                      for row in trainer.train_dataset]
+        if args.save_adapter:
+            trainer.model.save_pretrained(args.save_adapter)
         with open(args.out, "w") as f:
             json.dump({"losses": losses.losses, "tokenized": tokenized}, f)
 

@@ -72,6 +72,10 @@ struct ModelShape {
   // norm, an untied head): counted off the built model by the planner.
   std::vector<int64_t> block_params;
   int64_t root_params = 0;
+  // Of those, the trainable ones (all but a LoRA job's frozen base; empty
+  // and -1 when not counted: all).
+  std::vector<int64_t> block_trainable;
+  int64_t root_trainable = -1;
   // The family's memory formula: block `layer`'s bytes for one micro-batch.
   std::function<BlockMemory(int64_t layer, const ActivationSizes& sizes)> block_memory;
 };

@@ -30,11 +30,15 @@ class DeferredInit {
 // A parameter of `shape` initialised by `init` (skipped when deferred).
 torch::Tensor new_parameter(torch::IntArrayRef shape, const std::function<void(torch::Tensor&)>& init);
 
-// y = x W^T + b, W (out, in); initialised N(0, std).
+// y = x W^T + b, W (out, in); initialised N(0, std). With LoRA adapters
+// (nn/lora.h's add_lora), y + lora_scale * lora_B(lora_A(dropout(x))).
 struct LinearImpl : torch::nn::Module {
   LinearImpl(int64_t in, int64_t out, bool bias, double std = 0.02);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;
+  std::shared_ptr<LinearImpl> lora_A, lora_B;  // null without LoRA
+  torch::nn::Dropout lora_dropout{nullptr};
+  double lora_scale = 0;
 };
 TORCH_MODULE(Linear);
 

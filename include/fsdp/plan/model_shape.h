@@ -9,8 +9,10 @@
 namespace fsdp::plan {
 
 // The family's shape (FamilySpec::shape) with each block's parameters
-// counted off the model. Throws fsdp::Error naming the model when its
-// family has no memory formula.
-ModelShape model_shape(const train::TrainConfig::Model& model);
+// counted off the model the job's model section names, LoRA's adapters
+// included when its lora section adds them (and then the trainable ones
+// apart). Throws fsdp::Error naming the model when its family has no memory
+// formula.
+ModelShape model_shape(const train::TrainConfig& job);
 
 }  // namespace fsdp::plan

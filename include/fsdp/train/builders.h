@@ -27,10 +27,11 @@ struct BuiltModel {
   // --init-from: the weights fully_shard reads into each shard (the model's
   // parameters are deferred until then). Null for a preset.
   std::shared_ptr<models::HfWeights> init_weights;
-  int64_t parameters = 0;  // unique parameters, counted once before sharding
+  int64_t parameters = 0;  // unique parameters, counted once before sharding (LoRA's adapters included)
 };
-// Says what was built (and, under --print-model, its modules and shapes).
-BuiltModel build_model(const TrainConfig::Model& config, const dist::World& world, RunLog& log);
+// Says what was built (and, under --print-model, its modules and shapes):
+// the model section's model, with LoRA adapters when lora.rank > 0.
+BuiltModel build_model(const TrainConfig& config, const dist::World& world, RunLog& log);
 
 // The training loader, or (`validation`) the evaluation one; says what it
 // reads. The training loader sets runtime.steps from runtime.epochs when

@@ -53,6 +53,14 @@ struct TrainConfig {
     bool chunk_loss = false;
     bool print = false;  // print the module tree at start
   } model;
+  // LoRA adapters on the model's Linear layers (nn/lora.h): the rest frozen.
+  struct Lora {
+    int64_t rank = 0;  // 0: off (every parameter trains)
+    double alpha = 16;
+    double dropout = 0;
+    std::string targets = "all-linear";  // comma-separated layer names, or all-linear
+    std::string init_from;               // a PEFT adapter directory to go on training; empty: fresh adapters
+  } lora;
   struct Data {
     std::string train = "synthetic";  // llm.c token files (a file, a glob, a comma list), or "synthetic"
     std::string val;                  // token files for evaluation (optional)
@@ -105,6 +113,7 @@ struct TrainConfig {
     std::string dir;                 // write a Hugging Face directory at the end
     std::string dtype;               // float32, bfloat16, float16; empty: config.json's torch_dtype
     std::string shard_size = "5GB";  // shard exported weights above this (save_pretrained's default)
+    bool merge_lora = false;         // with LoRA: the adapters folded into the weights, not a PEFT adapter
   } hf_export;                       // the YAML section `export`
   struct Guard {
     int64_t max_bad_steps = 3;  // non-finite steps in a row (skipped) before the run stops
@@ -158,6 +167,8 @@ struct TrainConfig {
   int64_t tokens_per_step(int64_t world_size) const {
     return world_size * data.batch_size * data.grad_accum * data.seq_len;
   }
+  // lora.targets as a list.
+  std::vector<std::string> lora_targets() const;
   // Cross-field checks (allowed values, positive sizes, ...).
   void validate() const;
   // Checks that need the shard group's size (the world size, --fsdp-size

@@ -15,8 +15,10 @@
 namespace fsdp::train {
 
 // Collective (gathers each parameter); rank 0 writes the weights and the
-// companions (hf_companions.h) from `sources`.
-void export_trained_model(models::CausalLMImpl& model, const TrainConfig::HfExport& config,
+// companions (hf_companions.h) from `sources`. With LoRA (lora.rank > 0)
+// the weights are a PEFT adapter directory, or under export.merge_lora the
+// model with its adapters folded in.
+void export_trained_model(models::CausalLMImpl& model, const TrainConfig& config,
                           const CompanionSources& sources, dist::World& world, RunLog& log);
 
 }  // namespace fsdp::train

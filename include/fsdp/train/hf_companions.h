@@ -54,7 +54,9 @@ std::vector<int64_t> end_of_text_ids(const CompanionSources& sources);
 // model directory's, else one made from the ids), the chat template and
 // special-tokens map when the model directory has them, and the tokenizer
 // files when the tokenizer's vocabulary fits `model_vocab` (else none, and
-// the report says why). Throws fsdp::Error naming a file it cannot read.
+// the report says why). Into a directory without config.json (a LoRA
+// adapter's), the tokenizer and chat template only. Throws fsdp::Error
+// naming a file it cannot read.
 CompanionReport write_hf_companions(const CompanionSources& sources, int64_t model_vocab, const std::string& out_dir);
 
 }  // namespace fsdp::train

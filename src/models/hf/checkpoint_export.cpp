@@ -10,6 +10,7 @@
 #include "fsdp/io/input_file.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/layers.h"
+#include "fsdp/nn/lora.h"
 
 namespace fsdp::models {
 namespace {
@@ -29,6 +30,10 @@ void check_parameters_fit(const std::string& checkpoint, const nlohmann::json& c
     if (seen.insert(item.value().unsafeGetTensorImpl()).second) expected[item.key()] = item.value().sizes().vec();
   }
   for (const auto& [name, shape] : saved) {
+    FSDP_CHECK(!nn::is_lora_parameter(name), "checkpoint '", checkpoint, "' holds LoRA adapters ('", name,
+               "'), which `fsdp ckpt export` does not fold in yet; export the run with `fsdp train` instead: resume it "
+               "(--ckpt-dir, the same --steps) with --export-hf DIR for a PEFT adapter, or with --merge-lora too for "
+               "a plain model; nothing was exported");
     const auto it = expected.find(name);
     FSDP_CHECK(it != expected.end(), "checkpoint '", checkpoint, "' holds parameter '", name,
                "', which the model of its recorded config.json does not have; nothing was exported");
