@@ -54,7 +54,18 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 gpu                    ? "off (a CPU kernel)"
                 : job.model.chunk_loss ? "on"
                                        : "off");
-  return text;
+  if (job.lora.rank == 0) return text;
+  // LoRA: the trainable share, the frozen base's dtype.
+  int64_t all = m.root_params, trainable = m.root_trainable;
+  for (size_t i = 0; i < m.block_params.size(); ++i) {
+    all += m.block_params[i];
+    trainable += m.block_trainable[i];
+  }
+  char lora[192];
+  std::snprintf(lora, sizeof(lora), "; LoRA rank %lld: %lld trainable parameters of %lld, the frozen base in %s",
+                static_cast<long long>(job.lora.rank), static_cast<long long>(trainable), static_cast<long long>(all),
+                job.runtime.precision == train::Precision::kFp32 ? "fp32" : "bf16");
+  return text + std::string(lora);
 }
 
 void print_table(const plan::Prediction& p, int64_t overhead, const std::string& overhead_source, double headroom,

@@ -83,6 +83,8 @@ namespace {
 // rank holds half the base's bytes; the adapters keep fp32 masters.
 void add_lora_adapters(models::CausalLMImpl& model, const TrainConfig& config, BuiltModel& built, RunLog& log) {
   const auto& l = config.lora;
+  FSDP_CHECK(model.family() != "gpt2", "--lora-rank: GPT-2's projections are Conv1D layers (weights stored in x out), "
+             "which LoRA here does not adapt; the Llama, Mistral, Qwen3 and Llama 4 families' are Linear layers");
   nn::LoraOptions o;
   o.rank = l.rank;
   o.alpha = l.alpha;

@@ -99,7 +99,14 @@ INSTANTIATE_TEST_SUITE_P(
                       PlanCase{"qwen3_moe_fp32", 1, "--model qwen3-moe-tiny"},
                       PlanCase{"qwen3_moe_w2_bf16", 2, "--model qwen3-moe-tiny --precision bf16"},
                       PlanCase{"llama4_fp32", 1, "--model llama4-tiny"},
-                      PlanCase{"llama4_w2_ac", 2, "--model llama4-tiny --activation-checkpoint"}),
+                      PlanCase{"llama4_w2_ac", 2, "--model llama4-tiny --activation-checkpoint"},
+                      // LoRA: in fp32 the frozen base shares the adapters' flat shard (gradients and
+                      // reductions cover the whole unit); under bf16 it is a bf16 shard of its own,
+                      // never reduced. AdamW's state is the adapters' alone either way.
+                      PlanCase{"qwen3_lora_fp32", 1, "--model qwen3-tiny --lora-rank 8"},
+                      PlanCase{"llama_lora_bf16", 1, "--model llama-tiny --precision bf16 --lora-rank 8"},
+                      PlanCase{"llama_w2_lora_bf16_accumulation", 2,
+                               "--model llama-tiny --precision bf16 --lora-rank 8 --grad-accum 3"}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
 // --accumulate sharded reduce-scatters every micro-step into the shards

@@ -294,6 +294,47 @@ TEST(TrainErrors, InitFromWeightsThatDoNotFitTheirConfig) {
   EXPECT_TRUE(contains(g.output, "has shape [512, 32]") && contains(g.output, "implies [512, 4096]")) << g.output;
 }
 
+// LoRA: the adapters alone train, so two ranks on the same global batch
+// make one rank's losses, and the run says what trains.
+TEST(Train, LoraTrainsTheAdaptersAndTwoRanksReproduceOneRank) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string common = " train --model llama-tiny --data " + corpus +
+                             " --steps 4 --seq-len 16 --lr 1e-2 --log-every 1 --grad-clip 0 --lora-rank 4 "
+                             "--lora-targets q_proj,v_proj,down_proj --tensorboard=false";
+  const auto one = run_command(kCli + " launch -n 1 -- " + kCli + common + " --batch-size 4 --out-dir " + dir + "/w1");
+  const auto two = run_command(kCli + " launch -n 2 -- " + kCli + common + " --batch-size 2 --out-dir " + dir + "/w2");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  // llama-tiny: 2 layers of width 64, so 3 layers x 2 blocks of rank-4 adapters.
+  EXPECT_NE(one.output.find("LoRA rank 4, alpha 16 on 6 layers (down_proj,q_proj,v_proj)"), std::string::npos)
+      << one.output;
+  const auto a = train_losses(read_metrics(dir + "/w1/metrics.jsonl"));
+  const auto b = train_losses(read_metrics(dir + "/w2/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+  EXPECT_LT(a.back(), a.front());  // the adapters learn
+}
+
+TEST(TrainErrors, LoraSettingsThatCannotApplyAreRefusedByName) {
+  const auto dir = make_temp_dir();
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-targets q_proj,qproj",
+                       {"target 'qproj' names no Linear layer", "q_proj", "all-linear"}, dir);
+  expect_clean_failure("--model llama-tiny --steps 1 --merge-lora", {"export.merge_lora", "--lora-rank"}, dir);
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-init-from " + dir, {"lora.init_from", "--lora-rank"}, dir);
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-init-from " + dir,
+                       {"adapter_config.json", dir}, dir);
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-dropout 1", {"lora.dropout", "0 <= p < 1"},
+                       dir);
+  expect_clean_failure("--model gpt2-tiny --steps 1 --lora-rank 4", {"Conv1D", "Llama"}, dir);
+  // An adapter of another rank.
+  std::filesystem::create_directories(dir + "/adapter");
+  std::ofstream(dir + "/adapter/adapter_config.json") << R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16})";
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-init-from " + dir + "/adapter",
+                       {"has rank r = 8", "--lora-rank is 4"}, dir);
+}
+
 TEST(TrainErrors, ColumnsPlacementWithCheckpointsIsRefusedByName) {
   const auto dir = make_temp_dir();
   for (const std::string& with : {"--ckpt-dir " + dir + "/ckpt", std::string("--save-every 1"),
