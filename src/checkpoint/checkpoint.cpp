@@ -162,15 +162,31 @@ void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::str
 
 }  // namespace
 
-std::optional<std::string> latest(const std::string& dir) {
-  std::ifstream in(dir + "/latest");
+namespace {
+
+// The checkpoint DIR/POINTER names (`latest`, `best`).
+std::optional<std::string> pointed_at(const std::string& dir, const std::string& pointer) {
+  std::ifstream in(dir + "/" + pointer);
   if (!in.good()) return std::nullopt;
   std::string name;
   std::getline(in, name);
   const std::string path = dir + "/" + name;
-  FSDP_CHECK(!name.empty() && fs::is_directory(path), "'", dir, "/latest' names '", name,
-             "', which is not a checkpoint directory");
+  FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && fs::is_directory(path), "'", dir, "/", pointer,
+             "' names '", name, "', which is not a checkpoint directory");
   return path;
+}
+
+}  // namespace
+
+std::optional<std::string> latest(const std::string& dir) { return pointed_at(dir, "latest"); }
+
+std::optional<std::string> best(const std::string& dir) { return pointed_at(dir, "best"); }
+
+void mark_best(const std::string& dir, const std::string& checkpoint, int keep) {
+  const std::string name = fs::path(checkpoint).filename().string();
+  FSDP_CHECK(fs::is_directory(dir + "/" + name), "best checkpoint '", checkpoint, "' is not a checkpoint of '", dir, "'");
+  io::write_file_atomically(dir + "/best", name + "\n");
+  detail::prune(dir, keep);  // the best before, kept only as the best, goes
 }
 
 namespace {
@@ -498,17 +514,29 @@ void publish(const std::string& dir, const std::string& tmp_dir, const std::stri
   fs::rename(tmp_dir, final_dir);
   fsync_dir(dir);
   io::write_file_atomically(dir + "/latest", name + "\n");
+  detail::prune(dir, keep);
+}
+
+}  // namespace
+
+namespace detail {
+
+void prune(const std::string& dir, int keep) {
   std::vector<std::string> steps;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto n = e.path().filename().string();
     if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) steps.push_back(n);
   }
   std::sort(steps.begin(), steps.end());
+  // The best checkpoint (DIR/best) stays, beside the newest `keep`.
+  std::string kept_best;
+  if (std::ifstream in(dir + "/best"); in.good()) std::getline(in, kept_best);
+  steps.erase(std::remove(steps.begin(), steps.end(), kept_best), steps.end());
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < steps.size(); ++i)
     io::remove_tree(dir + "/" + steps[i]);
 }
 
-}  // namespace
+}  // namespace detail
 
 namespace {
 

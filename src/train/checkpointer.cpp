@@ -186,6 +186,18 @@ void Checkpointer::report_differences(const checkpoint::TrainerState& state, con
   }
 }
 
+void Checkpointer::mark_best(int64_t step, MetricsLog* metrics) {
+  wait_for_save(metrics);
+  if (last_saved_step_ != step) return;  // not written (weights not finite, a save that failed): the best stays
+  if (world_.rank() == 0) checkpoint::mark_best(config_.dir, config_.dir + "/" + step_dir_name(step), static_cast<int>(config_.keep));
+  dist::barrier(world_.group());
+}
+
+std::string Checkpointer::best() const {
+  if (!enabled()) return "";
+  return checkpoint::best(config_.dir).value_or("");
+}
+
 bool Checkpointer::due(int64_t step, int64_t total_steps, bool stop_requested) const {
   return enabled() && (stop_requested || Cadence{config_.save_every}.due(step, total_steps));
 }

@@ -246,6 +246,8 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(logging, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
       FSDP_FIELD(eval, every, "--eval-every", "steps between evaluations (0: only at the end)"),
       FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation"),
+      FSDP_FIELD(eval, keep_best, "--keep-best", "save a checkpoint at each evaluation that lowers the validation loss and keep it as <checkpoint dir>/best (never pruned); the end of the run exports and samples the best weights"),
+      FSDP_FIELD(eval, patience, "--patience", "stop early after this many evaluations in a row without a lower validation loss (0: never); the run then ends as at its last step (saved, exported)"),
       FSDP_FIELD(sample, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
       FSDP_FIELD(sample, tokens, "--sample-tokens", "tokens to generate at the end"),
       FSDP_FIELD(sample, prompt, "--sample-prompt", "prompt for the sample"),
@@ -469,6 +471,14 @@ void TrainConfig::validate() const {
   positive(eval.batches, "eval.batches");
   positive(guard.max_bad_steps, "guard.max_bad_steps");
   FSDP_CHECK(eval.every >= 0, "eval.every is ", eval.every, ": expected 0 or more");
+  FSDP_CHECK(eval.patience >= 0, "eval.patience is ", eval.patience, ": expected 0 (never stop early) or a number "
+             "of evaluations");
+  for (const auto& [on, key] : {std::pair{eval.keep_best, "eval.keep_best"}, std::pair{eval.patience > 0, "eval.patience"}}) {
+    FSDP_CHECK(!on || (!data.val.empty() && eval.every > 0), key, " acts on evaluations during the run: give "
+               "--val-data and --eval-every N (now ", data.val.empty() ? "no --val-data" : "--eval-every 0", ")");
+  }
+  FSDP_CHECK(!eval.keep_best || fsdp.shard_placement != ShardPlacement::kColumns, "eval.keep_best saves checkpoints, "
+             "and fsdp.shard_placement columns cannot be checkpointed: use rows or flat");
   FSDP_CHECK(optim.lr > 0, "optim.lr is ", optim.lr, ": expected a positive learning rate");
   FSDP_CHECK(optim.warmup_steps >= 0, "optim.warmup_steps is ", optim.warmup_steps, ": expected 0 or more");
   FSDP_CHECK(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio is ", optim.min_lr_ratio,

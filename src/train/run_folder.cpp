@@ -44,7 +44,7 @@ RunPaths resolve_run_paths(TrainConfig& config, int64_t started_unix_seconds) {
   paths.metrics_derived = config.logging.metrics.empty();
   if (paths.metrics_derived) config.logging.metrics = paths.folder.metrics();
   auto& c = config.checkpoint;
-  const bool asked = !c.dir.empty() || c.save_every > 0;
+  const bool asked = !c.dir.empty() || c.save_every > 0 || config.eval.keep_best;
   if (c.dir.empty() && (asked || fs::exists(paths.folder.checkpoints() + "/latest"))) {
     c.dir = paths.folder.checkpoints();
     paths.ckpt_dir_derived = true;

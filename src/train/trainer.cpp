@@ -312,6 +312,15 @@ void Trainer::resume_if_possible() {
   start_step_ = state->step;
   tokens_seen_ = state->tokens_seen;
   resumed_ = true;
+  // --keep-best and --patience go on from the run's record.
+  const auto& extra = state->extra;
+  if (extra.contains("best_step") && extra["best_step"].is_number_integer() && extra.contains("best_val_loss") &&
+      extra["best_val_loss"].is_number() && extra.contains("evals_since_best") &&
+      extra["evals_since_best"].is_number_integer()) {
+    best_step_ = extra["best_step"].get<int64_t>();
+    best_val_ = extra["best_val_loss"].get<double>();
+    evals_since_best_ = extra["evals_since_best"].get<int64_t>();
+  }
   // The stream continues after the tokens already trained on, whatever the
   // batch size, accumulation or world size is now.
   train_data_->resume_at(state->step, state->tokens_seen);
@@ -406,6 +415,7 @@ TrainSummary Trainer::run() {
   if (val_data_ && config_.eval.every > 0 && start_step_ == 0) evaluate_and_log(0);  // where the curve starts
   const int64_t total = config_.runtime.steps;
   memory::reset_allocated_peak();  // the steps' peak, not initialisation's
+  last_step_ = start_step_;
   for (int64_t step = start_step_; step < total; ++step) {
     profile_->step_begins(step);
     if (step == start_step_ && config_.logging.memory_snapshot > 0) {
@@ -422,6 +432,8 @@ TrainSummary Trainer::run() {
                (world_->size() > 1 ? " (one per rank beside it)" : ""));
     }
     after_step(step, stats);
+    last_step_ = step + 1;
+    if (stopped_early_) break;
     if (stop_requested_ && step + 1 < total) {
       if (memory::recording()) write_memory_snapshot(step);  // the steps recorded so far
       // The export folder this start made stays only with an export in it.
@@ -440,7 +452,7 @@ TrainSummary Trainer::run() {
   }
   checkpointer_->wait_for_save(metrics_.get());  // the last one, written in the background, published
   // Every step skipped means no update was applied: not a success.
-  const int64_t trained = total - start_step_;
+  const int64_t trained = last_step_ - start_step_;
   FSDP_CHECK(trained == 0 || guard_->skipped() < trained, "every one of this run's ", trained,
              " steps was skipped (see the step lines above for why): no update was applied, so nothing is saved or "
              "exported");
@@ -596,7 +608,11 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   summary_.train_losses.push_back(stats.loss);
   guard_->record(stats.loss, stats.verdict);
   if (log_cadence_.due(step, total)) log_step(step, stats);
-  if (val_data_ && eval_cadence_.due(step, total)) evaluate_and_log(step + 1);
+  bool save_as_best = false;
+  if (val_data_ && eval_cadence_.due(step, total)) {
+    save_as_best = note_validation_loss(step + 1, evaluate_and_log(step + 1)) && config_.eval.keep_best &&
+                   !stats.verdict.skip;
+  }
   if (stats.verdict.skip) {
     guard_->stop_if_too_many_bad(step, stats.loss, stats.grad_norm,
                                  checkpointer_->enabled() ? " (the latest checkpoint holds them or earlier ones)" : "");
@@ -611,9 +627,45 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   if (stop_requested_ && step + 1 < total && !checkpointer_->enabled() && checkpointable()) {
     checkpointer_->redirect(paths_.folder.checkpoints());
   }
-  if (!stats.verdict.skip && checkpointer_->due(step, total, stop_requested_)) {
+  if (!stats.verdict.skip && (save_as_best || checkpointer_->due(step, total, stop_requested_ || stopped_early_))) {
     checkpointer_->save(state_to_save(step + 1), *model_, *optimizer_, metrics_.get());
   }
+  if (save_as_best) checkpointer_->mark_best(step + 1, metrics_.get());
+}
+
+bool Trainer::note_validation_loss(int64_t steps_done, double val) {
+  const bool improved = val < best_val_;
+  if (improved) {
+    best_val_ = val;
+    best_step_ = steps_done;
+    evals_since_best_ = 0;
+  } else {
+    ++evals_since_best_;
+  }
+  const int64_t patience = config_.eval.patience;
+  if (patience > 0 && evals_since_best_ >= patience && steps_done < config_.runtime.steps) {
+    stopped_early_ = true;
+    char line[160];
+    std::snprintf(line, sizeof(line), "stopping early: %lld evaluation(s) without a validation loss below %.4f (step %lld; --patience %lld)",
+                  static_cast<long long>(evals_since_best_), best_val_, static_cast<long long>(best_step_),
+                  static_cast<long long>(patience));
+    log_.say(line);
+    if (metrics_) {
+      metrics_->write({{"event", "early_stop"}, {"step", steps_done}, {"best_step", best_step_}, {"best_val_loss", best_val_}});
+    }
+  }
+  return improved;
+}
+
+void Trainer::restore_best() {
+  if (!config_.eval.keep_best || best_step_ == 0 || best_step_ == checkpointer_->last_saved_step()) return;
+  const std::string path = checkpointer_->best();
+  if (path.empty()) return;
+  checkpoint::load(path, *model_, *optimizer_, *world_);
+  char line[200];
+  std::snprintf(line, sizeof(line), "the best checkpoint (step %lld, val loss %.4f) is what this run's sample and export hold: ",
+                static_cast<long long>(best_step_), best_val_);
+  log_.say(line + path);
 }
 
 void Trainer::log_step(int64_t step, const StepStats& s) {
@@ -681,13 +733,14 @@ double Trainer::evaluate() {
   return totals[0].item<double>() / std::max(totals[1].item<double>(), 1.0);
 }
 
-void Trainer::evaluate_and_log(int64_t steps_done) {
+double Trainer::evaluate_and_log(int64_t steps_done) {
   const double val = evaluate();
   summary_.val_losses.push_back(val);
   if (metrics_) metrics_->write({{"split", "val"}, {"step", steps_done}, {"loss", val}});
   char line[128];
   std::snprintf(line, sizeof(line), "step %lld: val loss %.4f", static_cast<long long>(steps_done), val);
   log_.say(line);
+  return val;
 }
 
 checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
@@ -696,6 +749,11 @@ checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
   state.tokens_seen = tokens_seen_;
   state.loss_scale = scaler_ ? scaler_->get_scale() : 0.0;
   state.config_yaml = config_.to_yaml();
+  if (best_step_ > 0) {
+    state.extra["best_val_loss"] = best_val_;
+    state.extra["best_step"] = best_step_;
+    state.extra["evals_since_best"] = evals_since_best_;
+  }
   try {
     state.hf_config = models::hf_config(*model_).dump(2);
   } catch (const Error&) {
@@ -712,12 +770,13 @@ void Trainer::finish_run() {
   }
   // The trained state is on disk before anything that could still fail.
   try {
+    restore_best();
     if (config_.sample.tokens > 0) summary_.sample = sample_text();
     if (!config_.hf_export.dir.empty()) export_hf();
   } catch (const std::exception& e) {
-    if (checkpointer_->last_saved_step() != config_.runtime.steps && checkpointable()) {
+    if (checkpointer_->last_saved_step() != last_step_ && checkpointable()) {
       checkpointer_->redirect(paths_.folder.checkpoints());
-      checkpointer_->save(state_to_save(config_.runtime.steps), *model_, *optimizer_, metrics_.get());
+      checkpointer_->save(state_to_save(last_step_), *model_, *optimizer_, metrics_.get());
       checkpointer_->wait_for_save(metrics_.get());
       throw Error(std::string(e.what()) + " (the trained weights were saved to " + paths_.folder.checkpoints() +
                   "; `fsdp ckpt export` writes them in Hugging Face's format)");

@@ -317,7 +317,68 @@ TEST(Train, LoraTrainsTheAdaptersAndTwoRanksReproduceOneRank) {
   EXPECT_LT(a.back(), a.front());  // the adapters learn
 }
 
-TEST(TrainErrors, LoraSettingsThatCannotApplyAreRefusedByName) {
+// --keep-best keeps the checkpoint of the lowest validation loss as
+// <checkpoint dir>/best through pruning (--keep 1) and exports its weights;
+// --patience stops the run after that many evaluations in a row without a
+// lower loss. The expected steps are worked out from the run's own val
+// losses; the exported weights against `fsdp ckpt export` of that step.
+TEST(Train, KeepBestExportsTheLowestValidationLossAndPatienceStopsEarly) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data " + corpus + " --val-data " + corpus +
+                             " --steps 60 --seq-len 16 --batch-size 2 --lr 1 --warmup-steps 0 --eval-every 2 "
+                             "--eval-batches 2 --keep-best --patience 3 --keep 1 --log-every 1 --tensorboard=false "
+                             "--out-dir " + dir + "/run --export-hf " + dir + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto metrics = read_metrics(dir + "/run/metrics.jsonl");
+  double best = std::numeric_limits<double>::infinity();
+  int64_t best_step = 0, since = 0, stop_step = 0, last_train_step = 0;
+  nlohmann::json event;
+  for (const auto& m : metrics) {
+    if (m.value("event", "") == "early_stop") event = m;
+    if (!m.contains("loss") || m.contains("event")) continue;
+    const int64_t step = m["step"].get<int64_t>();
+    if (m.value("split", "train") != "val") {
+      last_train_step = step;
+      continue;
+    }
+    if (step == 0 || stop_step > 0) continue;  // step 0's evaluation is where the curve starts, not a candidate
+    if (m["loss"].get<double>() < best) {
+      best = m["loss"].get<double>();
+      best_step = step;
+      since = 0;
+    } else if (++since == 3) {
+      stop_step = step;
+    }
+  }
+  ASSERT_GT(stop_step, 0) << "the validation loss never failed to fall 3 evaluations in a row: nothing to stop\n"
+                          << r.output;
+  EXPECT_EQ(last_train_step, stop_step);
+  ASSERT_FALSE(event.is_null()) << r.output;
+  EXPECT_EQ(event["step"], stop_step);
+  EXPECT_EQ(event["best_step"], best_step);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(best_step));
+  std::ifstream best_file(dir + "/run/checkpoints/best");
+  std::string named;
+  std::getline(best_file, named);
+  EXPECT_EQ(named, name);
+  ASSERT_TRUE(exists(dir + "/run/checkpoints/" + std::string(name)));
+  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints/" + name + " " + dir + "/best-hf");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  io::SafetensorsFile ours(dir + "/hf/model.safetensors"), reference(dir + "/best-hf/model.safetensors");
+  ASSERT_EQ(ours.entries().size(), reference.entries().size());
+  for (const auto& e : reference.entries()) {
+    ASSERT_NE(ours.find(e.name), nullptr) << e.name;
+    EXPECT_TRUE(ours.view(e.name).equal(reference.view(e.name))) << e.name;
+  }
+}
+
+TEST(TrainErrors, FineTuningSettingsThatCannotApplyAreRefusedByName) {
+  const auto dir0 = make_temp_dir();
+  expect_clean_failure("--model gpt2-tiny --steps 1 --keep-best", {"eval.keep_best", "--val-data"}, dir0);
+  expect_clean_failure("--model gpt2-tiny --steps 1 --patience 2 --val-data " + small_corpus(dir0),
+                       {"eval.patience", "--eval-every"}, dir0);
   const auto dir = make_temp_dir();
   expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-targets q_proj,qproj",
                        {"target 'qproj' names no Linear layer", "q_proj", "all-linear"}, dir);

@@ -57,6 +57,13 @@ std::string save(const std::string& dir, int keep, torch::nn::Module& model, tor
 // The checkpoint `latest` points at, if any; throws if `latest` names a
 // directory that is not there.
 std::optional<std::string> latest(const std::string& dir);
+// DIR/best names one checkpoint of DIR (the trainer's lowest validation
+// loss), which pruning then never removes, whatever `keep` says. Written
+// atomically by the caller's rank 0, once the checkpoint is published; the
+// best before it goes unless it is one of the newest `keep`.
+void mark_best(const std::string& dir, const std::string& checkpoint, int keep);
+// The checkpoint DIR/best names, if any (as latest()).
+std::optional<std::string> best(const std::string& dir);
 
 // Collective over `world`. Loads every part into the program's, already
 // sharded (or replicated) as it will train, whatever world size and
@@ -83,7 +90,9 @@ std::string inspect(const std::string& checkpoint);
 
 namespace detail {
 class RankFiles;
-}
+// Removes DIR's step_N checkpoints but the newest `keep` and DIR/best's.
+void prune(const std::string& dir, int keep);
+}  // namespace detail
 
 // Whole parameters of a checkpoint, read in this process (no world): each
 // assembled from the pieces the ranks saved, every rank file checksummed on

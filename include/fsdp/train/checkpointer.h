@@ -55,6 +55,11 @@ class Checkpointer {
   void redirect(const std::string& dir) { config_.dir = dir; }
 
   int64_t last_saved_step() const { return last_saved_step_; }
+  // Collective. Marks the checkpoint of `step` (saved by this run, waited
+  // for) as DIR/best, which pruning keeps.
+  void mark_best(int64_t step, MetricsLog* metrics);
+  // The checkpoint DIR/best names, or "".
+  std::string best() const;
   int64_t failed_saves() const { return failed_saves_; }
 
   // Whether a "key: old -> new" difference is one a resume is expected to

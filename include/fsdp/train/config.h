@@ -103,6 +103,10 @@ struct TrainConfig {
   struct Eval {
     int64_t every = 0;  // 0: only at the end (when data.val is set)
     int64_t batches = 8;
+    // Save a checkpoint at each evaluation that lowers the validation loss,
+    // kept as <checkpoint dir>/best; the run's export and sample then use it.
+    bool keep_best = false;
+    int64_t patience = 0;  // stop after this many evaluations in a row without a lower loss (0: never)
   } eval;
   struct Sample {
     std::string tokenizer;  // empty: init_from's tokenizer when it has one, else data/gpt2

@@ -5,6 +5,7 @@
 // then reads top to bottom: each step trains, and the objects that own the
 // "when" decisions (logging, evaluation, saving, profiling) are asked in turn.
 
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -84,7 +85,13 @@ class Trainer {
   int64_t tokens_per_step() const;
   void after_step(int64_t step, const StepStats& stats);
   void log_step(int64_t step, const StepStats& stats);
-  void evaluate_and_log(int64_t steps_done);
+  double evaluate_and_log(int64_t steps_done);
+  // After an evaluation during the run: whether VAL is the lowest yet
+  // (--keep-best saves it), and --patience's count of evaluations without.
+  bool note_validation_loss(int64_t steps_done, double val);
+  // --keep-best at the end of a run: the best checkpoint's weights back
+  // into the model, when they are not the last step's.
+  void restore_best();
   double evaluate();
   checkpoint::TrainerState state_to_save(int64_t steps_done) const;
   void finish_run();
@@ -109,6 +116,13 @@ class Trainer {
   std::unique_ptr<io::UndoOnSignal> undo_start_;
   bool resumed_ = false;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
+  bool stopped_early_ = false;     // --patience ran out
+  int64_t last_step_ = 0;          // the step the run ends after: runtime.steps, or where it stopped early
+  // The lowest validation loss of the run's evaluations (step 0's aside),
+  // its step, and the evaluations since; kept in checkpoints (TrainerState.extra).
+  double best_val_ = std::numeric_limits<double>::infinity();
+  int64_t best_step_ = 0;
+  int64_t evals_since_best_ = 0;
   std::shared_ptr<dist::DeviceMesh> mesh_;
   models::CausalLM model_;
   int64_t params_ = 0;
