@@ -4,6 +4,13 @@ ship) as JSON strings, one document per line, for `fsdp data prepare`:
 
   tools/parquet_text.py FILE FIELD
 
+or, for chat data, each row as one JSON object of its chat columns
+(messages; prompt and completion; tools and chat_template_kwargs when
+present), or whether the file holds such columns ("true"/"false"):
+
+  tools/parquet_text.py FILE --records
+  tools/parquet_text.py FILE --is-chat
+
 Read a row group at a time, so a file larger than memory streams. A
 missing or non-text column is refused naming the text columns there are
 (exit 2), and a null value is skipped. Why Python: Parquet's encodings and
@@ -41,7 +48,34 @@ def is_text(t):
     return pa.types.is_string(t) or pa.types.is_large_string(t) or (pa.types.is_dictionary(t) and is_text(t.value_type))
 
 
+CHAT_COLUMNS = ("messages", "prompt", "completion", "tools", "chat_template_kwargs")
+
+
+def is_chat(schema):
+    return "messages" in schema.names or ("prompt" in schema.names and "completion" in schema.names)
+
+
+def read_records(path, parquet, schema):
+    if not is_chat(schema):
+        print(f"error: '{path}' has no \"messages\" column, nor \"prompt\" and \"completion\" columns "
+              f"(its columns: {', '.join(schema.names)}); expected chat data beside the other chat data",
+              file=sys.stderr)
+        sys.exit(2)
+    columns = [c for c in CHAT_COLUMNS if c in schema.names]
+    out = sys.stdout
+    for batch in parquet.iter_batches(columns=columns):
+        for row in batch.to_pylist():
+            out.write(json.dumps({c: row[c] for c in columns if row[c] is not None}, ensure_ascii=False))
+            out.write("\n")
+
+
 def read(path, field, parquet, schema):
+    if field == "--is-chat":
+        print("true" if is_chat(schema) else "false")
+        return
+    if field == "--records":
+        read_records(path, parquet, schema)
+        return
     texts = [f.name for f in schema if is_text(f.type)]
     if field not in schema.names or field not in texts:
         print(f"error: '{path}' has no text column \"{field}\"" +

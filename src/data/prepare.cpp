@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -90,9 +91,12 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
-// A Parquet file's documents, through the reader command (its stdout: one
-// JSON string per line; its stderr: why it failed, kept for the message).
-std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOptions& o) {
+// A Parquet file through the reader command: its stdout's lines, one JSON
+// value each (a document's string for a text column FIELD; a chat record
+// for "--records"), each passed to `take` with its row; its stderr, why it
+// failed, kept for the message.
+void read_parquet(const fs::path& path, const PrepareOptions& o, const std::string& field,
+                  const std::function<void(const std::string&, int64_t)>& take) {
   FSDP_CHECK(!o.parquet_reader.empty(), "'", path.string(), "': Parquet files need the reader of `fsdp data prepare`");
   char errors_path[] = "/tmp/fsdp-parquet-XXXXXX";
   const int errors_fd = ::mkstemp(errors_path);
@@ -100,10 +104,9 @@ std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOp
   ::close(errors_fd);
   std::string command;
   for (const auto& part : o.parquet_reader) command += shell_quoted(part) + " ";
-  command += shell_quoted(path.string()) + " " + shell_quoted(o.text_field) + " 2>" + shell_quoted(errors_path);
+  command += shell_quoted(path.string()) + " " + shell_quoted(field) + " 2>" + shell_quoted(errors_path);
   std::FILE* pipe = ::popen(command.c_str(), "r");
   FSDP_CHECK(pipe != nullptr, "cannot run the Parquet reader '", o.parquet_reader.front(), "': ", std::strerror(errno));
-  std::vector<std::string> docs;
   std::string line;
   char buf[1 << 16];
   int64_t n = 0;
@@ -113,10 +116,10 @@ std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOp
     if (line.empty() || line.back() != '\n') continue;
     ++n;
     try {
-      const auto value = nlohmann::json::parse(line);
-      if (value.is_string()) docs.push_back(value.get<std::string>());
+      if (failure.empty()) take(line, n);
     } catch (const std::exception& e) {
-      if (failure.empty()) failure = "row " + std::to_string(n) + " came back as no JSON string (" + e.what() + ")";
+      failure = "row " + std::to_string(n) + " came back as no JSON " +
+                (field.rfind("--", 0) == 0 ? "record" : "string") + " (" + e.what() + ")";
     }
     line.clear();
   }
@@ -130,6 +133,14 @@ std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOp
                                                ") failed with status " + std::to_string(status)
                                          : errors);
   FSDP_CHECK(failure.empty(), "'", path.string(), "': ", failure);
+}
+
+std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOptions& o) {
+  std::vector<std::string> docs;
+  read_parquet(path, o, o.text_field, [&](const std::string& line, int64_t) {
+    const auto value = nlohmann::json::parse(line);
+    if (value.is_string()) docs.push_back(value.get<std::string>());
+  });
   return docs;
 }
 
@@ -166,11 +177,19 @@ struct Record {
   int64_t bytes;
 };
 
-std::vector<Record> records_of(const fs::path& path) {
+std::vector<Record> records_of(const fs::path& path, const PrepareOptions& o) {
   io::check_regular_file(path.string(), "input of `data prepare`");
-  FSDP_CHECK(path.extension() == ".jsonl" || path.extension() == ".json", "'", path.string(),
-             "': chat data is read from .jsonl (one record a line) and .json files; expected one of those beside the "
-             "other chat data");
+  FSDP_CHECK(path.extension() == ".jsonl" || path.extension() == ".json" || path.extension() == ".parquet", "'",
+             path.string(), "': chat data is read from .jsonl (one record a line), .json and .parquet files; "
+             "expected one of those beside the other chat data");
+  if (path.extension() == ".parquet") {
+    std::vector<Record> rows;
+    read_parquet(path, o, "--records", [&](const std::string& line, int64_t row) {
+      const std::string where = "'" + path.string() + "' row " + std::to_string(row);
+      rows.push_back({io::parse_ordered_json(line, where), where, static_cast<int64_t>(line.size())});
+    });
+    return rows;
+  }
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
   std::vector<Record> out;
@@ -194,9 +213,16 @@ std::vector<Record> records_of(const fs::path& path) {
 }
 
 // Whether the corpus is chat data: its first .jsonl or .json file's first
-// record is a conversation or a prompt and completion.
-bool holds_chat_data(const std::vector<fs::path>& files) {
+// record is a conversation or a prompt and completion, or its first
+// .parquet file has such columns.
+bool holds_chat_data(const std::vector<fs::path>& files, const PrepareOptions& o) {
   for (const auto& f : files) {
+    if (f.extension() == ".parquet") {
+      io::check_regular_file(f.string(), "input of `data prepare`");
+      bool chat = false;
+      read_parquet(f, o, "--is-chat", [&](const std::string& line, int64_t) { chat = line.rfind("true", 0) == 0; });
+      return chat;
+    }
     if (f.extension() != ".jsonl" && f.extension() != ".json") continue;
     // Opening a FIFO would block for good: refused first, naming it.
     io::check_regular_file(f.string(), "input of `data prepare`");
@@ -325,7 +351,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
 
   // Chat data ([Note: where an answer's loss starts]): every record an
   // example under the model's chat template, with its loss mask.
-  const bool chat = holds_chat_data(files);
+  const bool chat = holds_chat_data(files, o);
   std::unique_ptr<ChatEncoder> chat_encoder;
   if (chat) chat_encoder = std::make_unique<ChatEncoder>(o.tokenizer_dir, *tokenizer, /*require_template=*/false);
   std::vector<std::string> docs;
@@ -335,7 +361,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   stats.examples = chat;
   for (size_t k = 0; k < files.size(); ++k) {
     if (chat) {
-      for (auto& r : records_of(files[k])) {
+      for (auto& r : records_of(files[k], o)) {
         FSDP_CHECK(is_chat_record(r.value), r.where, " is no chat record ({\"messages\": [...]} or {\"prompt\": ..., ",
                    "\"completion\": ...}) though the corpus's first record is: one prepare takes one kind of data");
         stats.bytes += r.bytes;

@@ -5,7 +5,8 @@ tokenizer and chat template, data/qwen3), the same records, batch 1 per
 rank, accumulation 2, file order, fp32, AdamW at a constant rate, clipping
 at 1:
 - `fsdp data prepare` writes, example by example, TRL's input_ids, and a
-  loss mask that is TRL's completion_mask (conversational pairs under the
+  loss mask that is TRL's completion_mask (from JSONL, and from the same
+  records in Parquet) (conversational pairs under the
   chat template, and plain-text pairs with the EOS appended). A
   conversation of one question and its answer ({"messages": [...]}) is
   masked as the same pair is.
@@ -119,6 +120,25 @@ def main():
                                  "messages3", directory)
     harness.check("conversations of one answer: examples (tokens, mask) unlike the same pairs'",
                   sum(a != b for a, b in zip(as_pairs, as_messages)), 0)
+
+    # The same records as a Parquet file (as Hugging Face datasets ship
+    # them; pyarrow writes it): the same examples as from JSONL.
+    import pyarrow
+    import pyarrow.parquet
+    for name, records in (("pairs", pairs), ("messages", [{"messages": p["prompt"] + p["completion"]} for p in pairs])):
+        folder = os.path.join(work, name + "-parquet")
+        os.makedirs(folder, exist_ok=True)
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), os.path.join(folder, "data.parquet"))
+        from_parquet = os.path.join(work, name + "-parquet-tokens")
+        harness.run([args.fsdp, "data", "prepare", "--input", folder, "--out-dir", from_parquet, "--tokenizer",
+                     directory, "--val-fraction", "0"])
+        _, _, from_jsonl = prepared(args, records, work, name + "-jsonl", directory)
+        tokens = token_files.read(os.path.join(from_parquet, "train.bin"))
+        mask = np.fromfile(os.path.join(from_parquet, "train.mask"), dtype=np.uint8, offset=1024)
+        expected_tokens = [t for example, _ in from_jsonl for t in example]
+        expected_mask = [m for _, trained in from_jsonl for m in trained]
+        harness.check(f"{name} from Parquet: tokens or loss mask other than from JSONL",
+                      int(tokens.tolist() != expected_tokens) + int((mask & 1).tolist() != expected_mask), 0)
 
     cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
     for name, records, worlds in cases:
