@@ -70,6 +70,55 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   const int64_t B = o_.batch_size, T = o_.seq_len;
   FSDP_CHECK(!example_starts_.empty() || stream_->size() > B * T, o_.flag, " '", source, "' holds ", stream_->size(),
              " tokens, fewer than one batch of ", B, " x ", T, " + 1");
+  FSDP_CHECK(!o_.pack || !example_starts_.empty(), "data.pack packs chat examples (token files with loss masks, "
+             "from `fsdp data prepare` of chat data), and ", o_.flag, " '", source, "' is a plain token stream");
+  if (!o_.pack) return;
+  // Consecutive examples while their inputs (L - 1 each, L cut to T + 1) fit T.
+  row_first_.push_back(0);
+  int64_t used = 0;
+  for (int64_t e = 0; e < examples(); ++e) {
+    const int64_t inputs = std::min(example_length(e), T + 1) - 1;
+    if (used + inputs > T) {
+      row_first_.push_back(e);
+      used = 0;
+    }
+    used += inputs;
+  }
+  row_first_.push_back(examples());
+}
+
+int64_t DataLoader::row_of(int64_t i) const {
+  const int64_t n = rows();
+  return o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
+}
+
+int64_t DataLoader::read_packed(int64_t i, int64_t* inputs, int64_t* targets, int64_t* positions,
+                                int64_t* starts) const {
+  const int64_t T = o_.seq_len;
+  const int64_t r = row_of(i);
+  std::vector<int64_t> tokens(static_cast<size_t>(T + 1));
+  int64_t column = 0, trained = 0;
+  for (int64_t e = row_first_[static_cast<size_t>(r)]; e < row_first_[static_cast<size_t>(r) + 1]; ++e) {
+    const int64_t begin = example_starts_[static_cast<size_t>(e)];
+    const int64_t length = std::min(example_length(e), T + 1);
+    stream_->read(begin, length, tokens.data());
+    for (int64_t k = 0; k + 1 < length; ++k, ++column) {
+      inputs[column] = tokens[static_cast<size_t>(k)];
+      const bool keep = (mask_[static_cast<size_t>(begin + k + 1)] & kMaskTrained) != 0;
+      targets[column] = keep ? tokens[static_cast<size_t>(k) + 1] : -100;
+      trained += keep;
+      positions[column] = k;
+      starts[column] = column - k;
+    }
+  }
+  // Padding after the last example: its own span, never a target.
+  for (int64_t c = column; c < T; ++c) {
+    inputs[c] = 0;
+    targets[c] = -100;
+    positions[c] = c - column;
+    starts[c] = column;
+  }
+  return trained;
 }
 
 int64_t DataLoader::example_of(int64_t i) const {
@@ -158,6 +207,25 @@ void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const 
 
 Batch DataLoader::batch(int64_t step, int micro_step) const {
   const int64_t B = o_.batch_size, T = o_.seq_len;
+  if (packed()) {
+    Batch out;
+    out.inputs = torch::empty({B, T}, torch::kLong);
+    out.targets = torch::empty({B, T}, torch::kLong);
+    out.positions = torch::empty({B, T}, torch::kLong);
+    out.example_starts = torch::empty({B, T}, torch::kLong);
+    const int64_t first = offset(step, micro_step) / T;
+    for (int64_t b = 0; b < B; ++b) {
+      out.trained_targets +=
+          read_packed(first + b, out.inputs[b].data_ptr<int64_t>(), out.targets[b].data_ptr<int64_t>(),
+                      out.positions[b].data_ptr<int64_t>(), out.example_starts[b].data_ptr<int64_t>());
+    }
+    if (!o_.device.is_cpu()) {
+      out.inputs = out.inputs.to(o_.device);
+      out.targets = out.targets.to(o_.device);
+      out.positions = out.positions.to(o_.device);
+    }
+    return out;
+  }
   auto rows = torch::empty({B, T + 1}, torch::kLong);
   std::vector<uint8_t> trained(static_cast<size_t>(B * (T + 1)), 1);
   const int64_t first = offset(step, micro_step) / T;

@@ -11,10 +11,30 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/packed_rows.h"
 #include "fsdp/nn/dropout.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::models {
+namespace {
+
+thread_local const PackedRows* t_packed_rows = nullptr;
+
+}  // namespace
+
+PackedRowsScope::PackedRowsScope(const PackedRows& rows) : previous_(t_packed_rows) { t_packed_rows = &rows; }
+PackedRowsScope::~PackedRowsScope() { t_packed_rows = previous_; }
+const PackedRows* PackedRowsScope::current() { return t_packed_rows; }
+
+const PackedRows* packed_rows_for(int64_t B, int64_t T) {
+  const PackedRows* rows = t_packed_rows;
+  if (rows == nullptr) return nullptr;
+  FSDP_CHECK(rows->starts.dim() == 2 && rows->starts.size(0) == B && rows->starts.size(1) == T &&
+                 rows->positions.sizes() == rows->starts.sizes(),
+             "packed rows of ", rows->starts.sizes(), " for a batch of (", B, ", ", T, ")");
+  return rows;
+}
+
 namespace {
 
 using torch::Tensor;
@@ -28,7 +48,18 @@ bool dropout_active(torch::nn::Dropout* dropout) {
 double dropout_p(torch::nn::Dropout* dropout) { return dropout_active(dropout) ? (*dropout)->options.p() : 0.0; }
 
 // LibTorch's ops, for other devices and dtypes and for attention dropout.
-Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
+// Where query i of row b may not look: the future, and with packed rows
+// the keys before its example's start. (T, T), or (B, 1, T, T) when packed.
+Tensor hidden_keys(int64_t B, int64_t T, const Tensor& starts, const at::Device& device) {
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+  if (!starts.defined() || starts.numel() == 0) return future;
+  const auto keys = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
+  const auto before = keys.view({1, 1, T}) < starts.to(device).view({B, T, 1});  // (B, T, T)
+  return (before | future.unsqueeze(0)).unsqueeze(1);
+}
+
+Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout,
+                           const Tensor& starts = Tensor()) {
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
   auto qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, heads, T, hs)
   const int64_t rep = nh / k.size(2);
@@ -37,8 +68,8 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, to
     vh = vh.repeat_interleave(rep, 1);
   }
   auto scores = qh.matmul(kh.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(hs)));
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  auto weights = scores.masked_fill_(future, -std::numeric_limits<float>::infinity()).softmax(-1);
+  auto weights =
+      scores.masked_fill_(hidden_keys(B, T, starts, q.device()), -std::numeric_limits<float>::infinity()).softmax(-1);
   auto y = (dropout != nullptr ? nn::dropout(*dropout, weights) : weights).matmul(vh);  // itself when off
   return y.transpose(1, 2).reshape({B, T, nh * hs});
 }
@@ -166,26 +197,52 @@ WeightBlock block_of(const Tensor& scratch, int64_t r0, int64_t n) {
   return {{static_cast<char*>(scratch.data_ptr()), n, r0 + n, r0 + n, scratch.scalar_type()}, r0};
 }
 
-void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch) {
+// Packed rows: the column where query i's example starts (its weights
+// before it are zero), or 0 for every query.
+struct ExampleStarts {
+  const int64_t* row = nullptr;  // this batch row's T starts, or null
+  int64_t of(int64_t i) const { return row != nullptr ? row[i] : 0; }
+};
+
+// Zeroes a weights row's first `count` entries.
+void zero_prefix(const Mat& m, int64_t offset, int64_t count) {
+  if (count <= 0) return;
+  if (m.type == at::kBFloat16) {
+    std::fill_n(m.bf16_bits() + offset, count, uint16_t{0});
+  } else {
+    std::fill_n(m.floats() + offset, count, 0.0f);
+  }
+}
+
+// Each query row's softmax over the keys of its example up to itself,
+// [s, i], as the causal row kernel over the row from column s.
+void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch, ExampleStarts starts) {
   for (int64_t i = w.r0; i < w.r0 + w.n(); ++i) {
+    const int64_t s = starts.of(i);
     if (w.m.type == at::kBFloat16) {
-      kernels::causal_softmax_row_bf16(w.m.bf16_bits() + w.row_start(i), scratch.data(), i + 1, w.r1(), scale);
+      kernels::causal_softmax_row_bf16(w.m.bf16_bits() + w.row_start(i) + s, scratch.data(), i + 1 - s, w.r1() - s,
+                                       scale);
     } else {
-      kernels::causal_softmax_row(w.m.floats() + w.row_start(i), i + 1, w.r1(), scale);
+      kernels::causal_softmax_row(w.m.floats() + w.row_start(i) + s, i + 1 - s, w.r1() - s, scale);
     }
+    zero_prefix(w.m, w.row_start(i), s);
   }
 }
 
 // dp becomes the scores' gradient, from the weights p and their gradient.
-void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float scale, std::vector<float>& scratch) {
+void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float scale, std::vector<float>& scratch,
+                           ExampleStarts starts) {
   for (int64_t i = p.r0; i < p.r0 + p.n(); ++i) {
+    const int64_t s = starts.of(i);
     if (p.m.type == at::kBFloat16) {
-      kernels::causal_softmax_backward_row_bf16(p.m.bf16_bits() + p.row_start(i), dp.m.bf16_bits() + dp.row_start(i),
-                                                scratch.data(), i + 1, p.r1(), scale);
+      kernels::causal_softmax_backward_row_bf16(p.m.bf16_bits() + p.row_start(i) + s,
+                                                dp.m.bf16_bits() + dp.row_start(i) + s, scratch.data(), i + 1 - s,
+                                                p.r1() - s, scale);
     } else {
-      kernels::causal_softmax_backward_row(p.m.floats() + p.row_start(i), dp.m.floats() + dp.row_start(i), i + 1,
-                                           p.r1(), scale);
+      kernels::causal_softmax_backward_row(p.m.floats() + p.row_start(i) + s, dp.m.floats() + dp.row_start(i) + s,
+                                           i + 1 - s, p.r1() - s, scale);
     }
+    zero_prefix(dp.m, dp.row_start(i), s);
   }
 }
 
@@ -248,8 +305,13 @@ Tensor block_scratch(const Tensor& like, int64_t T) {
 // multi-threaded product after another. A block of query rows gets its
 // scores, softmax (and dropout) in the thread's scratch and multiplies
 // them into its rows of y; no (T, T) matrix is kept.
+// `starts`: packed rows' example starts, (B, T) int64 on the CPU, or empty.
+ExampleStarts starts_of(const Tensor& starts, int64_t b) {
+  return {starts.numel() > 0 ? starts.data_ptr<int64_t>() + b * starts.size(1) : nullptr};
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const WeightDropout& drop,
-                       const Tensor& y) {
+                       const Tensor& y, const Tensor& starts) {
   RECORD_USER_SCOPE("fsdp::causal_attention");
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), rep = nh / k.size(2);
   const float scale = softmax_scale(q);
@@ -265,7 +327,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
         const int64_t n = std::min(T, r0 + block) - r0;
         const auto w = block_of(weights, r0, n);
         gemm(w.m, q_h.rows_from(r0, n), false, k_g.rows_from(0, w.r1()), true, false);
-        softmax_rows(w, scale, scratch);
+        softmax_rows(w, scale, scratch, starts_of(starts, b));
         if (drop.active()) drop_rows(w, w, T, drop, drop.head_key(b, h, nh));
         gemm(y_h.rows_from(r0, n), w.m, false, v_g.rows_from(0, w.r1()), false, false);
       }
@@ -303,7 +365,7 @@ class HeadGradient {
 // share of every gradient: dq's rows whole, and its addition to the rows
 // of dk and dv it saw.
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const WeightDropout& drop, const Tensor& dy,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& starts) {
   RECORD_USER_SCOPE("fsdp::causal_attention_backward");
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), nkv = k.size(2), rep = nh / nkv;
   const float scale = softmax_scale(q);
@@ -329,7 +391,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
           const auto q_rows = q_h.rows_from(r0, n), dy_rows = dy_h.rows_from(r0, n);
           const auto keys = k_g.rows_from(0, p.r1()), values = v_g.rows_from(0, p.r1());
           gemm(p.m, q_rows, false, keys, true, false);
-          softmax_rows(p, scale, scratch);
+          softmax_rows(p, scale, scratch, starts_of(starts, b));
           gemm(dp.m, dy_rows, false, values, true, false);
           auto used = p;  // the weights y was made of
           if (drop.active()) {
@@ -339,7 +401,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
             drop_rows(dp, dp, T, drop, key);
           }
           dv_g.add(used.m, dy_rows);
-          softmax_backward_rows(p, dp, scale, scratch);
+          softmax_backward_rows(p, dp, scale, scratch, starts_of(starts, b));
           gemm(dq_h.rows_from(r0, n), dp.m, false, keys, false, false);
           dk_g.add(dp.m, q_rows);
         }
@@ -373,14 +435,19 @@ WeightDropout saved_dropout(AutogradContext* ctx) {
   return {ctx->saved_data["p"].toDouble(), static_cast<uint64_t>(ctx->saved_data["key"].toInt())};
 }
 
+// The example starts forward ran with (empty: none).
+Tensor saved_starts(AutogradContext* ctx) { return ctx->saved_data["starts"].toTensor(); }
+
 struct CausalAttention : public torch::autograd::Function<CausalAttention> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double p) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double p,
+                        const Tensor& starts) {
     const auto q = blas_layout(q_in), k = blas_layout(k_in), v = blas_layout(v_in);
     const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
     const auto drop = WeightDropout::draw(p);
     auto y = at::empty({B, T, nh, hs}, q.options());
-    attention_forward(q, k, v, drop, y);
+    attention_forward(q, k, v, drop, y, starts);
     ctx->save_for_backward({q, k, v});
+    ctx->saved_data["starts"] = starts;
     save_dropout(ctx, drop);
     return y.view({B, T, nh * hs});
   }
@@ -391,8 +458,8 @@ struct CausalAttention : public torch::autograd::Function<CausalAttention> {
     const auto dy = grad_outputs[0].to(q.scalar_type()).contiguous().view(q.sizes());
     auto dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options());
     auto dv = at::empty(v.sizes(), v.options());
-    attention_backward(q, k, v, saved_dropout(ctx), dy, dq, dk, dv);
-    return {dq, dk, dv, Tensor()};
+    attention_backward(q, k, v, saved_dropout(ctx), dy, dq, dk, dv, saved_starts(ctx));
+    return {dq, dk, dv, Tensor(), Tensor()};
   }
 };
 
@@ -403,14 +470,15 @@ Tensor packed_part(const Tensor& qkv, int64_t n_head, int64_t i) {
 }
 
 struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAttention> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& qkv_in, int64_t n_head, double p) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& qkv_in, int64_t n_head, double p, const Tensor& starts) {
     const auto qkv = qkv_in.contiguous();
     const auto q = packed_part(qkv, n_head, 0);
     const int64_t B = q.size(0), T = q.size(1), hs = q.size(3);
     const auto drop = WeightDropout::draw(p);
     auto y = at::empty({B, T, n_head, hs}, q.options());
-    attention_forward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), drop, y);
+    attention_forward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), drop, y, starts);
     ctx->save_for_backward({qkv});
+    ctx->saved_data["starts"] = starts;
     ctx->saved_data["n_head"] = n_head;
     save_dropout(ctx, drop);
     return y.view({B, T, n_head * hs});
@@ -424,31 +492,40 @@ struct PackedCausalAttention : public torch::autograd::Function<PackedCausalAtte
     const auto dy = grad_outputs[0].to(qkv.scalar_type()).contiguous().view(q.sizes());
     auto dqkv = at::empty(qkv.sizes(), qkv.options());
     attention_backward(q, packed_part(qkv, n_head, 1), packed_part(qkv, n_head, 2), saved_dropout(ctx), dy,
-                       packed_part(dqkv, n_head, 0), packed_part(dqkv, n_head, 1), packed_part(dqkv, n_head, 2));
-    return {dqkv, Tensor(), Tensor()};
+                       packed_part(dqkv, n_head, 0), packed_part(dqkv, n_head, 1), packed_part(dqkv, n_head, 2),
+                       saved_starts(ctx));
+    return {dqkv, Tensor(), Tensor(), Tensor()};
   }
 };
 
 // On a GPU, LibTorch's fused attention (flash, cuDNN or memory-efficient,
 // as it chooses): no (T, T) matrix in memory, dropout inside the kernel
 // (drawn from the device's generator, which checkpointing replays).
-Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
+// Packed rows (`starts` defined) pass a block-diagonal causal mask, which
+// the memory-efficient kernel takes (flash takes none): (B, 1, T, T).
+Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout,
+                        const Tensor& starts = Tensor()) {
   const int64_t B = q.size(0), T = q.size(1), nh = q.size(2), hs = q.size(3);
   auto qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);  // (B, heads, T, hs)
   const double p = dropout_p(dropout);
+#if FSDP_TORCH_VERSION >= 200
+  const bool packed = starts.defined() && starts.numel() > 0;
+  const std::optional<Tensor> mask =
+      packed ? std::optional<Tensor>(hidden_keys(B, T, starts, q.device()).logical_not()) : std::nullopt;
+  const bool causal = !packed;
+#endif
 #if FSDP_TORCH_VERSION >= 205
   const bool grouped = nh != k.size(2);
-  auto y = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, p, /*is_causal=*/true, /*scale=*/{},
-                                            /*enable_gqa=*/grouped);
+  auto y = at::scaled_dot_product_attention(qh, kh, vh, mask, p, causal, /*scale=*/{}, /*enable_gqa=*/grouped);
 #elif FSDP_TORCH_VERSION >= 200
   if (const int64_t rep = nh / k.size(2); rep > 1) {
     kh = kh.repeat_interleave(rep, 1);
     vh = vh.repeat_interleave(rep, 1);
   }
-  auto y = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, p, /*is_causal=*/true);
+  auto y = at::scaled_dot_product_attention(qh, kh, vh, mask, p, causal);
 #else
   (void)p;
-  auto y = composite_attention(q, k, v, dropout).view({B, T, nh, hs}).transpose(1, 2);  // never reached: see on_gpu
+  auto y = composite_attention(q, k, v, dropout, starts).view({B, T, nh, hs}).transpose(1, 2);  // never reached: see on_gpu
 #endif
   return y.transpose(1, 2).reshape({B, T, nh * hs});
 }
@@ -472,13 +549,26 @@ bool fused(const Tensor& t, torch::nn::Dropout* dropout) {
 
 }  // namespace
 
+namespace {
+
+// The current packed rows' example starts for q (B, T, ...), on the CPU,
+// contiguous; empty when none (the autograd functions take a tensor).
+Tensor example_starts(const Tensor& q) {
+  const PackedRows* rows = packed_rows_for(q.size(0), q.size(1));
+  return rows != nullptr ? rows->starts.to(torch::kCPU).to(torch::kLong).contiguous()
+                         : at::empty({0}, at::TensorOptions().dtype(at::kLong));
+}
+
+}  // namespace
+
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch::nn::Dropout* dropout) {
   check_heads(q, k, v);
-  if (on_gpu(q)) return device_attention(q, k, v, dropout);
+  const Tensor starts = example_starts(q);
+  if (on_gpu(q)) return device_attention(q, k, v, dropout, starts);
   if (!fused(q, dropout) || k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) {
-    return composite_attention(q, k, v, dropout);
+    return composite_attention(q, k, v, dropout, starts);
   }
-  return CausalAttention::apply(q, k, v, dropout_p(dropout));
+  return CausalAttention::apply(q, k, v, dropout_p(dropout), starts);
 }
 
 Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dropout* dropout) {
@@ -489,10 +579,11 @@ Tensor causal_attention_packed(const Tensor& qkv, int64_t n_head, torch::nn::Dro
     // where each select's would fill a zero qkv-sized tensor to be summed.
     const int64_t B = qkv.size(0), T = qkv.size(1), hs = qkv.size(2) / (3 * n_head);
     const auto parts = qkv.reshape({B, T, 3, n_head, hs}).unbind(2);
-    return on_gpu(qkv) ? device_attention(parts[0], parts[1], parts[2], dropout)
-                       : composite_attention(parts[0], parts[1], parts[2], dropout);
+    const Tensor starts = example_starts(parts[0]);
+    return on_gpu(qkv) ? device_attention(parts[0], parts[1], parts[2], dropout, starts)
+                       : composite_attention(parts[0], parts[1], parts[2], dropout, starts);
   }
-  return PackedCausalAttention::apply(qkv, n_head, dropout_p(dropout));
+  return PackedCausalAttention::apply(qkv, n_head, dropout_p(dropout), example_starts(packed_part(qkv, n_head, 0)));
 }
 
 }  // namespace fsdp::models

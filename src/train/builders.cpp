@@ -214,13 +214,16 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
   o.vocab_size = model.vocab_size();
   o.seed = static_cast<uint64_t>(config.runtime.seed) + (validation ? 7919 : 0);
   o.shuffle = d.shuffle && !validation;
+  o.pack = d.pack;
+  FSDP_CHECK(!d.pack || model.supports_packed_rows(), "--pack: the ", model.family(), " family's model does not "
+             "restart positions inside a row (its positions or attention are not per token); train it unpacked");
   if (validation) o.flag = "--val-data";
   if (config.model.init_from.empty()) o.vocab_advice = preset_vocab_advice;
   const std::string& source = validation ? d.val : d.train;
   auto loader = std::make_unique<data::DataLoader>(source, o);
   // The data's rows: examples, or windows of T tokens (+1 for the last target).
   const int64_t rows_in_data = loader->synthetic()     ? 0
-                               : loader->examples() > 0 ? loader->examples()
+                               : loader->examples() > 0 ? loader->rows()
                                                         : std::max<int64_t>(1, (loader->tokens_in_files() - 1) / d.seq_len);
   const int64_t rows_per_step = per_step / d.seq_len;
   if (!validation && config.runtime.epochs > 0) {
@@ -244,8 +247,11 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
   }
   if (loader->examples() > 0) {
     // Chat data: one example a row, cut to a row when longer.
-    what += "; " + std::to_string(loader->examples()) + " chat examples, one a row, the loss on their answers; the "
-            "longest has " + std::to_string(loader->longest_example()) + " tokens";
+    what += "; " + std::to_string(loader->examples()) + " chat examples, " +
+            (loader->packed() ? "packed into " + std::to_string(loader->rows()) + " rows of " + std::to_string(d.seq_len) +
+                                    " tokens (attention kept inside each)"
+                              : std::string("one a row")) +
+            ", the loss on their answers; the longest has " + std::to_string(loader->longest_example()) + " tokens";
     if (const int64_t cut = loader->examples_longer_than_a_row(); cut > 0) {
       what += "; " + std::to_string(cut) + " longer than data.seq_len + 1 (" + std::to_string(d.seq_len + 1) +
               ") are cut to their first " + std::to_string(d.seq_len + 1) + " tokens (raise --seq-len to keep them whole)";
@@ -266,7 +272,7 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
     const int64_t rows = config.eval.batches * d.batch_size * world.size();
     const int64_t held = rows_in_data;
     if (held < rows) {
-      log.warn("the validation data holds " + std::to_string(held) + (loader->examples() > 0 ? " examples" : " rows of " + std::to_string(d.seq_len) + " tokens") +
+      log.warn("the validation data holds " + std::to_string(held) + (loader->packed() ? " packed rows" : loader->examples() > 0 ? " examples" : " rows of " + std::to_string(d.seq_len) + " tokens") +
                ", fewer than one evaluation reads (" + std::to_string(rows) + " = eval.batches " +
                std::to_string(config.eval.batches) + " x batch " + std::to_string(d.batch_size) + " x " +
                std::to_string(world.size()) + " ranks): some are counted more than once (--eval-batches lowers it)");

@@ -220,6 +220,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(data, seq_len, "--seq-len", "tokens per sequence"),
       FSDP_FIELD(data, batch_size, "--batch-size", "sequences per rank per micro-step"),
       FSDP_FIELD(data, grad_accum, "--grad-accum", "micro-steps per optimizer step"),
+      FSDP_FIELD(data, pack, "--pack", "chat data: put consecutive examples in one row as long as they fit (positions restart and attention stays inside each example) instead of one example a row, padded"),
       FSDP_FIELD(data, shuffle, "--shuffle", "read sequence windows in a seeded permutation (resume and resharding stay exact)"),
       FSDP_FIELD(data, allow_tokenizer_mismatch, "--allow-tokenizer-mismatch",
                  "train on token files that another tokenizer than --init-from's made (their tokenizer_record.json says which)"),

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "fsdp/common/compat.h"
@@ -21,6 +22,7 @@
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/fault_point.h"
 #include "fsdp/io/memory_snapshot.h"
+#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 #include "fsdp/train/builders.h"
@@ -527,6 +529,11 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     t = Clock::now();
     // Named ranges split a profiled step (--profile-steps) by phase.
     Losses losses;
+    // Packed rows (--pack): positions and attention inside each example,
+    // for the forward and for the backward that may recompute it.
+    const models::PackedRows packed{batch.positions, batch.example_starts};
+    std::optional<models::PackedRowsScope> packed_scope;
+    if (batch.positions.defined()) packed_scope.emplace(packed);
     {
       RECORD_USER_SCOPE("train::forward");
       losses = loss_of(batch);
@@ -719,6 +726,9 @@ double Trainer::evaluate() {
   for (int64_t e = 0; e < config_.eval.batches; ++e) {
     data::Batch batch = val_data_->batch(e, 0);
     if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
+    const models::PackedRows packed{batch.positions, batch.example_starts};
+    std::optional<models::PackedRowsScope> packed_scope;
+    if (batch.positions.defined()) packed_scope.emplace(packed);
     // The loss uses the output head: inside the root's call, where it is gathered.
     const double mean =
         fsdp::run(model_, [&] { return lm_loss(model_->forward(batch.inputs), batch.targets); }).item<double>();

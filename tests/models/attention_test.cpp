@@ -17,7 +17,9 @@
 
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/flat_buffer.h"
+#include "fsdp/common/error.h"
 #include "fsdp/models/attention.h"
+#include "fsdp/models/packed_rows.h"
 #include "kernels/kernels.h"
 #include "../nn/dispatched_operators.h"
 
@@ -93,6 +95,55 @@ TEST(CausalAttention, Fp32MatchesTheReferenceAcrossQueryBlocks) {
     const auto in = inputs(2, T, 4, 2, 16);
     expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), exact(in), 5e-6);
   }
+}
+
+// Packed rows (models/packed_rows.h): each example of a row attends to
+// itself alone, as if it were a row of its own. The reference runs the
+// textbook computation on each example's slice separately and puts the
+// pieces side by side; the rows span several query blocks, with examples
+// of one token and examples that cross a block's edge.
+Tensor reference_by_example(const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<std::vector<int64_t>>& cuts) {
+  std::vector<Tensor> rows;
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    std::vector<Tensor> pieces;
+    for (size_t e = 0; e + 1 < cuts[b].size(); ++e) {
+      const int64_t s = cuts[b][e], n = cuts[b][e + 1] - s;
+      const auto slice = [&](const Tensor& t) { return t.narrow(0, b, 1).narrow(1, s, n); };
+      pieces.push_back(reference(slice(q), slice(k), slice(v)));
+    }
+    rows.push_back(torch::cat(pieces, 1));
+  }
+  return torch::cat(rows, 0);
+}
+
+TEST(CausalAttention, PackedRowsAttendInsideEachExampleAsIfItWereARow) {
+  const int64_t B = 2, T = 150;
+  const std::vector<std::vector<int64_t>> cuts = {{0, 40, 41, 130, 150}, {0, 63, 65, 150}};
+  PackedRows packed{torch::empty({B, T}, torch::kLong), torch::empty({B, T}, torch::kLong)};
+  for (int64_t b = 0; b < B; ++b) {
+    for (size_t e = 0; e + 1 < cuts[b].size(); ++e) {
+      for (int64_t t = cuts[b][e]; t < cuts[b][e + 1]; ++t) {
+        packed.starts[b][t] = cuts[b][e];
+        packed.positions[b][t] = t - cuts[b][e];
+      }
+    }
+  }
+  const auto in = inputs(B, T, 4, 2, 16);
+  const auto by_example = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return reference_by_example(q, k, v, cuts);
+  };
+  const Result expected = run(by_example, in.q, in.k, in.v, in.dy, torch::kDouble);
+  PackedRowsScope scope(packed);
+  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), expected, 5e-6);  // the CPU kernel
+  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kDouble), expected, 1e-12);  // the composite
+  expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), expected, 3e-2);
+  // The whole row's causal attention is another computation: the check above can fail.
+  const Tensor unpacked = reference(in.q, in.k, in.v);
+  EXPECT_GT(gap(unpacked, expected.y), 1e-2);
+  // A scope of another shape is refused, naming both.
+  PackedRows other{torch::zeros({1, T}, torch::kLong), torch::zeros({1, T}, torch::kLong)};
+  PackedRowsScope inner(other);
+  EXPECT_THROW(causal_attention(in.q.to(torch::kFloat), in.k.to(torch::kFloat), in.v.to(torch::kFloat)), Error);
 }
 
 TEST(CausalAttention, QueriesNeverTouchKeyBlocksAfterTheirOwn) {

@@ -24,8 +24,9 @@ std::string token_file(const std::string& name, int64_t n, int32_t vocab) {
 
 // A loader as the trainer builds one: (source, B, T, rank, W, A, vocab, seed).
 DataLoader make(const std::string& source, int64_t B, int64_t T, int rank, int world, int A, int64_t vocab,
-                uint64_t seed, bool shuffle = false) {
+                uint64_t seed, bool shuffle = false, bool pack = false) {
   LoaderOptions o;
+  o.pack = pack;
   o.batch_size = B;
   o.seq_len = T;
   o.rank = rank;
@@ -285,6 +286,44 @@ TEST(ChatExamples, TwoRanksReadWhatOneReadsAndShuffleVisitsEveryExampleOncePerEp
     }
     for (int64_t e = 0; e < 7; ++e) EXPECT_EQ(seen.count(e), 2u) << "example " << e << " shuffle " << shuffle;
   }
+}
+
+// Packed: consecutive examples share a row while their inputs (L - 1
+// each) fit T; each contributes its first L - 1 tokens as inputs and its
+// last L - 1 as targets, positions restart, and the padding after the last
+// is a span of its own. Worked out by hand for T = 6.
+TEST(ChatExamples, PackedRowsHoldConsecutiveExamplesWithPositionsAndStartsOfTheirOwn) {
+  // Examples of 4 (the last two trained), 3 (all), 2 (the last), 9 (all): 3 + 2 + 1 inputs fill
+  // the first row; the fourth, cut to T + 1 = 7 tokens, fills the second.
+  const auto path = example_files("packed", {{10, 11, 12, 13}, {20, 21, 22}, {30, 31}, {40, 41, 42, 43, 44, 45, 46, 47, 48}},
+                                  {{0, 0, 1, 1}, {1, 1, 1}, {0, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1}});
+  const int64_t T = 6;
+  auto loader = make(path, 1, T, 0, 1, 1, 100, 0, false, /*pack=*/true);
+  EXPECT_TRUE(loader.packed());
+  EXPECT_EQ(loader.examples(), 4);
+  EXPECT_EQ(loader.rows(), 2);
+  const auto first = loader.batch(0, 0);
+  EXPECT_TRUE(first.inputs.equal(torch::tensor({{10, 11, 12, 20, 21, 30}}))) << first.inputs;
+  EXPECT_TRUE(first.targets.equal(torch::tensor({{-100, 12, 13, 21, 22, 31}}))) << first.targets;
+  EXPECT_TRUE(first.positions.equal(torch::tensor({{0, 1, 2, 0, 1, 0}}))) << first.positions;
+  EXPECT_TRUE(first.example_starts.equal(torch::tensor({{0, 0, 0, 3, 3, 5}}))) << first.example_starts;
+  EXPECT_EQ(first.trained_targets, 5);
+  const auto second = loader.batch(1, 0);
+  EXPECT_TRUE(second.inputs.equal(torch::tensor({{40, 41, 42, 43, 44, 45}}))) << second.inputs;
+  EXPECT_TRUE(second.targets.equal(torch::tensor({{41, 42, 43, 44, 45, 46}}))) << second.targets;
+  EXPECT_TRUE(second.positions.equal(torch::tensor({{0, 1, 2, 3, 4, 5}})));
+  EXPECT_TRUE(second.example_starts.equal(torch::zeros({1, T}, torch::kLong)));
+  // T = 8: the first row's examples (6 inputs) leave two columns of padding.
+  auto wide = make(path, 1, 8, 0, 1, 1, 100, 0, false, true);
+  const auto padded = wide.batch(0, 0);
+  EXPECT_TRUE(padded.inputs.equal(torch::tensor({{10, 11, 12, 20, 21, 30, 0, 0}}))) << padded.inputs;
+  EXPECT_TRUE(padded.targets.equal(torch::tensor({{-100, 12, 13, 21, 22, 31, -100, -100}})));
+  EXPECT_TRUE(padded.positions.equal(torch::tensor({{0, 1, 2, 0, 1, 0, 0, 1}})));
+  EXPECT_TRUE(padded.example_starts.equal(torch::tensor({{0, 0, 0, 3, 3, 5, 6, 6}})));
+  // A plain token stream has no examples to pack.
+  const auto plain = "/tmp/fsdp-loader-" + std::to_string(::getpid()) + "-plain.bin";
+  write_token_file(plain, std::vector<int32_t>(64, 1));
+  EXPECT_THROW(make(plain, 1, T, 0, 1, 1, 100, 0, false, true), Error);
 }
 
 TEST(ChatExamples, AMaskFromAnotherPrepareIsRefusedNamingIt) {

@@ -21,6 +21,16 @@
 // does not cover, and padding, are -100 (the loss's ignore index); every
 // row starts at position 0 and attends to its own example alone. The
 // positions above count T tokens per row, so resuming works alike.
+//
+// Packed (LoaderOptions::pack), a row holds consecutive examples, as many
+// as fit: each example of L tokens (cut to T+1) puts its first L-1 tokens
+// in the row as inputs and its last L-1 as their targets, so the T inputs
+// of a row hold any examples whose L-1 add up to T at most, and no target
+// crosses from one example into the next. The rows are made once, in file
+// order, and sequence i is row i mod n (pi_e(i mod n) with shuffle). Each
+// batch then carries every token's position in its example and the column
+// its example starts at (models/packed_rows.h), which the model's
+// positions and attention read.
 
 #include <functional>
 #include <memory>
@@ -37,6 +47,9 @@ struct Batch {
   torch::Tensor inputs;   // (B, T) int64
   torch::Tensor targets;  // (B, T) int64; -100 where nothing is trained (chat data)
   int64_t trained_targets = 0;  // targets other than -100
+  // Packed rows only: (B, T) int64, each token's position in its example
+  // (on the batch's device) and the column its example starts at (CPU).
+  torch::Tensor positions, example_starts;
 };
 
 struct LoaderOptions {
@@ -45,6 +58,7 @@ struct LoaderOptions {
   int64_t vocab_size = 0;
   uint64_t seed = 0;
   bool shuffle = false;
+  bool pack = false;  // chat data: several examples to a row
   c10::Device device = c10::Device(c10::DeviceType::CPU);  // where batches go (the world's device)
   std::string flag = "--data";  // names the option in errors
   // Appended to the error for a token id the vocabulary cannot hold
@@ -73,16 +87,23 @@ class DataLoader {
   // Chat data: the number of examples (0: a token stream), the longest,
   // and how many are longer than one row (T+1 tokens) holds.
   int64_t examples() const { return static_cast<int64_t>(example_starts_.size()); }
+  // Chat data: the rows an epoch reads (packed rows, or one per example).
+  int64_t rows() const { return packed() ? static_cast<int64_t>(row_first_.size()) - 1 : examples(); }
+  bool packed() const { return !row_first_.empty(); }
   int64_t longest_example() const;
   int64_t examples_longer_than_a_row() const;
 
  private:
   void read_sequence(int64_t i, int64_t* out, uint8_t* trained) const;
+  // Packed row i's inputs, targets (-100 untrained), positions and starts (T each); returns its trained targets.
+  int64_t read_packed(int64_t i, int64_t* inputs, int64_t* targets, int64_t* positions, int64_t* starts) const;
+  int64_t row_of(int64_t i) const;  // the packed row sequence i reads
   int64_t example_of(int64_t i) const;  // the example sequence i reads (chat data)
   int64_t example_length(int64_t e) const;
   std::shared_ptr<TokenStream> stream_;
   std::vector<uint8_t> mask_;             // chat data: the masks of the whole stream
   std::vector<int64_t> example_starts_;  // chat data: where each example starts in the stream
+  std::vector<int64_t> row_first_;       // packed: row r holds examples [row_first_[r], row_first_[r + 1])
   LoaderOptions o_;
   int64_t start_step_ = 0, start_tokens_ = 0;
 };

@@ -53,6 +53,9 @@ struct CausalLMImpl : torch::nn::Module {
   virtual bool supports_kv_cache() const { return false; }
   // Set by generation around its forwards; null otherwise (training).
   KvCache* kv_cache = nullptr;
+  // Whether forward reads packed rows (packed_rows.h: positions restarting
+  // at each example, attention kept inside it) when a scope sets them.
+  virtual bool supports_packed_rows() const { return false; }
 };
 
 using CausalLM = std::shared_ptr<CausalLMImpl>;

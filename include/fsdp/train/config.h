@@ -68,6 +68,7 @@ struct TrainConfig {
     int64_t batch_size = 4;  // sequences per rank per micro-step
     int64_t grad_accum = 1;
     bool shuffle = false;  // sequence windows in a seeded, stateless permutation
+    bool pack = false;     // chat data: consecutive examples share a row, attention kept inside each
     // Train on token files another tokenizer than --init-from's made.
     bool allow_tokenizer_mismatch = false;
   } data;

@@ -1,3 +1,4 @@
+#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/common/decoder.h"
 
 #include "fsdp/common/error.h"
@@ -86,7 +87,16 @@ torch::Tensor DecoderLMImpl::forward(torch::Tensor tokens) {
     model->layer(i).self_attn->cache = kv_cache;
     model->layer(i).self_attn->layer = i;
   }
-  const auto [cos, sin] = position_tables(past, T, tokens.device());
+  auto [cos, sin] = position_tables(past, T, tokens.device());
+  if (const PackedRows* packed = packed_rows_for(tokens.size(0), T)) {
+    // Each token's row of the tables, by its position in its example: (B, 1, T, hs), broadcast over heads.
+    FSDP_CHECK(supports_packed_rows(), family(), ": packed rows are not supported (its positions are not per token)");
+    const auto rows = [&](const torch::Tensor& table) {
+      return table.index_select(0, packed->positions.reshape({-1})).view({tokens.size(0), T, -1}).unsqueeze(1);
+    };
+    cos = rows(cos);
+    sin = rows(sin);
+  }
   auto x = model->embed_tokens(tokens);
   std::vector<torch::Tensor> router_stats;
   for (size_t i = 0; i < model->size(); ++i) {

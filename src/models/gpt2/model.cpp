@@ -1,3 +1,4 @@
+#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/gpt2/model.h"
 
 #include <nlohmann/json.hpp>
@@ -97,7 +98,9 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
     transformer->blocks[i]->attn->cache = kv_cache;
     transformer->blocks[i]->attn->layer = i;
   }
-  auto positions = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  const PackedRows* packed = packed_rows_for(tokens.size(0), T);
+  auto positions = packed != nullptr ? packed->positions
+                                     : torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = nn::dropout(transformer->drop, transformer->wte(tokens) + transformer->wpe(positions));
   for (auto& block : transformer->blocks) x = block(x);
   return transformer->ln_f(x);

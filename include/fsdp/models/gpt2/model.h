@@ -77,6 +77,7 @@ struct GPT2LMHeadModelImpl : CausalLMImpl {
   int64_t dim() const override { return config.n_embd; }
   int64_t n_layers() const override { return config.n_layer; }
   bool supports_kv_cache() const override { return true; }
+  bool supports_packed_rows() const override { return true; }
 
   GPT2Config config;
   GPT2Model transformer{nullptr};

@@ -31,6 +31,7 @@ struct LlamaAttentionImpl : DecoderAttentionImpl {
 struct LlamaForCausalLMImpl : DecoderLMImpl {
   explicit LlamaForCausalLMImpl(const LlamaConfig& config);
   bool supports_kv_cache() const override { return true; }
+  bool supports_packed_rows() const override { return true; }
   int64_t active_parameter_count() const override { return llama_active_parameter_count(config); }
 
   LlamaConfig config;
