@@ -10,6 +10,8 @@ at 1:
   chat template, and plain-text pairs with the EOS appended). A
   conversation of one question and its answer ({"messages": [...]}) is
   masked as the same pair is.
+- packed several to a row (--pack), the same examples make the losses of
+  one example a row, step by step, when every step reads all of them;
 - `fsdp train` on them (one example a row, the loss on the completions,
   averaged over every trained token of every rank and micro-step) makes
   TRL's per-step losses within LOSS_BOUND at W = 1 and W = 2.
@@ -29,6 +31,7 @@ import token_files
 
 LOSS_BOUND = 1e-5
 STEPS = 4
+PACK_T = 128
 SETTINGS = ["--steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2", "--seq-len", "128", "--lr", "1e-3",
             "--lr-schedule", "constant", "--warmup-steps", "0", "--weight-decay", "0", "--beta1", "0.9", "--beta2",
             "0.999", "--eps", "1e-8", "--grad-clip", "1.0", "--precision", "fp32", "--log-every", "1",
@@ -139,6 +142,31 @@ def main():
         expected_mask = [m for _, trained in from_jsonl for m in trained]
         harness.check(f"{name} from Parquet: tokens or loss mask other than from JSONL",
                       int(tokens.tolist() != expected_tokens) + int((mask & 1).tolist() != expected_mask), 0)
+
+    # Packed (--pack): several examples to a row, positions restarting and
+    # attention kept inside each. Every step here reads all 16 examples
+    # (one a row: batch 16; packed: batch = the rows they fill), so the
+    # steps' losses are the same sums over the same tokens either way.
+    _, all_tokens, examples = prepared(args, pairs, work, "pack", directory)
+    rows, used = 1, 0
+    for tokens, _ in examples:  # the packing rule, worked out here: inputs (L - 1 each) while they fit T
+        if used + len(tokens) - 1 > PACK_T:
+            rows, used = rows + 1, 0
+        used += len(tokens) - 1
+    full_batch = []
+    for extra, batch in (([], len(examples)), (["--pack"], rows)):
+        out = os.path.join(work, "pack-run" + "".join(extra))
+        harness.run([args.fsdp, "train", "--init-from", directory, "--data", all_tokens, "--out-dir", out,
+                     *SETTINGS, "--seq-len", str(PACK_T), "--batch-size", str(batch), "--grad-accum", "1", *extra])
+        lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        full_batch.append(np.array([x["loss"] for x in lines if "loss" in x and "event" not in x
+                                    and x.get("split", "train") == "train"]))
+    print(f"{len(examples)} examples packed into {rows} rows of {PACK_T}: losses {np.round(full_batch[1], 6).tolist()}, "
+          f"one a row {np.round(full_batch[0], 6).tolist()}")
+    if rows >= len(examples) // 2:
+        harness.fail(f"{rows} packed rows for {len(examples)} examples: packing put too few in a row to test it")
+    harness.check("packed rows against one example a row: largest relative loss difference",
+                  float((np.abs(full_batch[1] - full_batch[0]) / full_batch[0]).max()), LOSS_BOUND)
 
     cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
     for name, records, worlds in cases:
