@@ -11,30 +11,11 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
-#include "fsdp/models/packed_rows.h"
 #include "fsdp/nn/dropout.h"
+#include "fsdp/nn/packed_rows.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::models {
-namespace {
-
-thread_local const PackedRows* t_packed_rows = nullptr;
-
-}  // namespace
-
-PackedRowsScope::PackedRowsScope(const PackedRows& rows) : previous_(t_packed_rows) { t_packed_rows = &rows; }
-PackedRowsScope::~PackedRowsScope() { t_packed_rows = previous_; }
-const PackedRows* PackedRowsScope::current() { return t_packed_rows; }
-
-const PackedRows* packed_rows_for(int64_t B, int64_t T) {
-  const PackedRows* rows = t_packed_rows;
-  if (rows == nullptr) return nullptr;
-  FSDP_CHECK(rows->starts.dim() == 2 && rows->starts.size(0) == B && rows->starts.size(1) == T &&
-                 rows->positions.sizes() == rows->starts.sizes(),
-             "packed rows of ", rows->starts.sizes(), " for a batch of (", B, ", ", T, ")");
-  return rows;
-}
-
 namespace {
 
 using torch::Tensor;
@@ -515,7 +496,15 @@ Tensor device_attention(const Tensor& q, const Tensor& k, const Tensor& v, torch
   const bool causal = !packed;
 #endif
 #if FSDP_TORCH_VERSION >= 205
-  const bool grouped = nh != k.size(2);
+  bool grouped = nh != k.size(2);
+  if (grouped && packed) {
+    // With a mask, enable_gqa leaves only the math backend (the whole
+    // score square per head): repeated k and v keep the memory-efficient one.
+    const int64_t rep = nh / k.size(2);
+    kh = kh.repeat_interleave(rep, 1);
+    vh = vh.repeat_interleave(rep, 1);
+    grouped = false;
+  }
   auto y = at::scaled_dot_product_attention(qh, kh, vh, mask, p, causal, /*scale=*/{}, /*enable_gqa=*/grouped);
 #elif FSDP_TORCH_VERSION >= 200
   if (const int64_t rep = nh / k.size(2); rep > 1) {
@@ -554,7 +543,7 @@ namespace {
 // The current packed rows' example starts for q (B, T, ...), on the CPU,
 // contiguous; empty when none (the autograd functions take a tensor).
 Tensor example_starts(const Tensor& q) {
-  const PackedRows* rows = packed_rows_for(q.size(0), q.size(1));
+  const nn::PackedRows* rows = nn::packed_rows_for(q.size(0), q.size(1));
   return rows != nullptr ? rows->starts.to(torch::kCPU).to(torch::kLong).contiguous()
                          : at::empty({0}, at::TensorOptions().dtype(at::kLong));
 }

@@ -3,6 +3,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
+#include "fsdp/nn/packed_rows.h"
+
 namespace fsdp::nn {
 namespace {
 
@@ -15,6 +19,11 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     // Dropout on a GPU draws from that device's generator.
     if (input.is_cuda()) ctx->saved_data["rng_device"] = device_generator(input.device()).get_state();
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    // Packed rows in force now are the recomputation's too (packed_rows.h).
+    if (const PackedRows* rows = PackedRowsScope::current()) {
+      ctx->saved_data["packed_positions"] = rows->positions;
+      ctx->saved_data["packed_starts"] = rows->starts;
+    }
     ctx->save_for_backward({input});
     torch::NoGradGuard no_grad;
     return (*fn)(input);
@@ -39,6 +48,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     std::vector<torch::Tensor> outputs;
     {
       torch::AutoGradMode enable(true);
+      std::optional<PackedRows> rows;
+      std::optional<PackedRowsScope> scope;
+      if (ctx->saved_data.count("packed_starts") > 0) {
+        rows = PackedRows{ctx->saved_data["packed_positions"].toTensor(), ctx->saved_data["packed_starts"].toTensor()};
+        scope.emplace(*rows);
+      }
       outputs = (*fn)(input);
     }
     generator.set_state(current);
@@ -57,8 +72,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 }  // namespace
 
-std::vector<torch::Tensor> checkpoint(const CheckpointedMultiFn& fn, const torch::Tensor& input) {
-  if (!torch::GradMode::is_enabled()) return fn(input);
+std::vector<torch::Tensor> checkpoint(const CheckpointedMultiFn& fn, const torch::Tensor& input_in) {
+  if (!torch::GradMode::is_enabled()) return fn(input_in);
+  // An input without a gradient (the first block's, when the embedding is
+  // frozen, as under LoRA) would leave the outputs outside the graph, and
+  // the parameters inside (the adapters) without gradients: it takes part
+  // as one that has, as Hugging Face's enable_input_require_grads makes it.
+  const torch::Tensor input = input_in.requires_grad() ? input_in : input_in.detach().requires_grad_(true);
   // The function object must outlive backward: keep a copy in a shared
   // holder captured by the graph through the saved data.
   auto holder = std::make_shared<CheckpointedMultiFn>(fn);

@@ -47,6 +47,8 @@ std::vector<std::string> add_lora(torch::nn::Module& model, const LoraOptions& o
       matched_targets.insert(layer);
     }
   }
+  FSDP_CHECK(wanted.count("lm_head") == 0, "LoRA: target 'lm_head': the output head is applied as a weight (the loss "
+             "and generation multiply by it directly), so an adapter there would never train; leave it out");
   if (!all) {
     for (const auto& t : wanted) {
       FSDP_CHECK(matched_targets.count(t) > 0, "LoRA: target '", t, "' names no Linear layer of this model; its "

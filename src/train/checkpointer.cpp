@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "fsdp/checkpoint/checkpoint.h"
@@ -27,11 +28,15 @@ bool parameters_finite(dist::ProcessGroup& group, const torch::nn::Module& model
   return t.item<float>() == 0;
 }
 
+}  // namespace
+
 std::string step_dir_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
   return name;
 }
+
+namespace {
 
 // The step_N directories under `dir`, oldest first.
 std::vector<std::string> step_dirs(const std::string& dir) {
@@ -87,6 +92,10 @@ void Checkpointer::set_aside_newer_than(int64_t step) const {
     log_.say("--resume-from " + std::to_string(step) + ": " + config_.dir + "/" + name + " renamed " + aside +
              " (this run trains those steps again)");
   }
+  // A best set aside is no longer this run's best (the resumed checkpoint's record says which is).
+  std::ifstream best(config_.dir + "/best");
+  std::string named;
+  if (best.good() && std::getline(best, named) && named > step_dir_name(step)) fs::remove(config_.dir + "/best");
 }
 
 std::string Checkpointer::chosen_checkpoint() const {
@@ -195,7 +204,11 @@ void Checkpointer::mark_best(int64_t step, MetricsLog* metrics) {
 
 std::string Checkpointer::best() const {
   if (!enabled()) return "";
-  return checkpoint::best(config_.dir).value_or("");
+  try {
+    return checkpoint::best(config_.dir).value_or("");
+  } catch (const Error&) {
+    return "";  // 'best' names no checkpoint: the caller says so
+  }
 }
 
 bool Checkpointer::due(int64_t step, int64_t total_steps, bool stop_requested) const {

@@ -22,9 +22,9 @@
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/fault_point.h"
 #include "fsdp/io/memory_snapshot.h"
-#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
+#include "fsdp/nn/packed_rows.h"
 #include "fsdp/train/builders.h"
 #include "fsdp/train/export.h"
 #include "fsdp/train/generate.h"
@@ -323,6 +323,9 @@ void Trainer::resume_if_possible() {
     best_val_ = extra["best_val_loss"].get<double>();
     evals_since_best_ = extra["evals_since_best"].get<int64_t>();
   }
+  // A run --patience stopped stays stopped, unless its patience was raised.
+  const int64_t patience = config_.eval.patience;
+  stopped_early_ = extra.value("stopped_early", false) && patience > 0 && evals_since_best_ >= patience;
   // The stream continues after the tokens already trained on, whatever the
   // batch size, accumulation or world size is now.
   train_data_->resume_at(state->step, state->tokens_seen);
@@ -396,9 +399,19 @@ TrainSummary Trainer::train() {
 }
 
 TrainSummary Trainer::run() {
-  if (resumed_ && start_step_ == config_.runtime.steps) {
-    log_.say("the checkpoint is at step " + std::to_string(start_step_) + " = runtime.steps: nothing left to train" +
-             " (raise --steps to train further, or use a new --out-dir for a new run)");
+  if (resumed_ && (start_step_ == config_.runtime.steps || stopped_early_)) {
+    log_.say(stopped_early_ ? "the run stopped early at step " + std::to_string(start_step_) + " (" +
+                                  std::to_string(evals_since_best_) + " evaluations without a lower validation loss, "
+                                  "--patience " + std::to_string(config_.eval.patience) +
+                                  "): nothing left to train (a larger --patience, or 0, trains on)"
+                            : "the checkpoint is at step " + std::to_string(start_step_) +
+                                  " = runtime.steps: nothing left to train (raise --steps to train further, or use "
+                                  "a new --out-dir for a new run)");
+    // What the end of a run writes, asked for now: the sample and the export.
+    last_step_ = start_step_;
+    restore_best();
+    if (config_.sample.tokens > 0) summary_.sample = sample_text();
+    if (!config_.hf_export.dir.empty()) export_hf();
     return summary_;
   }
   if (metrics_) {
@@ -531,8 +544,8 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     Losses losses;
     // Packed rows (--pack): positions and attention inside each example,
     // for the forward and for the backward that may recompute it.
-    const models::PackedRows packed{batch.positions, batch.example_starts};
-    std::optional<models::PackedRowsScope> packed_scope;
+    const nn::PackedRows packed{batch.positions, batch.example_starts};
+    std::optional<nn::PackedRowsScope> packed_scope;
     if (batch.positions.defined()) packed_scope.emplace(packed);
     {
       RECORD_USER_SCOPE("train::forward");
@@ -615,10 +628,15 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   summary_.train_losses.push_back(stats.loss);
   guard_->record(stats.loss, stats.verdict);
   if (log_cadence_.due(step, total)) log_step(step, stats);
+  // A lower validation loss under --keep-best counts as the best once its
+  // checkpoint is written (below); otherwise it is noted at once.
   bool save_as_best = false;
+  double val = 0;
   if (val_data_ && eval_cadence_.due(step, total)) {
-    save_as_best = note_validation_loss(step + 1, evaluate_and_log(step + 1)) && config_.eval.keep_best &&
-                   !stats.verdict.skip;
+    val = evaluate_and_log(step + 1);
+    const bool lower = val < best_val_;
+    save_as_best = lower && config_.eval.keep_best && !stats.verdict.skip;
+    if (!save_as_best) note_validation_loss(step + 1, val, lower && !config_.eval.keep_best);
   }
   if (stats.verdict.skip) {
     guard_->stop_if_too_many_bad(step, stats.loss, stats.grad_norm,
@@ -637,11 +655,13 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   if (!stats.verdict.skip && (save_as_best || checkpointer_->due(step, total, stop_requested_ || stopped_early_))) {
     checkpointer_->save(state_to_save(step + 1), *model_, *optimizer_, metrics_.get());
   }
-  if (save_as_best) checkpointer_->mark_best(step + 1, metrics_.get());
+  if (save_as_best) {
+    checkpointer_->mark_best(step + 1, metrics_.get());
+    note_validation_loss(step + 1, val, checkpointer_->last_saved_step() == step + 1);
+  }
 }
 
-bool Trainer::note_validation_loss(int64_t steps_done, double val) {
-  const bool improved = val < best_val_;
+void Trainer::note_validation_loss(int64_t steps_done, double val, bool improved) {
   if (improved) {
     best_val_ = val;
     best_step_ = steps_done;
@@ -661,14 +681,19 @@ bool Trainer::note_validation_loss(int64_t steps_done, double val) {
       metrics_->write({{"event", "early_stop"}, {"step", steps_done}, {"best_step", best_step_}, {"best_val_loss", best_val_}});
     }
   }
-  return improved;
 }
 
 void Trainer::restore_best() {
-  if (!config_.eval.keep_best || best_step_ == 0 || best_step_ == checkpointer_->last_saved_step()) return;
+  if (!config_.eval.keep_best || best_step_ == 0 || best_step_ == last_step_) return;  // the weights in hand
   const std::string path = checkpointer_->best();
-  if (path.empty()) return;
+  if (std::filesystem::path(path).filename().string() != step_dir_name(best_step_)) {
+    log_.warn("--keep-best: the best validation loss was step " + std::to_string(best_step_) + "'s, but " +
+              (path.empty() ? std::string("no checkpoint is marked best") : "'best' names " + path) +
+              "; the sample and export hold the last step's weights");
+    return;
+  }
   checkpoint::load(path, *model_, *optimizer_, *world_);
+  restored_best_ = true;
   char line[200];
   std::snprintf(line, sizeof(line), "the best checkpoint (step %lld, val loss %.4f) is what this run's sample and export hold: ",
                 static_cast<long long>(best_step_), best_val_);
@@ -726,8 +751,8 @@ double Trainer::evaluate() {
   for (int64_t e = 0; e < config_.eval.batches; ++e) {
     data::Batch batch = val_data_->batch(e, 0);
     if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
-    const models::PackedRows packed{batch.positions, batch.example_starts};
-    std::optional<models::PackedRowsScope> packed_scope;
+    const nn::PackedRows packed{batch.positions, batch.example_starts};
+    std::optional<nn::PackedRowsScope> packed_scope;
     if (batch.positions.defined()) packed_scope.emplace(packed);
     // The loss uses the output head: inside the root's call, where it is gathered.
     const double mean =
@@ -764,6 +789,7 @@ checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
     state.extra["best_step"] = best_step_;
     state.extra["evals_since_best"] = evals_since_best_;
   }
+  if (stopped_early_) state.extra["stopped_early"] = true;
   try {
     state.hf_config = models::hf_config(*model_).dump(2);
   } catch (const Error&) {
@@ -784,12 +810,14 @@ void Trainer::finish_run() {
     if (config_.sample.tokens > 0) summary_.sample = sample_text();
     if (!config_.hf_export.dir.empty()) export_hf();
   } catch (const std::exception& e) {
-    if (checkpointer_->last_saved_step() != last_step_ && checkpointable()) {
+    // (Weights restored from the best checkpoint are on disk as that one.)
+    if (!restored_best_ && checkpointer_->last_saved_step() != last_step_ && checkpointable()) {
       checkpointer_->redirect(paths_.folder.checkpoints());
       checkpointer_->save(state_to_save(last_step_), *model_, *optimizer_, metrics_.get());
       checkpointer_->wait_for_save(metrics_.get());
       throw Error(std::string(e.what()) + " (the trained weights were saved to " + paths_.folder.checkpoints() +
-                  "; `fsdp ckpt export` writes them in Hugging Face's format)");
+                  (config_.lora.rank > 0 ? "; resume the run with --export-hf DIR to export them)"
+                                         : "; `fsdp ckpt export` writes them in Hugging Face's format)"));
     }
     throw;
   }

@@ -304,8 +304,12 @@ TEST(Train, LoraTrainsTheAdaptersAndTwoRanksReproduceOneRank) {
                              "--lora-targets q_proj,v_proj,down_proj --tensorboard=false";
   const auto one = run_command(kCli + " launch -n 1 -- " + kCli + common + " --batch-size 4 --out-dir " + dir + "/w1");
   const auto two = run_command(kCli + " launch -n 2 -- " + kCli + common + " --batch-size 2 --out-dir " + dir + "/w2");
+  // With activation checkpointing: the first block's input (the frozen
+  // embedding's output) has no gradient, and the adapters inside still must.
+  const auto ac = run_command(kCli + common + " --batch-size 4 --activation-checkpoint --out-dir " + dir + "/ac");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
+  ASSERT_EQ(ac.exit_code, 0) << ac.output;
   // llama-tiny: 2 layers of width 64, so 3 layers x 2 blocks of rank-4 adapters.
   EXPECT_NE(one.output.find("LoRA rank 4, alpha 16 on 6 layers (down_proj,q_proj,v_proj)"), std::string::npos)
       << one.output;
@@ -313,7 +317,12 @@ TEST(Train, LoraTrainsTheAdaptersAndTwoRanksReproduceOneRank) {
   const auto b = train_losses(read_metrics(dir + "/w2/metrics.jsonl"));
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+  const auto c = train_losses(read_metrics(dir + "/ac/metrics.jsonl"));
+  ASSERT_EQ(c.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+    EXPECT_NEAR(a[i], c[i], 1e-6 * a[i]) << "step " << i + 1 << " with activation checkpointing";
+  }
   EXPECT_LT(a.back(), a.front());  // the adapters learn
 }
 
@@ -389,6 +398,8 @@ TEST(TrainErrors, FineTuningSettingsThatCannotApplyAreRefusedByName) {
   expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-dropout 1", {"lora.dropout", "0 <= p < 1"},
                        dir);
   expect_clean_failure("--model gpt2-tiny --steps 1 --lora-rank 4", {"Conv1D", "Llama"}, dir);
+  expect_clean_failure("--model llama-tiny --steps 1 --lora-rank 4 --lora-targets q_proj,lm_head",
+                       {"'lm_head'", "never train"}, dir);
   // An adapter of another rank.
   std::filesystem::create_directories(dir + "/adapter");
   std::ofstream(dir + "/adapter/adapter_config.json") << R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16})";

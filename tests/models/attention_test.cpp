@@ -19,7 +19,8 @@
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/attention.h"
-#include "fsdp/models/packed_rows.h"
+#include "fsdp/nn/activation_checkpoint.h"
+#include "fsdp/nn/packed_rows.h"
 #include "kernels/kernels.h"
 #include "../nn/dispatched_operators.h"
 
@@ -97,7 +98,7 @@ TEST(CausalAttention, Fp32MatchesTheReferenceAcrossQueryBlocks) {
   }
 }
 
-// Packed rows (models/packed_rows.h): each example of a row attends to
+// Packed rows (nn/packed_rows.h): each example of a row attends to
 // itself alone, as if it were a row of its own. The reference runs the
 // textbook computation on each example's slice separately and puts the
 // pieces side by side; the rows span several query blocks, with examples
@@ -119,7 +120,7 @@ Tensor reference_by_example(const Tensor& q, const Tensor& k, const Tensor& v, c
 TEST(CausalAttention, PackedRowsAttendInsideEachExampleAsIfItWereARow) {
   const int64_t B = 2, T = 150;
   const std::vector<std::vector<int64_t>> cuts = {{0, 40, 41, 130, 150}, {0, 63, 65, 150}};
-  PackedRows packed{torch::empty({B, T}, torch::kLong), torch::empty({B, T}, torch::kLong)};
+  nn::PackedRows packed{torch::empty({B, T}, torch::kLong), torch::empty({B, T}, torch::kLong)};
   for (int64_t b = 0; b < B; ++b) {
     for (size_t e = 0; e + 1 < cuts[b].size(); ++e) {
       for (int64_t t = cuts[b][e]; t < cuts[b][e + 1]; ++t) {
@@ -133,7 +134,7 @@ TEST(CausalAttention, PackedRowsAttendInsideEachExampleAsIfItWereARow) {
     return reference_by_example(q, k, v, cuts);
   };
   const Result expected = run(by_example, in.q, in.k, in.v, in.dy, torch::kDouble);
-  PackedRowsScope scope(packed);
+  nn::PackedRowsScope scope(packed);
   expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kFloat), expected, 5e-6);  // the CPU kernel
   expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kDouble), expected, 1e-12);  // the composite
   expect_close(run(attend, in.q, in.k, in.v, in.dy, torch::kBFloat16), expected, 3e-2);
@@ -141,9 +142,45 @@ TEST(CausalAttention, PackedRowsAttendInsideEachExampleAsIfItWereARow) {
   const Tensor unpacked = reference(in.q, in.k, in.v);
   EXPECT_GT(gap(unpacked, expected.y), 1e-2);
   // A scope of another shape is refused, naming both.
-  PackedRows other{torch::zeros({1, T}, torch::kLong), torch::zeros({1, T}, torch::kLong)};
-  PackedRowsScope inner(other);
+  nn::PackedRows other{torch::zeros({1, T}, torch::kLong), torch::zeros({1, T}, torch::kLong)};
+  nn::PackedRowsScope inner(other);
   EXPECT_THROW(causal_attention(in.q.to(torch::kFloat), in.k.to(torch::kFloat), in.v.to(torch::kFloat)), Error);
+}
+
+// Activation checkpointing recomputes a block in backward, which on a GPU
+// runs on autograd's device thread, outside the trainer's scope: the
+// checkpoint carries the packed rows of its forward. Here the scope is gone
+// before backward; the gradients are those of the scope's attention.
+TEST(CausalAttention, ACheckpointedBlockRecomputesUnderThePackedRowsOfItsForward) {
+  const int64_t B = 1, T = 90;
+  nn::PackedRows packed{torch::empty({B, T}, torch::kLong), torch::empty({B, T}, torch::kLong)};
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t start = t < 50 ? 0 : 50;
+    packed.starts[0][t] = start;
+    packed.positions[0][t] = t - start;
+  }
+  torch::manual_seed(3);
+  const Tensor x0 = torch::randn({B, T, 2, 16}) * 2, dy = torch::randn({B, T, 32});
+  const auto block = [](const Tensor& x) { return causal_attention(x, x * 0.5, x.flip(1)); };
+  Tensor expected;
+  {
+    nn::PackedRowsScope scope(packed);
+    const Tensor x = x0.clone().requires_grad_();
+    block(x).backward(dy);
+    expected = x.grad();
+  }
+  const Tensor x = x0.clone().requires_grad_();
+  Tensor y;
+  {
+    nn::PackedRowsScope scope(packed);
+    y = nn::checkpoint([&](const Tensor& in) { return block(in); }, x);
+  }
+  y.backward(dy);  // no scope now
+  EXPECT_LT(gap(x.grad(), expected.to(torch::kDouble)), 1e-6);
+  // Without the rows the gradient is another one: the check can fail.
+  const Tensor plain = x0.clone().requires_grad_();
+  block(plain).backward(dy);
+  EXPECT_GT(gap(plain.grad(), expected.to(torch::kDouble)), 1e-3);
 }
 
 TEST(CausalAttention, QueriesNeverTouchKeyBlocksAfterTheirOwn) {

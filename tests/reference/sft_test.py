@@ -154,7 +154,7 @@ def main():
             rows, used = rows + 1, 0
         used += len(tokens) - 1
     full_batch = []
-    for extra, batch in (([], len(examples)), (["--pack"], rows)):
+    for extra, batch in (([], len(examples)), (["--pack"], rows), (["--pack", "--activation-checkpoint"], rows)):
         out = os.path.join(work, "pack-run" + "".join(extra))
         harness.run([args.fsdp, "train", "--init-from", directory, "--data", all_tokens, "--out-dir", out,
                      *SETTINGS, "--seq-len", str(PACK_T), "--batch-size", str(batch), "--grad-accum", "1", *extra])
@@ -167,6 +167,8 @@ def main():
         harness.fail(f"{rows} packed rows for {len(examples)} examples: packing put too few in a row to test it")
     harness.check("packed rows against one example a row: largest relative loss difference",
                   float((np.abs(full_batch[1] - full_batch[0]) / full_batch[0]).max()), LOSS_BOUND)
+    harness.check("packed rows with activation checkpointing: largest relative loss difference",
+                  float((np.abs(full_batch[2] - full_batch[0]) / full_batch[0]).max()), LOSS_BOUND)
 
     cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
     for name, records, worlds in cases:

@@ -29,7 +29,7 @@
 // crosses from one example into the next. The rows are made once, in file
 // order, and sequence i is row i mod n (pi_e(i mod n) with shuffle). Each
 // batch then carries every token's position in its example and the column
-// its example starts at (models/packed_rows.h), which the model's
+// its example starts at (nn/packed_rows.h), which the model's
 // positions and attention read.
 
 #include <functional>

@@ -20,6 +20,9 @@
 
 namespace fsdp::train {
 
+// A step's checkpoint directory name under the checkpoint directory ("step_00000120").
+std::string step_dir_name(int64_t step);
+
 class Checkpointer {
  public:
   // `config.dir` empty: nothing is saved or resumed. `config` is the run's

@@ -86,9 +86,9 @@ class Trainer {
   void after_step(int64_t step, const StepStats& stats);
   void log_step(int64_t step, const StepStats& stats);
   double evaluate_and_log(int64_t steps_done);
-  // After an evaluation during the run: whether VAL is the lowest yet
-  // (--keep-best saves it), and --patience's count of evaluations without.
-  bool note_validation_loss(int64_t steps_done, double val);
+  // After an evaluation during the run: VAL as the best (when `improved`)
+  // or one more evaluation without a lower loss (--patience's count).
+  void note_validation_loss(int64_t steps_done, double val, bool improved);
   // --keep-best at the end of a run: the best checkpoint's weights back
   // into the model, when they are not the last step's.
   void restore_best();
@@ -117,6 +117,7 @@ class Trainer {
   bool resumed_ = false;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   bool stopped_early_ = false;     // --patience ran out
+  bool restored_best_ = false;     // the weights in hand are the best checkpoint's (--keep-best)
   int64_t last_step_ = 0;          // the step the run ends after: runtime.steps, or where it stopped early
   // The lowest validation loss of the run's evaluations (step 0's aside),
   // its step, and the evaluations since; kept in checkpoints (TrainerState.extra).

@@ -1,9 +1,9 @@
-#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/common/decoder.h"
 
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/models/moe/moe.h"
+#include "fsdp/nn/packed_rows.h"
 #include "fsdp/nn/activation_checkpoint.h"
 
 namespace fsdp::models {
@@ -88,7 +88,7 @@ torch::Tensor DecoderLMImpl::forward(torch::Tensor tokens) {
     model->layer(i).self_attn->layer = i;
   }
   auto [cos, sin] = position_tables(past, T, tokens.device());
-  if (const PackedRows* packed = packed_rows_for(tokens.size(0), T)) {
+  if (const nn::PackedRows* packed = nn::packed_rows_for(tokens.size(0), T)) {
     // Each token's row of the tables, by its position in its example: (B, 1, T, hs), broadcast over heads.
     FSDP_CHECK(supports_packed_rows(), family(), ": packed rows are not supported (its positions are not per token)");
     const auto rows = [&](const torch::Tensor& table) {

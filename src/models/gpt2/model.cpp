@@ -1,4 +1,3 @@
-#include "fsdp/models/packed_rows.h"
 #include "fsdp/models/gpt2/model.h"
 
 #include <nlohmann/json.hpp>
@@ -7,6 +6,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/kv_cache.h"
+#include "fsdp/nn/packed_rows.h"
 #include "fsdp/nn/activation_checkpoint.h"
 #include "fsdp/nn/dropout.h"
 
@@ -98,7 +98,7 @@ torch::Tensor GPT2LMHeadModelImpl::forward(torch::Tensor tokens) {
     transformer->blocks[i]->attn->cache = kv_cache;
     transformer->blocks[i]->attn->layer = i;
   }
-  const PackedRows* packed = packed_rows_for(tokens.size(0), T);
+  const nn::PackedRows* packed = nn::packed_rows_for(tokens.size(0), T);
   auto positions = packed != nullptr ? packed->positions
                                      : torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = nn::dropout(transformer->drop, transformer->wte(tokens) + transformer->wpe(positions));

@@ -1,5 +1,7 @@
 #include "fsdp/models/hf/weights.h"
 
+#include "fsdp/models/hf/peft_adapter.h"
+
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -161,7 +163,9 @@ void write_hf_dir(const std::string& dir, nlohmann::json config,
   if (options.companions) options.companions(out);
   // An earlier export's weights (one file then, shards now, or the
   // reverse) would contradict these; its other files carry over.
-  staged.publish([](const std::string& name) { return !is_weights_file(name); });
+  // An adapter directory's files (a LoRA export there before) would make
+  // transformers load the base and the old adapter instead of these.
+  staged.publish([](const std::string& name) { return !is_weights_file(name) && !is_peft_adapter_file(name); });
 }
 
 bool is_weights_file(const std::string& name) {

@@ -3,7 +3,9 @@
 // for every token, its position inside its example and the column of its
 // row where its example starts. While a PackedRowsScope is alive on a
 // thread, that thread's forwards (and the backwards that recompute them)
-// read it: causal_attention lets a query see only the keys of its own
+// read it (activation checkpointing saves it with a block and puts it back
+// around the block's recomputation, which on a GPU runs on autograd's
+// device thread): causal_attention lets a query see only the keys of its own
 // example (a block-diagonal causal mask; on the CPU kernel, each query's
 // row of weights starts at its example's first key), and the families'
 // positions (rotary tables, GPT-2's learned ones) restart at each example,
@@ -11,7 +13,7 @@
 
 #include <torch/torch.h>
 
-namespace fsdp::models {
+namespace fsdp::nn {
 
 struct PackedRows {
   torch::Tensor positions;  // (B, T) int64, on the batch's device
@@ -35,4 +37,4 @@ class PackedRowsScope {
 // be of that shape (throws naming both), or null when none is.
 const PackedRows* packed_rows_for(int64_t B, int64_t T);
 
-}  // namespace fsdp::models
+}  // namespace fsdp::nn
