@@ -1,5 +1,5 @@
 #pragma once
-// The trainer's configuration: a YAML file laid out in sections (model /
+// The trainer's configuration: a YAML file laid out in sections (model / lora /
 // data / optim / runtime / logging / eval / sample / export / guard / fsdp /
 // checkpoint), then command-line overrides, each checked against one
 // schema. Keys that moved out of `runtime` are still read under their old
