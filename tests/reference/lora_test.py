@@ -61,11 +61,7 @@ def logits(model, ids):
 def main():
     args = harness.parse_args(__doc__)
     work = harness.work_dir(args)
-    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
-    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
-        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
-        raise SystemExit(77)
-    base = sft_test.tiny_qwen3(work, tokenizer_dir)
+    base = sft_test.tiny_qwen3(work, sft_test.qwen3_tokenizer_or_skip())
     start = os.path.join(work, "initial-adapter")
     initial_adapter(base, start)
     records = sft_test.conversational_pairs()

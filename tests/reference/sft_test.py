@@ -95,6 +95,15 @@ def run_fsdp(args, directory, tokens, world, work):
     return [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
 
 
+def qwen3_tokenizer_or_skip():
+    """data/qwen3 (the real Qwen3 tokenizer and chat template), or a skip (exit 77) without it."""
+    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
+    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
+        raise SystemExit(77)
+    return tokenizer_dir
+
+
 def tiny_qwen3(work, tokenizer_dir):
     """hf_models' Qwen3 with Qwen3's vocabulary, tokenizer and chat template, saved in WORK/qwen3."""
     directory = os.path.join(work, "qwen3")
@@ -110,11 +119,7 @@ def tiny_qwen3(work, tokenizer_dir):
 def main():
     args = harness.parse_args(__doc__)
     work = harness.work_dir(args)
-    tokenizer_dir = os.path.join(harness.SOURCE_DIR, "data", "qwen3")
-    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
-        print("SKIP: data/qwen3 is missing (scripts/fetch_data.sh fetches it)")
-        raise SystemExit(77)
-    directory = tiny_qwen3(work, tokenizer_dir)
+    directory = tiny_qwen3(work, qwen3_tokenizer_or_skip())
 
     # One question and its answer as a conversation: masked as the pair is.
     pairs = conversational_pairs()

@@ -20,6 +20,9 @@ namespace {
 
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
+// PEFT's names: <kPrefix><Hugging Face layer>.lora_A.weight (and lora_B).
+const std::string kPrefix = "base_model.model.";
+const std::string kFirstFactor = ".lora_A.weight";
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -38,7 +41,7 @@ std::string adapter_key(const FamilySpec& family, const std::string& name) {
   const std::string hf_weight = family.hf_keys(layer + ".weight").front();
   FSDP_CHECK(ends_with(hf_weight, ".weight"), "LoRA: layer '", layer, "' is named '", hf_weight,
              "' in Hugging Face's files, not '<module>.weight'");
-  return "base_model.model." + hf_weight.substr(0, hf_weight.size() - 7) + name.substr(at);
+  return kPrefix + hf_weight.substr(0, hf_weight.size() - 7) + name.substr(at);
 }
 
 }  // namespace
@@ -55,8 +58,8 @@ void save_peft_adapter(const CausalLMImpl& model, const std::vector<std::pair<st
     // The layer's Hugging Face name is its weight's, less ".weight".
     const std::string key = adapter_key(family, name);
     tensors.emplace_back(key, value.to(torch::kFloat).contiguous());
-    if (name.find(".lora_A.") != std::string::npos) {
-      targets.push_back(key.substr(17, key.size() - 17 - std::string(".lora_A.weight").size()));
+    if (ends_with(key, kFirstFactor)) {
+      targets.push_back(key.substr(kPrefix.size(), key.size() - kPrefix.size() - kFirstFactor.size()));
     }
   }
   FSDP_CHECK(!targets.empty(), "LoRA export to '", dir, "': the model holds no adapters");
