@@ -295,7 +295,12 @@ def free_port():
 
 def export_shards(path, meta, sources, out, world):
     import torch.multiprocessing
-    torch.multiprocessing.spawn(export_rank, args=(world, free_port(), path, meta, sources, out), nprocs=world)
+    # Forked, not spawned: each rank starts with torch and transformers
+    # already imported (a spawned one imports them again, seconds each).
+    # Nothing before this point has run a tensor operation, so no thread
+    # pool exists yet to be copied half-way.
+    torch.multiprocessing.start_processes(export_rank, args=(world, free_port(), path, meta, sources, out),
+                                          nprocs=world, start_method="fork")
     print(f"wrote {out}: DCP checkpoint of step {meta['step']} ({len(sources)} model tensors with their AdamW "
           f"state), each on Shard(0) over {world} ranks as FSDP2 holds it, from {path}")
 

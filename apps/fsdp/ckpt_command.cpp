@@ -147,7 +147,12 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
                   "tokenizer to write beside the weights (default: the run's: its --tokenizer, else its "
                   "--init-from's, else data/gpt2)");
   exp->callback([from, out, dtype, shard_size, format, tokenizer, &exit_code] {
-    if (*format == "dcp") run_dcp_converter({"export", resolve(*from), *out});
+    if (*format == "dcp") {
+      // Refused here, before Python and PyTorch start (the converter checks too).
+      FSDP_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(*out)), "'", *out,
+                 "' exists; DCP output goes to a new folder");
+      run_dcp_converter({"export", resolve(*from), *out});
+    }
     if (*format == "safetensors") {
       const auto ckpt_path = resolve(*from);
       checkpoint::consolidate_to_safetensors(ckpt_path, *out);

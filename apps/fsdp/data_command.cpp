@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <sstream>
+#include <string>
 
 #include "commands.h"
 #include "fsdp/common/error.h"
@@ -116,29 +118,59 @@ void add_data_command(CLI::App& app, int& exit_code) {
                    "--tokenizer's chat template, as apply_chat_template(tokenize=True)");
   encode->add_flag("--add-generation-prompt", *generation_prompt, "with --chat: end with the assistant's turn opened");
   encode->add_flag("--render", *render, "with --chat: print the rendered text instead of its ids");
-  encode->callback([tokenizer_dir, chat, generation_prompt, render, &exit_code] {
+  auto each_line = std::make_shared<bool>(false);
+  encode->add_flag("--each-line", *each_line,
+                   "standard input is JSON Lines (with --chat) or lines of text: one output line per input line, "
+                   "'error: ...' for one that is refused (then exit 1 after the last)");
+  encode->callback([tokenizer_dir, chat, generation_prompt, render, each_line, &exit_code] {
     const auto tokenizer = data::Tokenizer::from_dir(*tokenizer_dir);
-    std::stringstream in;
-    in << std::cin.rdbuf();
-    std::string text = in.str();
-    if (*chat) {
-      nlohmann::ordered_json record = io::parse_ordered_json(text, "data encode --chat: standard input");
-      if (record.is_array()) record = {{"messages", record}};
-      FSDP_CHECK(record.is_object() && record.contains("messages"), "data encode --chat: expected {\"messages\": ",
-                 "[...]} or a list of messages on standard input");
-      const data::ChatEncoder encoder(*tokenizer_dir, *tokenizer);
-      text = encoder.render(record["messages"], *generation_prompt,
-                            record.value("chat_template_kwargs", nlohmann::ordered_json::object()));
-      if (*render) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        exit_code = 0;
-        return;
+    std::optional<data::ChatEncoder> encoder;
+    if (*chat) encoder.emplace(*tokenizer_dir, *tokenizer);
+    // One conversation (or text) to the line it prints, without its newline.
+    auto encode_one = [&](std::string text, const std::string& where) {
+      if (*chat) {
+        nlohmann::ordered_json record = io::parse_ordered_json(text, "data encode --chat: " + where);
+        if (record.is_array()) record = {{"messages", record}};
+        FSDP_CHECK(record.is_object() && record.contains("messages"), "data encode --chat: expected {\"messages\": ",
+                   "[...]} or a list of messages on ", where);
+        text = encoder->render(record["messages"], *generation_prompt,
+                               record.value("chat_template_kwargs", nlohmann::ordered_json::object()));
+        if (*render) return text;
+      }
+      std::string line;
+      for (const int32_t id : tokenizer->encode(text)) line += (line.empty() ? "" : ",") + std::to_string(id);
+      return line;
+    };
+    if (!*each_line) {
+      std::stringstream in;
+      in << std::cin.rdbuf();
+      const auto out = encode_one(in.str(), "standard input");
+      std::fwrite(out.data(), 1, out.size(), stdout);
+      if (!*render) std::printf("\n");
+      exit_code = 0;
+      return;
+    }
+    // A file of conversations checked in one start (the tokenizer loads
+    // once): a refused line says why on its own output line, and the rest
+    // are still encoded.
+    FSDP_CHECK(!*render, "data encode: --render prints text that may span lines; it cannot go with --each-line");
+    int refused = 0;
+    int64_t number = 0;
+    for (std::string line; std::getline(std::cin, line);) {
+      ++number;
+      try {
+        std::printf("%s\n", encode_one(line, "line " + std::to_string(number)).c_str());
+      } catch (const std::exception& e) {
+        std::string why = e.what();
+        for (auto& c : why) c = c == '\n' ? ' ' : c;
+        std::printf("error: %s\n", why.c_str());
+        ++refused;
       }
     }
-    const auto ids = tokenizer->encode(text);
-    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? ",%d" : "%d", ids[i]);
-    std::printf("\n");
-    exit_code = 0;
+    std::fflush(stdout);
+    if (refused) std::fprintf(stderr, "data encode: %d of %lld line(s) refused (their lines say why)\n", refused,
+                              static_cast<long long>(number));
+    exit_code = refused ? 1 : 0;
   });
 
   auto decode_dir = std::make_shared<std::string>(data::default_tokenizer_dir());

@@ -10,13 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/bench/kernel_bench.h"
 #include "run_command.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::bench_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 nlohmann::json matmul_json(const std::string& flags) {
   const auto r = run_command("OMP_NUM_THREADS=1 " + kCli + " bench matmul --json --seconds 0.01 " + flags);
@@ -105,4 +106,4 @@ TEST(BenchKernels, TimesOursBesideLibTorchsOperators) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::bench_test

@@ -16,16 +16,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 // `fsdp train` on W ranks over the corpus; returns the command's result.
 CommandResult train(int world, const std::string& corpus, const std::string& args) {
@@ -189,7 +190,7 @@ struct WorkerProgram {
 // with each rank's rows on their own.
 TEST(Checkpoint, UnitsOfSeveralDtypesResumeAtOtherWorldSizes) {
   const auto dir = make_temp_dir();
-  const WorkerProgram worker{FSDP_MIXED_DTYPE_WORKER, dir};
+  const WorkerProgram worker{kMixedDtypeWorker, dir};
   const auto launch = [&](int world, const std::string& args) { return worker.launch(world, args); };
   const auto load = [&](const std::string& name) { return worker.load(name); };
   auto initial = launch(1, "0");
@@ -250,7 +251,7 @@ TEST(Checkpoint, UnitsOfSeveralDtypesResumeAtOtherWorldSizes) {
 // rank starts a forward from rank 0's buffers.
 TEST(Checkpoint, AProgramOfTwoModelsAndTwoOptimizersResumesAtAnotherWorldSize) {
   const auto dir = make_temp_dir();
-  const std::string program = FSDP_DCGAN;
+  const std::string program = kDcganProgram;
   const WorkerProgram worker{program, dir};
   const auto launch = [&](int world, const std::string& args) { return worker.launch(world, args); };
   const auto load = [&](const std::string& name) { return worker.load(name); };
@@ -315,7 +316,7 @@ TEST(Checkpoint, AProgramOfTwoModelsAndTwoOptimizersResumesAtAnotherWorldSize) {
       "discriminator.norm2.num_batches_tracked"};
   const auto at_save = load("replicate_w2_at_save");
   ASSERT_EQ(at_save.size(), names.size());
-  const auto read = run_command(std::string(FSDP_SOURCE_DIR) + "/.venv/bin/python -c \"import json, sys; from safetensors.torch import "
+  const auto read = run_command(std::string(kSourceDir) + "/.venv/bin/python -c \"import json, sys; from safetensors.torch import "
                                 "load_file; t = load_file(sys.argv[1]); print(json.dumps({k: [list(v.shape), "
                                 "v.double().sum().item(), v.double().pow(2).sum().item()] for k, v in t.items()}))\" " +
                                 consolidated);
@@ -653,4 +654,4 @@ TEST(Checkpoint, SigtermMidRunSavesAndTheResumeContinuesIdentically) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::checkpoint_test

@@ -12,14 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
 #include "run_command.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::cli_usage_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 // Every command that has options, as the words that reach it.
 const std::vector<std::string> kCommands = {"",          "launch",       "smoke",       "bench comm",
@@ -177,4 +178,4 @@ TEST(CliUsage, TopLevelHelpNamesEveryModelFamily) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::cli_usage_test

@@ -8,14 +8,15 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "../test_paths.h"
 #include "fsdp/dist/launch_env.h"
 #include "run_command.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::dist_errors_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
-const std::string kWorker = FSDP_FAULT_WORKER;
+const std::string kCli = kCliProgram;
+const std::string kWorker = kFaultWorker;
 
 void expect_clean_failure(const CommandResult& r, const std::string& needle) {
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -187,4 +188,4 @@ TEST(DistErrors, BadTimeout) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::dist_errors_test

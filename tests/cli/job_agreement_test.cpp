@@ -9,16 +9,17 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/job_agreement.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::job_agreement_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 // `fsdp launch -n W` of one train command in which `$RANK` may appear.
 CommandResult launch_per_rank(int world, const std::string& dir, const std::string& args) {
@@ -100,4 +101,4 @@ TEST(JobAgreement, SettingsCoverEveryConfigurationKeyAndTheBuild) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::job_agreement_test

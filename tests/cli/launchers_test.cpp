@@ -4,13 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/dist/launch_env.h"
 #include "run_command.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::launchers_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 // Starts rank 0 and rank 1 with their environments; both must succeed.
 CommandResult run_two_ranks(const std::string& env0, const std::string& env1) {
@@ -49,9 +50,9 @@ TEST(Launchers, OpenMpiVariables) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::launchers_test
 
-namespace fsdp::testing {
+namespace fsdp::testing::launchers_test {
 namespace {
 
 TEST(Launchers, LoneProcessesDoNotCollideOnAPort) {
@@ -64,4 +65,4 @@ TEST(Launchers, LoneProcessesDoNotCollideOnAPort) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::launchers_test

@@ -12,15 +12,16 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/data/token_file.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::new_user_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 CommandResult train(const std::string& args) {
   return run_command(kCli + " train --model gpt2-tiny --seq-len 16 --batch-size 2 --log-every 1 " + args);
@@ -88,7 +89,7 @@ TEST(NewUser, TheDataARunReadsIsNamedWithItsTokenCounts) {
 
 TEST(NewUser, TheDefaultTokenizerIsFoundFromAnotherDirectory) {
   // data/gpt2 comes from scripts/fetch_data.sh, under the repository.
-  if (!fs::exists(std::string(FSDP_SOURCE_DIR) + "/data/gpt2/encoder.json")) {
+  if (!fs::exists(std::string(kSourceDir) + "/data/gpt2/encoder.json")) {
     GTEST_SKIP() << "data/gpt2 not fetched (scripts/fetch_data.sh)";
   }
   const auto dir = make_temp_dir();
@@ -262,4 +263,4 @@ TEST(NewUser, ADamagedLatestNamesTheIntactCheckpointsAndResumeFromPicksOne) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::new_user_test

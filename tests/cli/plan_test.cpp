@@ -11,13 +11,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::plan_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 constexpr double kMiB = 1 << 20;
 
 std::string temp_dir(const std::string& name) {
@@ -174,7 +175,7 @@ TEST(MemorySnapshot, RecordedPeakEqualsTheAccountingPeak) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "memory snapshot of steps 1 to 3: " + dir + "/run/memory/rank0.pickle")) << r.output;
   const auto replay =
-      run_command("python3 " FSDP_SOURCE_DIR "/tools/memory_peak.py --json " + dir + "/run/memory/rank0.pickle");
+      run_command(std::string("python3 ") + kSourceDir + "/tools/memory_peak.py --json " + dir + "/run/memory/rank0.pickle");
   ASSERT_EQ(replay.exit_code, 0) << replay.output;
   const auto peak = nlohmann::json::parse(replay.output);
   const auto metrics = read_metrics(dir + "/run/metrics.jsonl").back();
@@ -258,4 +259,4 @@ TEST(PlanDevice, AGpuPlanUsesItsMemoryAsTheBudget) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::plan_test

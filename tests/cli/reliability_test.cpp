@@ -16,18 +16,19 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/dist/flight_recorder.h"
 #include "fsdp/dist/launch_env.h"
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::reliability_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
-const std::string kWorker = FSDP_FAULT_WORKER;
+const std::string kCli = kCliProgram;
+const std::string kWorker = kFaultWorker;
 
 // How many times `needle` occurs in `text`.
 int occurrences(const std::string& text, const std::string& needle) {
@@ -314,9 +315,9 @@ TEST(Signals, SigintStopsTrainingCleanlyAndTheLauncherExits130) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::reliability_test
 
-namespace fsdp::testing {
+namespace fsdp::testing::reliability_test {
 namespace {
 
 // Runs `script` in a mount namespace of its own with a 800 KiB tmpfs at
@@ -370,9 +371,9 @@ TEST(FullDisk, OnSaveErrorContinueTrainsOnAndWarns) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::reliability_test
 
-namespace fsdp::testing {
+namespace fsdp::testing::reliability_test {
 namespace {
 
 // Two "hosts": network namespaces joined by a veth pair, 10.213.0.1 (A) and
@@ -478,4 +479,4 @@ TEST(TwoHosts, TrainAcrossTwoNamespacesThenSurviveALinkCut) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::reliability_test

@@ -15,14 +15,15 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::run_folder_lock_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 std::string train(const std::string& out_dir, int steps, const std::string& extra = "") {
   return kCli + " train --model gpt2-tiny --data synthetic --seq-len 16 --batch-size 2 --log-every 1 --steps " +
@@ -233,4 +234,4 @@ TEST(RunFolder, ResumeRefusesToWriteThroughASymbolicLink) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::run_folder_lock_test

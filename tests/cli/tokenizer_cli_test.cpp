@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "../unit/reference_encoder.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
@@ -20,12 +21,12 @@
 #include "fsdp/train/generate.h"
 #include "run_command.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::tokenizer_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
-const std::string kData = std::string(FSDP_SOURCE_DIR) + "/data";
+const std::string kCli = kCliProgram;
+const std::string kData = std::string(kSourceDir) + "/data";
 
 const std::vector<std::string> kDocuments = {
     "The first document: café, 日本語, 12345 and emoji 👋.",
@@ -243,7 +244,7 @@ TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
   // Every `echo "..." | build/fsdp data encode ...  # ids` line of
   // docs/training.md ("Data"), run as written (from the source directory)
   // and compared with its comment.
-  std::ifstream readme(std::string(FSDP_SOURCE_DIR) + "/docs/training.md");
+  std::ifstream readme(std::string(kSourceDir) + "/docs/training.md");
   ASSERT_TRUE(readme.good());
   const std::regex example(R"re(^(echo "[^"]*" \| )build/fsdp( data encode[^#]*?)\s+# ([0-9,]+)$)re");
   std::string line;
@@ -253,7 +254,7 @@ TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
     if (!std::regex_match(line, m, example)) continue;
     const std::string args = m[2];
     if (!fs::exists(kData + "/gpt2/encoder.json")) GTEST_SKIP() << "needs data/ (scripts/fetch_data.sh)";
-    const auto r = run_command("cd " + std::string(FSDP_SOURCE_DIR) + " && " + std::string(m[1]) + kCli + args);
+    const auto r = run_command("cd " + std::string(kSourceDir) + " && " + std::string(m[1]) + kCli + args);
     ASSERT_EQ(r.exit_code, 0) << line << "\n" << r.output;
     EXPECT_EQ(r.output, std::string(m[3]) + "\n") << line;
     ++checked;
@@ -262,4 +263,4 @@ TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::tokenizer_cli_test

@@ -17,15 +17,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::train_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 TEST(Train, ThirtyStepsOnASmallCorpusLowerTheLoss) {
   const auto dir = make_temp_dir();
@@ -423,7 +424,7 @@ TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
   // gpt2-tiny has 512 rows; Llama 3's tokenizer has 128,256 tokens. The
   // export says so and leaves the tokenizer out, instead of writing a
   // directory whose tokenizer the model cannot serve.
-  const std::string llama3 = std::string(FSDP_SOURCE_DIR) + "/data/llama3";
+  const std::string llama3 = std::string(kSourceDir) + "/data/llama3";
   if (!exists(llama3 + "/tokenizer.json")) GTEST_SKIP() << "data/llama3 is missing (scripts/fetch_data.sh)";
   const auto dir = make_temp_dir();
   const auto r = run_command(kCli + " train --model gpt2-tiny --data synthetic --steps 1 --tokenizer " + llama3 +
@@ -446,7 +447,7 @@ TEST(Train, ExportLeavesOutATokenizerLargerThanTheModelsVocabulary) {
 // `generate` and by `ckpt export` (before anything is written), naming both
 // sizes.
 TEST(TrainErrors, AGenerateOrExportTokenizerThatIsNotTheModelsIsRefused) {
-  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  const std::string gpt2 = std::string(kSourceDir) + "/data/gpt2";
   if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 60000 --data synthetic --steps 1 --out-dir " +
@@ -465,7 +466,7 @@ TEST(TrainErrors, AGenerateOrExportTokenizerThatIsNotTheModelsIsRefused) {
   EXPECT_TRUE(contains(fallback.output, "holds no tokenizer, and the default, GPT-2's")) << fallback.output;
   EXPECT_TRUE(contains(fallback.output, "(50257 tokens), is not this model's (60000 tokens)")) << fallback.output;
   // Llama 3's 128,256 tokens cannot serve 60,000 rows.
-  const std::string llama3 = std::string(FSDP_SOURCE_DIR) + "/data/llama3";
+  const std::string llama3 = std::string(kSourceDir) + "/data/llama3";
   const auto larger = run_command(kCli + " generate --from " + dir + "/hf --tokenizer " + llama3);
   EXPECT_EQ(larger.exit_code, 1) << larger.output;
   EXPECT_TRUE(contains(larger.output, "has 128256 tokens, more than the vocabulary of 60000")) << larger.output;
@@ -478,7 +479,7 @@ TEST(TrainErrors, AGenerateOrExportTokenizerThatIsNotTheModelsIsRefused) {
 // Past the model's positions each new token sees only the last ones: said
 // once, not left for the user to find in the text.
 TEST(Train, GeneratePastTheModelsPositionsSaysSo) {
-  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  const std::string gpt2 = std::string(kSourceDir) + "/data/gpt2";
   if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 50257 --data synthetic --steps 1 --out-dir " +
@@ -504,7 +505,7 @@ TEST(Train, GeneratePastTheModelsPositionsSaysSo) {
 // a random model's greedy text repeats one token), holds the string, and
 // is shorter.
 TEST(Train, GenerateStopsAtAStopString) {
-  const std::string gpt2 = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+  const std::string gpt2 = std::string(kSourceDir) + "/data/gpt2";
   if (!exists(gpt2 + "/encoder.json")) GTEST_SKIP() << "data/gpt2 is missing (scripts/fetch_data.sh)";
   const auto dir = make_temp_dir();
   ASSERT_EQ(run_command(kCli + " train --model gpt2-tiny --vocab-size 50257 --data synthetic --steps 1 --out-dir " +
@@ -661,4 +662,4 @@ TEST(Train, NonFiniteStepsAreSkippedOnEveryRankAndStopTheRunWithoutACheckpoint) 
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::train_test

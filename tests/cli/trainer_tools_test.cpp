@@ -17,17 +17,18 @@
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/train/config.h"
 #include "run_command.h"
 #include "train_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::trainer_tools_test {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kCli = FSDP_CLI;
-const std::string kSource = FSDP_SOURCE_DIR;
+const std::string kCli = kCliProgram;
+const std::string kSource = kSourceDir;
 const std::string kTiny = " train --model gpt2-tiny --seq-len 16 --batch-size 2 --log-every 1 --lr 1e-3 --grad-clip 0";
 
 std::vector<nlohmann::json> steps_of(const std::vector<nlohmann::json>& metrics) {
@@ -685,4 +686,4 @@ TEST(DataPrepare, AFolderHoldsOnePreparesFilesAndWhatItDoesNotListIsRefused) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::trainer_tools_test

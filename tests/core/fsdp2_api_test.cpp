@@ -22,7 +22,7 @@
 #include "fsdp/core/memory.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::fsdp2_api_test {
 namespace {
 
 constexpr int64_t kRowsPerRank = 3;
@@ -770,4 +770,4 @@ TEST(TrainingStateMachine, RefusesEveryTransitionOutsideTheTable) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::fsdp2_api_test

@@ -19,7 +19,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::shard_placement_test {
 namespace {
 
 constexpr int64_t kDim = 23;  // divides by none of 2, 3, 4: every chunking is uneven
@@ -267,4 +267,4 @@ TEST(ShardPlacementRefused, ADimOutsideTheParameterIsNamedAndNothingIsSharded) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::shard_placement_test

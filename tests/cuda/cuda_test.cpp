@@ -8,15 +8,16 @@
 
 #include "../cli/run_command.h"
 #include "../cli/train_support.h"
+#include "../test_paths.h"
 #include "fsdp/common/compat.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/generate.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::cuda_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 // Why this machine cannot run the GPU path; empty where it can.
 std::string no_gpu_reason() {
@@ -260,4 +261,4 @@ TEST(Cuda, NcclIsRefusedWhereRanksShareAGpu) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::cuda_test

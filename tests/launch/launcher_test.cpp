@@ -12,12 +12,13 @@
 #include <gtest/gtest.h>
 
 #include "../cli/run_command.h"
+#include "../test_paths.h"
 #include "fsdp/launch/launcher.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::launcher_test {
 namespace {
 
-const std::string kCli = FSDP_CLI;
+const std::string kCli = kCliProgram;
 
 std::string launch(const std::string& args) { return kCli + " launch " + args; }
 
@@ -183,4 +184,4 @@ TEST(Launcher, MultiNodeRankOffsets) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::launcher_test

@@ -21,7 +21,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/layers.h"
 
-namespace fsdp::models {
+namespace fsdp::models::families_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -689,4 +689,4 @@ TEST(TiedLlama, ACheckpointThatAlsoHoldsTheHeadLoads) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::families_test

@@ -8,7 +8,7 @@
 #include "fsdp/nn/layers.h"
 #include "tensor_checks.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::layer_norm_test {
 namespace {
 
 using testing::relative_gap;
@@ -87,4 +87,4 @@ TEST(LayerNormRows, AWeightOfTheWrongWidthIsRefused) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::layer_norm_test

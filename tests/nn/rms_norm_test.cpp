@@ -10,7 +10,7 @@
 #include "fsdp/nn/layers.h"
 #include "tensor_checks.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::rms_norm_test {
 namespace {
 
 using testing::relative_gap;
@@ -162,4 +162,4 @@ TEST(RMSNormRows, AStridedInputGivesTheContiguousOnesResult) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::rms_norm_test

@@ -9,7 +9,7 @@
 #include "fsdp/nn/layers.h"
 #include "tensor_checks.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::silu_mul_test {
 namespace {
 
 using torch::Tensor;
@@ -168,4 +168,4 @@ TEST(SiluMul, NonContiguousInputsAndOtherDtypesStillWork) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::silu_mul_test

@@ -7,7 +7,8 @@ For each conversation (one message; a system prompt; several turns; an
 answer with reasoning; a tool call and its result) with and without
 add_generation_prompt, with and without tools, and with
 enable_thinking=False, `fsdp data encode --chat` gives
-apply_chat_template(tokenize=True)'s ids, and refuses what it refuses.
+apply_chat_template(tokenize=True)'s ids, and refuses what it refuses
+(every conversation of a family in one `--each-line` run).
 Then bad data and templates outside the subset are refused by `fsdp data
 prepare`, naming the line and the construct.
 """
@@ -47,14 +48,21 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "required": ["city"]}}}]
 
 
-def ours(args, directory, record, generation_prompt):
-    command = [args.fsdp, "data", "encode", "--chat", "--tokenizer", directory]
+def ours(args, directory, records, generation_prompt):
+    """fsdp's ids for each of RECORDS, in one `fsdp data encode --chat
+    --each-line` (the tokenizer loads once): a list of ids, or ("refused",
+    the message) for a record the template refuses."""
+    command = [args.fsdp, "data", "encode", "--chat", "--each-line", "--tokenizer", directory]
     if generation_prompt:
         command.append("--add-generation-prompt")
-    result = subprocess.run(command, input=json.dumps(record), capture_output=True, text=True)
-    if result.returncode != 0:
-        return "refused", result.stderr
-    return [int(x) for x in result.stdout.strip().split(",") if x], ""
+    result = subprocess.run(command, input="".join(json.dumps(r) + "\n" for r in records), capture_output=True,
+                            text=True)
+    lines = result.stdout.splitlines()
+    if len(lines) != len(records) or result.returncode != (1 if any(x.startswith("error: ") for x in lines) else 0):
+        harness.fail(f"data encode --each-line: {len(lines)} lines for {len(records)} records, exit "
+                     f"{result.returncode}: {result.stderr}")
+    return [("refused", x[len("error: "):]) if x.startswith("error: ") else [int(i) for i in x.split(",") if i]
+            for x in lines]
 
 
 def theirs(tokenizer, messages, generation_prompt, tools, kwargs):
@@ -93,28 +101,30 @@ def main():
         directory = os.path.join(data, family)
         tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
         agreed = refusals = 0
-        for name, messages in CONVERSATIONS.items():
-            for generation_prompt in (False, True):
+        for generation_prompt in (False, True):
+            cases, records = [], []
+            for name, messages in CONVERSATIONS.items():
                 for tools in (None, TOOLS):
                     for kwargs in ({}, {"enable_thinking": False}):
-                        record = {"messages": messages, "chat_template_kwargs": kwargs}
-                        if tools:
-                            record["tools"] = tools
                         expected, why = theirs(tokenizer, messages, generation_prompt, tools, kwargs)
                         if tools:
                             # data encode --chat renders without tools: only prepare reads a record's.
                             continue
-                        got, message = ours(args, directory, record, generation_prompt)
-                        case = f"{family}, {name}, add_generation_prompt={generation_prompt}, {kwargs or 'no kwargs'}"
-                        if got != expected:
-                            harness.fail(f"{case}: fsdp {got} {message.strip()}\n  transformers {expected} {why}")
-                        if got == "refused":
-                            # The template's own words reach the user.
-                            if why.split(":")[-1].strip()[:40] not in message:
-                                harness.fail(f"{case}: fsdp's refusal does not carry the template's message "
-                                             f"'{why}': {message}")
-                            refusals += 1
-                        agreed += 1
+                        cases.append((f"{family}, {name}, add_generation_prompt={generation_prompt}, "
+                                      f"{kwargs or 'no kwargs'}", expected, why))
+                        records.append({"messages": messages, "chat_template_kwargs": kwargs})
+            for (case, expected, why), got in zip(cases, ours(args, directory, records, generation_prompt)):
+                message = got[1] if isinstance(got, tuple) else ""
+                got = got[0] if isinstance(got, tuple) else got
+                if got != expected:
+                    harness.fail(f"{case}: fsdp {got} {message.strip()}\n  transformers {expected} {why}")
+                if got == "refused":
+                    # The template's own words reach the user.
+                    if why.split(":")[-1].strip()[:40] not in message:
+                        harness.fail(f"{case}: fsdp's refusal does not carry the template's message "
+                                     f"'{why}': {message}")
+                    refusals += 1
+                agreed += 1
         compared += agreed
         print(f"{family}: {agreed} renderings equal apply_chat_template's ids ({refusals} refused by both)")
 

@@ -32,6 +32,7 @@ import token_files
 LOSS_BOUND = 1e-5
 STEPS = 4
 PACK_T = 128
+ROW_T = 64
 SETTINGS = ["--steps", str(STEPS), "--batch-size", "1", "--grad-accum", "2", "--seq-len", "128", "--lr", "1e-3",
             "--lr-schedule", "constant", "--warmup-steps", "0", "--weight-decay", "0", "--beta1", "0.9", "--beta2",
             "0.999", "--eps", "1e-8", "--grad-clip", "1.0", "--precision", "fp32", "--log-every", "1",
@@ -79,12 +80,18 @@ def prepared(args, records, work, name, directory, extra=()):
     return data, os.path.join(out, "train.bin"), examples
 
 
-def run_trl(directory, data, world, work):
-    out = os.path.join(work, "trl.json")
+def run_trl(directory, world, runs, work):
+    """TRL's results (trl.json) for each of RUNS ((data, folder) pairs), all
+    trained at WORLD ranks in one torchrun (trl_sft.py --jobs)."""
+    jobs = os.path.join(work, f"trl-jobs-w{world}.jsonl")
+    with open(jobs, "w") as f:
+        for data, folder in runs:
+            os.makedirs(folder, exist_ok=True)
+            f.write(json.dumps(["--model", directory, "--data", data, "--out", os.path.join(folder, "trl.json"),
+                                "--work", os.path.join(folder, "trl-run"), "--steps", str(STEPS)]) + "\n")
     harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
-                 os.path.join(os.path.dirname(__file__), "trl_sft.py"), "--model", directory, "--data", data,
-                 "--out", out, "--work", os.path.join(work, "trl-run"), "--steps", str(STEPS)])
-    return json.load(open(out))
+                 os.path.join(os.path.dirname(__file__), "trl_sft.py"), "--jobs", jobs])
+    return [json.load(open(os.path.join(folder, "trl.json"))) for _, folder in runs]
 
 
 def run_fsdp(args, directory, tokens, world, work):
@@ -158,11 +165,17 @@ def main():
         if used + len(tokens) - 1 > PACK_T:
             rows, used = rows + 1, 0
         used += len(tokens) - 1
+    # One a row, each example is padded to ROW_T only: the loss is the same
+    # sum over the trained tokens, and the head (Qwen3's 151,936 ids) runs
+    # over half the padding that PACK_T would add.
+    if max(len(tokens) for tokens, _ in examples) - 1 > ROW_T:
+        harness.fail(f"an example is longer than the {ROW_T} tokens of a row one example a row")
     full_batch = []
-    for extra, batch in (([], len(examples)), (["--pack"], rows), (["--pack", "--activation-checkpoint"], rows)):
+    for extra, batch, seq_len in (([], len(examples), ROW_T), (["--pack"], rows, PACK_T),
+                                  (["--pack", "--activation-checkpoint"], rows, PACK_T)):
         out = os.path.join(work, "pack-run" + "".join(extra))
         harness.run([args.fsdp, "train", "--init-from", directory, "--data", all_tokens, "--out-dir", out,
-                     *SETTINGS, "--seq-len", str(PACK_T), "--batch-size", str(batch), "--grad-accum", "1", *extra])
+                     *SETTINGS, "--seq-len", str(seq_len), "--batch-size", str(batch), "--grad-accum", "1", *extra])
         lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         full_batch.append(np.array([x["loss"] for x in lines if "loss" in x and "event" not in x
                                     and x.get("split", "train") == "train"]))
@@ -176,11 +189,20 @@ def main():
                   float((np.abs(full_batch[2] - full_batch[0]) / full_batch[0]).max()), LOSS_BOUND)
 
     cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
+    inputs = {name: prepared(args, records, work, name.replace(" ", "-"), directory) for name, records, _ in cases}
+    folder = {(name, world): os.path.join(work, f"{name.replace(' ', '-')}-w{world}")
+              for name, _, worlds in cases for world in worlds}
+    trl = {}
+    for world in (1, 2):
+        runs = [name for name, _, worlds in cases if world in worlds]
+        for name, result in zip(runs, run_trl(directory, world, [(inputs[name][0], folder[name, world])
+                                                                 for name in runs], work)):
+            trl[name, world] = result
     for name, records, worlds in cases:
-        data, tokens, ours = prepared(args, records, work, name.replace(" ", "-"), directory)
+        data, tokens, ours = inputs[name]
         for world in worlds:
-            case_work = os.path.join(work, f"{name.replace(' ', '-')}-w{world}")
-            theirs = run_trl(directory, data, world, case_work)
+            case_work = folder[name, world]
+            theirs = trl[name, world]
             if world == worlds[0]:
                 expected = [(t["input_ids"], t["completion_mask"]) for t in theirs["tokenized"]]
                 harness.check(f"{name}: examples whose tokens differ from TRL's input_ids",
@@ -201,7 +223,6 @@ def main():
                 sharded = np.array(run_fsdp(args, directory, shards, 1, os.path.join(work, "sharded-w1")))
                 harness.check("the same pairs in shards of 100 tokens: largest loss difference from one file",
                               float(np.abs(sharded - losses).max()), 0.0)
-
 
 if __name__ == "__main__":
     main()

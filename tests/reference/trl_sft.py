@@ -6,11 +6,15 @@ a constant learning rate; the per-step training losses (TRL's log: the
 mean over every rank's trained tokens) go to LOSSES.json on rank 0, and the
 tokenized dataset (input_ids, completion_mask) beside it. With --adapter
 DIR the model is the base with that PEFT LoRA adapter, trainable (the rest
-frozen), and --save-adapter writes the trained adapter.
+frozen), and --save-adapter writes the trained adapter. `--jobs FILE`,
+FILE holding one JSON list of these arguments a line, runs each in turn
+in the same processes (one start of Python, TRL and the process group for
+all of them), each from a fresh model and seed.
 """
 import argparse
 import json
 import os
+import sys
 
 import datasets
 import torch
@@ -27,7 +31,7 @@ class Losses(transformers.TrainerCallback):
             self.losses.append(float(logs["loss"]))
 
 
-def main():
+def train(argv):
     parser = argparse.ArgumentParser(description=__doc__)
     for name in ("--model", "--data", "--out", "--work"):
         parser.add_argument(name, required=True)
@@ -36,7 +40,7 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
     parser.add_argument("--save-adapter", help="where the trained adapter goes (rank 0)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     dataset = datasets.load_dataset("json", data_files=args.data, split="train")
     config = trl.SFTConfig(
@@ -63,6 +67,16 @@ def main():
             trainer.model.save_pretrained(args.save_adapter)
         with open(args.out, "w") as f:
             json.dump({"losses": losses.losses, "tokenized": tokenized}, f)
+
+
+def main():
+    argv = sys.argv[1:]
+    if len(argv) == 2 and argv[0] == "--jobs":
+        with open(argv[1]) as f:
+            for line in f:
+                train(json.loads(line))
+    else:
+        train(argv)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_paths.h"
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/common/error.h"
 
@@ -18,7 +19,7 @@ namespace fsdp::checkpoint {
 namespace {
 
 nlohmann::json seed(const std::string& name) {
-  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_metadata/" + name);
+  std::ifstream in(std::string(fsdp::testing::kSourceDir) + "/tests/fuzz/corpus/checkpoint_metadata/" + name);
   std::stringstream text;
   text << in.rdbuf();
   return nlohmann::json::parse(text.str());

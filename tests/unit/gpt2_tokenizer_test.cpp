@@ -5,6 +5,7 @@
 
 #include "fsdp/data/tokenizer.h"
 
+#include "../test_paths.h"
 #include "fsdp/common/error.h"
 #include "reference_encoder.h"
 
@@ -16,7 +17,7 @@ namespace {
 using testing::reference_ids;
 using testing::reference_missing;
 
-const std::string kDir = std::string(FSDP_SOURCE_DIR) + "/data/gpt2";
+const std::string kDir = std::string(fsdp::testing::kSourceDir) + "/data/gpt2";
 
 std::unique_ptr<Tokenizer> gpt2() { return Tokenizer::from_gpt2_files(kDir + "/encoder.json", kDir + "/vocab.bpe"); }
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
@@ -110,7 +111,7 @@ TEST(InputFile, NestingIsBoundedAtSixtyFourLevels) {
 // The fuzz corpus's GPT-2-style tokenizer.json with a normalizer that is a
 // Sequence nested `depth` deep.
 std::string deep_sequence_tokenizer(int depth) {
-  std::ifstream in(std::string(FSDP_SOURCE_DIR) + "/tests/fuzz/corpus/tokenizer_json/gpt2_style_pairs.json");
+  std::ifstream in(std::string(fsdp::testing::kSourceDir) + "/tests/fuzz/corpus/tokenizer_json/gpt2_style_pairs.json");
   const std::string base((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string key = "\"normalizer\": null";
   const auto at = base.find(key);

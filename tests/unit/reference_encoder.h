@@ -16,9 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
+
 namespace fsdp::testing {
 
-inline const std::string kReferenceTokenizers = std::string(FSDP_SOURCE_DIR) + "/data/reference-tokenizers";
+inline const std::string kReferenceTokenizers = std::string(fsdp::testing::kSourceDir) + "/data/reference-tokenizers";
 
 // Why the reference cannot run here, or "" when it can.
 inline std::string reference_missing(const std::string& mode, const std::string& dir) {
@@ -37,7 +39,7 @@ inline std::vector<std::vector<int32_t>> reference_ids(const std::string& mode, 
   const std::string input =
       (std::filesystem::temp_directory_path() / ("fsdp-reference-" + std::to_string(::getpid()) + ".json")).string();
   std::ofstream(input) << nlohmann::json(texts).dump();
-  const std::string cmd = "node " + std::string(FSDP_SOURCE_DIR) + "/tests/tools/reference_tokenize.mjs " + mode +
+  const std::string cmd = "node " + std::string(fsdp::testing::kSourceDir) + "/tests/tools/reference_tokenize.mjs " + mode +
                           " '" + dir + "' " + input;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   std::string output;

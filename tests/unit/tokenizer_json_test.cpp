@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../test_paths.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/tokenizer.h"
 #include "reference_encoder.h"
@@ -26,7 +27,7 @@ using nlohmann::json;
 using testing::reference_ids;
 using testing::reference_missing;
 
-const std::string kData = std::string(FSDP_SOURCE_DIR) + "/data";
+const std::string kData = std::string(fsdp::testing::kSourceDir) + "/data";
 
 // Each kind of text the pre-tokenizers treat differently.
 const std::vector<std::string> kVariedTexts = {

@@ -12,7 +12,7 @@ namespace fsdp::models {
 namespace {
 constexpr double kInitStd = 0.02;  // Hugging Face's initializer_range
 
-nn::Linear linear(int64_t in, int64_t out) { return nn::Linear(in, out, /*bias=*/false, kInitStd); }
+nn::Linear bias_free_linear(int64_t in, int64_t out) { return nn::Linear(in, out, /*bias=*/false, kInitStd); }
 
 // x * rsqrt(mean(x^2) + eps) in fp32, no weight (Llama4TextL2Norm).
 torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
@@ -58,10 +58,10 @@ Llama4AttentionImpl::Llama4AttentionImpl(const Llama4Config& c, int64_t layer)
   FSDP_CHECK(n_heads % n_kv_heads == 0 && head_dim % 2 == 0, "Llama 4: num_attention_heads ", n_heads,
              " must be a multiple of num_key_value_heads ", n_kv_heads, " and head_dim ", head_dim, " even");
   const int64_t C = c.text.hidden_size;
-  q_proj = register_module("q_proj", linear(C, n_heads * head_dim));
-  k_proj = register_module("k_proj", linear(C, n_kv_heads * head_dim));
-  v_proj = register_module("v_proj", linear(C, n_kv_heads * head_dim));
-  o_proj = register_module("o_proj", linear(n_heads * head_dim, C));
+  q_proj = register_module("q_proj", bias_free_linear(C, n_heads * head_dim));
+  k_proj = register_module("k_proj", bias_free_linear(C, n_kv_heads * head_dim));
+  v_proj = register_module("v_proj", bias_free_linear(C, n_kv_heads * head_dim));
+  o_proj = register_module("o_proj", bias_free_linear(n_heads * head_dim, C));
   dropout = register_module("dropout", torch::nn::Dropout(c.text.attention_dropout));
 }
 
@@ -96,7 +96,7 @@ Llama4ExpertsImpl::Llama4ExpertsImpl(int64_t experts, int64_t hidden, int64_t wi
 
 Llama4MoeImpl::Llama4MoeImpl(const Llama4Config& c) : top_k(c.text.moe.num_experts_per_tok) {
   const int64_t C = c.text.hidden_size;
-  router = register_module("router", linear(C, c.text.moe.num_experts));
+  router = register_module("router", bias_free_linear(C, c.text.moe.num_experts));
   experts = register_module("experts", Llama4Experts(c.text.moe.num_experts, C, c.text.moe.moe_intermediate_size));
   shared_expert = register_module("shared_expert", nn::SwiGLU(C, c.text.intermediate_size, kInitStd));
 }
