@@ -13,7 +13,11 @@ if [[ ${1:-} == --quick ]]; then
   quick=1
   shift
 fi
-scripts/setup.sh
+if [[ ${FSDP_TORCH:-venv} == system ]]; then
+  scripts/setup.sh --system  # Debian's LibTorch: its build and its cases need no venv
+else
+  scripts/setup.sh
+fi
 scripts/build.sh
 scripts/fetch_data.sh  # the tokenizer tests compare against the reference encoder it brings
 source scripts/compiler_cache.sh  # the projects tests configure compile through it too

@@ -297,8 +297,10 @@ def export_shards(path, meta, sources, out, world):
     import torch.multiprocessing
     # Forked, not spawned: each rank starts with torch and transformers
     # already imported (a spawned one imports them again, seconds each).
-    # Nothing before this point has run a tensor operation, so no thread
-    # pool exists yet to be copied half-way.
+    # Before this point only meta-device tensors were made (direct_sources),
+    # which start no intra-op thread pool, so none is copied half-way into
+    # the children. A CPU tensor operation added before this call must go
+    # after it, or the ranks must be spawned again.
     torch.multiprocessing.start_processes(export_rank, args=(world, free_port(), path, meta, sources, out),
                                           nprocs=world, start_method="fork")
     print(f"wrote {out}: DCP checkpoint of step {meta['step']} ({len(sources)} model tensors with their AdamW "

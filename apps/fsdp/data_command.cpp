@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/error_text.h"
 #include "fsdp/data/chat_data.h"
 #include "fsdp/data/prepare.h"
 #include "fsdp/data/tokenizer.h"
@@ -117,11 +118,14 @@ void add_data_command(CLI::App& app, int& exit_code) {
                    "standard input is one conversation ({\"messages\": [...]}, or the list itself): its ids under "
                    "--tokenizer's chat template, as apply_chat_template(tokenize=True)");
   encode->add_flag("--add-generation-prompt", *generation_prompt, "with --chat: end with the assistant's turn opened");
-  encode->add_flag("--render", *render, "with --chat: print the rendered text instead of its ids");
+  auto* render_flag =
+      encode->add_flag("--render", *render, "with --chat: print the rendered text instead of its ids");
   auto each_line = std::make_shared<bool>(false);
-  encode->add_flag("--each-line", *each_line,
-                   "standard input is JSON Lines (with --chat) or lines of text: one output line per input line, "
-                   "'error: ...' for one that is refused (then exit 1 after the last)");
+  encode
+      ->add_flag("--each-line", *each_line,
+                 "standard input is JSON Lines (with --chat) or lines of text: one output line per input line, "
+                 "'error: ...' for one that is refused (then exit 1 after the last)")
+      ->excludes(render_flag);
   encode->callback([tokenizer_dir, chat, generation_prompt, render, each_line, &exit_code] {
     const auto tokenizer = data::Tokenizer::from_dir(*tokenizer_dir);
     std::optional<data::ChatEncoder> encoder;
@@ -146,14 +150,13 @@ void add_data_command(CLI::App& app, int& exit_code) {
       in << std::cin.rdbuf();
       const auto out = encode_one(in.str(), "standard input");
       std::fwrite(out.data(), 1, out.size(), stdout);
-      if (!*render) std::printf("\n");
+      if (!(*chat && *render)) std::printf("\n");  // a rendering is printed as it is
       exit_code = 0;
       return;
     }
     // A file of conversations checked in one start (the tokenizer loads
     // once): a refused line says why on its own output line, and the rest
     // are still encoded.
-    FSDP_CHECK(!*render, "data encode: --render prints text that may span lines; it cannot go with --each-line");
     int refused = 0;
     int64_t number = 0;
     for (std::string line; std::getline(std::cin, line);) {
@@ -161,8 +164,8 @@ void add_data_command(CLI::App& app, int& exit_code) {
       try {
         std::printf("%s\n", encode_one(line, "line " + std::to_string(number)).c_str());
       } catch (const std::exception& e) {
-        std::string why = e.what();
-        for (auto& c : why) c = c == '\n' ? ' ' : c;
+        std::string why = error_text(e);
+        for (auto& c : why) c = c == '\n' || c == '\r' ? ' ' : c;
         std::printf("error: %s\n", why.c_str());
         ++refused;
       }

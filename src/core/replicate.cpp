@@ -153,13 +153,13 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 };
 
 // Held by the end-of-backward callback: a backward that throws never runs it.
-struct BackwardGuard {
+struct ReplicaBackwardGuard {
   std::shared_ptr<Replicator> replicator;
   bool completed = false;
-  explicit BackwardGuard(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
-  BackwardGuard(const BackwardGuard&) = delete;
-  BackwardGuard& operator=(const BackwardGuard&) = delete;
-  ~BackwardGuard() {
+  explicit ReplicaBackwardGuard(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
+  ReplicaBackwardGuard(const ReplicaBackwardGuard&) = delete;
+  ReplicaBackwardGuard& operator=(const ReplicaBackwardGuard&) = delete;
+  ~ReplicaBackwardGuard() {
     if (!completed) replicator->abandon();
   }
 };
@@ -316,7 +316,7 @@ void Replicator::begin_backward() {
   in_backward_ = true;
   use_low_precision();  // the backward computes in the param dtype, as the forward did
   if (requires_gradient_sync) stats.reduced_during_backward = 0;
-  auto guard = std::make_shared<BackwardGuard>(shared_from_this());
+  auto guard = std::make_shared<ReplicaBackwardGuard>(shared_from_this());
   torch::autograd::Engine::get_default_engine().queue_callback([guard] {
     guard->replicator->end_backward();
     guard->completed = true;

@@ -175,7 +175,8 @@ TEST(MemorySnapshot, RecordedPeakEqualsTheAccountingPeak) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "memory snapshot of steps 1 to 3: " + dir + "/run/memory/rank0.pickle")) << r.output;
   const auto replay =
-      run_command(std::string("python3 ") + kSourceDir + "/tools/memory_peak.py --json " + dir + "/run/memory/rank0.pickle");
+      run_command(std::string("python3 ") + kSourceDir + "/tools/memory_peak.py --json " + dir +
+                  "/run/memory/rank0.pickle");
   ASSERT_EQ(replay.exit_code, 0) << replay.output;
   const auto peak = nlohmann::json::parse(replay.output);
   const auto metrics = read_metrics(dir + "/run/metrics.jsonl").back();

@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -92,6 +94,54 @@ TEST(TokenizerCli, PrepareWithATokenizerJsonWritesTheReferenceIdsAfterEachSepara
     for (const auto id : reference[0]) line += (line.empty() ? "" : ",") + std::to_string(id);
     EXPECT_TRUE(contains(encoded.output, line + "\n")) << encoded.output << " vs " << line;
   }
+}
+
+TEST(TokenizerCli, EncodeEachLineGivesEveryLineItsReferenceIdsAndSaysWhichAreRefused) {
+  const auto dir = kData + "/llama3";
+  if (const auto why = reference_missing("hf", dir); !why.empty()) GTEST_SKIP() << why;
+  const auto out = make_temp_dir();
+  // Lines of text: an empty one gets an empty line, the last one has no newline.
+  const std::vector<std::string> texts = {kDocuments[0], "", "Hello world!", "  indented, then unicode: caf\u00e9"};
+  {
+    std::ofstream in(out + "/lines.txt");
+    for (size_t i = 0; i < texts.size(); ++i) in << texts[i] << (i + 1 < texts.size() ? "\n" : "");
+  }
+  const auto r = run_command(kCli + " data encode --each-line --tokenizer " + dir + " < " + out + "/lines.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string expected;
+  for (const auto& ids : reference_ids("hf", dir, texts)) {
+    std::string line;
+    for (const auto id : ids) line += (line.empty() ? "" : ",") + std::to_string(id);
+    expected += line + "\n";
+  }
+  EXPECT_EQ(r.output, expected);
+
+  // Conversations: a line that is not JSON says why on its own line, the
+  // others are still encoded (as each alone), and the exit status is 1.
+  const std::string record =
+      R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})";
+  std::ofstream(out + "/one.jsonl") << record << "\n";
+  std::ofstream(out + "/chats.jsonl") << record << "\n{not json\n" << record << "\n";
+  const auto alone = run_command(kCli + " data encode --chat --tokenizer " + dir + " < " + out + "/one.jsonl");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto each = run_command("(" + kCli + " data encode --chat --each-line --tokenizer " + dir + " < " + out +
+                                "/chats.jsonl 2> " + out + "/stderr.txt)");
+  EXPECT_EQ(each.exit_code, 1) << each.output;
+  std::istringstream lines(each.output);
+  std::vector<std::string> got;
+  for (std::string line; std::getline(lines, line);) got.push_back(line);
+  ASSERT_EQ(got.size(), 3u) << each.output;
+  EXPECT_EQ(got[0] + "\n", alone.output);
+  EXPECT_EQ(got[2] + "\n", alone.output);
+  EXPECT_TRUE(got[1].rfind("error: ", 0) == 0 && contains(got[1], "line 2") && contains(got[1], "not valid JSON"))
+      << got[1];
+  std::ifstream err(out + "/stderr.txt");
+  const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(said, "1 of 3 line(s) refused")) << said;
+  // --render prints text that may span lines: not with --each-line.
+  EXPECT_NE(run_command(kCli + " data encode --chat --render --each-line --tokenizer " + dir + " < " + out +
+                        "/chats.jsonl").exit_code,
+            0);
 }
 
 TEST(TokenizerCli, GenerateAndTrainTakeTheModelDirectorysTokenizerAndExportCarriesIt) {

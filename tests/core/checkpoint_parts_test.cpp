@@ -23,7 +23,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::checkpoint_parts_test {
 namespace {
 
 struct NormNetImpl : torch::nn::Module {
@@ -382,4 +382,4 @@ TEST(StateDict, TheOptimizersFullStateDictLoadsIntoShardsAndIntoOneProcess) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::checkpoint_parts_test

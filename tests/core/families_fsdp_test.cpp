@@ -19,7 +19,7 @@
 #include "fsdp/nn/lm_loss.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::families_fsdp_test {
 namespace {
 
 constexpr int64_t kRows = 2, kSeq = 16;
@@ -267,4 +267,4 @@ TEST(WrapPolicyFsdp, SizeOnQwen3MoeWrapsWholeSparseBlocksNeverSingleExperts) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::families_fsdp_test

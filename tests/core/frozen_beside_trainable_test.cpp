@@ -22,7 +22,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::frozen_beside_trainable_test {
 namespace {
 
 constexpr int64_t kGlobalRows = 60;  // splits evenly over 1..5 ranks
@@ -267,4 +267,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::frozen_beside_trainable_test

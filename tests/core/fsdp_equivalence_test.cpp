@@ -7,7 +7,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::fsdp_equivalence_test {
 namespace {
 
 // fp32: the sharded run reduces gradients in another order than the single
@@ -137,4 +137,4 @@ TEST(GradClipping, GlobalNormMatchesOneProcessOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::fsdp_equivalence_test

@@ -21,7 +21,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::fsdp_off_path_test {
 namespace {
 
 constexpr double kTolerance = 1e-5;
@@ -1111,4 +1111,4 @@ TEST(Replicate, RefusesAModuleWithShardedUnitsAndASecondReplicate) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::fsdp_off_path_test

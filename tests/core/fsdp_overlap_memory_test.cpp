@@ -18,7 +18,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::fsdp_overlap_memory_test {
 namespace {
 
 
@@ -269,4 +269,4 @@ TEST(Collectives, MovedWorkHandleIsWaitedOnceByItsNewOwner) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::fsdp_overlap_memory_test

@@ -23,7 +23,7 @@
 #include "fsdp/dist/collectives.h"
 #include "fsdp_test_support.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::fully_shard_test {
 namespace {
 
 std::shared_ptr<dist::DeviceMesh> world_mesh() {
@@ -518,4 +518,4 @@ TEST(ModuleHolder, AnErrorInAUnitCalledThroughItsHooksIsLeftAsLibTorchThrewIt) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::fully_shard_test

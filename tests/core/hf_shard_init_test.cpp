@@ -20,7 +20,7 @@
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::hf_shard_init_test {
 namespace {
 
 // Heap plus fsdp's cache of large CPU blocks (see flat_buffer.h).
@@ -74,4 +74,4 @@ TEST(HfShardInit, ParametersComeFromTheFileOneAtATime) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::hf_shard_init_test

@@ -8,7 +8,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/flat_buffer.h"
 
-namespace fsdp::testing {
+namespace fsdp::testing::large_cpu_blocks_test {
 namespace {
 
 constexpr int64_t kMiB = 1 << 20;
@@ -81,4 +81,4 @@ TEST(LargeCpuBlocks, LibTorchsRawAllocationInterfaceWorks) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::large_cpu_blocks_test

@@ -16,7 +16,7 @@
 #include "dist/shared_memory.h"
 #include "fsdp/common/error.h"
 
-namespace fsdp::dist {
+namespace fsdp::dist::collectives_test {
 namespace {
 
 using fsdp::testing::test_world;
@@ -271,4 +271,4 @@ TEST(CollectivesBarrier, NoRankLeavesBeforeTheLastArrives) {
 }
 
 }  // namespace
-}  // namespace fsdp::dist
+}  // namespace fsdp::dist::collectives_test

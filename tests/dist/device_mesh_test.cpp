@@ -13,7 +13,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/dist/collectives.h"
 
-namespace fsdp::dist {
+namespace fsdp::dist::device_mesh_test {
 namespace {
 
 using fsdp::testing::test_world_ptr;
@@ -65,4 +65,4 @@ TEST(DeviceMesh, BadShapeFailsOnEveryRankWithoutHanging) {
 }
 
 }  // namespace
-}  // namespace fsdp::dist
+}  // namespace fsdp::dist::device_mesh_test

@@ -24,7 +24,7 @@
 #include "kernels/kernels.h"
 #include "../nn/dispatched_operators.h"
 
-namespace fsdp::models {
+namespace fsdp::models::attention_test {
 namespace {
 
 using torch::Tensor;
@@ -503,4 +503,4 @@ TEST(CausalAttention, MismatchedHeadsAreRefusedByShape) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::attention_test

@@ -13,7 +13,7 @@
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/registry.h"
 
-namespace fsdp::models {
+namespace fsdp::models::hf_roundtrip_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -112,4 +112,4 @@ TEST(HfImport, NotADirectory) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::hf_roundtrip_test

@@ -11,7 +11,7 @@
 #include "fsdp/data/loss_mask.h"
 #include "fsdp/data/tokenizer_record.h"
 
-namespace fsdp::data {
+namespace fsdp::data::loader_test {
 namespace {
 
 std::string token_file(const std::string& name, int64_t n, int32_t vocab) {
@@ -339,4 +339,4 @@ TEST(ChatExamples, AMaskFromAnotherPrepareIsRefusedNamingIt) {
 }
 
 }  // namespace
-}  // namespace fsdp::data
+}  // namespace fsdp::data::loader_test

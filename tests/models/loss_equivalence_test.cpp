@@ -13,7 +13,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
 
-namespace fsdp::models {
+namespace fsdp::models::loss_equivalence_test {
 namespace {
 
 struct LossAndGrads {
@@ -227,4 +227,4 @@ TEST(FusedLmLoss, ATargetOutsideTheVocabularyIsNamed) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::loss_equivalence_test

@@ -8,7 +8,7 @@
 #include "fsdp/models/llama/model.h"
 #include "fsdp/models/registry.h"
 
-namespace fsdp::models {
+namespace fsdp::models::models_test {
 namespace {
 
 std::set<std::string> names(torch::nn::Module& m) {
@@ -120,4 +120,4 @@ TEST(Registry, UnknownPresetSuggestsTheClosest) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::models_test

@@ -10,7 +10,7 @@
 #include "fsdp/models/moe/moe.h"
 #include "fsdp/models/registry.h"
 
-namespace fsdp::models {
+namespace fsdp::models::moe_test {
 namespace {
 
 MoEConfig tiny_moe(bool norm_topk) {
@@ -246,4 +246,4 @@ TEST(Llama4Moe, AuxiliaryLossOnlyWhenTheConfigAsksForRouterLogits) {
 }
 
 }  // namespace
-}  // namespace fsdp::models
+}  // namespace fsdp::models::moe_test

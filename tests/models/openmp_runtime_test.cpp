@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace fsdp::testing {
+namespace fsdp::testing::openmp_runtime_test {
 namespace {
 
 std::set<std::string> loaded_openmp_runtimes() {
@@ -57,4 +57,4 @@ TEST(OpenMp, OurLoopsAndLibTorchShareOneRuntimeAndOnePool) {
 }
 
 }  // namespace
-}  // namespace fsdp::testing
+}  // namespace fsdp::testing::openmp_runtime_test

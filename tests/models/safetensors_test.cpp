@@ -9,7 +9,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/io/safetensors.h"
 
-namespace fsdp::io {
+namespace fsdp::io::safetensors_test {
 namespace {
 
 std::string temp_path(const std::string& name) {
@@ -121,4 +121,4 @@ TEST(Safetensors, TruncatedAndBitFlippedFiles) {
 }
 
 }  // namespace
-}  // namespace fsdp::io
+}  // namespace fsdp::io::safetensors_test

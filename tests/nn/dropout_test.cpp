@@ -13,7 +13,7 @@
 #include "dispatched_operators.h"
 #include "fsdp/nn/dropout.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::dropout_test {
 namespace {
 
 constexpr int64_t kN = 1 << 20;
@@ -131,4 +131,4 @@ TEST(Dropout, ProbabilityOneDropsEverything) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::dropout_test

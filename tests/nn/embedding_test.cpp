@@ -11,7 +11,7 @@
 #include "fsdp/nn/lm_loss.h"
 #include "dispatched_operators.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::embedding_test {
 namespace {
 
 using torch::Tensor;
@@ -61,4 +61,4 @@ TEST(SharedEmbedding, NoDenseLookupGradientIsBuilt) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::embedding_test

@@ -9,7 +9,7 @@
 
 #include "fsdp/nn/layers.h"
 
-namespace fsdp::nn {
+namespace fsdp::nn::gelu_test {
 namespace {
 
 struct ValueAndGrad {
@@ -94,4 +94,4 @@ TEST(GeluTanh, Bf16IsTheExactValueRoundedOnce) {
 }
 
 }  // namespace
-}  // namespace fsdp::nn
+}  // namespace fsdp::nn::gelu_test

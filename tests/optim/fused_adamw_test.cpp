@@ -11,7 +11,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/optim/fused_adamw.h"
 
-namespace fsdp::optim {
+namespace fsdp::optim::fused_adamw_test {
 namespace {
 
 using torch::optim::AdamW;
@@ -175,4 +175,4 @@ TEST(FusedAdamW, AStepRunsNoTensorOperations) {
 }
 
 }  // namespace
-}  // namespace fsdp::optim
+}  // namespace fsdp::optim::fused_adamw_test

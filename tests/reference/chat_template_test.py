@@ -57,7 +57,7 @@ def ours(args, directory, records, generation_prompt):
         command.append("--add-generation-prompt")
     result = subprocess.run(command, input="".join(json.dumps(r) + "\n" for r in records), capture_output=True,
                             text=True)
-    lines = result.stdout.splitlines()
+    lines = result.stdout.split("\n")[:-1]  # one line each, ended by "\n" (a message may hold other line breaks)
     if len(lines) != len(records) or result.returncode != (1 if any(x.startswith("error: ") for x in lines) else 0):
         harness.fail(f"data encode --each-line: {len(lines)} lines for {len(records)} records, exit "
                      f"{result.returncode}: {result.stderr}")

@@ -224,5 +224,6 @@ def main():
                 harness.check("the same pairs in shards of 100 tokens: largest loss difference from one file",
                               float(np.abs(sharded - losses).max()), 0.0)
 
+
 if __name__ == "__main__":
     main()

@@ -34,11 +34,12 @@ const std::map<std::string, LlamaConfig>& presets() {
   return p;
 }
 
-std::vector<std::string> preset_names() { return {"mistral-tiny", "mistral-7b"}; }
+std::vector<std::string> mistral_preset_names() { return {"mistral-tiny", "mistral-7b"}; }
 
 LlamaConfig preset(const std::string& name) {
   const auto it = presets().find(name);
-  FSDP_CHECK(it != presets().end(), "unknown Mistral preset '", name, "': expected ", join_words(preset_names()));
+  FSDP_CHECK(it != presets().end(), "unknown Mistral preset '", name, "': expected ",
+             join_words(mistral_preset_names()));
   return it->second;
 }
 
@@ -70,7 +71,7 @@ nlohmann::json config_to_hf(const LlamaConfig& c) {
 }  // namespace
 
 FamilySpec mistral_family() {
-  return llama_decoder_family({"mistral", preset_names(), preset, config_from_hf, config_to_hf});
+  return llama_decoder_family({"mistral", mistral_preset_names(), preset, config_from_hf, config_to_hf});
 }
 
 }  // namespace fsdp::models
