@@ -27,6 +27,7 @@
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/hf_companions.h"
+#include "python_tools.h"
 
 namespace fsdp::cli {
 namespace {
@@ -40,9 +41,8 @@ std::string resolve(const std::string& path) {
 // Replaces this process with tools/dcp_convert.py ARGS under FSDP_PYTHON,
 // or the venv's Python this build was configured beside.
 [[noreturn]] void run_dcp_converter(const std::vector<std::string>& args) {
-  const char* env = std::getenv("FSDP_PYTHON");
-  const std::string python = env != nullptr && *env != '\0' ? env : FSDP_VENV_PYTHON;
-  const std::string script = std::string(FSDP_SOURCE_DIR) + "/tools/dcp_convert.py";
+  const std::string python = tool_python();
+  const std::string script = tool_script("dcp_convert.py");
   FSDP_CHECK(::access(python.c_str(), X_OK) == 0, "the DCP format needs Python with torch and transformers: '", python,
              "' is not there (scripts/setup.sh makes it; FSDP_PYTHON names another)");
   FSDP_CHECK(std::filesystem::exists(script), "the DCP converter '", script, "' is not there (it is in the source tree)");

@@ -15,6 +15,7 @@
 #include "fsdp/data/prepare.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/io/input_file.h"
+#include "python_tools.h"
 
 namespace fsdp::cli {
 namespace {
@@ -71,9 +72,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
     if (separator_option->count() > 0) options->txt_separator = unescape(*separator);
     // Parquet through Apache Arrow's reader (tools/parquet_text.py), under
     // FSDP_PYTHON or the venv this build was configured beside.
-    const char* python = std::getenv("FSDP_PYTHON");
-    options->parquet_reader = {python != nullptr && *python != '\0' ? python : FSDP_VENV_PYTHON,
-                               std::string(FSDP_SOURCE_DIR) + "/tools/parquet_text.py"};
+    options->parquet_reader = {tool_python(), tool_script("parquet_text.py")};
     const auto s = data::prepare_corpus(*options);
     if (s.split_txt) {
       std::printf("data prepare: .txt files were split into documents at %s (--doc-separator)\n",
