@@ -45,6 +45,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import harness
 import token_files
 
 
@@ -84,13 +85,10 @@ def parse(argv):
 
 def jobs_of(argv):
     """The runs named on the command line: one, or --jobs FILE's."""
-    if len(argv) == 2 and argv[0] == "--jobs":
-        with open(argv[1]) as f:
-            runs = [parse(json.loads(line)) for line in f if line.strip()]
-        if not runs or len({run.device for run in runs}) != 1:
-            sys.exit(f"--jobs {argv[1]}: expected one or more runs, all on one device")
-        return runs
-    return [parse(argv)]
+    runs = [parse(a) for a in harness.job_argvs(argv)]
+    if not runs or len({run.device for run in runs}) != 1:
+        sys.exit(f"{' '.join(argv)}: expected one or more runs, all on one device")
+    return runs
 
 
 def lr_at(args, step):

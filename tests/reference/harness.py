@@ -6,6 +6,7 @@ Each test is a script CTest runs with the venv's Python (label
 every comparison holds, 1 naming the first that does not.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,16 @@ def run(command, **kwargs):
         sys.stderr.write(result.stderr[-6000:])
         fail(f"{' '.join(map(str, command))} exited {result.returncode}")
     return result
+
+
+def job_argvs(argv):
+    """The runs a training script is asked for: ARGV itself, or with
+    `--jobs FILE` each line of FILE (a JSON list of arguments), to run one
+    after another in the same processes."""
+    if len(argv) == 2 and argv[0] == "--jobs":
+        with open(argv[1]) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return [argv]
 
 
 def fail(message):

@@ -21,6 +21,8 @@ import torch
 import transformers
 import trl
 
+import harness
+
 
 class Losses(transformers.TrainerCallback):
     def __init__(self):
@@ -70,12 +72,7 @@ def train(argv):
 
 
 def main():
-    argv = sys.argv[1:]
-    if len(argv) == 2 and argv[0] == "--jobs":
-        with open(argv[1]) as f:
-            for line in f:
-                train(json.loads(line))
-    else:
+    for argv in harness.job_argvs(sys.argv[1:]):
         train(argv)
 
 
