@@ -1,6 +1,7 @@
 #include "core/comm_context.h"
 
-#include "core/fsdp_param_group.h"
+#include <algorithm>
+
 
 namespace fsdp {
 
@@ -13,6 +14,8 @@ const char* to_string(FSDPEvent::Kind kind) {
     case FSDPEvent::Kind::kPostForward: return "post_forward";
     case FSDPEvent::Kind::kPreBackward: return "pre_backward";
     case FSDPEvent::Kind::kPostBackward: return "post_backward";
+    case FSDPEvent::Kind::kUsedParameters: return "used_parameters";
+    case FSDPEvent::Kind::kBroadcast: return "broadcast";
   }
   return "?";
 }
@@ -24,13 +27,32 @@ double CommContext::now_s() const {
 }
 
 size_t CommContext::record(FSDPEvent::Kind kind, const std::string& unit, int ranks) {
-  const bool collective =
-      kind == FSDPEvent::Kind::kAllGather || kind == FSDPEvent::Kind::kReduceScatter || kind == FSDPEvent::Kind::kAllReduce;
+  const bool collective = kind == FSDPEvent::Kind::kAllGather || kind == FSDPEvent::Kind::kReduceScatter ||
+                          kind == FSDPEvent::Kind::kAllReduce || kind == FSDPEvent::Kind::kUsedParameters ||
+                          kind == FSDPEvent::Kind::kBroadcast;
   FSDPEvent e{kind, unit, next_sequence_++, now_s(), -1, ranks};
   if (!collective) e.waited_s = e.issued_s;
   if (events_.size() == kMaxEvents) events_.pop_front();
   events_.push_back(std::move(e));
   return static_cast<size_t>(events_.back().sequence);
+}
+
+void CommContext::adopt(const CommContext& other, const std::string& as_unit) {
+  const double shift = std::chrono::duration<double>(other.start_ - start_).count();
+  std::vector<FSDPEvent> merged(events_.begin(), events_.end());
+  for (FSDPEvent e : other.events_) {
+    e.unit = e.unit == "<root>" ? as_unit : as_unit + "." + e.unit;
+    e.issued_s += shift;
+    if (e.waited_s >= 0) e.waited_s += shift;
+    merged.push_back(std::move(e));
+  }
+  std::stable_sort(merged.begin(), merged.end(),
+                   [](const FSDPEvent& a, const FSDPEvent& b) { return a.issued_s < b.issued_s; });
+  if (merged.size() > kMaxEvents) merged.erase(merged.begin(), merged.end() - kMaxEvents);
+  events_.assign(merged.begin(), merged.end());
+  // Numbered again in the merged order, as if issued here.
+  next_sequence_ = 0;
+  for (FSDPEvent& e : events_) e.sequence = next_sequence_++;
 }
 
 void CommContext::mark_waited(size_t sequence) {
@@ -45,39 +67,31 @@ void CommContext::mark_waited(size_t sequence) {
 // its replica all-reduce (first finishing the all-reduce before it, so at
 // most one is in flight).
 void CommContext::finish_reduce_scatter() {
-  FSDPParamGroup* group = reduce_scatter_in_flight_;
-  if (group == nullptr) return;
-  reduce_scatter_in_flight_ = nullptr;
-  group->wait_reduce_scatter();
+  if (!reduce_scatter_in_flight_) return;
+  Reduction reduction = std::move(*reduce_scatter_in_flight_);
+  reduce_scatter_in_flight_.reset();
+  reduction.wait_reduce_scatter();
   finish_all_reduce();
-  if (!group->reduces_across_replicas()) {
-    group->assign_gradients();
-  } else if (!group->requires_all_reduce()) {
-    group->hold_partial_reduction();  // HSDP accumulation: replicas meet at a later sync
-  } else {
-    group->issue_replica_all_reduce();
-    all_reduce_in_flight_ = group;
-  }
-}
-
-void CommContext::reduce(FSDPParamGroup& group) {
-  finish_reduce_scatter();
-  group.issue_reduce_scatter();
-  reduce_scatter_in_flight_ = &group;
-}
-
-void CommContext::finish(const FSDPParamGroup& group) {
-  // The reduce-scatter may hand the group on to the all-reduce stage.
-  if (reduce_scatter_in_flight_ == &group) finish_reduce_scatter();
-  if (all_reduce_in_flight_ == &group) finish_all_reduce();
+  if (reduction.hand_on()) all_reduce_in_flight_.emplace(std::move(reduction));
 }
 
 void CommContext::finish_all_reduce() {
-  FSDPParamGroup* group = all_reduce_in_flight_;
-  if (group == nullptr) return;
-  all_reduce_in_flight_ = nullptr;
-  group->wait_replica_all_reduce();
-  group->assign_gradients();
+  if (!all_reduce_in_flight_) return;
+  Reduction reduction = std::move(*all_reduce_in_flight_);
+  all_reduce_in_flight_.reset();
+  reduction.finish_all_reduce();
+}
+
+void CommContext::reduce(Reduction reduction) {
+  finish_reduce_scatter();
+  reduction.issue_reduce_scatter();
+  reduce_scatter_in_flight_.emplace(std::move(reduction));
+}
+
+void CommContext::finish(const void* unit) {
+  // The reduce-scatter may hand the unit on to the all-reduce stage.
+  if (reduce_scatter_in_flight_ && reduce_scatter_in_flight_->unit() == unit) finish_reduce_scatter();
+  if (all_reduce_in_flight_ && all_reduce_in_flight_->unit() == unit) finish_all_reduce();
 }
 
 void CommContext::drain() {
@@ -89,8 +103,8 @@ void CommContext::abandon() noexcept {
   try {
     drain();
   } catch (const std::exception&) {
-    reduce_scatter_in_flight_ = nullptr;
-    all_reduce_in_flight_ = nullptr;
+    reduce_scatter_in_flight_.reset();
+    all_reduce_in_flight_.reset();
   }
 }
 

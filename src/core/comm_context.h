@@ -18,14 +18,15 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/core/fsdp_event.h"
 
-namespace fsdp {
+#include "core/gradient_paths.h"
 
-class FSDPParamGroup;
+namespace fsdp {
 
 
 class CommContext {
@@ -40,13 +41,13 @@ class CommContext {
 
   CommContext();
 
-  // Starts `group`'s reduction (it has collected its gradients), first
+  // Starts a unit's reduction (it has staged its gradients), first
   // finishing the one issued before it.
-  void reduce(FSDPParamGroup& group);
-  // Finishes the reductions in flight if one of them is `group`'s: before
+  void reduce(Reduction reduction);
+  // Finishes the reductions in flight if one of them is `unit`'s: before
   // a unit gathers again in the backward that reduced it (a recomputation
   // after its post-backward), whose next reduction reuses its buffers.
-  void finish(const FSDPParamGroup& group);
+  void finish(const void* unit);
   // End of backward: finishes every reduction still in flight.
   void drain();
   // After an error: finishes what was issued (the peers issued it too),
@@ -59,14 +60,19 @@ class CommContext {
   void mark_waited(size_t sequence);
   std::vector<FSDPEvent> events() const { return {events_.begin(), events_.end()}; }
   void clear_events() { events_.clear(); }
+  // A unit joins this context's tree: the events its own tree logged (its
+  // start-up broadcasts above all) join this log in time order, named as
+  // they are from here (`as_unit` for that tree's root, `as_unit.name`
+  // for a unit below it).
+  void adopt(const CommContext& other, const std::string& as_unit);
 
  private:
   void finish_reduce_scatter();
   void finish_all_reduce();
   double now_s() const;
 
-  FSDPParamGroup* reduce_scatter_in_flight_ = nullptr;
-  FSDPParamGroup* all_reduce_in_flight_ = nullptr;
+  std::optional<Reduction> reduce_scatter_in_flight_;
+  std::optional<Reduction> all_reduce_in_flight_;
   std::deque<FSDPEvent> events_;
   int64_t next_sequence_ = 0;
   std::chrono::steady_clock::time_point start_;

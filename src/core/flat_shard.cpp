@@ -11,9 +11,12 @@
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/dist/collectives.h"
 
+#include "core/fsdp_collectives.h"
+
 namespace fsdp {
 
-FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options)
+FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
+                     CommContext& startup_log)
     : params_(std::move(params)),
       shard_group_(&mesh.shard_group()),
       replicate_group_(&mesh.replicate_group()),
@@ -53,7 +56,7 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
   } else {
     lay_out_flat();
   }
-  init_shard(options);
+  init_shard(options, startup_log);
 }
 
 void FlatShard::lay_out_flat() {
@@ -110,7 +113,7 @@ int64_t FSDPParam::rows_held(int rank) const {
   return std::clamp<int64_t>(shape[shard_dim] - rank * chunk, 0, chunk);
 }
 
-void FlatShard::init_shard(const FullyShardOptions& options) {
+void FlatShard::init_shard(const FullyShardOptions& options, CommContext& startup_log) {
   sharded_ = memory::empty_flat(shard_numel_, this->options(master_dtype_)).zero_();
   for (auto& p : params_) {
     at::Tensor full;
@@ -127,8 +130,9 @@ void FlatShard::init_shard(const FullyShardOptions& options) {
     if (options.sync_module_states) {
       // From global rank 0: along the shard group, then across replicas.
       at::Tensor buffer = full.contiguous().clone();
-      if (replicate_group_->size() > 1) dist::broadcast(*replicate_group_, buffer, 0).wait();
-      if (shard_group_->size() > 1) dist::broadcast(*shard_group_, buffer, 0).wait();
+      static const std::string kUnit = "<root>";  // a new unit is the root of its own tree
+      broadcast_from_rank0(UnitComm{*replicate_group_, startup_log, kUnit}, buffer);
+      broadcast_from_rank0(UnitComm{*shard_group_, startup_log, kUnit}, buffer);
       full = buffer;
     }
     if (p.local.numel > 0 && placed_) {
@@ -192,11 +196,31 @@ void FlatShard::copy_out(const at::Tensor& wire, const at::Tensor& out) const {
                  [](const at::Tensor& rows, const at::Tensor& chunk) { rows.copy_(chunk); });
 }
 
-at::Tensor FlatShard::copy_in(const at::Tensor& grads) const {
+at::Tensor FlatShard::reduce_input(const at::Tensor& grads) const {
+  if (!reorders()) return grads;
   at::Tensor wire = memory::empty_flat(padded_numel(), grads.options()).zero_();
   for_each_chunk(params_, shard_group_->size(), shard_numel_, grads, wire,
                  [](const at::Tensor& rows, const at::Tensor& chunk) { chunk.copy_(rows); });
   return wire;
+}
+
+const at::Tensor& FlatShard::gather_destination() {
+  if (!reorders()) return gathered_;
+  wire_.reset(memory::empty_flat(padded_numel(), options(param_dtype_)));
+  return wire_.get();
+}
+
+void FlatShard::finish_gather() {
+  if (!wire_.defined()) return;
+  copy_out(wire_.get(), gathered_);
+  wire_.reset();
+}
+
+at::Tensor FlatShard::parameter_major(const at::Tensor& wire) const {
+  if (!reorders()) return wire;
+  at::Tensor out = at::empty_like(wire);
+  copy_out(wire, out);
+  return out;
 }
 
 at::Tensor FlatShard::gathered_view(const FSDPParam& p) const {

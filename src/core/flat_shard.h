@@ -16,15 +16,20 @@
 #include "fsdp/core/options.h"
 #include "fsdp/dist/device_mesh.h"
 
+#include "core/counted_tensor.h"
 #include "core/fsdp_param.h"
 
 namespace fsdp {
 
+class CommContext;
+
 class FlatShard {
  public:
   // Takes ownership of `params`' data: afterwards each parameter points at
-  // its slice of the shard, and the full tensors are released.
-  FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options);
+  // its slice of the shard, and the full tensors are released. The
+  // start-up broadcasts (sync_module_states) are logged in `startup_log`.
+  FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
+            CommContext& startup_log);
   FlatShard(const FlatShard&) = delete;
   FlatShard& operator=(const FlatShard&) = delete;
 
@@ -70,17 +75,24 @@ class FlatShard {
   // rank holds it all.
   bool chunks_are_ranges(const FSDPParam& p) const;
 
-  // Per-parameter placements (Shard(d)): the shard is rank-major, the
-  // gathered buffer parameter-major, so over more than one rank an
-  // all-gather lands in a wire buffer and is copied out, and gradients are
-  // copied into one before their reduce-scatter. See [Note: per-parameter
-  // placements].
+  // The layout's side of the collectives, the same calls for both layouts.
+  // Per-parameter placements (Shard(d)) make the shard rank-major and the
+  // gathered buffer parameter-major, so over more than one rank a gather
+  // lands in a wire buffer this shard holds until it is copied out, and
+  // gradients are copied into one before their reduce-scatter ([Note:
+  // per-parameter placements]); the flat layout needs neither.
   bool placed() const { return placed_; }
-  bool reorders() const { return placed_ && shard_group_->size() > 1; }
-  // `wire` (the shard group's shards end to end) into parameter-major `out`.
-  void copy_out(const at::Tensor& wire, const at::Tensor& out) const;
-  // Parameter-major `grads` into a fresh wire buffer, padding zeroed.
-  at::Tensor copy_in(const at::Tensor& grads) const;
+  // Where the gather from the shard group lands (allocate_gathered first).
+  const at::Tensor& gather_destination();
+  // The gather has landed: the gathered buffer holds it.
+  void finish_gather();
+  // The gather will not be read (an error): its wire buffer goes.
+  void drop_gather() noexcept { wire_.reset(); }
+  // Parameter-major gradients as the reduce-scatter takes them (a fresh
+  // wire buffer, padding zeroed, or `grads` itself).
+  at::Tensor reduce_input(const at::Tensor& grads) const;
+  // The shard group's shards laid end to end (`wire`), parameter-major.
+  at::Tensor parameter_major(const at::Tensor& wire) const;
 
   int64_t sharded_bytes() const { return static_cast<int64_t>(sharded_.nbytes()); }
   // Bytes the gathered buffer holds now (0 while freed, and when it is the shard).
@@ -94,9 +106,12 @@ class FlatShard {
   int64_t reduction_bytes() const;
 
  private:
-  void init_shard(const FullyShardOptions& options);
+  void init_shard(const FullyShardOptions& options, CommContext& startup_log);
   void lay_out_flat();
   void lay_out_placed();
+  // Whether the layout differs between the shard and the gathered buffer.
+  bool reorders() const { return placed_ && shard_group_->size() > 1; }
+  void copy_out(const at::Tensor& wire, const at::Tensor& out) const;
 
   std::vector<FSDPParam> params_;
   dist::ProcessGroup* shard_group_;
@@ -111,6 +126,8 @@ class FlatShard {
   int64_t shard_numel_ = 0;
   at::Tensor sharded_;   // [shard_numel_] master dtype
   at::Tensor gathered_;  // [padded_numel()] param dtype; storage freed while sharded (the shard when gathered_is_shard)
+  CountedTensor wire_{memory::BufferKind::kComm};  // [padded_numel()] param dtype, rank-major: a placed shard's gather
+
 };
 
 }  // namespace fsdp

@@ -79,4 +79,24 @@ PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
   return out;
 }
 
+PendingCollective any_rank(const UnitComm& on, const at::Tensor& flags) {
+  PendingCollective out;
+  RECORD_USER_SCOPE("FSDP::used_parameters");
+  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
+  out.event = on.comm.record(FSDPEvent::Kind::kUsedParameters, on.unit, on.group.size());
+  dist::CollectiveLabel label(on.unit);
+  out.work = dist::all_reduce(on.group, flags, dist::ReduceOp::kMax);
+  return out;
+}
+
+void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer) {
+  if (on.group.size() == 1) return;
+  PendingCollective out;
+  RECORD_USER_SCOPE("FSDP::broadcast");
+  out.event = on.comm.record(FSDPEvent::Kind::kBroadcast, on.unit, on.group.size());
+  dist::CollectiveLabel label(on.unit);
+  out.work = dist::broadcast(on.group, buffer, 0);
+  out.wait(on.comm, "FSDP::broadcast_wait");
+}
+
 }  // namespace fsdp

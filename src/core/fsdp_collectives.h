@@ -58,4 +58,14 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input);
 // `buffer` averaged (summed with `on.sum`) across the group, in place.
 PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer);
 
+// Byte `flags` set where any rank of the group set them (a max), in place:
+// the ranks agree on which parameters got a gradient anywhere. Logged as
+// kUsedParameters, apart from the gradients' all-reduces.
+PendingCollective any_rank(const UnitComm& on, const at::Tensor& flags);
+
+// `buffer` overwritten with rank 0's, in place, where the group has more
+// than one rank: the start-up broadcast that makes every rank begin from
+// the same initialisation. Waited for before it returns.
+void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer);
+
 }  // namespace fsdp

@@ -101,7 +101,7 @@ bool FSDPParamGroup::DtypeShard::trainable() const {
 }
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
-                               const FullyShardOptions& options)
+                               const FullyShardOptions& options, CommContext& startup_log)
     : mesh_(options.mesh) {
   // One flat shard per dtype and layout (flat, or placed: [Note:
   // per-parameter placements] in flat_shard.cpp), in order of first use.
@@ -118,7 +118,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
       of_dtype.push_back(std::move(p));
     }
     DtypeShard part;
-    part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options);
+    part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options, startup_log);
     part.flow = make_gradient_flow(*part.shard);
     parts_.push_back(std::move(part));
   }
@@ -157,13 +157,8 @@ void FSDPParamGroup::unshard() {
     shard.allocate_gathered();
     if (part.post_forward.defined()) {
       part.all_gather = all_gather(on(*post_forward_group_), part.post_forward.get(), shard.gathered());
-    } else if (shard.reorders()) {
-      // Rank-major into a wire buffer, copied out once the gather is done.
-      at::Tensor wire = memory::empty_flat(shard.padded_numel(), shard.options(shard.param_dtype()));
-      part.all_gather = all_gather(on(shard_group()), shard.sharded(), wire);
-      part.all_gather.output.reset(wire);
     } else {
-      part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gathered());
+      part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gather_destination());
     }
   }
 }
@@ -172,10 +167,7 @@ void FSDPParamGroup::finish_all_gather() {
   for (auto& part : parts_) {
     part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
     part.post_forward.reset();  // read by the gather, or never to be: a full one comes next
-    if (part.all_gather.output.defined()) {
-      part.shard->copy_out(part.all_gather.output.get(), part.shard->gathered());
-      part.all_gather.output.reset();
-    }
+    part.shard->finish_gather();
   }
 }
 
@@ -270,7 +262,6 @@ void FSDPParamGroup::post_backward() {
   const bool sync = settings_.requires_gradient_sync;
   bool may_stay_gathered = true;
   for (auto& part : parts_) {
-    part.reducing = false;
     if (!part.trainable()) continue;
     part.flow->collect(state_ == ShardedState::kUnsharded);
     may_stay_gathered = may_stay_gathered && part.flow->may_stay_gathered();
@@ -278,46 +269,22 @@ void FSDPParamGroup::post_backward() {
   // Kept gathered for the next micro-step's forward only: a backward that
   // syncs hands sharded gradients to sharded parameters.
   if (!may_stay_gathered || settings_.reshard_after_backward || sync) reshard();
+  std::vector<GradientFlow*> flows;
   for (auto& part : parts_) {
     if (!part.trainable()) continue;
     part.flow->stage(sync);
-    part.reducing = sync;
+    flows.push_back(part.flow.get());
   }
   // A held reduction (HSDP without all-reduce) is accumulation too: which
   // parameters got gradients is kept for the window, and decided at the sync.
   accumulating_ = !sync || holds_reduction();
   if (!sync) return;
   reduced_this_backward_ = !holds_reduction();
-  comm_->reduce(*this);
-}
-
-template <typename Fn>
-void FSDPParamGroup::for_each_reducing(Fn&& stage) {
-  for (auto& part : parts_) {
-    if (part.reducing) stage(*part.flow);
-  }
-}
-
-void FSDPParamGroup::issue_reduce_scatter() {
-  for_each_reducing([&](GradientFlow& f) { f.issue_reduce_scatter(reducing_on(shard_group())); });
-}
-void FSDPParamGroup::wait_reduce_scatter() {
-  for_each_reducing([&](GradientFlow& f) { f.wait_reduce_scatter(*comm_); });
-}
-void FSDPParamGroup::hold_partial_reduction() {
-  for_each_reducing([](GradientFlow& f) { f.hold_partial_reduction(); });
-  for (auto& part : parts_) part.reducing = false;
-}
-void FSDPParamGroup::issue_replica_all_reduce() {
-  for_each_reducing([&](GradientFlow& f) { f.issue_all_reduce(reducing_on(replicate_group())); });
-}
-void FSDPParamGroup::wait_replica_all_reduce() {
-  for_each_reducing([&](GradientFlow& f) { f.wait_all_reduce(*comm_); });
-}
-
-void FSDPParamGroup::assign_gradients() {
-  for_each_reducing([&](GradientFlow& f) { f.assign(settings_); });
-  for (auto& part : parts_) part.reducing = false;
+  const Reduction::Then then = !reduces_across_replicas() ? Reduction::Then::kAssign
+                               : holds_reduction()        ? Reduction::Then::kHold
+                                                          : Reduction::Then::kAllReduce;
+  comm_->reduce(Reduction(this, std::move(flows), reducing_on(shard_group()), reducing_on(replicate_group()), then,
+                          settings_));
 }
 
 template <typename Fn>
@@ -351,7 +318,7 @@ void FSDPParamGroup::leave_in_place_path() {
   const bool in_place = std::any_of(parts_.begin(), parts_.end(),
                                     [](const DtypeShard& d) { return d.flow->path() == GradientPath::kInPlace; });
   if (!in_place) return;
-  if (comm_ != nullptr) comm_->finish(*this);  // a reduction in flight ends on the path that issued it
+  if (comm_ != nullptr) comm_->finish(this);  // a reduction in flight ends on the path that issued it
   reshard();
   for (auto& part : parts_) part.flow = leave_in_place(std::move(part.flow), *part.shard);
 }
@@ -398,7 +365,7 @@ void FSDPParamGroup::drop_forward() noexcept {
   try {
     reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
   } catch (const std::exception&) {
-    for (auto& part : parts_) part.all_gather.output.reset();  // a placed shard's wire buffer
+    for (auto& part : parts_) part.shard->drop_gather();
   }
 }
 
@@ -409,9 +376,8 @@ void FSDPParamGroup::abandon() noexcept {
     } catch (const std::exception&) {
       part.all_gather.abandon();
     }
-    part.all_gather.output.reset();  // a placed shard's wire buffer, never copied out
+    part.shard->drop_gather();  // never copied out
     part.flow->abandon();
-    part.reducing = false;
   }
   try {  // partial full-shape gradients give way to the sharded ones from before
     reshard();

@@ -29,8 +29,10 @@ enum class ShardedState { kSharded, kUnsharded };
 
 class FSDPParamGroup {
  public:
-  // Takes ownership of `params`' data (see FlatShard).
-  FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options);
+  // Takes ownership of `params`' data (see FlatShard), logging start-up
+  // broadcasts in `startup_log`.
+  FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
+                 CommContext& startup_log);
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
 
@@ -77,18 +79,11 @@ class FSDPParamGroup {
   // pre-backward (`in_backward`), or after the forward of a unit staying gathered.
   void prepare_gradients(bool in_backward);
   // The unit's backward is done: collects its gradients, reshards, and
-  // hands the reduction to the CommContext (or keeps accumulating, without
+  // hands a Reduction to the CommContext (or keeps accumulating, without
   // gradient sync). Once per gathering in backward (FSDPState guarantees
   // it): a unit recomputed after its post-backward runs it again, once its
   // earlier reduction is finished, and the reductions add up.
   void post_backward();
-  // Reduction stages, run by CommContext in this order.
-  void issue_reduce_scatter();
-  void wait_reduce_scatter();
-  void hold_partial_reduction();
-  void issue_replica_all_reduce();
-  void wait_replica_all_reduce();
-  void assign_gradients();
   bool reduces_across_replicas() const;
   // Whether a synchronised backward holds its reduction (HSDP without
   // requires_all_reduce) instead of handing it to the optimizer.
@@ -141,16 +136,12 @@ class FSDPParamGroup {
     // reshard_to(k): this rank's 1/k of the gathered buffer, in its dtype,
     // until the next gather reads it.
     CountedTensor post_forward{memory::BufferKind::kGathered};
-    bool reducing = false;  // staged by a synchronised backward, until its gradients are assigned
     bool trainable() const;
   };
 
   const FlatShard& front() const { return *parts_.front().shard; }
   template <typename Fn>
   int64_t sum_over_shards(Fn&& of) const;
-  // `stage` on the gradient path of each dtype this backward's reduction covers.
-  template <typename Fn>
-  void for_each_reducing(Fn&& stage);
   bool gather_in_flight() const;
   void finish_all_gather();
   void register_grad_hooks();

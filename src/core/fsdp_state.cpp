@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/error.h"
@@ -14,34 +13,6 @@
 #include "fsdp/dist/collectives.h"
 
 namespace fsdp {
-
-// [Note: when a unit's backward ends]
-// As in FSDP2, not by counting gradients (frozen parameters never get one,
-// and a count says nothing about nodes that still read the parameters):
-//
-// - Each call of a unit puts one autograd node (PostBackwardNode) on the
-//   call's inputs that require gradients. Autograd runs it once the
-//   gradients of those inputs exist, which is after every node of the call
-//   that leads to them, so after every read of the gathered parameters on
-//   that path; AccumulateGrad nodes run as soon as they are ready, before it.
-// - A unit called several times (a block applied twice, two forwards before
-//   one backward) is done when the nodes of all its calls have run. A call
-//   whose inputs need no gradient (the first block, the root) carries no
-//   node, so that unit's backward ends at the end of backward.
-// - At the end of backward (a callback queued on the autograd engine) every
-//   unit still gathered or still owing a reduction runs post-backward, in
-//   module order, so every rank issues the same collectives; then the
-//   reductions are drained and the ranks agree on which parameters got a
-//   gradient anywhere (one small all-reduce), so a parameter no rank used
-//   keeps the gradient it had (none stays none, as in one process).
-// - Errors: a forward that throws leaves its unit as it found it, and the
-//   root's leaves the whole tree ready; a backward that throws never runs the
-//   callback, and the guard the callback holds, destroyed with the engine's
-//   graph task, finishes the collectives issued and reshards every unit.
-// - A forward with gradients whose graph is freed without a backward (a
-//   metric computed without NoGradGuard) is noticed when its last root
-//   output's graph dies (DroppedGraphWatch): units go back to sharded with
-//   the gradients they had, so the optimizer step that follows sees them.
 
 // [Note: the training state machine]
 // Each unit's TrainingState changes only through FSDPState::enter:
@@ -87,10 +58,7 @@ namespace fsdp {
 // unit's gradients held unsharded at a time, and each rank issues the same
 // collectives because each recomputes the same regions. Calls in one
 // forward outside checkpointing keep their gathered parameters to backward
-// anyway, so they are still reduced once, after the last of them. The tree's phase (TreePhase)
-// says whether an iteration is open and whether a backward runs; what the
-// iteration recorded lives in TreeIteration and each unit's UnitCalls, each
-// emptied by one reset().
+// anyway, so they are still reduced once, after the last of them.
 
 const char* to_string(TrainingState state) {
   switch (state) {
@@ -100,19 +68,6 @@ const char* to_string(TrainingState state) {
     case TrainingState::kPostBackward: return "post_backward";
   }
   return "?";
-}
-
-const char* to_string(TreePhase phase) {
-  switch (phase) {
-    case TreePhase::kIdle: return "idle";
-    case TreePhase::kForward: return "forward";
-    case TreePhase::kBackward: return "backward";
-  }
-  return "?";
-}
-
-bool TreeIteration::has_live_graph() const {
-  return std::any_of(open_graphs.begin(), open_graphs.end(), [](const auto& g) { return !g.expired(); });
 }
 
 namespace {
@@ -129,57 +84,34 @@ bool is_transition(TrainingState from, TrainingState to, bool recomputing) {
   return false;
 }
 
+// An identity on a call's inputs that require gradients: autograd runs it
+// once their gradients exist ([Note: when a unit's backward ends] in
+// fsdp_tree.cpp). What it signals is a post-hook's (InputsGradHook).
 struct PostBackwardNode : public torch::autograd::Function<PostBackwardNode> {
   // TensorList, not variable_list: autograd counts the tensors of a
-  // TensorList as inputs, but takes a std::vector for one opaque argument.
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
-                                                int64_t state) {
-    ctx->saved_data["state"] = state;
+  // TensorList as inputs.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* /*ctx*/, at::TensorList inputs) {
     return inputs.vec();
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* /*ctx*/,
                                                  torch::autograd::variable_list grads) {
-    reinterpret_cast<FSDPState*>(ctx->saved_data["state"].toInt())->on_inputs_grad();
-    grads.emplace_back();  // the state pointer has no gradient
     return grads;
   }
 };
 
-// Held by the end-of-backward callback: if the graph task dies without
-// running it (backward threw), the iteration is abandoned.
-struct BackwardGuard {
-  std::shared_ptr<FSDPTree> tree;
-  bool completed = false;
-  explicit BackwardGuard(std::shared_ptr<FSDPTree> t) : tree(std::move(t)) {}
-  BackwardGuard(const BackwardGuard&) = delete;
-  BackwardGuard& operator=(const BackwardGuard&) = delete;
-  ~BackwardGuard() {
-    if (!completed) FSDPState::abandon_iteration(*tree, /*keep_open=*/false);
+// Tells the unit that the gradients of one call's inputs exist. A unit
+// destroyed while the graph lives is not told.
+class InputsGradHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit InputsGradHook(std::weak_ptr<FSDPState> unit) : unit_(std::move(unit)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    if (const auto unit = unit_.lock()) unit->on_inputs_grad();
+    return outputs;
   }
-};
 
-// Owned by a pre-hook on each root output's grad_fn, so destroyed with the
-// last of those graphs. Freed while its iteration is still open and not in
-// backward means no backward will come for it (a forward with gradients
-// whose result was dropped): FSDPState::drop_iteration then puts the units
-// back before the optimizer step that usually follows.
-struct DroppedGraphWatch {
-  DroppedGraphWatch(std::weak_ptr<FSDPTree> t, int64_t count) : tree(std::move(t)), backward_count(count) {}
-  DroppedGraphWatch(const DroppedGraphWatch&) = delete;  // a copy's destructor would act too
-  DroppedGraphWatch& operator=(const DroppedGraphWatch&) = delete;
-  std::weak_ptr<FSDPTree> tree;
-  int64_t backward_count;
-  ~DroppedGraphWatch() {
-    const auto t = tree.lock();
-    if (!t || t->backward_count != backward_count || t->iteration.phase != TreePhase::kForward) return;
-    if (!t->iteration.has_live_graph()) FSDPState::drop_iteration(*t);
-  }
-};
-
-struct DroppedGraphHook : public torch::autograd::FunctionPreHook {
-  explicit DroppedGraphHook(std::shared_ptr<DroppedGraphWatch> w) : watch(std::move(w)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override { return grads; }
-  std::shared_ptr<DroppedGraphWatch> watch;
+ private:
+  std::weak_ptr<FSDPState> unit_;
 };
 
 }  // namespace
@@ -202,24 +134,15 @@ FSDPState::FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOpti
 }
 
 FSDPState::~FSDPState() {
-  if (!tree_) return;
-  const auto drop = [this](std::vector<FSDPState*>& v) { v.erase(std::remove(v.begin(), v.end(), this), v.end()); };
-  drop(tree_->states);
-  drop(tree_->forward_order);
-  tree_->iteration.post_forward_order.clear();  // rebuilt by the next iteration
-  for (FSDPState* s : tree_->states) {
-    drop(s->forward_prefetch);
-    drop(s->backward_prefetch);
-    s->calls_.post_forward_indices.clear();
-    s->calls_.backward_cursor = 0;
-  }
-  if (!is_root_) return;
-  const std::vector<FSDPState*> orphans = tree_->states;
-  for (FSDPState* s : orphans) {
-    auto own = std::make_shared<FSDPTree>();
-    own->states.push_back(s);
-    s->join_tree(own, true, "");
-  }
+  if (tree_) tree_->remove(this, is_root_);
+}
+
+void FSDPState::forget(const FSDPState* gone) {
+  const auto drop = [gone](std::vector<FSDPState*>& v) { v.erase(std::remove(v.begin(), v.end(), gone), v.end()); };
+  drop(forward_prefetch);
+  drop(backward_prefetch);
+  calls_.post_forward_indices.clear();  // the tree's post-forward order is rebuilt by the next iteration
+  calls_.backward_cursor = 0;
 }
 
 void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, const std::string& name) {
@@ -229,7 +152,7 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   phases_ = {memory::phase_id("forward " + name_), memory::phase_id("recompute " + name_),
              memory::phase_id("backward " + name_), memory::phase_id("post-backward " + name_),
              memory::phase_id("forward"), memory::phase_id("backward")};
-  if (group_) group_->attach(&tree_->comm, &name_);
+  if (group_) group_->attach(&tree_->comm(), &name_);
 }
 
 std::optional<int> FSDPState::post_forward_ranks() const {
@@ -243,13 +166,6 @@ std::optional<int> FSDPState::post_forward_ranks() const {
   return r.ranks;
 }
 
-void FSDPState::check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size) {
-  if (reshard.ranks == ReshardAfterForward::kShardGroup) return;
-  FSDP_CHECK(reshard.ranks >= 1 && shard_group_size % reshard.ranks == 0, "reshard_after_forward=", reshard.ranks,
-             ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
-             "group's size, ", shard_group_size, " (true frees them, false keeps them gathered)");
-}
-
 void FSDPState::set_reshard_after_forward(ReshardAfterForward reshard) {
   if (group_ && reshard.ranks != ReshardAfterForward::kShardGroup) {
     check_reshard_after_forward(reshard, group_->shard_group().size());
@@ -259,29 +175,25 @@ void FSDPState::set_reshard_after_forward(ReshardAfterForward reshard) {
 }
 
 void FSDPState::enter(TrainingState next, bool recomputing) {
-  training_.enter(next, recomputing, name_, to_string(tree_->iteration.phase));
+  training_.enter(next, recomputing, name_, to_string(tree_->phase()));
 }
 
-void FSDPState::begin_iteration() {
-  for (FSDPState* s : tree_->states) {
-    s->calls_.reset();
-    if (s->group_) s->group_->begin_iteration();
-  }
-  tree_->iteration.reset();
-  tree_->iteration.phase = TreePhase::kForward;
+void FSDPState::reset_calls() {
+  calls_.reset();
+  if (group_) group_->begin_iteration();
 }
 
 void FSDPState::pre_forward(const torch::nn::Module& module) {
   CallFrame frame;
   frame.module = &module;
   frame.grad_enabled = at::GradMode::is_enabled();
-  frame.in_backward = tree_->iteration.phase == TreePhase::kBackward;
+  frame.in_backward = tree_->phase() == TreePhase::kBackward;
   frame.was_unsharded = group_ && group_->sharded_state() == ShardedState::kUnsharded;
   if (frame.in_backward) {
     // Recomputed inside backward (activation checkpointing): gathered for
     // the backward that follows. See [Note: a unit used again in backward].
     memory::set_phase(phases_.recompute);
-    if (training_.get() == TrainingState::kPostBackward && group_) tree_->comm.finish(*group_);
+    if (training_.get() == TrainingState::kPostBackward && group_) tree_->comm().finish(group_.get());
     if (training_.get() != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
     if (group_) {
       group_->wait_for_unshard();
@@ -300,22 +212,11 @@ void FSDPState::pre_forward(const torch::nn::Module& module) {
   }
   RECORD_USER_SCOPE("FSDP::pre_forward");
   memory::set_phase(phases_.forward);
-  if (is_root_ && frame.grad_enabled) {
-    // A new iteration unless an earlier forward's graph still awaits its
-    // backward (two forwards, one backward); a graph that was dropped
-    // without a backward does not count.
-    if (tree_->iteration.phase != TreePhase::kForward || !tree_->iteration.has_live_graph()) {
-      begin_iteration();
-      frame.opened_iteration = true;
-    }
-  }
+  if (is_root_ && frame.grad_enabled) frame.opened_iteration = tree_->open_iteration();
   enter(TrainingState::kForward);
-  tree_->comm.record(FSDPEvent::Kind::kPreForward, name_);
+  tree_->comm().record(FSDPEvent::Kind::kPreForward, name_);
   if (group_) group_->wait_for_unshard();
-  if (tree_->recording_order &&
-      std::find(tree_->forward_order.begin(), tree_->forward_order.end(), this) == tree_->forward_order.end()) {
-    tree_->forward_order.push_back(this);
-  }
+  tree_->record_forward(this);
   prefetch_forward();
   if (modules_.size() > 1) {
     calls_.modules_to_run = modules_;
@@ -333,7 +234,8 @@ void FSDPState::wrap_inputs(const std::vector<at::Tensor*>& inputs) {
     if (t->defined() && t->requires_grad()) wrapped.push_back(*t);
   }
   if (wrapped.empty()) return;
-  wrapped = PostBackwardNode::apply(at::TensorList(wrapped), reinterpret_cast<int64_t>(this));
+  wrapped = PostBackwardNode::apply(at::TensorList(wrapped));
+  wrapped.front().grad_fn()->add_post_hook(std::make_unique<InputsGradHook>(weak_from_this()));
   size_t i = 0;
   for (at::Tensor* t : inputs) {
     if (t->defined() && t->requires_grad()) *t = wrapped[i++];
@@ -356,14 +258,14 @@ at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
   return input;
 }
 
-void FSDPState::post_forward(std::vector<at::Tensor>& outputs) {
+void FSDPState::post_forward(const torch::nn::Module& /*module*/, std::vector<at::Tensor>& outputs) {
   FSDP_ASSERT(!open_calls_.empty());
   const CallFrame frame = open_calls_.back();
   open_calls_.pop_back();
-  post_forward(frame, outputs);
+  finish_call(frame, outputs);
 }
 
-void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& outputs) {
+void FSDPState::finish_call(const CallFrame& call, std::vector<at::Tensor>& outputs) {
   const auto cast_outputs = [&] {
     if (const auto& out_dtype = mixed_precision_.output_dtype) {
       for (auto& t : outputs) {
@@ -394,36 +296,25 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
   const CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
   memory::set_phase(phases_.between_forward);
-  tree_->comm.record(FSDPEvent::Kind::kPostForward, name_);
+  tree_->comm().record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
   cast_outputs();
   if (is_root_) {
-    tree_->recording_order = false;
-    // A unit of several modules whose round did not finish (one of them did
-    // not run) is finished here, as FSDP2's root post-forward does.
-    for (FSDPState* s : tree_->states) {
-      if (s != this) s->close_open_round(frame.grad_enabled);
-    }
+    tree_->stop_recording();
+    close_other_rounds(frame.grad_enabled);
   }
   if (!frame.grad_enabled) {
     // No backward follows: leave every unit as this forward found it
     // (units awaiting a backward gather again in their pre-backward).
     if (group_ && !frame.was_unsharded) group_->reshard();
-    if (is_root_) {
-      for (FSDPState* s : tree_->states) {
-        // Prefetched for a call that never came: finish and free.
-        if (s != this && s->group_ && s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
-      }
-    }
+    if (is_root_) release_unused_prefetches();
     return;
   }
   const bool needs_backward =
       std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-  auto& order = tree_->iteration.post_forward_order;
   if (needs_backward) {
     if (!frame.wrapped_inputs) calls_.unsignalled = true;
-    calls_.post_forward_indices.push_back(order.size());
-    order.push_back(this);
+    calls_.post_forward_indices.push_back(tree_->record_post_forward(this));
     calls_.backward_cursor = calls_.post_forward_indices.size();
   }
   const std::optional<int> keep_over = post_forward_ranks();
@@ -444,24 +335,41 @@ void FSDPState::post_forward(const CallFrame& call, std::vector<at::Tensor>& out
     // forward, nothing is kept for one.
     group_->reshard();
   }
+  arm_pre_backward(outputs);
+  if (is_root_) tree_->watch_root_outputs(outputs);
+}
+
+void FSDPState::arm_pre_backward(std::vector<at::Tensor>& outputs) {
   // One pre-backward per call and backward, whichever of its outputs gets a
-  // gradient first (a retained graph can be backwarded again).
+  // gradient first (a retained graph can be backwarded again). A unit
+  // destroyed while the graph lives is not called.
   auto fired_in = std::make_shared<int64_t>(-1);
-  std::shared_ptr<DroppedGraphWatch> watch;
-  if (is_root_) watch = std::make_shared<DroppedGraphWatch>(tree_, tree_->backward_count);
+  const std::weak_ptr<FSDPState> unit = weak_from_this();
   for (auto& t : outputs) {
     if (!t.defined() || !t.requires_grad()) continue;
-    t.register_hook([this, fired_in](const at::Tensor& grad) {
-      if (*fired_in != tree_->backward_count) {
-        *fired_in = tree_->backward_count;
-        pre_backward();
+    t.register_hook([unit, fired_in](const at::Tensor& grad) {
+      const auto self = unit.lock();
+      if (self && *fired_in != self->tree_->backward_count()) {
+        *fired_in = self->tree_->backward_count();
+        self->pre_backward();
       }
       return grad;
     });
-    if (is_root_ && t.grad_fn()) {
-      tree_->iteration.open_graphs.emplace_back(t.grad_fn());
-      t.grad_fn()->add_pre_hook(std::make_unique<DroppedGraphHook>(watch));
-    }
+  }
+}
+
+void FSDPState::close_other_rounds(bool grad_enabled) {
+  // A unit of several modules whose round did not finish (one of them did
+  // not run) is finished here, as FSDP2's root post-forward does.
+  for (FSDPState* s : tree_->units()) {
+    if (s != this) s->close_open_round(grad_enabled);
+  }
+}
+
+void FSDPState::release_unused_prefetches() {
+  for (FSDPState* s : tree_->units()) {
+    // Prefetched for a call that never came: finish and free.
+    if (s != this && s->group_ && s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
   }
 }
 
@@ -487,7 +395,7 @@ void FSDPState::on_forward_error() noexcept {
   const CallFrame frame = call.inner ? calls_.round_frame : call;
   calls_.modules_to_run.clear();
   if (is_root_) {
-    abandon_iteration(*tree_, /*keep_open=*/tree_->iteration.phase == TreePhase::kForward && !frame.opened_iteration);
+    tree_->abandon_iteration(/*keep_open=*/tree_->phase() == TreePhase::kForward && !frame.opened_iteration);
     return;
   }
   if (group_ && !frame.was_unsharded) group_->abandon();
@@ -495,15 +403,8 @@ void FSDPState::on_forward_error() noexcept {
 
 void FSDPState::pre_backward() {
   RECORD_USER_SCOPE("FSDP::pre_backward");
-  if (tree_->iteration.phase != TreePhase::kBackward) {
-    tree_->iteration.phase = TreePhase::kBackward;
-    auto guard = std::make_shared<BackwardGuard>(tree_);
-    torch::autograd::Engine::get_default_engine().queue_callback([guard] {
-      end_of_backward(*guard->tree);
-      guard->completed = true;
-    });
-  }
-  tree_->comm.record(FSDPEvent::Kind::kPreBackward, name_);
+  tree_->begin_backward();
+  tree_->comm().record(FSDPEvent::Kind::kPreBackward, name_);
   memory::set_phase(phases_.backward);
   enter(TrainingState::kPreBackward);
   if (group_) {
@@ -520,7 +421,7 @@ void FSDPState::on_inputs_grad() {
 
 void FSDPState::post_backward() {
   if (training_.get() == TrainingState::kPostBackward) return;  // once per gathering in backward
-  tree_->comm.record(FSDPEvent::Kind::kPostBackward, name_);
+  tree_->comm().record(FSDPEvent::Kind::kPostBackward, name_);
   memory::set_phase(phases_.post_backward);
   enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();
@@ -537,13 +438,7 @@ void FSDPState::prefetch_forward() {
     return;
   }
   if (prefetch_depth_ <= 0) return;
-  // Until the first forward has recorded the order, module order stands in.
-  const auto& order = tree_->recording_order ? tree_->states : tree_->forward_order;
-  const auto it = std::find(order.begin(), order.end(), this);
-  if (it == order.end()) return;
-  for (auto next = it + 1; next != order.end() && next - it <= prefetch_depth_; ++next) {
-    if (!(*next)->is_root_) issue_unshard(*next);
-  }
+  for (FSDPState* s : tree_->forward_successors(this, prefetch_depth_)) issue_unshard(s);
 }
 
 void FSDPState::prefetch_backward() {
@@ -555,87 +450,43 @@ void FSDPState::prefetch_backward() {
   // the next to run backward (FSDP2's post-forward order).
   if (prefetch_depth_ <= 0 || calls_.backward_cursor == 0) return;
   const size_t index = calls_.post_forward_indices[--calls_.backward_cursor];
-  const auto& order = tree_->iteration.post_forward_order;
   for (size_t k = 1; k <= static_cast<size_t>(prefetch_depth_) && k <= index; ++k) {
-    issue_unshard(order[index - k]);
+    issue_unshard(tree_->post_forward_at(index - k));
   }
 }
 
-void FSDPState::end_of_backward(FSDPTree& tree) {
-  RECORD_USER_SCOPE("FSDP::end_of_backward");
-  for (FSDPState* s : tree.states) s->close_open_round(/*grad_enabled=*/true);
-  for (FSDPState* s : tree.states) {
-    FSDPParamGroup* g = s->group_.get();
-    if (g == nullptr || s->training_.get() == TrainingState::kPostBackward) continue;
-    // Units owing a reduction reduce even if unused here: the peers may not agree.
-    const bool owes_reduction = g->has_trainable_params() && g->requires_gradient_sync();
-    if (owes_reduction || g->sharded_state() == ShardedState::kUnsharded) s->post_backward();
-  }
-  tree.comm.drain();
-
-  std::vector<uint8_t> used;
-  std::vector<FSDPParamGroup*> reduced;
-  for (FSDPState* s : tree.states) {
-    if (s->group_ && s->group_->reduced_this_backward()) {
-      s->group_->append_used(used);
-      reduced.push_back(s->group_.get());
-    }
-  }
-  if (!used.empty()) {
-    at::Tensor flags = at::from_blob(used.data(), {static_cast<int64_t>(used.size())}, at::kByte);
-    dist::ProcessGroup& world = reduced.front()->world_group();
-    if (world.size() > 1) {
-      // On the units' device: NCCL takes no host tensors.
-      at::Tensor on_device = flags.to(reduced.front()->device());
-      dist::all_reduce(world, on_device, dist::ReduceOp::kMax).wait();
-      if (!on_device.is_same(flags)) flags.copy_(on_device);
-    }
-    size_t offset = 0;
-    for (FSDPParamGroup* g : reduced) offset += g->apply_used(used.data() + offset);
-  }
-
-  for (FSDPState* s : tree.states) {
-    s->enter(TrainingState::kIdle);
-    s->calls_.rearm();
-    if (!s->group_) continue;
-    // A gather prefetched for a unit that did not run (a conditional path,
-    // an explicit list naming it) is finished and freed, as FSDP2 discards
-    // a mistargeted unshard: never held through step(), never consumed
-    // stale by a later forward.
-    if (s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
-    s->group_->end_backward();
-  }
-  // The graph's records stay for another backward through it (retain_graph).
-  tree.iteration.phase = TreePhase::kIdle;
-  ++tree.backward_count;
+bool FSDPState::owes_post_backward() const {
+  if (!group_ || training_.get() == TrainingState::kPostBackward) return false;
+  const bool owes_reduction = group_->has_trainable_params() && group_->requires_gradient_sync();
+  return owes_reduction || group_->sharded_state() == ShardedState::kUnsharded;
 }
 
-void FSDPState::drop_iteration(FSDPTree& tree) noexcept {
-  for (FSDPState* s : tree.states) {
-    s->training_.enter_idle();
-    s->calls_.reset();
-    if (s->group_) s->group_->drop_forward();
-  }
-  tree.iteration.reset();
+void FSDPState::finish_backward() {
+  enter(TrainingState::kIdle);
+  calls_.rearm();
+  if (!group_) return;
+  // A gather prefetched for a unit that did not run (a conditional path,
+  // an explicit list naming it) is finished and freed, as FSDP2 discards
+  // a mistargeted unshard: never held through step(), never consumed
+  // stale by a later forward.
+  if (group_->sharded_state() == ShardedState::kSharded) group_->reshard();
+  group_->end_backward();
 }
 
-void FSDPState::abandon_iteration(FSDPTree& tree, bool keep_open) noexcept {
-  tree.comm.abandon();
-  for (FSDPState* s : tree.states) {
-    s->training_.enter_idle();
-    if (s->group_) s->group_->abandon();
-    if (keep_open) {
-      s->calls_.unsignalled = true;  // the earlier graph's calls end at the end of backward
-      s->calls_.modules_to_run.clear();
-    } else {
-      s->calls_.reset();
-    }
-  }
-  ++tree.backward_count;
+void FSDPState::drop_forward() noexcept {
+  training_.enter_idle();
+  calls_.reset();
+  if (group_) group_->drop_forward();
+}
+
+void FSDPState::abandon(bool keep_open) noexcept {
+  training_.enter_idle();
+  if (group_) group_->abandon();
   if (keep_open) {
-    tree.iteration.phase = TreePhase::kForward;
+    calls_.unsignalled = true;  // the earlier graph's calls end at the end of backward
+    calls_.modules_to_run.clear();
   } else {
-    tree.iteration.reset();
+    calls_.reset();
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// When a unit is gathered, released and reduced (FSDP2's FSDPState):
-// pre-forward, post-forward, pre-backward, post-backward, and the end of
-// backward. Internal to fsdp.cpp's core. See [Note: when a unit's backward
-// ends] in fsdp_state.cpp.
+// When a unit is gathered, released and reduced (FSDP2's FSDPState): the
+// hooks of one unit's calls, pre-forward, post-forward, pre-backward and
+// post-backward. The tree's life around them (the iteration, the end of
+// backward, errors and dropped graphs) is FSDPTree's (fsdp_tree.h).
+// Internal to fsdp.cpp's core.
 
 #include <memory>
 #include <optional>
@@ -18,10 +19,8 @@
 
 #include "core/comm_context.h"
 #include "core/fsdp_param_group.h"
-
-namespace torch::autograd {
-struct Node;
-}
+#include "core/fsdp_tree.h"
+#include "core/units.h"
 
 namespace fsdp {
 
@@ -53,16 +52,6 @@ class TrainingStateMachine {
   TrainingState state_ = TrainingState::kIdle;
 };
 
-// What the whole tree is doing.
-enum class TreePhase {
-  kIdle,      // no forward with gradients awaits a backward
-  kForward,   // an iteration is open: forwards with gradients ran, their backward has not started
-  kBackward,  // a backward is running; the end-of-backward callback is queued
-};
-const char* to_string(TreePhase phase);
-
-class FSDPState;
-
 // What one call of a unit found and did, for its post-forward.
 struct CallFrame {
   bool grad_enabled = false;
@@ -76,16 +65,6 @@ struct CallFrame {
   const torch::nn::Module* module = nullptr;  // the module called
 };
 
-// The tree's per-iteration record, back to empty with one reset().
-struct TreeIteration {
-  TreePhase phase = TreePhase::kIdle;
-  std::vector<compat::AutogradNodeWeakPtr> open_graphs;  // the root outputs' grad_fns
-  std::vector<FSDPState*> post_forward_order;  // one entry per call needing backward (backward prefetch)
-  // Whether a graph of this iteration can still be backwarded.
-  bool has_live_graph() const;
-  void reset() { *this = TreeIteration(); }
-};
-
 // One unit's calls in the open iteration, back to empty with one reset().
 struct UnitCalls {
   int pending_backward = 0;  // calls (and recomputations) whose post-backward node has not run in this backward
@@ -93,7 +72,7 @@ struct UnitCalls {
   // A call needing backward had no input to carry the node: its backward's
   // end is only known at the end of backward.
   bool unsignalled = false;
-  std::vector<size_t> post_forward_indices;  // positions in TreeIteration::post_forward_order
+  std::vector<size_t> post_forward_indices;  // positions in the tree's post-forward order
   size_t backward_cursor = 0;                // next index to prefetch backward from
   // A unit of several modules: those yet to run in this round of calls,
   // and the frame of the round's first call, whose hooks stand for all.
@@ -107,17 +86,7 @@ struct UnitCalls {
   }
 };
 
-// Shared by every unit of one module tree; owned jointly by its units.
-struct FSDPTree {
-  std::vector<FSDPState*> states;         // every unit, root first, then module order
-  std::vector<FSDPState*> forward_order;  // pre-forward order, recorded in the first iteration
-  bool recording_order = true;
-  TreeIteration iteration;
-  int64_t backward_count = 0;  // backwards finished or abandoned
-  CommContext comm;
-};
-
-class FSDPState {
+class FSDPState : public detail::CallHooks, public std::enable_shared_from_this<FSDPState> {
  public:
   FSDPState(std::unique_ptr<FSDPParamGroup> group, const FullyShardOptions& options);
   // Leaves the tree: a unit whose module goes first leaves no dangling entry,
@@ -130,14 +99,14 @@ class FSDPState {
   // pre-forward opens a frame, which the call's other hooks read and its
   // post-forward (or, if the call threw, on_forward_error) closes. Calls of
   // one unit nest, so the open frames are a stack.
-  void pre_forward(const torch::nn::Module& module);
+  void pre_forward(const torch::nn::Module& module) override;
   // Puts the post-backward node on the call's floating inputs that require
   // gradients (replacing them with its outputs).
-  void wrap_inputs(const std::vector<at::Tensor*>& inputs);
-  at::Tensor cast_input(const at::Tensor& input) const;
-  void post_forward(std::vector<at::Tensor>& outputs);
+  void wrap_inputs(const std::vector<at::Tensor*>& inputs) override;
+  at::Tensor cast_input(const at::Tensor& input) const override;
+  void post_forward(const torch::nn::Module& module, std::vector<at::Tensor>& outputs) override;
   // The call threw: leave the unit (the whole tree, for the root) ready.
-  void on_forward_error() noexcept;
+  void on_forward_error() noexcept override;
 
   void pre_backward();
   // The post-backward node of one call ran: the gradients of that call's inputs exist.
@@ -162,8 +131,6 @@ class FSDPState {
   // divisor makes its groups, so every rank sets it at the same point.
   std::optional<int> post_forward_ranks() const;
   void set_reshard_after_forward(ReshardAfterForward reshard);
-  // Refuses a number of ranks that does not divide the shard group's size.
-  static void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size);
 
   // The modules this unit was applied to (more than one: FSDP2's list form).
   void set_modules(std::vector<const torch::nn::Module*> modules) { modules_ = std::move(modules); }
@@ -175,28 +142,37 @@ class FSDPState {
   std::vector<FSDPState*> forward_prefetch;   // explicit, if set
   std::vector<FSDPState*> backward_prefetch;  // explicit, if set
 
-  // End of backward for the whole tree (the root's queued callback).
-  static void end_of_backward(FSDPTree& tree);
-  // After an error: every collective issued is finished, every unit
-  // resharded, per-iteration state cleared. `keep_open`: an earlier forward's
-  // graph may still be backwarded.
-  static void abandon_iteration(FSDPTree& tree, bool keep_open) noexcept;
-  // Every graph of the open iteration was freed without a backward (a
-  // forward with gradients whose result was dropped): units go back to
-  // sharded, with the gradients they had, before the optimizer runs.
-  static void drop_iteration(FSDPTree& tree) noexcept;
+  // --- what the tree (fsdp_tree.h) asks of each unit -----------------------
+  // A new iteration: the calls of the last one are forgotten.
+  void reset_calls();
+  // A unit of several modules whose round is still open (one of its modules
+  // did not run) finishes it: idle, and either ending at the end of
+  // backward (gradients enabled) or resharded.
+  void close_open_round(bool grad_enabled);
+  // At the end of backward: still gathered, or owing a reduction its peers
+  // may issue, without having run post-backward in this backward.
+  bool owes_post_backward() const;
+  // Resharded, reduction handed over; once per gathering in backward.
+  void post_backward();
+  // The end of backward, after the reductions: idle, ready for another
+  // backward through a retained graph, a stale prefetch freed.
+  void finish_backward();
+  // The open iteration's graph was dropped, or an error ended it
+  // (`keep_open`: an earlier forward's graph may still be backwarded).
+  void drop_forward() noexcept;
+  void abandon(bool keep_open) noexcept;
+  // `gone` is being destroyed: no list of this unit names it afterwards.
+  void forget(const FSDPState* gone);
 
  private:
   // Checked transition (see TrainingState); any state may go back to idle.
   // `recomputing`: the unit is recomputed inside backward.
   void enter(TrainingState next, bool recomputing = false);
-  void post_forward(const CallFrame& frame, std::vector<at::Tensor>& outputs);
-  void begin_iteration();
-  // A unit of several modules whose round is still open (one of its modules
-  // did not run) finishes it: idle, and either ending at the end of
-  // backward (gradients enabled) or resharded.
-  void close_open_round(bool grad_enabled);
-  void post_backward();
+  void finish_call(const CallFrame& frame, std::vector<at::Tensor>& outputs);
+  // The root's post-forward over the other units of its tree.
+  void close_other_rounds(bool grad_enabled);
+  void release_unused_prefetches();
+  void arm_pre_backward(std::vector<at::Tensor>& outputs);
   void prefetch_forward();
   void prefetch_backward();
   void issue_unshard(FSDPState* s) const;

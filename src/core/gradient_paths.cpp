@@ -335,7 +335,8 @@ class StagedGradients final : public GradientFlow {
   }
 
   void issue_reduce_scatter(const UnitComm& on) override {
-    if (shard_.reorders()) staged_.reset(shard_.copy_in(staged_.get()));  // rank-major for the reduce-scatter
+    const at::Tensor input = shard_.reduce_input(staged_.get());
+    if (!input.is_same(staged_.get())) staged_.reset(input);
     reduce_scatter_ = reduce_scatter(on, std::move(staged_));
   }
   void wait_reduce_scatter(CommContext& comm) override {
@@ -433,6 +434,43 @@ class StagedGradients final : public GradientFlow {
 };
 
 }  // namespace
+
+Reduction::Reduction(const void* unit, std::vector<GradientFlow*> flows, UnitComm within_shard,
+                     UnitComm across_replicas, Then then, const ReductionSettings& settings)
+    : unit_(unit),
+      flows_(std::move(flows)),
+      within_shard_(within_shard),
+      across_replicas_(across_replicas),
+      then_(then),
+      settings_(&settings) {}
+
+void Reduction::issue_reduce_scatter() {
+  for (GradientFlow* f : flows_) f->issue_reduce_scatter(within_shard_);
+}
+
+void Reduction::wait_reduce_scatter() {
+  for (GradientFlow* f : flows_) f->wait_reduce_scatter(within_shard_.comm);
+}
+
+bool Reduction::hand_on() {
+  switch (then_) {
+    case Then::kAssign:
+      for (GradientFlow* f : flows_) f->assign(*settings_);
+      return false;
+    case Then::kHold:
+      for (GradientFlow* f : flows_) f->hold_partial_reduction();
+      return false;
+    case Then::kAllReduce:
+      for (GradientFlow* f : flows_) f->issue_all_reduce(across_replicas_);
+      return true;
+  }
+  return false;
+}
+
+void Reduction::finish_all_reduce() {
+  for (GradientFlow* f : flows_) f->wait_all_reduce(across_replicas_.comm);
+  for (GradientFlow* f : flows_) f->assign(*settings_);
+}
 
 std::unique_ptr<GradientFlow> make_gradient_flow(FlatShard& shard) {
   if (shard.gathered_is_shard() && shard.reduce_dtype() == shard.param_dtype()) {

@@ -3,10 +3,11 @@
 // per path, decided once at sharding (see [Note: gradients in place] in
 // gradient_paths.cpp for what each step does on each path). Each owns its
 // gradient buffers and the records of its reductions; the group calls
-// them at its hooks and CommContext at its pipeline's stages.
+// them at its hooks, and a Reduction at its pipeline's stages.
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "fsdp/core/options.h"
 
@@ -89,6 +90,42 @@ class GradientFlow {
   // After an error: reductions in flight finished, this backward's partial
   // gradients dropped.
   virtual void abandon() noexcept = 0;
+};
+
+// One backward's reduction of one unit's gradients, handed by the unit to
+// CommContext's pipeline as a value: the gradient paths it covers (one per
+// dtype with trainable parameters), where its collectives run, and what
+// follows its reduce-scatter. CommContext runs its stages in order, and the
+// unit does not hear of it again.
+class Reduction {
+ public:
+  enum class Then {
+    kAssign,     // no replicas: the reduce-scatter's output is the gradient
+    kHold,       // HSDP without requires_all_reduce: kept for a later sync
+    kAllReduce,  // HSDP, no_shard: all-reduced across the replicas, then assigned
+  };
+  // `settings` are read when the gradients are assigned, and outlive the
+  // reduction (a unit finishes its reduction before they change).
+  Reduction(const void* unit, std::vector<GradientFlow*> flows, UnitComm within_shard, UnitComm across_replicas,
+            Then then, const ReductionSettings& settings);
+
+  // Whose reduction it is (CommContext::finish).
+  const void* unit() const { return unit_; }
+  void issue_reduce_scatter();
+  void wait_reduce_scatter();
+  // After the wait: assigns or holds the gradients, or issues the
+  // all-reduce across replicas and returns true (still in flight).
+  bool hand_on();
+  // Waits for that all-reduce and assigns the gradients.
+  void finish_all_reduce();
+
+ private:
+  const void* unit_;
+  std::vector<GradientFlow*> flows_;
+  UnitComm within_shard_;
+  UnitComm across_replicas_;
+  Then then_;
+  const ReductionSettings* settings_;
 };
 
 // The path `shard` allows: in place when nothing is gathered or cast.

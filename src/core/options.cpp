@@ -28,4 +28,21 @@ dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingSt
   return dist::DeviceMesh::make_1d(world);
 }
 
+void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size) {
+  FSDP_CHECK(reshard.fits(shard_group_size), "reshard_after_forward=", reshard.ranks,
+             ": the number of ranks to keep the parameters sharded over after forward must divide the shard "
+             "group's size, ", shard_group_size, " (true frees them, false keeps them gathered)");
+}
+
+void validate(const FullyShardOptions& o) {
+  FSDP_CHECK(o.mesh != nullptr, "fully_shard: FullyShardOptions::mesh is not set: build one with fsdp::make_mesh");
+  FSDP_CHECK(o.prefetch_depth >= 0, "fully_shard: prefetch_depth ", o.prefetch_depth, ": expected >= 0");
+  const auto& layout = o.mesh->layout();
+  FSDP_CHECK(o.strategy != ShardingStrategy::kNoShard || layout.shard == 1,
+             "fully_shard: no_shard replicates every parameter, so the mesh must have shard size 1; it has ",
+             layout.shard, " (use fsdp::make_mesh(world, ShardingStrategy::kNoShard))");
+  // Before any parameter moves into a shard (the setter checks it again).
+  if (o.reshard_after_forward) check_reshard_after_forward(*o.reshard_after_forward, layout.shard);
+}
+
 }  // namespace fsdp

@@ -18,6 +18,8 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 
+#include "core/units.h"
+
 namespace fsdp {
 
 // [Note: replicate's buckets]
@@ -69,15 +71,23 @@ namespace fsdp {
 
 namespace detail {
 
-class Replicator : public std::enable_shared_from_this<Replicator> {
+// A replicated module's call hooks (detail::CallHooks) and its buckets.
+class Replicator : public CallHooks, public std::enable_shared_from_this<Replicator> {
  public:
   Replicator(torch::nn::Module& module, const ReplicateOptions& options);
-  void pre_forward();
-  void post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs);
+  void pre_forward(const torch::nn::Module& module) override;
+  at::Tensor cast_input(const at::Tensor& input) const override;
+  void wrap_inputs(const std::vector<at::Tensor*>& /*inputs*/) override {}  // backward's start is the outputs'
+  void post_forward(const torch::nn::Module& module, std::vector<at::Tensor>& outputs) override;
+  // A forward that threw: the parameters get their own dtype back.
+  void on_forward_error() noexcept override { use_masters(); }
+  bool set_gradient_sync(bool sync) override {
+    requires_gradient_sync = sync;
+    return true;
+  }
   void on_grad_ready(size_t index);
   void end_backward();
   void abandon() noexcept;
-  at::Tensor cast_input(const at::Tensor& input) const;
   void use_masters(bool convert_grads = true) noexcept;
 
   bool requires_gradient_sync = true;
@@ -125,10 +135,9 @@ class Replicator : public std::enable_shared_from_this<Replicator> {
 
 namespace {
 
-constexpr const char* kReplicateChild = "_replicate";
-
-struct ReplicatorHolder : torch::nn::Module {
+struct ReplicatorHolder : CallHooksHolder {
   explicit ReplicatorHolder(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
+  CallHooks* hooks() const override { return replicator.get(); }
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& /*device*/) const override {
     throw Error("clone: a module with replicate applied cannot be cloned; clone the model before replicating it");
   }
@@ -278,7 +287,7 @@ at::Tensor Replicator::cast_input(const at::Tensor& input) const {
   return input.to(*mixed_precision_.param_dtype);
 }
 
-void Replicator::post_forward(const torch::nn::Module& module, const std::vector<at::Tensor>& outputs) {
+void Replicator::post_forward(const torch::nn::Module& module, std::vector<at::Tensor>& outputs) {
   const bool backward_follows =
       at::GradMode::is_enabled() &&
       std::any_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
@@ -446,20 +455,14 @@ void Replicator::abandon() noexcept {
   stats.reduced_during_backward = 0;
 }
 
-Replicator* replicator_of(const torch::nn::Module& module) {
-  const auto children = module.named_children();
-  const auto* child = children.find(kReplicateChild);
-  if (child == nullptr) return nullptr;
-  const auto* holder = (*child)->as<ReplicatorHolder>();
-  return holder != nullptr ? holder->replicator.get() : nullptr;
-}
+Replicator* replicator_of(const torch::nn::Module& module) { return dynamic_cast<Replicator*>(hooks_of(module)); }
 
 // [Note: buffers under replicate]
 // Running statistics follow each rank's own batch, so ranks' buffers drift
 // apart. As DDP's broadcast_buffers does, every forward starts from rank
 // 0's: what rank 0 holds after a step is its own batch's update of rank 0's
 // buffers, whatever the world size, and that is what a checkpoint saves.
-void Replicator::pre_forward() {
+void Replicator::pre_forward(const torch::nn::Module& /*module*/) {
   use_low_precision();
   if (buffers_.empty()) return;
   at::NoGradGuard no_grad;
@@ -475,26 +478,6 @@ void Replicator::pre_forward() {
   }
 }
 
-void replicated_pre_forward(Replicator& replicator) { replicator.pre_forward(); }
-
-at::Tensor replicated_cast_input(Replicator& replicator, const at::Tensor& input) {
-  return replicator.cast_input(input);
-}
-
-void replicated_forward_failed(Replicator& replicator) noexcept { replicator.use_masters(); }
-
-void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
-                             const std::vector<at::Tensor>& outputs) {
-  replicator.post_forward(module, outputs);
-}
-
-bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync) {
-  Replicator* r = replicator_of(module);
-  if (r == nullptr) return false;
-  r->requires_gradient_sync = sync;
-  return true;
-}
-
 }  // namespace detail
 
 void replicate(torch::nn::Module& module, const ReplicateOptions& options) {
@@ -507,7 +490,7 @@ void replicate(torch::nn::Module& module, const ReplicateOptions& options) {
                " is sharded by fully_shard; a replicated module holds no sharded units");
   }
   auto replicator = std::make_shared<detail::Replicator>(module, options);
-  module.register_module(detail::kReplicateChild, std::make_shared<detail::ReplicatorHolder>(replicator));
+  attach_call_hooks(module, std::make_shared<detail::ReplicatorHolder>(replicator));
 }
 
 bool is_replicated(const torch::nn::Module& module) { return detail::replicator_of(module) != nullptr; }

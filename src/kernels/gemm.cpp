@@ -73,4 +73,8 @@ FSDP_KERNEL_CLONES void float_to_bf16(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
 }
 
+void float_to_bf16_rows(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) float_to_bf16(x + r * ldx, y + r * ldy, cols);
+}
+
 }  // namespace fsdp::kernels

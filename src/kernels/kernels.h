@@ -91,6 +91,31 @@ void causal_softmax_row_bf16(uint16_t* row, float* scratch, int64_t count, int64
 void causal_softmax_backward_row_bf16(const uint16_t* p, uint16_t* dp, float* scratch, int64_t count, int64_t n,
                                       float scale);
 
+// Attention's weights by blocks of query rows (src/models/attention.cpp): a
+// block holds queries [first, first + count), query i's weights over keys
+// [0, first + count) in row i - first, so each row is first + count long.
+// `starts`, indexed by query, is where each query's example starts in
+// packed rows (its weights before it are 0); null when the rows are not
+// packed. Softmax: each row as causal_softmax_row from its example's start,
+// zeros before it; backward in place over dp, likewise. bf16 `scratch`:
+// first + count floats.
+void attention_softmax_block(float* block, int64_t first, int64_t count, const int64_t* starts, float scale);
+void attention_softmax_block_bf16(uint16_t* block, float* scratch, int64_t first, int64_t count, const int64_t* starts,
+                                  float scale);
+void attention_softmax_backward_block(const float* p, float* dp, int64_t first, int64_t count, const int64_t* starts,
+                                      float scale);
+void attention_softmax_backward_block_bf16(const uint16_t* p, uint16_t* dp, float* scratch, int64_t first,
+                                           int64_t count, const int64_t* starts, float scale);
+// Dropout (dropout_apply) of a block's rows into `out`, which may be `in`:
+// weight (i, j) is element i * positions + j of its head's square, whatever
+// the blocking, so backward draws forward's mask; that index counts in 32
+// bits (the caller keeps positions small enough). Whole rows, the zeros
+// after the diagonal included.
+void attention_dropout_block(const float* in, float* out, int64_t first, int64_t count, int64_t positions,
+                             uint64_t seed, uint32_t threshold, float scale);
+void attention_dropout_block_bf16(const uint16_t* in, uint16_t* out, int64_t first, int64_t count, int64_t positions,
+                                  uint64_t seed, uint32_t threshold, float scale);
+
 // Layer norm over one row of n values: y = (x - mean) * rstd * w + b, with
 // the row's mean and rstd = 1 / sqrt(var + eps) written out for backward.
 // w and b are float; x and y fp32 or bf16 bits (`scratch`: n floats).
@@ -150,5 +175,8 @@ void gemm_bf16_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 
 // y[i] = x[i] rounded to bf16 (nearest, ties to even), for i in [0, n).
 void float_to_bf16(const float* x, uint16_t* y, int64_t n);
+// The same for a (rows, cols) matrix, rows ldx elements apart in x and
+// ldy in y.
+void float_to_bf16_rows(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int64_t rows, int64_t cols);
 
 }  // namespace fsdp::kernels

@@ -112,7 +112,7 @@ template <int Slot>
 std::pair<const uint16_t*, int64_t> bf16_operand(const Mat& m) {
   if (m.type == at::kBFloat16) return {m.bf16_bits(), m.ld};
   auto* room = thread_room<uint16_t, Slot>(m.rows * m.cols);
-  for (int64_t r = 0; r < m.rows; ++r) kernels::float_to_bf16(m.rows_from(r, 1).floats(), room + r * m.cols, m.cols);
+  kernels::float_to_bf16_rows(m.floats(), m.ld, room, m.cols, m.rows, m.cols);
   return {room, m.cols};
 }
 
@@ -130,9 +130,7 @@ void gemm_bf16(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool tran
   FSDP_CHECK(!accumulate, "causal_attention: a bf16 result is written, not added to");
   float* result = thread_room<float, 2>(c.rows * c.cols);
   kernels::gemm_bf16_rows(trans_a, trans_b, c.rows, c.cols, k, 1.0f, A, lda, B, ldb, 0.0f, result, c.cols);
-  for (int64_t r = 0; r < c.rows; ++r) {
-    kernels::float_to_bf16(result + r * c.cols, c.rows_from(r, 1).bf16_bits(), c.cols);
-  }
+  kernels::float_to_bf16_rows(result, c.cols, c.bf16_bits(), c.ld, c.rows, c.cols);
 }
 
 // c = op(a) op(b), or c += it. fp32 goes to sgemm_ and bf16 to MKL's bf16
@@ -165,13 +163,13 @@ void gemm(const Mat& c, const Mat& a, bool trans_a, const Mat& b, bool trans_b, 
 
 // A block's weights, rows [r0, r0 + n) of the (T, T) square cut at column
 // r1 = r0 + n: an (n, r1) matrix in a thread's scratch, row i - r0 holding
-// query i's i + 1 weights and zeros after them.
+// query i's i + 1 weights and zeros after them (the layout the
+// kernels::attention_*_block functions take).
 struct WeightBlock {
   Mat m;  // (n, r1), contiguous
   int64_t r0;
   int64_t n() const { return m.rows; }
   int64_t r1() const { return m.cols; }
-  int64_t row_start(int64_t i) const { return (i - r0) * r1(); }  // element offset of query i's row
 };
 
 WeightBlock block_of(const Tensor& scratch, int64_t r0, int64_t n) {
@@ -182,48 +180,26 @@ WeightBlock block_of(const Tensor& scratch, int64_t r0, int64_t n) {
 // before it are zero), or 0 for every query.
 struct ExampleStarts {
   const int64_t* row = nullptr;  // this batch row's T starts, or null
-  int64_t of(int64_t i) const { return row != nullptr ? row[i] : 0; }
 };
-
-// Zeroes a weights row's first `count` entries.
-void zero_prefix(const Mat& m, int64_t offset, int64_t count) {
-  if (count <= 0) return;
-  if (m.type == at::kBFloat16) {
-    std::fill_n(m.bf16_bits() + offset, count, uint16_t{0});
-  } else {
-    std::fill_n(m.floats() + offset, count, 0.0f);
-  }
-}
 
 // Each query row's softmax over the keys of its example up to itself,
 // [s, i], as the causal row kernel over the row from column s.
 void softmax_rows(const WeightBlock& w, float scale, std::vector<float>& scratch, ExampleStarts starts) {
-  for (int64_t i = w.r0; i < w.r0 + w.n(); ++i) {
-    const int64_t s = starts.of(i);
-    if (w.m.type == at::kBFloat16) {
-      kernels::causal_softmax_row_bf16(w.m.bf16_bits() + w.row_start(i) + s, scratch.data(), i + 1 - s, w.r1() - s,
-                                       scale);
-    } else {
-      kernels::causal_softmax_row(w.m.floats() + w.row_start(i) + s, i + 1 - s, w.r1() - s, scale);
-    }
-    zero_prefix(w.m, w.row_start(i), s);
+  if (w.m.type == at::kBFloat16) {
+    kernels::attention_softmax_block_bf16(w.m.bf16_bits(), scratch.data(), w.r0, w.n(), starts.row, scale);
+  } else {
+    kernels::attention_softmax_block(w.m.floats(), w.r0, w.n(), starts.row, scale);
   }
 }
 
 // dp becomes the scores' gradient, from the weights p and their gradient.
 void softmax_backward_rows(const WeightBlock& p, const WeightBlock& dp, float scale, std::vector<float>& scratch,
                            ExampleStarts starts) {
-  for (int64_t i = p.r0; i < p.r0 + p.n(); ++i) {
-    const int64_t s = starts.of(i);
-    if (p.m.type == at::kBFloat16) {
-      kernels::causal_softmax_backward_row_bf16(p.m.bf16_bits() + p.row_start(i) + s,
-                                                dp.m.bf16_bits() + dp.row_start(i) + s, scratch.data(), i + 1 - s,
-                                                p.r1() - s, scale);
-    } else {
-      kernels::causal_softmax_backward_row(p.m.floats() + p.row_start(i) + s, dp.m.floats() + dp.row_start(i) + s,
-                                           i + 1 - s, p.r1() - s, scale);
-    }
-    zero_prefix(dp.m, dp.row_start(i), s);
+  if (p.m.type == at::kBFloat16) {
+    kernels::attention_softmax_backward_block_bf16(p.m.bf16_bits(), dp.m.bf16_bits(), scratch.data(), p.r0, p.n(),
+                                                   starts.row, scale);
+  } else {
+    kernels::attention_softmax_backward_block(p.m.floats(), dp.m.floats(), p.r0, p.n(), starts.row, scale);
   }
 }
 
@@ -251,15 +227,10 @@ constexpr int64_t kMaxDropoutPositions = 65535;
 void drop_rows(const WeightBlock& in, const WeightBlock& out, int64_t T, const WeightDropout& d, uint64_t key) {
   const uint32_t threshold = kernels::dropout_threshold(d.p);
   const auto scale = static_cast<float>(1.0 / (1.0 - d.p));
-  for (int64_t i = in.r0; i < in.r0 + in.n(); ++i) {
-    const auto first = static_cast<uint32_t>(i * T);
-    if (in.m.type == at::kBFloat16) {
-      kernels::dropout_apply_bf16(in.m.bf16_bits() + in.row_start(i), out.m.bf16_bits() + out.row_start(i), in.r1(),
-                                  first, key, threshold, scale);
-    } else {
-      kernels::dropout_apply(in.m.floats() + in.row_start(i), out.m.floats() + out.row_start(i), in.r1(), first, key,
-                             threshold, scale);
-    }
+  if (in.m.type == at::kBFloat16) {
+    kernels::attention_dropout_block_bf16(in.m.bf16_bits(), out.m.bf16_bits(), in.r0, in.n(), T, key, threshold, scale);
+  } else {
+    kernels::attention_dropout_block(in.m.floats(), out.m.floats(), in.r0, in.n(), T, key, threshold, scale);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "fsdp/common/error.h"
+#include "fsdp/core/shard_layout.h"
 
 namespace fsdp::plan {
 namespace {
@@ -98,7 +99,7 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
             c.job.data.grad_accum = sequences / micro;
             // The job's --reshard-after-forward where it divides this mesh's shard group.
             const int64_t keep_over = c.job.fsdp.reshard_after_forward;
-            if (keep_over > 0 && shard_group_size(c.job, world) % keep_over != 0) c.job.fsdp.reshard_after_forward = 0;
+            if (!reshard_ranks_fit(keep_over, shard_group_size(c.job, world))) c.job.fsdp.reshard_after_forward = 0;
             try {
               c.peak_bytes =
                   with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;

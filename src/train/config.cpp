@@ -15,6 +15,7 @@
 #include "fsdp/common/enum_spellings.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/suggest.h"
+#include "fsdp/core/shard_layout.h"
 #include "fsdp/io/input_file.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
@@ -441,7 +442,7 @@ void TrainConfig::load_yaml_node(const YAML::Node& root, const std::string& path
 }
 
 void TrainConfig::validate_for_shard_group(int shard_group) const {
-  FSDP_CHECK(fsdp.reshard_after_forward == 0 || shard_group % fsdp.reshard_after_forward == 0,
+  FSDP_CHECK(reshard_ranks_fit(fsdp.reshard_after_forward, shard_group),  // 0: the strategy decides
              "fsdp.reshard_after_forward is ", fsdp.reshard_after_forward, ": expected a number of ranks dividing the "
              "shard group's ", shard_group, " (the world size under full_shard and shard_grad_op, fsdp.fsdp_size "
              "under hybrid_shard), or 0 to let fsdp.sharding decide");

@@ -102,22 +102,16 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<dist::World> world)
   try {
     // A start stopped by a signal leaves no folder behind either: a launcher
     // stops a job whose other rank failed at start-up with SIGTERM.
-    if (log_.speaks()) undo_start_ = std::make_unique<io::UndoOnSignal>();
+    if (log_.speaks()) claim_ = std::make_unique<RunFolderClaim>();
     set_up();
   } catch (...) {
     // Nothing was written into the folders this start made: leave none behind.
-    for (auto& lock : locks_) lock->release_and_remove();
-    if (log_.speaks()) {
-      for (const auto* made : {&paths_.run_root_created, &paths_.ckpt_root_created, &paths_.export_root_created}) {
-        remove_if_holds_no_file(*made);
-      }
-    }
-    undo_start_.reset();
+    if (claim_) claim_->undo(paths_);
     throw;
   }
   // The run's files are written: the folder is the run's, and a stop from
   // here on (the peak measurement, the first step) ends after a step, saved.
-  undo_start_.reset();
+  if (claim_) claim_->keep();
   catch_stop_signals();
   fault_point("train.run_files_written");
 }
@@ -216,8 +210,8 @@ void Trainer::choose_run_folder() {
   // gives way to the next free one (-2, -3, ...). The others wait here
   // until rank 0 holds it ([Note: one job owns a run folder]).
   bool made_it = false;
-  auto suffix = torch::full({1}, log_.speaks() ? static_cast<double>(lock_run_folder(default_name, made_it)) : 0.0,
-                            torch::kDouble);
+  const int run_suffix = claim_ ? claim_->lock_run_folder(paths_, default_name, made_it) : 0;
+  auto suffix = torch::full({1}, static_cast<double>(run_suffix), torch::kDouble);
   dist::all_reduce(world_->group(), suffix, dist::ReduceOp::kMax).wait();
   if (suffix.item<double>() > 1) {
     const std::string taken = paths_.folder.dir;
@@ -231,64 +225,14 @@ void Trainer::choose_run_folder() {
     log_.say("run folder " + taken + " is another job's (started in the same second); this run writes to " +
              paths_.folder.dir);
   }
-  if (undo_start_) {
+  if (claim_) {
     // Before check_output_paths and lock_checkpoint_folder create them.
-    undo_start_->remove_empty_dirs(paths_.folder.dir, paths_.run_root_created);
-    undo_start_->remove_empty_dirs(config_.checkpoint.dir, paths_.ckpt_root_created);
-    undo_start_->remove_empty_dirs(config_.hf_export.dir, paths_.export_root_created);
-  }
-  if (log_.speaks()) {
+    claim_->remove_created_folders_on_signal(paths_, config_);
     if (paths_.ckpt_dir_derived) refuse_symbolic_link(config_.checkpoint.dir);
-    lock_checkpoint_folder();
-    refuse_other_jobs_folders();
+    claim_->lock_checkpoint_folder(config_.checkpoint.dir, paths_.folder);
+    claim_->refuse_other_jobs_folders(paths_, config_);
   }
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
-}
-
-int Trainer::lock_run_folder(bool may_rename, bool& made_it) {
-  for (int suffix = 1;; ++suffix) {
-    const std::string dir = suffix == 1 ? paths_.folder.dir : paths_.folder.dir + "-" + std::to_string(suffix);
-    made_it = !std::filesystem::exists(dir);
-    if (undo_start_) undo_start_->remove_empty_dirs(dir, suffix == 1 ? paths_.run_root_created : made_it ? dir : "");
-    check_writable_dir(dir, "--out-dir");
-    try {
-      locks_.push_back(std::make_unique<io::DirLock>(dir, "run folder", "--out-dir"));
-      if (undo_start_) undo_start_->remove_file(dir + "/" + io::DirLock::kFileName);
-      return suffix;
-    } catch (const Error&) {
-      if (made_it) remove_if_holds_no_file(dir);
-      if (!may_rename || suffix >= 100) throw;
-    }
-  }
-}
-
-void Trainer::lock_checkpoint_folder() {
-  namespace fs = std::filesystem;
-  // Checkpoints have a lock of their own: another run may name this run's
-  // checkpoints/ as its --ckpt-dir from a folder of its own.
-  const std::string& ckpt = config_.checkpoint.dir;
-  if (ckpt.empty() || fs::weakly_canonical(ckpt) == fs::weakly_canonical(paths_.folder.dir)) return;
-  check_writable_dir(ckpt, "--ckpt-dir");
-  locks_.push_back(std::make_unique<io::DirLock>(ckpt, "checkpoint folder", "--ckpt-dir"));
-  if (undo_start_) undo_start_->remove_file(ckpt + "/" + io::DirLock::kFileName);
-}
-
-void Trainer::refuse_other_jobs_folders() const {
-  std::vector<std::string> own;
-  for (const auto& lock : locks_) own.push_back(lock->dir());
-  const std::pair<const std::string*, const char*> outputs[] = {{&paths_.folder.dir, "--out-dir"},
-                                                                 {&config_.checkpoint.dir, "--ckpt-dir"},
-                                                                 {&config_.logging.metrics, "--metrics"},
-                                                                 {&config_.hf_export.dir, "--export-hf"}};
-  for (const auto& [path, flag] : outputs) {
-    if (path->empty()) continue;
-    const std::string live = io::folder_of_a_live_job(*path, own);
-    if (live.empty()) continue;
-    const std::string who = io::DirLock::holder(live);
-    throw Error(std::string(flag) + " '" + *path + "' lies in '" + live + "', the folder of another live job (" +
-                (who.empty() ? "its holder is starting" : who) +
-                "); this run would write among that job's files. Choose a path outside it");
-  }
 }
 
 std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }

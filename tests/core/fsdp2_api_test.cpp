@@ -769,5 +769,48 @@ TEST(TrainingStateMachine, RefusesEveryTransitionOutsideTheTable) {
   EXPECT_NO_THROW(m.enter(S::kPreBackward, /*recomputing=*/true, "h.0", "backward"));
 }
 
+// [Note: the tree's phase]: the same for the tree. The phase has no setter,
+// and a change outside the table is refused naming both phases.
+TEST(TreeIteration, RefusesEveryPhaseChangeOutsideTheTable) {
+  using P = TreePhase;
+  const P all[] = {P::kIdle, P::kForward, P::kBackward};
+  // The table, row by row (from): idle and forward may open an iteration
+  // and begin a backward; only a backward ends in idle.
+  const std::set<std::pair<P, P>> allowed = {{P::kIdle, P::kForward},    {P::kIdle, P::kBackward},
+                                             {P::kForward, P::kForward}, {P::kForward, P::kBackward},
+                                             {P::kBackward, P::kIdle}};
+  const auto reach = [](TreeIteration& it, P phase) {
+    it.reset();
+    if (phase != P::kIdle) it.enter(phase);
+  };
+  for (P from : all) {
+    for (P to : all) {
+      TreeIteration it;
+      reach(it, from);
+      ASSERT_EQ(it.phase(), from);
+      if (allowed.count({from, to}) != 0) {
+        EXPECT_NO_THROW(it.enter(to)) << to_string(from) << " -> " << to_string(to);
+        EXPECT_EQ(it.phase(), to);
+        continue;
+      }
+      try {
+        it.enter(to);
+        ADD_FAILURE() << to_string(from) << " -> " << to_string(to) << " was allowed";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(std::string("from phase ") + to_string(from) + " to " + to_string(to)), std::string::npos)
+            << what;
+        EXPECT_EQ(it.phase(), from) << "a refused change moved the phase";
+      }
+    }
+  }
+  // reset() goes back to idle from any phase, for the paths that must not throw.
+  TreeIteration it;
+  it.enter(P::kForward);
+  it.enter(P::kBackward);
+  it.reset();
+  EXPECT_EQ(it.phase(), P::kIdle);
+}
+
 }  // namespace
 }  // namespace fsdp::testing::fsdp2_api_test

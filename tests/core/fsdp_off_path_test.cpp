@@ -1108,6 +1108,16 @@ TEST(Replicate, RefusesAModuleWithShardedUnitsAndASecondReplicate) {
   auto plain = make_adapter_net(AdapterNetConfig{}, kInitSeed);
   replicate(plain, ReplicateOptions{test_world_ptr()});
   EXPECT_THROW(replicate(plain, ReplicateOptions{test_world_ptr()}), Error);
+  // The other way round: a replicated module carries its call hooks where
+  // a unit's would go, and fully_shard says which one it is.
+  try {
+    fully_shard(plain, options);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is replicated by replicate"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(is_replicated(*plain));
+  EXPECT_FALSE(is_fully_sharded(*plain));
 }
 
 }  // namespace

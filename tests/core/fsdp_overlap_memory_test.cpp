@@ -255,6 +255,65 @@ TEST(SyncModuleStates, BroadcastsBuffersAndIgnoredParameters) {
   }
 }
 
+// Every collective a tree issues is in its event log ([Note: when a unit's
+// backward ends], fsdp_collectives.h): the start-up broadcasts of the units
+// sharded before the root (under the names the root gives them), the end
+// of backward's agreement on used parameters, and full_parameters' gathers.
+TEST(EventLog, HoldsStartUpBroadcastsTheUsedParameterAgreementAndStateDictGathers) {
+  using K = FSDPEvent::Kind;
+  if (test_world().size() == 1) GTEST_SKIP() << "one rank broadcasts and agrees on nothing";
+  const int world = test_world().size();
+  FullyShardOptions options = full_shard_options();
+  options.sync_module_states = true;
+  auto net = sharded_net(four_blocks(), options);
+
+  const auto count = [](const std::vector<FSDPEvent>& events, K kind, const std::string& unit) {
+    return std::count_if(events.begin(), events.end(),
+                         [&](const FSDPEvent& e) { return e.kind == kind && e.unit == unit; });
+  };
+  // One broadcast over the shard group per parameter (the mesh has no
+  // replicas), block by block in the order they were sharded, the root's last.
+  const auto startup = event_log(*net);
+  int64_t previous = -1;
+  for (int i = 0; i < kPrefetchBlocks; ++i) {
+    EXPECT_EQ(count(startup, K::kBroadcast, block(i)),
+              static_cast<int64_t>(net->blocks[i]->parameters().size())) << block(i);
+    const int64_t first = position(startup, K::kBroadcast, block(i));
+    EXPECT_GT(first, previous) << block(i) << " was broadcast before the block sharded ahead of it";
+    previous = first;
+  }
+  EXPECT_GT(position(startup, K::kBroadcast, "<root>"), previous);
+  for (const auto& e : startup) {
+    EXPECT_EQ(e.kind, K::kBroadcast) << to_string(e.kind) << " before any step";
+    EXPECT_EQ(e.ranks, world);
+    EXPECT_GE(e.waited_s, e.issued_s);
+  }
+
+  // A step: the agreement runs once, over the world, after every reduction.
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto step = step_events(net, optimizer, 0);
+  ASSERT_EQ(count(step, K::kUsedParameters, "<root>"), 1);
+  const int64_t agreed = position(step, K::kUsedParameters, "<root>");
+  for (const auto& e : step) {
+    if (e.kind == K::kReduceScatter) {
+      EXPECT_LT(e.sequence, agreed) << e.unit;
+    }
+    if (e.kind == K::kUsedParameters) {
+      EXPECT_EQ(e.ranks, world);
+      EXPECT_GE(e.waited_s, e.issued_s);
+    }
+  }
+
+  // full_parameters: one gather per unit with parameters, each waited.
+  clear_event_log(*net);
+  (void)full_parameters(*net);
+  const auto gathers = event_log(*net);
+  for (int i = 0; i < kPrefetchBlocks; ++i) EXPECT_EQ(count(gathers, K::kAllGather, block(i)), 1) << block(i);
+  EXPECT_EQ(count(gathers, K::kAllGather, "<root>"), 1);
+  EXPECT_EQ(static_cast<int64_t>(gathers.size()), kPrefetchBlocks + 1);
+  for (const auto& e : gathers) EXPECT_GE(e.waited_s, e.issued_s) << e.unit;
+}
+
 TEST(Collectives, MovedWorkHandleIsWaitedOnceByItsNewOwner) {
   auto& group = test_world().group();
   torch::Tensor t = torch::full({3}, static_cast<double>(group.rank()));

@@ -39,5 +39,17 @@ TEST(ShardLayout, ParameterOutsideTheShardIsEmpty) {
   EXPECT_EQ(shard_range(8, 4, 4, 0).numel, 0);
 }
 
+// reshard_after_forward = k keeps 1/k of the gathered buffer per rank, so
+// k must divide the shard group (8 ranks: 1, 2, 4, 8; 0 is the whole group).
+TEST(ShardLayout, ReshardRanksFitWhenTheyDivideTheShardGroup) {
+  for (int64_t k = -1; k <= 9; ++k) {
+    const bool divides = k == 1 || k == 2 || k == 4 || k == 8;
+    EXPECT_EQ(reshard_ranks_fit(k, 8), k == 0 || divides) << "k = " << k;
+  }
+  EXPECT_TRUE(reshard_ranks_fit(0, 3));
+  EXPECT_TRUE(reshard_ranks_fit(3, 3));
+  EXPECT_FALSE(reshard_ranks_fit(2, 3));
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -12,7 +12,20 @@ namespace fsdp {
 // collectives. Compute boundaries (pre_forward, post_forward, pre_backward,
 // post_backward) have equal issue and wait times.
 struct FSDPEvent {
-  enum class Kind { kAllGather, kReduceScatter, kAllReduce, kPreForward, kPostForward, kPreBackward, kPostBackward };
+  // kUsedParameters: the end of backward's agreement on which parameters
+  // got a gradient on any rank (one small all-reduce); kBroadcast: the
+  // start-up broadcast of a unit's initial values.
+  enum class Kind {
+    kAllGather,
+    kReduceScatter,
+    kAllReduce,
+    kPreForward,
+    kPostForward,
+    kPreBackward,
+    kPostBackward,
+    kUsedParameters,
+    kBroadcast,
+  };
   Kind kind;
   std::string unit;      // the unit's name from the root ("h.0"), "<root>" for the root
   int64_t sequence = 0;  // position in issue order, from 0 at construction

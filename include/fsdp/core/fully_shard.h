@@ -34,7 +34,6 @@
 namespace fsdp {
 
 class FSDPParamGroup;
-class FSDPState;
 
 // Shards the parameters of `module` that no unit below it holds. Apply it to
 // submodules (blocks) before their ancestors, and last to the root. Throws
@@ -177,39 +176,46 @@ void clear_event_log(const torch::nn::Module& root);
 
 namespace detail {
 
-FSDPState* state_of(const torch::nn::Module& module);
-
-// A module replicated by fsdp::replicate (core/replicate.h): its call hooks
-// the outputs, so that their first gradient starts its backward.
-class Replicator;
-Replicator* replicator_of(const torch::nn::Module& module);
-void replicated_pre_forward(Replicator& replicator);
-void replicated_post_forward(Replicator& replicator, const torch::nn::Module& module,
-                             const std::vector<at::Tensor>& outputs);
-// A floating input cast to the mixed-precision policy's param dtype.
-at::Tensor replicated_cast_input(Replicator& replicator, const at::Tensor& input);
-// A forward that threw: the parameters get their own dtype back.
-void replicated_forward_failed(Replicator& replicator) noexcept;
-template <typename T>
-decltype(auto) replicated_cast_arg(Replicator& replicator, T&& arg) {
-  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-    return replicated_cast_input(replicator, arg);
-  } else {
-    return std::forward<T>(arg);
-  }
-}
-// set_requires_gradient_sync for a replicated module; false when `module` is not one.
-bool set_replicated_gradient_sync(const torch::nn::Module& module, bool sync);
+// The hooks fsdp::call runs around a module's forward: a unit's
+// (fully_shard's FSDPState) or a replica's (replicate's). Each kind plugs
+// in here, found on the module it was applied to, so this header knows
+// neither.
+class CallHooks {
+ public:
+  virtual ~CallHooks() = default;
+  virtual void pre_forward(const torch::nn::Module& module) = 0;
+  // A floating input cast to the mixed-precision policy's param dtype.
+  virtual at::Tensor cast_input(const at::Tensor& input) const = 0;
+  // Puts the post-backward node on these inputs (those requiring
+  // gradients), where the kind needs one.
+  virtual void wrap_inputs(const std::vector<at::Tensor*>& inputs) = 0;
+  // Hooks the outputs (a tensor, a vector or a tuple's tensors) for backward.
+  virtual void post_forward(const torch::nn::Module& module, std::vector<at::Tensor>& outputs) = 0;
+  // The call threw: the module (for a root, its whole tree) is left ready
+  // for the next step.
+  virtual void on_forward_error() noexcept = 0;
+  // set_requires_gradient_sync, for a kind that takes it on its own module
+  // (a replica); false: the kind's units take it from the setter.
+  virtual bool set_gradient_sync(bool /*sync*/) { return false; }
+};
+// The module's hooks, of either kind, or null.
+CallHooks* hooks_of(const torch::nn::Module& module);
+// The module's hooks when it is a unit of fully_shard, or null.
+CallHooks* unit_hooks_of(const torch::nn::Module& module);
 
 // The hooks around one call: pre-forward on construction, post-forward in
-// finish(), and, if the call throws before finishing, the unit (the whole
-// tree, for the root) put back in a state the next step can start from.
-// What the call found and did is the unit's own record (FSDPState), not
-// this handle's.
+// finish(), and, if the call throws before finishing, the module (the
+// whole tree, for a root) put back in a state the next step can start
+// from. What the call found and did is the hooks' own record, not this
+// handle's.
 class CallScope {
  public:
-  CallScope(FSDPState& state, const torch::nn::Module& module);
-  ~CallScope();
+  CallScope(CallHooks& hooks, const torch::nn::Module& module) : hooks_(hooks), module_(module) {
+    hooks.pre_forward(module);
+  }
+  ~CallScope() {
+    if (!finished_) hooks_.on_forward_error();
+  }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
 
@@ -222,7 +228,7 @@ class CallScope {
     }
   }
   // Puts the post-backward node on these inputs (those requiring gradients).
-  void wrap_inputs(const std::vector<at::Tensor*>& inputs);
+  void wrap_inputs(const std::vector<at::Tensor*>& inputs) { hooks_.wrap_inputs(inputs); }
 
   // Runs post_forward on the tensors of an output: a tensor, a vector or a
   // tuple of tensors. Other output types cannot carry backward hooks.
@@ -230,10 +236,14 @@ class CallScope {
   R finish(R out);
 
  private:
-  at::Tensor cast(const at::Tensor& input) const;
-  void finish_tensors(std::vector<at::Tensor>& outputs);
+  at::Tensor cast(const at::Tensor& input) const { return hooks_.cast_input(input); }
+  void finish_tensors(std::vector<at::Tensor>& outputs) {
+    finished_ = true;
+    hooks_.post_forward(module_, outputs);
+  }
 
-  FSDPState& state_;
+  CallHooks& hooks_;
+  const torch::nn::Module& module_;
   bool finished_ = false;
 };
 
@@ -290,20 +300,6 @@ M& module_of(torch::nn::ModuleHolder<M>& m) { return *m; }
 template <typename M>
 M& module_of(const std::shared_ptr<M>& m) { return *m; }
 
-// The tensors of a forward's output (a tensor, a vector or a tuple of them).
-template <typename R>
-std::vector<at::Tensor> output_tensors(const R& out) {
-  if constexpr (std::is_same_v<R, at::Tensor>) {
-    return {out};
-  } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
-    return out;
-  } else if constexpr (is_tensor_tuple<R>::value) {
-    return std::apply([](const auto&... t) { return std::vector<at::Tensor>{t...}; }, out);
-  } else {
-    static_assert(sizeof(R) == 0, "fsdp::call: a module's forward must return a Tensor, a vector or a tuple of Tensors");
-  }
-}
-
 }  // namespace detail
 
 // Calls module's forward with FSDP's hooks when it is a unit: gather before;
@@ -313,22 +309,9 @@ std::vector<at::Tensor> output_tensors(const R& out) {
 template <typename M, typename... Args>
 auto call(M& module, Args&&... args) {
   auto& impl = detail::module_of(module);
-  FSDPState* state = detail::state_of(impl);
-  if (state == nullptr) {
-    if (detail::Replicator* replicator = detail::replicator_of(impl)) {
-      detail::replicated_pre_forward(*replicator);
-      try {
-        auto out = impl.forward(detail::replicated_cast_arg(*replicator, std::forward<Args>(args))...);
-        detail::replicated_post_forward(*replicator, impl, detail::output_tensors(out));
-        return out;
-      } catch (...) {
-        detail::replicated_forward_failed(*replicator);
-        throw;
-      }
-    }
-    return impl.forward(std::forward<Args>(args)...);
-  }
-  detail::CallScope scope(*state, impl);
+  detail::CallHooks* hooks = detail::hooks_of(impl);
+  if (hooks == nullptr) return impl.forward(std::forward<Args>(args)...);
+  detail::CallScope scope(*hooks, impl);
   std::tuple<decltype(scope.cast_arg(std::forward<Args>(args)))...> inputs(scope.cast_arg(std::forward<Args>(args))...);
   std::vector<at::Tensor*> tensors;
   std::apply([&](auto&... a) { (detail::collect_tensor(a, tensors), ...); }, inputs);
@@ -347,9 +330,9 @@ auto call(M& module, Args&&... args) {
 template <typename M, typename Fn>
 auto run(M& module, Fn&& fn) {
   auto& impl = detail::module_of(module);
-  FSDPState* state = detail::state_of(impl);
-  if (state == nullptr) return fn();
-  detail::CallScope scope(*state, impl);
+  detail::CallHooks* hooks = detail::unit_hooks_of(impl);
+  if (hooks == nullptr) return fn();
+  detail::CallScope scope(*hooks, impl);
   auto out = fn();
   return scope.finish(std::move(out));
 }

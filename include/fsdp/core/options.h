@@ -12,6 +12,7 @@
 
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/sharding.h"  // deferred_empty, for param_init
+#include "fsdp/core/shard_layout.h"
 #include "fsdp/dist/device_mesh.h"
 
 namespace fsdp {
@@ -74,7 +75,12 @@ struct ReshardAfterForward {
   ReshardAfterForward(int group_ranks) : ranks(group_ranks) {}       // NOLINT: converts, as FSDP2's int
   static constexpr int kShardGroup = 0;  // the whole shard group, whatever its size
   int ranks;
+  // Whether it can be used over a shard group of this many ranks
+  // (reshard_ranks_fit, shard_layout.h).
+  bool fits(int shard_group_size) const { return reshard_ranks_fit(ranks, shard_group_size); }
 };
+// Throws fsdp::Error naming the number of ranks when it does not fit.
+void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size);
 
 struct FullyShardOptions {
   std::shared_ptr<dist::DeviceMesh> mesh;  // required
@@ -99,5 +105,10 @@ struct FullyShardOptions {
   // fully_shard], src/core/fully_shard.cpp).
   bool sync_module_states = false;
 };
+
+// Throws fsdp::Error, before anything is sharded, for options fully_shard
+// cannot use (no mesh, a negative prefetch depth, no_shard over a shard
+// group, a reshard_after_forward that does not fit the mesh).
+void validate(const FullyShardOptions& options);
 
 }  // namespace fsdp

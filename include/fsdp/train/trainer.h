@@ -13,8 +13,6 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/dist/device_mesh.h"
-#include "fsdp/io/dir_lock.h"
-#include "fsdp/io/undo_on_signal.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/cadence.h"
@@ -23,6 +21,7 @@
 #include "fsdp/train/lr_schedule.h"
 #include "fsdp/train/profile_window.h"
 #include "fsdp/train/run_folder.h"
+#include "fsdp/train/run_folder_claim.h"
 #include "fsdp/train/step_guard.h"
 #include "fsdp/train/telemetry.h"
 
@@ -97,23 +96,14 @@ class Trainer {
   void finish_run();
   std::string sample_text();
   void export_hf();
-  // Rank 0's: the run folder's lock, under the next free suffix where
-  // `may_rename` (returns it: 1 for none; `made_it`: this start made the
-  // folder), then --ckpt-dir's.
-  int lock_run_folder(bool may_rename, bool& made_it);
-  void lock_checkpoint_folder();
-  void refuse_other_jobs_folders() const;
 
   TrainConfig config_;
   std::shared_ptr<dist::World> world_;
   RunLog log_;
   RunPaths paths_;  // the run folder, and which paths were derived from it
-  // Rank 0's: the run folder's, and --ckpt-dir's where it lies elsewhere
-  // ([Note: one job owns a run folder]).
-  std::vector<std::unique_ptr<io::DirLock>> locks_;
-  // Rank 0, during set-up: what a stop signal then removes (the folders this
-  // start made, and their locks).
-  std::unique_ptr<io::UndoOnSignal> undo_start_;
+  // Rank 0's: the locks of the run folder and --ckpt-dir, and during set-up
+  // the undoing of what the start made ([Note: one job owns a run folder]).
+  std::unique_ptr<RunFolderClaim> claim_;
   bool resumed_ = false;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   bool stopped_early_ = false;     // --patience ran out
