@@ -204,16 +204,43 @@ at::Tensor FlatShard::reduce_input(const at::Tensor& grads) const {
   return wire;
 }
 
-const at::Tensor& FlatShard::gather_destination() {
-  if (!reorders()) return gathered_;
-  wire_.reset(memory::empty_flat(padded_numel(), options(param_dtype_)));
-  return wire_.get();
+void FlatShard::start_gather(const UnitComm& over) {
+  if (gathered_is_shard()) return;
+  allocate_gathered();
+  if (kept_.defined()) {
+    gather_ = all_gather(UnitComm{*kept_group_, over.comm, over.unit}, kept_.get(), gathered_);
+    return;
+  }
+  if (reorders()) wire_.reset(memory::empty_flat(padded_numel(), options(param_dtype_)));
+  gather_ = all_gather(over, sharded_, wire_.defined() ? wire_.get() : gathered_);
 }
 
-void FlatShard::finish_gather() {
+void FlatShard::finish_gather(CommContext& comm) {
+  gather_.wait(comm, "FSDP::all_gather_wait");
+  kept_.reset();
   if (!wire_.defined()) return;
   copy_out(wire_.get(), gathered_);
   wire_.reset();
+}
+
+void FlatShard::abandon_gather(CommContext& comm) noexcept {
+  try {
+    gather_.wait(comm, "FSDP::all_gather_wait");  // marked waited in the event log, as every issued one is
+  } catch (const std::exception&) {
+    gather_.abandon();
+  }
+  wire_.reset();  // never copied out
+}
+
+at::Tensor FlatShard::copy_of_part(int ranks, int index) const {
+  if (gathered_is_shard()) return at::Tensor();
+  const int64_t chunk = padded_numel() / ranks;
+  return gathered_.narrow(0, index * chunk, chunk).clone();
+}
+
+void FlatShard::keep_part(const at::Tensor& part, dist::ProcessGroup& within) {
+  kept_.reset(part);
+  kept_group_ = &within;
 }
 
 at::Tensor FlatShard::parameter_major(const at::Tensor& wire) const {

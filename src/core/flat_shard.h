@@ -5,8 +5,9 @@
 // buffer forward and backward read (allocated before use, its storage
 // freed after), and the view each parameter points at in either state.
 // Initialisation ends here: deferred parameters filled one at a time, the
-// start-up broadcast. What moves between the two buffers is the
-// collectives' (fsdp_collectives.h); when, the group's.
+// start-up broadcast. The gather between the two buffers is issued and
+// finished here, in the shard's layout, through the collectives of
+// fsdp_collectives.h; when it runs is the group's to decide.
 
 #include <cstdint>
 #include <vector>
@@ -17,11 +18,10 @@
 #include "fsdp/dist/device_mesh.h"
 
 #include "core/counted_tensor.h"
+#include "core/fsdp_collectives.h"
 #include "core/fsdp_param.h"
 
 namespace fsdp {
-
-class CommContext;
 
 class FlatShard {
  public:
@@ -75,19 +75,32 @@ class FlatShard {
   // rank holds it all.
   bool chunks_are_ranges(const FSDPParam& p) const;
 
-  // The layout's side of the collectives, the same calls for both layouts.
+  // --- this shard's all-gather, the layout's side included ----------------
   // Per-parameter placements (Shard(d)) make the shard rank-major and the
   // gathered buffer parameter-major, so over more than one rank a gather
-  // lands in a wire buffer this shard holds until it is copied out, and
-  // gradients are copied into one before their reduce-scatter ([Note:
-  // per-parameter placements]); the flat layout needs neither.
+  // lands in a wire buffer held here until it is copied out, and gradients
+  // are copied into one before their reduce-scatter ([Note: per-parameter
+  // placements]); the flat layout needs neither. Callers make the same
+  // calls for both.
   bool placed() const { return placed_; }
-  // Where the gather from the shard group lands (allocate_gathered first).
-  const at::Tensor& gather_destination();
-  // The gather has landed: the gathered buffer holds it.
-  void finish_gather();
-  // The gather will not be read (an error): its wire buffer goes.
-  void drop_gather() noexcept { wire_.reset(); }
+  // Issues the gather into the gathered buffer (allocated here): from the
+  // part kept after forward, inside its group, when there is one; else
+  // from the shard, over `over` (the shard group). Nothing to do when the
+  // gathered form is the shard.
+  void start_gather(const UnitComm& over);
+  bool gather_in_flight() const { return gather_.in_flight(); }
+  // Waits for it and lays it out in the gathered buffer. The kept part
+  // goes: read by the gather, or never to be (a full gather comes next).
+  void finish_gather(CommContext& comm);
+  // After an error: waited (and marked so in the event log), failures
+  // swallowed, the wire buffer dropped.
+  void abandon_gather(CommContext& comm) noexcept;
+  // reshard_after_forward = k ([Note: resharding to fewer ranks] in
+  // fsdp_param_group.cpp): a copy of this rank's part of the gathered
+  // buffer (the `index`-th of `ranks`), taken before the buffer is freed,
+  // and then kept for the next gather, which runs inside `within`.
+  at::Tensor copy_of_part(int ranks, int index) const;
+  void keep_part(const at::Tensor& part, dist::ProcessGroup& within);
   // Parameter-major gradients as the reduce-scatter takes them (a fresh
   // wire buffer, padding zeroed, or `grads` itself).
   at::Tensor reduce_input(const at::Tensor& grads) const;
@@ -126,7 +139,10 @@ class FlatShard {
   int64_t shard_numel_ = 0;
   at::Tensor sharded_;   // [shard_numel_] master dtype
   at::Tensor gathered_;  // [padded_numel()] param dtype; storage freed while sharded (the shard when gathered_is_shard)
+  PendingCollective gather_;
   CountedTensor wire_{memory::BufferKind::kComm};  // [padded_numel()] param dtype, rank-major: a placed shard's gather
+  CountedTensor kept_{memory::BufferKind::kGathered};  // [padded_numel() / k] param dtype: the part kept after forward
+  dist::ProcessGroup* kept_group_ = nullptr;           // the k ranks whose kept parts make the buffer
 
 };
 

@@ -31,7 +31,7 @@ namespace fsdp {
 // AccumulateGrad adds into it in place (outside create_graph) and the buffer
 // is the reduce-scatter's input as it stands. AccumulateGrad's post-hook
 // only marks the parameter as used. When the unit's backward is done (see
-// [Note: when a unit's backward ends] in fsdp_state.cpp) the unit is
+// [Note: when a unit's backward ends] in fsdp_tree.cpp) the unit is
 // resharded and the buffer reduce-scattered asynchronously; each parameter
 // then gets its sharded gradient: a 1-D tensor matching its sharded data,
 // which is what the optimizer sees. How each path does this is
@@ -146,29 +146,16 @@ bool FSDPParamGroup::has_trainable_params() const {
 }
 
 bool FSDPParamGroup::gather_in_flight() const {
-  return std::any_of(parts_.begin(), parts_.end(), [](const DtypeShard& d) { return d.all_gather.in_flight(); });
+  return std::any_of(parts_.begin(), parts_.end(), [](const DtypeShard& d) { return d.shard->gather_in_flight(); });
 }
 
 void FSDPParamGroup::unshard() {
   if (state_ == ShardedState::kUnsharded || gather_in_flight()) return;
-  for (auto& part : parts_) {
-    FlatShard& shard = *part.shard;
-    if (shard.gathered_is_shard()) continue;
-    shard.allocate_gathered();
-    if (part.post_forward.defined()) {
-      part.all_gather = all_gather(on(*post_forward_group_), part.post_forward.get(), shard.gathered());
-    } else {
-      part.all_gather = all_gather(on(shard_group()), shard.sharded(), shard.gather_destination());
-    }
-  }
+  for (auto& part : parts_) part.shard->start_gather(on(shard_group()));
 }
 
 void FSDPParamGroup::finish_all_gather() {
-  for (auto& part : parts_) {
-    part.all_gather.wait(*comm_, "FSDP::all_gather_wait");
-    part.post_forward.reset();  // read by the gather, or never to be: a full one comes next
-    part.shard->finish_gather();
-  }
+  for (auto& part : parts_) part.shard->finish_gather(*comm_);
 }
 
 // [Note: resharding to fewer ranks]
@@ -187,20 +174,12 @@ void FSDPParamGroup::reshard_to(int ranks) {
     reshard();
     return;
   }
-  const int index = within.rank();
   std::vector<at::Tensor> kept;
-  for (auto& part : parts_) {
-    const FlatShard& shard = *part.shard;
-    if (shard.gathered_is_shard()) {
-      kept.emplace_back();
-      continue;
-    }
-    const int64_t chunk = shard.padded_numel() / ranks;
-    kept.push_back(shard.gathered().narrow(0, index * chunk, chunk).clone());
-  }
+  for (const auto& part : parts_) kept.push_back(part.shard->copy_of_part(ranks, within.rank()));
   reshard();
-  for (size_t i = 0; i < parts_.size(); ++i) parts_[i].post_forward.reset(kept[i]);
-  post_forward_group_ = &within;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (kept[i].defined()) parts_[i].shard->keep_part(kept[i], within);
+  }
 }
 
 void FSDPParamGroup::wait_for_unshard() {
@@ -365,18 +344,13 @@ void FSDPParamGroup::drop_forward() noexcept {
   try {
     reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
   } catch (const std::exception&) {
-    for (auto& part : parts_) part.shard->drop_gather();
+    for (auto& part : parts_) part.shard->abandon_gather(*comm_);
   }
 }
 
 void FSDPParamGroup::abandon() noexcept {
   for (auto& part : parts_) {
-    try {
-      part.all_gather.wait(*comm_, "FSDP::all_gather_wait");  // marked waited in the event log, as every issued one is
-    } catch (const std::exception&) {
-      part.all_gather.abandon();
-    }
-    part.shard->drop_gather();  // never copied out
+    part.shard->abandon_gather(*comm_);
     part.flow->abandon();
   }
   try {  // partial full-shape gradients give way to the sharded ones from before

@@ -128,14 +128,11 @@ class FSDPParamGroup {
   int64_t reduction_bytes() const;
 
  private:
-  // One dtype's parameters: their flat shard, gradient path and all-gather.
+  // One dtype's parameters (in one layout): their flat shard, with its
+  // gather, and their gradient path.
   struct DtypeShard {
     std::unique_ptr<FlatShard> shard;
     std::unique_ptr<GradientFlow> flow;
-    PendingCollective all_gather;
-    // reshard_to(k): this rank's 1/k of the gathered buffer, in its dtype,
-    // until the next gather reads it.
-    CountedTensor post_forward{memory::BufferKind::kGathered};
     bool trainable() const;
   };
 
@@ -151,7 +148,6 @@ class FSDPParamGroup {
   UnitComm reducing_on(dist::ProcessGroup& group) const;
 
   std::shared_ptr<dist::DeviceMesh> mesh_;  // kept alive: the shards hold its groups
-  dist::ProcessGroup* post_forward_group_ = nullptr;  // where the post-forward shards gather
   std::vector<DtypeShard> parts_;
   std::vector<FSDPParam*> params_;
   ReductionSettings settings_;

@@ -1,16 +1,14 @@
 #include "core/fsdp_state.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include "fsdp/common/allocation_log.h"
 #include "fsdp/common/error.h"
-#include "fsdp/common/error_text.h"
-#include "fsdp/dist/collectives.h"
 
 namespace fsdp {
 

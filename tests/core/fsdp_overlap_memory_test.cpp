@@ -255,10 +255,10 @@ TEST(SyncModuleStates, BroadcastsBuffersAndIgnoredParameters) {
   }
 }
 
-// Every collective a tree issues is in its event log ([Note: when a unit's
-// backward ends], fsdp_collectives.h): the start-up broadcasts of the units
-// sharded before the root (under the names the root gives them), the end
-// of backward's agreement on used parameters, and full_parameters' gathers.
+// Every collective a tree issues is in its event log (fsdp_collectives.h):
+// the start-up broadcasts of the units sharded before the root (under the
+// names the root gives them), the end of backward's agreement on used
+// parameters, and full_parameters' gathers.
 TEST(EventLog, HoldsStartUpBroadcastsTheUsedParameterAgreementAndStateDictGathers) {
   using K = FSDPEvent::Kind;
   if (test_world().size() == 1) GTEST_SKIP() << "one rank broadcasts and agrees on nothing";
