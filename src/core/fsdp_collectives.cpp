@@ -69,24 +69,30 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
   return out;
 }
 
-PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
+namespace {
+
+// An all-reduce in place, logged as `kind` and profiled under `scope`.
+PendingCollective all_reduce_logged(const UnitComm& on, const at::Tensor& buffer, dist::ReduceOp op,
+                                    FSDPEvent::Kind kind, const char* scope) {
   PendingCollective out;
-  RECORD_USER_SCOPE("FSDP::all_reduce");
+  RECORD_USER_SCOPE(scope);
   CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
-  out.event = on.comm.record(FSDPEvent::Kind::kAllReduce, on.unit, on.group.size());
+  out.event = on.comm.record(kind, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
-  out.work = dist::all_reduce(on.group, buffer, on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg);
+  out.work = dist::all_reduce(on.group, buffer, op);
   return out;
 }
 
+}  // namespace
+
+PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
+  return all_reduce_logged(on, buffer, on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg,
+                           FSDPEvent::Kind::kAllReduce, "FSDP::all_reduce");
+}
+
 PendingCollective any_rank(const UnitComm& on, const at::Tensor& flags) {
-  PendingCollective out;
-  RECORD_USER_SCOPE("FSDP::used_parameters");
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
-  out.event = on.comm.record(FSDPEvent::Kind::kUsedParameters, on.unit, on.group.size());
-  dist::CollectiveLabel label(on.unit);
-  out.work = dist::all_reduce(on.group, flags, dist::ReduceOp::kMax);
-  return out;
+  return all_reduce_logged(on, flags, dist::ReduceOp::kMax, FSDPEvent::Kind::kUsedParameters,
+                           "FSDP::used_parameters");
 }
 
 void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer) {
