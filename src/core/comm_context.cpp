@@ -1,6 +1,7 @@
 #include "core/comm_context.h"
 
 #include <algorithm>
+#include <atomic>
 
 
 namespace fsdp {
@@ -26,40 +27,47 @@ double CommContext::now_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+namespace {
+// Issue order across every log of the process: a tree's log may adopt
+// another's without renumbering either.
+std::atomic<int64_t> next_event_sequence{0};
+}  // namespace
+
 size_t CommContext::record(FSDPEvent::Kind kind, const std::string& unit, int ranks) {
   const bool collective = kind == FSDPEvent::Kind::kAllGather || kind == FSDPEvent::Kind::kReduceScatter ||
                           kind == FSDPEvent::Kind::kAllReduce || kind == FSDPEvent::Kind::kUsedParameters ||
                           kind == FSDPEvent::Kind::kBroadcast;
-  FSDPEvent e{kind, unit, next_sequence_++, now_s(), -1, ranks};
+  FSDPEvent e{kind, unit, next_event_sequence++, now_s(), -1, ranks};
   if (!collective) e.waited_s = e.issued_s;
   if (events_.size() == kMaxEvents) events_.pop_front();
   events_.push_back(std::move(e));
   return static_cast<size_t>(events_.back().sequence);
 }
 
-void CommContext::adopt(const CommContext& other, const std::string& as_unit) {
+void CommContext::adopt(const CommContext& other, const std::unordered_map<std::string, std::string>& new_names) {
   const double shift = std::chrono::duration<double>(other.start_ - start_).count();
   std::vector<FSDPEvent> merged(events_.begin(), events_.end());
   for (FSDPEvent e : other.events_) {
-    e.unit = e.unit == "<root>" ? as_unit : as_unit + "." + e.unit;
+    const auto renamed = new_names.find(e.unit);
+    if (renamed != new_names.end()) e.unit = renamed->second;
     e.issued_s += shift;
     if (e.waited_s >= 0) e.waited_s += shift;
     merged.push_back(std::move(e));
   }
-  std::stable_sort(merged.begin(), merged.end(),
-                   [](const FSDPEvent& a, const FSDPEvent& b) { return a.issued_s < b.issued_s; });
+  std::sort(merged.begin(), merged.end(), [](const FSDPEvent& a, const FSDPEvent& b) { return a.sequence < b.sequence; });
   if (merged.size() > kMaxEvents) merged.erase(merged.begin(), merged.end() - kMaxEvents);
   events_.assign(merged.begin(), merged.end());
-  // Numbered again in the merged order, as if issued here.
-  next_sequence_ = 0;
-  for (FSDPEvent& e : events_) e.sequence = next_sequence_++;
 }
 
 void CommContext::mark_waited(size_t sequence) {
-  if (events_.empty()) return;
-  const auto first = static_cast<size_t>(events_.front().sequence);
-  if (sequence < first || sequence - first >= events_.size()) return;  // dropped from the log already
-  events_[sequence - first].waited_s = now_s();
+  // From the newest: what is waited was issued a few events back.
+  for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
+    if (it->sequence == static_cast<int64_t>(sequence)) {
+      it->waited_s = now_s();
+      return;
+    }
+    if (it->sequence < static_cast<int64_t>(sequence)) return;  // dropped from the log already
+  }
 }
 
 // Moves the reduction in flight past its reduce-scatter: frees its input, and
@@ -88,7 +96,7 @@ void CommContext::reduce(Reduction reduction) {
   reduce_scatter_in_flight_.emplace(std::move(reduction));
 }
 
-void CommContext::finish(const void* unit) {
+void CommContext::finish(const FSDPParamGroup* unit) {
   // The reduce-scatter may hand the unit on to the all-reduce stage.
   if (reduce_scatter_in_flight_ && reduce_scatter_in_flight_->unit() == unit) finish_reduce_scatter();
   if (all_reduce_in_flight_ && all_reduce_in_flight_->unit() == unit) finish_all_reduce();

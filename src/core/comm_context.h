@@ -20,6 +20,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fsdp/core/fsdp_event.h"
@@ -47,7 +48,7 @@ class CommContext {
   // Finishes the reductions in flight if one of them is `unit`'s: before
   // a unit gathers again in the backward that reduced it (a recomputation
   // after its post-backward), whose next reduction reuses its buffers.
-  void finish(const void* unit);
+  void finish(const FSDPParamGroup* unit);
   // End of backward: finishes every reduction still in flight.
   void drain();
   // After an error: finishes what was issued (the peers issued it too),
@@ -60,11 +61,12 @@ class CommContext {
   void mark_waited(size_t sequence);
   std::vector<FSDPEvent> events() const { return {events_.begin(), events_.end()}; }
   void clear_events() { events_.clear(); }
-  // A unit joins this context's tree: the events its own tree logged (its
-  // start-up broadcasts above all) join this log in time order, named as
-  // they are from here (`as_unit` for that tree's root, `as_unit.name`
-  // for a unit below it).
-  void adopt(const CommContext& other, const std::string& as_unit);
+  // The root of an earlier tree joins this context's: the events its tree
+  // logged (its start-up broadcasts above all) join this log in issue
+  // order, each unit's under the name it has from here (`new_names`, by
+  // the name it had there). Sequence numbers are the process's, so an
+  // event still in flight is marked waited where it now lies.
+  void adopt(const CommContext& other, const std::unordered_map<std::string, std::string>& new_names);
 
  private:
   void finish_reduce_scatter();
@@ -74,7 +76,6 @@ class CommContext {
   std::optional<Reduction> reduce_scatter_in_flight_;
   std::optional<Reduction> all_reduce_in_flight_;
   std::deque<FSDPEvent> events_;
-  int64_t next_sequence_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -75,10 +75,10 @@ void FlatShard::lay_out_flat() {
 // an expert weight [E, in, out] on Shard(0) leaves each rank whole experts;
 // a matrix on Shard(1) leaves each rank whole rows of columns. An
 // all-gather of these shards is rank-major, but the parameters view the
-// gathered buffer in their own full shape, so the group gathers into a
-// wire buffer and copy_out lays each chunk into place (FSDP2's copy-out);
-// before a reduce-scatter, copy_in lays each gradient's chunks out
-// rank-major (FSDP2's chunk-cat). These two copies are the layout's cost
+// gathered buffer in their own full shape, so the shard's gather lands in
+// a wire buffer and finish_gather lays each chunk into place (FSDP2's
+// copy-out); before a reduce-scatter, reduce_input lays each gradient's
+// chunks out rank-major (FSDP2's chunk-cat). These two copies are the layout's cost
 // over the flat one, where parameters view the gathered buffer in place.
 // With one rank in the shard group the two orders are the same and
 // nothing is copied. Placed and flat parameters of one unit go to separate

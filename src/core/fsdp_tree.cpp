@@ -53,11 +53,12 @@ namespace fsdp {
 //   backward      -         -          yes
 //
 //   (1) another backward through a graph retained from an earlier one;
-//   (2) a forward opening a new iteration over one whose graphs were all
-//       dropped, or an error keeping an earlier forward's graph open.
+//   (2) allowed by the table; open_iteration, the only caller entering
+//       forward, resets to idle first.
 //
 // The paths that end an iteration without a backward (abandon, drop) go
-// back to idle through reset(), which must not throw. The unit's own
+// back to idle through reset(), which must not throw; an error that keeps
+// an earlier forward's graph open leaves the phase at forward. The unit's own
 // record is its TrainingState ([Note: the training state machine] in
 // fsdp_state.cpp); what the open iteration recorded lives in the
 // TreeIteration and each unit's UnitCalls, each emptied by one reset().
@@ -177,10 +178,12 @@ size_t FSDPTree::record_post_forward(FSDPState* unit) {
 }
 
 void FSDPTree::watch_root_outputs(const std::vector<at::Tensor>& outputs) {
-  std::shared_ptr<DroppedGraphWatch> watch;
+  // Made whether or not an output takes it: a root forward none of whose
+  // outputs has a graph (ids, a detached result) leaves the watch here, and
+  // its destructor ends the iteration at once, as nothing can backward it.
+  auto watch = std::make_shared<DroppedGraphWatch>(weak_from_this(), backward_count_);
   for (const auto& t : outputs) {
     if (!t.defined() || !t.requires_grad() || !t.grad_fn()) continue;
-    if (!watch) watch = std::make_shared<DroppedGraphWatch>(weak_from_this(), backward_count_);
     iteration_.add_graph(t.grad_fn());
     t.grad_fn()->add_pre_hook(std::make_unique<DroppedGraphHook>(watch));
   }

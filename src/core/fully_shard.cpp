@@ -4,6 +4,7 @@
 // fully_shard_init.cpp's, the state dicts state_dict.cpp's.
 #include "fsdp/core/fully_shard.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <unordered_set>

@@ -217,13 +217,26 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       name_here.emplace(tensor_key(item.value()), join_name(prefix, item.key()));
     }
   }
+  std::unordered_map<const FSDPState*, std::string> unit_names;
+  for (FSDPState* child : below) {
+    std::string& unit_name = unit_names[child];
+    for (const auto& n : below_names[child]) unit_name += (unit_name.empty() ? "" : "+") + n;
+  }
+  // The root of a tree made earlier brings that tree's log along, each of
+  // its units named as from here.
+  for (FSDPState* child : below) {
+    if (!child->is_root()) continue;
+    std::unordered_map<std::string, std::string> renamed;
+    for (const FSDPState* unit : child->tree()->units()) {
+      const auto it = unit_names.find(unit);
+      if (it != unit_names.end()) renamed.emplace(unit->name(), it->second);
+    }
+    tree->comm().adopt(child->tree()->comm(), renamed);
+  }
   tree->add(state.get());
   state->join_tree(tree, true, "");
   for (FSDPState* child : below) {
-    std::string unit_name;
-    for (const auto& n : below_names[child]) unit_name += (unit_name.empty() ? "" : "+") + n;
-    // The root of a tree made earlier brings that tree's log along.
-    if (child->is_root()) tree->comm().adopt(child->tree()->comm(), unit_name);
+    const std::string& unit_name = unit_names[child];
     tree->add(child);
     child->join_tree(tree, false, unit_name);
     if (child->group() == nullptr) continue;

@@ -40,7 +40,7 @@ namespace fsdp {
 //                                                 without sync, else handed to the CommContext
 //   reduce            replicas: all-reduce the    the buffer is the reduced   reduce-scatter; replicas:
 //                     persistent buffer           shard; replicas: all-reduce all-reduce the shard
-//   assign_gradients  nothing: grads are views   divide factor and hook on the reduced shard, cast to
+//   assign            nothing: grads are views   divide factor and hook on the reduced shard, cast to
 //                     of the reduced buffer       the master dtype; each grad becomes a view of its
 //                     already                     slice (or is added to, when accumulating)
 //
@@ -435,7 +435,7 @@ class StagedGradients final : public GradientFlow {
 
 }  // namespace
 
-Reduction::Reduction(const void* unit, std::vector<GradientFlow*> flows, UnitComm within_shard,
+Reduction::Reduction(const FSDPParamGroup* unit, std::vector<GradientFlow*> flows, UnitComm within_shard,
                      UnitComm across_replicas, Then then, const ReductionSettings& settings)
     : unit_(unit),
       flows_(std::move(flows)),

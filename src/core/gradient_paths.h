@@ -16,6 +16,8 @@
 
 namespace fsdp {
 
+class FSDPParamGroup;
+
 enum class GradientPath {
   // One rank per shard group, no cast anywhere: parameters and gradients
   // are views of persistent flat buffers in both states; autograd adds into
@@ -106,11 +108,11 @@ class Reduction {
   };
   // `settings` are read when the gradients are assigned, and outlive the
   // reduction (a unit finishes its reduction before they change).
-  Reduction(const void* unit, std::vector<GradientFlow*> flows, UnitComm within_shard, UnitComm across_replicas,
-            Then then, const ReductionSettings& settings);
+  Reduction(const FSDPParamGroup* unit, std::vector<GradientFlow*> flows, UnitComm within_shard,
+            UnitComm across_replicas, Then then, const ReductionSettings& settings);
 
   // Whose reduction it is (CommContext::finish).
-  const void* unit() const { return unit_; }
+  const FSDPParamGroup* unit() const { return unit_; }
   void issue_reduce_scatter();
   void wait_reduce_scatter();
   // After the wait: assigns or holds the gradients, or issues the
@@ -120,7 +122,7 @@ class Reduction {
   void finish_all_reduce();
 
  private:
-  const void* unit_;
+  const FSDPParamGroup* unit_;
   std::vector<GradientFlow*> flows_;
   UnitComm within_shard_;
   UnitComm across_replicas_;

@@ -61,6 +61,7 @@ struct Scenario {
   bool gate_on_even_steps = false; // the gates are used on even steps only
   bool eval_before_step = false;   // a no-grad forward between backward and the optimizer step
   bool dropped_forward_before_step = false;  // ... or one with gradients whose result is dropped
+  bool graphless_forward_before_step = false;  // ... or one with gradients whose root returns no graph
   int micro_steps = 1;             // gradient accumulation, synchronised on the last micro-step only
   int skip_block_on_odd_steps = -1;  // a block not run on odd steps
   int prefetch_depth = 1;
@@ -226,6 +227,13 @@ NamedTensors train_sharded(const Scenario& s, RunLog* log) {
       torch::Tensor out = fsdp::call(net, inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank));
       if (log != nullptr) log->eval_outputs.push_back(out.detach().to(torch::kFloat));
     }
+    if (s.graphless_forward_before_step) {
+      // Gradients on, the blocks' outputs need them, but what the root
+      // returns has no graph (a detached metric): no backward can follow.
+      torch::Tensor x = inputs_of(100 + step, 0, rows, s.net.dim).narrow(0, rank * kRowsPerRank, kRowsPerRank);
+      torch::Tensor out = fsdp::run(net, [&] { return net->forward(x).detach(); });
+      if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
+    }
     optimizer.step();
     if (s.zero_grad == ZeroGrad::kAfterStep) set_grads_to_none(*net);
     EXPECT_EQ(memory::gathered_bytes(), 0) << "gathered buffers left after step " << step;
@@ -329,7 +337,7 @@ NamedTensors train_reference(const Scenario& s, RunLog* log) {
       torch::Tensor out = s.bf16 ? compute->forward(x.to(torch::kBFloat16)) : net->forward(x);
       if (log != nullptr) log->eval_outputs.push_back(out.to(torch::kFloat));
     }
-    if (s.dropped_forward_before_step) {
+    if (s.dropped_forward_before_step || s.graphless_forward_before_step) {
       // Each rank's rows through the plain model (its bf16 copy, under
       // bf16): the output each rank sees.
       const int rank = test_world().rank();
@@ -623,6 +631,25 @@ TEST_P(DroppedForward, ForwardWithGradientsWhoseResultIsDroppedBeforeStep) {
   EXPECT_EQ(sharded.eval_outputs.size(), 5u);
 }
 INSTANTIATE_TEST_SUITE_P(Strategies, DroppedForward,
+                         ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                           ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+class GraphlessForward : public ::testing::TestWithParam<ShardingStrategy> {};
+TEST_P(GraphlessForward, ForwardWithGradientsWhoseRootReturnsNoGraphBeforeStep) {
+  // The root's outputs carry no graph, so the iteration that forward
+  // opened ends with it: units kept gathered for a backward (shard_grad_op,
+  // the root) are released before the step (the loop checks no gathered
+  // bytes remain), and the step sees the backward's gradients.
+  Scenario s;
+  s.strategy = GetParam();
+  if (s.strategy == ShardingStrategy::kHybridShard && hybrid_fsdp_size(test_world().size()) == 0) GTEST_SKIP();
+  s.graphless_forward_before_step = true;
+  RunLog sharded, reference;
+  expect_matches_reference(s, &sharded, &reference);
+  EXPECT_EQ(sharded.eval_outputs.size(), 5u);
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, GraphlessForward,
                          ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                            ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard),
                          [](const auto& info) { return std::string(to_string(info.param)); });

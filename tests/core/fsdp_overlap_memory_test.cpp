@@ -314,6 +314,27 @@ TEST(EventLog, HoldsStartUpBroadcastsTheUsedParameterAgreementAndStateDictGather
   for (const auto& e : gathers) EXPECT_GE(e.waited_s, e.issued_s) << e.unit;
 }
 
+// A unit's gather issued before an ancestor is sharded (fsdp::unshard,
+// async) and waited after: its entry moved to the root's log with the rest
+// of the unit's, and the wait is marked there.
+TEST(EventLog, AGatherInFlightWhenItsUnitJoinsARootIsMarkedWaitedInTheRootsLog) {
+  using K = FSDPEvent::Kind;
+  if (test_world().size() == 1) GTEST_SKIP() << "one rank gathers nothing";
+  auto net = make_adapter_net(four_blocks(), kInitSeed);
+  const FullyShardOptions options = full_shard_options();
+  for (auto& b : net->blocks) fully_shard(b, options);
+  UnshardHandle pending = unshard(*net->blocks[1], /*async_op=*/true);
+  fully_shard(net, options);
+  pending.wait();
+  const auto events = event_log(*net);
+  const int64_t gather = position(events, K::kAllGather, block(1));
+  ASSERT_GE(gather, 0) << "the block's gather did not follow it into the root's log";
+  for (const auto& e : events) {
+    if (e.sequence == gather) EXPECT_GE(e.waited_s, e.issued_s) << "its wait was not marked";
+  }
+  reshard(*net->blocks[1]);
+}
+
 TEST(Collectives, MovedWorkHandleIsWaitedOnceByItsNewOwner) {
   auto& group = test_world().group();
   torch::Tensor t = torch::full({3}, static_cast<double>(group.rank()));

@@ -28,7 +28,7 @@ struct FSDPEvent {
   };
   Kind kind;
   std::string unit;      // the unit's name from the root ("h.0"), "<root>" for the root
-  int64_t sequence = 0;  // position in issue order, from 0 at construction
+  int64_t sequence = 0;  // issue order, across every log of the process: compare, don't count
   double issued_s = 0;   // seconds since the log started
   double waited_s = -1;  // when its wait returned; -1 while in flight
   int ranks = 0;         // how many ranks a collective ran over; 0 for compute boundaries

@@ -102,7 +102,7 @@ struct FullyShardOptions {
   ParamInitFn param_init;
   // Broadcast rank 0's parameters instead of trusting every rank's own
   // init. Buffers are broadcast either way ([Note: buffers under
-  // fully_shard], src/core/fully_shard.cpp).
+  // fully_shard], src/core/fully_shard_init.cpp).
   bool sync_module_states = false;
 };
 

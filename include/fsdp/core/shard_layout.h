@@ -20,9 +20,10 @@ ShardRange shard_range(int64_t param_offset, int64_t param_numel, int64_t shard_
 
 // Whether parameters can stay sharded over groups of `ranks` consecutive
 // ranks of a shard group of `shard_group_size` between forward and
-// backward (reshard_after_forward = k): k divides the group; 0 stands for
-// the whole group, whatever its size. The one rule, for fully_shard, its
-// setter, the trainer's config and the planner.
+// backward (reshard_after_forward = k): k divides the group. 0 fits any
+// group: fully_shard reads it as the whole group, the trainer's config as
+// "the strategy decides". The one rule, for fully_shard, its setter, the
+// trainer's config and the planner.
 inline bool reshard_ranks_fit(int64_t ranks, int64_t shard_group_size) {
   return ranks == 0 || (ranks >= 1 && shard_group_size % ranks == 0);
 }
