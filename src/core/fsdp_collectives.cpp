@@ -72,13 +72,17 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
 namespace {
 
 // An all-reduce in place, logged as `kind` and profiled under `scope`.
+// `unit_traffic`: one of a unit's reductions, labelled with the unit in
+// the flight recorder, whose labelled totals are the trainer's
+// fsdp_collectives and fsdp_comm_mb.
 PendingCollective all_reduce_logged(const UnitComm& on, const at::Tensor& buffer, dist::ReduceOp op,
-                                    FSDPEvent::Kind kind, const char* scope) {
+                                    FSDPEvent::Kind kind, const char* scope, bool unit_traffic) {
   PendingCollective out;
   RECORD_USER_SCOPE(scope);
   CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
   out.event = on.comm.record(kind, on.unit, on.group.size());
-  dist::CollectiveLabel label(on.unit);
+  std::optional<dist::CollectiveLabel> label;
+  if (unit_traffic) label.emplace(on.unit);
   out.work = dist::all_reduce(on.group, buffer, op);
   return out;
 }
@@ -87,12 +91,14 @@ PendingCollective all_reduce_logged(const UnitComm& on, const at::Tensor& buffer
 
 PendingCollective all_reduce(const UnitComm& on, const at::Tensor& buffer) {
   return all_reduce_logged(on, buffer, on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg,
-                           FSDPEvent::Kind::kAllReduce, "FSDP::all_reduce");
+                           FSDPEvent::Kind::kAllReduce, "FSDP::all_reduce", /*unit_traffic=*/true);
 }
 
 PendingCollective any_rank(const UnitComm& on, const at::Tensor& flags) {
+  // The tree's bookkeeping, not a unit's traffic: unlabelled, as before it
+  // was logged here.
   return all_reduce_logged(on, flags, dist::ReduceOp::kMax, FSDPEvent::Kind::kUsedParameters,
-                           "FSDP::used_parameters");
+                           "FSDP::used_parameters", /*unit_traffic=*/false);
 }
 
 void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer) {
@@ -100,8 +106,7 @@ void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer) {
   PendingCollective out;
   RECORD_USER_SCOPE("FSDP::broadcast");
   out.event = on.comm.record(FSDPEvent::Kind::kBroadcast, on.unit, on.group.size());
-  dist::CollectiveLabel label(on.unit);
-  out.work = dist::broadcast(on.group, buffer, 0);
+  out.work = dist::broadcast(on.group, buffer, 0);  // start-up, not a step's traffic: unlabelled
   out.wait(on.comm, "FSDP::broadcast_wait");
 }
 
