@@ -60,14 +60,11 @@ void CommContext::adopt(const CommContext& other, const std::unordered_map<std::
 }
 
 void CommContext::mark_waited(size_t sequence) {
-  // From the newest: what is waited was issued a few events back.
-  for (auto it = events_.rbegin(); it != events_.rend(); ++it) {
-    if (it->sequence == static_cast<int64_t>(sequence)) {
-      it->waited_s = now_s();
-      return;
-    }
-    if (it->sequence < static_cast<int64_t>(sequence)) return;  // dropped from the log already
-  }
+  // The log is in issue order; an entry dropped from its front is not found.
+  const auto target = static_cast<int64_t>(sequence);
+  const auto it = std::lower_bound(events_.begin(), events_.end(), target,
+                                   [](const FSDPEvent& e, int64_t s) { return e.sequence < s; });
+  if (it != events_.end() && it->sequence == target) it->waited_s = now_s();
 }
 
 // Moves the reduction in flight past its reduce-scatter: frees its input, and
