@@ -215,6 +215,8 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: the model on GPU LOCAL_RANK, FSDP2/DDP over NCCL, --bf16 as FSDP2's "
                         "MixedPrecisionPolicy (bf16 parameters, fp32 reduction) or CUDA autocast on one process")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="with --fsdp2: CPUOffloadPolicy(pin_memory=True), its optimizer stepping on the host")
     p.add_argument("--metrics", required=True)
     p.add_argument("--profile-step", type=int, default=0,
                    help="record this step (1-based) with torch.profiler, host calls and CUDA kernels")
@@ -249,6 +251,9 @@ def main():
         from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
         kwargs = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
             if policy_bf16 else {}
+        if a.cpu_offload:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
         for i, block in enumerate(model.h):
             if a.compile:
                 block = torch.compile(block, mode=a.compile_mode)

@@ -86,6 +86,8 @@ void print_table(const plan::Prediction& p, int64_t overhead, const std::string&
 nlohmann::json to_json(const plan::Prediction& p, int64_t overhead, double headroom) {
   nlohmann::json parts = nlohmann::json::object();
   for (const auto& part : p.peak.parts) parts[part.name] = part.bytes;
+  nlohmann::json host_parts = nlohmann::json::object();
+  for (const auto& part : p.host_parts) host_parts[part.name] = part.bytes;
   nlohmann::json timeline = nlohmann::json::array();
   for (const auto& m : p.timeline) timeline.push_back({{"phase", m.phase}, {"bytes", m.total()}});
   return {{"block_activation_bytes", p.block_activation_bytes},
@@ -98,6 +100,8 @@ nlohmann::json to_json(const plan::Prediction& p, int64_t overhead, double headr
           {"headroom", headroom},
           {"total_bytes", plan::with_headroom(p.peak.total(), headroom) + overhead},
           {"state_bytes", p.state_bytes},
+          {"host_bytes", p.host_bytes},
+          {"host_parts", host_parts},
           {"parts", parts},
           {"timeline", timeline}};
 }
@@ -170,6 +174,12 @@ int run_plan(const TrainFlags& flags, const PlanFlags& pf) {
                 "reduce-scatter's input a second time, in rank-major order, and pads each parameter on its own\n");
   }
   std::printf("sharded state (parameters, gradients, AdamW): %s\n", plan::format_bytes(prediction.state_bytes).c_str());
+  if (prediction.host_bytes > 0) {
+    std::printf("host memory per rank: %s (%s; not in the table above, which is the compute device's)\n",
+                plan::format_bytes(prediction.host_bytes).c_str(),
+                job.fsdp.cpu_offload ? "--cpu-offload: the sharded state"
+                                     : "--optimizer-offload: AdamW's moments and the fp32 copies a step updates");
+  }
   std::printf("activations per block (the largest): %s kept without checkpointing, %s with it (%s)\n",
               plan::format_bytes(prediction.block_activation_bytes).c_str(),
               plan::format_bytes(prediction.block_checkpointed_bytes).c_str(),

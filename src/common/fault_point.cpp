@@ -28,6 +28,9 @@ std::string fault_point_list() {
   return list;
 }
 
+// In place of a signal: throw fsdp::Error.
+constexpr int kThrow = -1;
+
 struct Arming {
   long visit = 1;  // the visit that is sent the signal, from 1
   int signal = SIGKILL;
@@ -37,7 +40,8 @@ int parse_signal(const std::string& name, const std::string& text) {
   if (name == "KILL") return SIGKILL;
   if (name == "TERM") return SIGTERM;
   if (name == "INT") return SIGINT;
-  FSDP_CHECK(false, kFaultPointVar, "=", text, ": signal '", name, "' is none of KILL, TERM, INT");
+  if (name == "THROW") return kThrow;
+  FSDP_CHECK(false, kFaultPointVar, "=", text, ": signal '", name, "' is none of KILL, TERM, INT, THROW");
   return 0;
 }
 
@@ -100,6 +104,9 @@ void fault_point(const char* name) {
   std::lock_guard<std::mutex> lock(points.mutex);
   if (++points.visits[name] != it->second.visit) return;
   const int sig = it->second.signal;
+  if (sig == kThrow) {
+    throw Error(detail::concat("fault point ", name, " reached (", kFaultPointVar, "): an injected failure"));
+  }
   std::fprintf(stderr, "fsdp: fault point %s reached (%s): sending this process %s\n", name, kFaultPointVar,
                sig == SIGKILL ? "SIGKILL" : sig == SIGTERM ? "SIGTERM" : "SIGINT");
   std::fflush(stderr);

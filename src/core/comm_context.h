@@ -11,17 +11,25 @@
 // - The event log: every collective issued and waited, and every unit's
 //   compute boundaries, in order, for tests (was unit i+1 gathered before unit
 //   i finished?) and telemetry.
-// - The device seam. Streams and events belong here; on CPU there are none,
-//   so StreamScope is empty. A CUDA build gives each collective kind its own
-//   stream here without touching the state machine.
+// - The device seam: a stream per kind of transfer (all-gather,
+//   reduce-scatter, replica all-reduce, and the offload's copies each way),
+//   ordered by events as FSDP2 orders its streams ([Note: streams] in
+//   comm_context.cpp). On the CPU there are none and every scope is a no-op.
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
 
 #include "fsdp/core/fsdp_event.h"
 
@@ -32,13 +40,34 @@ namespace fsdp {
 
 class CommContext {
  public:
-  enum class Stream { kAllGather, kReduceScatter, kAllReduce };
-  // Runs what it encloses on `stream` (ordered after the compute issued so
-  // far). No-op on CPU, where Gloo's own threads run the collectives.
+  enum class Stream { kAllGather, kReduceScatter, kAllReduce, kHostToDevice, kDeviceToHost };
+  static constexpr int kStreams = 5;
+  // Runs what it encloses on this context's stream of that kind on
+  // `device`, ordered after the work issued so far on the stream current
+  // at entry (an event recorded there, waited on by the stream). No-op on
+  // the CPU, where Gloo's own threads run the collectives and copies are
+  // synchronous.
   class StreamScope {
    public:
-    StreamScope(CommContext& /*context*/, Stream /*stream*/) {}
+    StreamScope(CommContext& context, Stream stream, const c10::Device& device);
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+    bool on_device() const { return guard_.has_value(); }
+
+   private:
+    std::optional<c10::StreamGuard> guard_;
   };
+  // The stream current on `device` (inside a scope: the scope's).
+  static c10::Stream current_stream(const c10::Device& device);
+  // An event recorded on `stream` now (a GPU only), for another stream to
+  // wait on later.
+  std::shared_ptr<c10::Event> mark(Stream stream, const c10::Device& device);
+  // The host waits for what was issued on `stream` so far: device-to-host
+  // copies land before the host reads them (no-op where it was never used).
+  void synchronize(Stream stream);
+  // The same as a function for another thread (a no-op where the stream was
+  // never used).
+  std::function<void()> host_waiter(Stream stream) const;
 
   CommContext();
 
@@ -72,6 +101,10 @@ class CommContext {
   void finish_reduce_scatter();
   void finish_all_reduce();
   double now_s() const;
+
+  // Made at first use, on the first device a scope names (one per process).
+  c10::Stream stream(Stream kind, const c10::Device& device);
+  std::optional<c10::Stream> streams_[kStreams];
 
   std::optional<Reduction> reduce_scatter_in_flight_;
   std::optional<Reduction> all_reduce_in_flight_;

@@ -9,8 +9,10 @@
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/flat_buffer.h"
+#include "fsdp/common/host_buffer.h"
 #include "fsdp/dist/collectives.h"
 
+#include "core/comm_context.h"
 #include "core/fsdp_collectives.h"
 
 namespace fsdp {
@@ -38,6 +40,8 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
     FSDP_CHECK(p.param.device() == device_, "fully_shard: parameter '", p.fqn, "' is on ", p.param.device(),
                " but '", first.fqn, "' in the same unit is on ", device_, ": move the module to one device first");
   }
+  offloaded_ = options.offload.offloads();
+  pin_memory_ = offloaded_ && options.offload.pin_memory && !device_.is_cpu();
   const auto& mp = options.mixed_precision;
   param_dtype_ = mp.param_dtype.value_or(master_dtype_);
   reduce_dtype_ = mp.reduce_dtype.value_or(param_dtype_);
@@ -113,8 +117,34 @@ int64_t FSDPParam::rows_held(int rank) const {
   return std::clamp<int64_t>(shape[shard_dim] - rank * chunk, 0, chunk);
 }
 
+// [Note: CPU offload]
+// Under OffloadPolicy::kCpu (FSDP2's CPUOffloadPolicy) a unit's master
+// shard is host memory (memory::empty_host), and so are the parameters'
+// sharded views, their gradients and the optimizer's state: the optimizer
+// steps on the host. The compute device holds the unit only between its
+// gather and its reshard:
+//
+//   gather       the shard copied to the compute device in the param dtype
+//                (a cast and the host-to-device copy in one pass), then
+//                all-gathered from there; the copy is the gather's input and
+//                goes when the gather is waited. Over one rank the copy
+//                lands in the gathered buffer directly.
+//   reduce       as without offload, on the compute device.
+//   assign       the reduced shard copied to a host buffer in the master
+//                dtype (the device-to-host copy and the cast in one pass);
+//                the gradients are aliases of it, as they are of the
+//                reduced shard without offload.
+//
+// So the gathered form is never the shard (gathered_is_shard is false even
+// over one rank without a cast) and the gradients take the staged path.
+// Accumulation without sync stays on the compute device, in the unit's
+// gradient buffer, as FSDP2 keeps it. On a CPU-only build both sides are
+// CPU memory, and the host side still separate storage from its own
+// allocator: a copy left out or an alias would show as a wrong number, and
+// memory_stats tells the host's bytes from the compute side's.
 void FlatShard::init_shard(const FullyShardOptions& options, CommContext& startup_log) {
-  sharded_ = memory::empty_flat(shard_numel_, this->options(master_dtype_)).zero_();
+  sharded_ = offloaded_ ? memory::empty_host(shard_numel_, master_dtype_, pin_memory_).zero_()
+                        : memory::empty_flat(shard_numel_, this->options(master_dtype_)).zero_();
   for (auto& p : params_) {
     at::Tensor full;
     if (is_deferred(p.param)) {
@@ -150,7 +180,17 @@ void FlatShard::init_shard(const FullyShardOptions& options, CommContext& startu
 
 int64_t FlatShard::padded_numel() const { return shard_numel_ * shard_group_->size(); }
 
-bool FlatShard::gathered_is_shard() const { return shard_group_->size() == 1 && param_dtype_ == master_dtype_; }
+bool FlatShard::gathered_is_shard() const {
+  return shard_group_->size() == 1 && param_dtype_ == master_dtype_ && !offloaded_;
+}
+
+at::Tensor FlatShard::to_host(const at::Tensor& reduced, at::ScalarType dtype, CommContext& comm) const {
+  CommContext::StreamScope on_stream(comm, CommContext::Stream::kDeviceToHost, device_);
+  // Read on that stream, freed by the caller right after: the allocator
+  // must not hand its memory out before the copy is done.
+  if (on_stream.on_device()) reduced.record_stream(comm.current_stream(device_));
+  return memory::host_copy(reduced, dtype, pin_memory_);
+}
 
 at::Tensor FlatShard::sharded_view(const FSDPParam& p) const { return shard_view(sharded_, p); }
 
@@ -212,7 +252,19 @@ void FlatShard::start_gather(const UnitComm& over) {
     return;
   }
   if (reorders()) wire_.reset(memory::empty_flat(padded_numel(), options(param_dtype_)));
-  gather_ = all_gather(over, sharded_, wire_.defined() ? wire_.get() : gathered_);
+  const at::Tensor& into = wire_.defined() ? wire_.get() : gathered_;
+  if (offloaded_ && shard_group_->size() > 1) {
+    // The host-to-device copy, cast as it copies, is the gather's input
+    // ([Note: CPU offload]), made on the gather's stream; its record frees
+    // it once waited.
+    CommContext::StreamScope on_stream(over.comm, CommContext::Stream::kAllGather, device_);
+    CountedTensor on_device{memory::BufferKind::kComm};
+    on_device.reset(memory::device_copy(sharded_, param_dtype_, device_));
+    gather_ = all_gather(over, on_device.get(), into);
+    gather_.input = std::move(on_device);
+    return;
+  }
+  gather_ = all_gather(over, sharded_, into);
 }
 
 void FlatShard::finish_gather(CommContext& comm) {

@@ -48,6 +48,16 @@ class FlatShard {
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
   at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().device(device_).dtype(dtype); }
 
+  // The master shard (and the reduced gradients handed to the optimizer)
+  // live on the host (OffloadPolicy::kCpu): the gathered form is never the
+  // shard, a gather starts with a copy of the shard to the compute device,
+  // and to_host copies a reduced gradient back. See [Note: CPU offload].
+  bool offloaded() const { return offloaded_; }
+  // `reduced` (a compute-side flat shard) as a host flat buffer in `dtype`,
+  // copied on `comm`'s device-to-host stream (the host waits for it at the
+  // end of backward: CommContext::drain).
+  at::Tensor to_host(const at::Tensor& reduced, at::ScalarType dtype, CommContext& comm) const;
+
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const;
 
@@ -135,9 +145,11 @@ class FlatShard {
   at::ScalarType param_dtype_;
   at::ScalarType reduce_dtype_;
   bool placed_ = false;
+  bool offloaded_ = false;
+  bool pin_memory_ = false;  // host buffers page-locked (a GPU computes)
   int rank_ = 0;  // in the shard group
   int64_t shard_numel_ = 0;
-  at::Tensor sharded_;   // [shard_numel_] master dtype
+  at::Tensor sharded_;   // [shard_numel_] master dtype; on the host when offloaded
   at::Tensor gathered_;  // [padded_numel()] param dtype; storage freed while sharded (the shard when gathered_is_shard)
   PendingCollective gather_;
   CountedTensor wire_{memory::BufferKind::kComm};  // [padded_numel()] param dtype, rank-major: a placed shard's gather

@@ -1,5 +1,7 @@
 #include "core/fsdp_collectives.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
@@ -17,6 +19,11 @@ void PendingCollective::wait(CommContext& comm, const char* scope) {
     work.reset();
     w->wait();
     comm.mark_waited(event);
+  }
+  if (copied) {
+    const c10::Device device(copied->device_type(), copied->device_index());
+    copied->block(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    copied.reset();
   }
   input.reset();
 }
@@ -36,9 +43,13 @@ void PendingCollective::abandon() noexcept {
 PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const at::Tensor& gathered) {
   PendingCollective out;
   RECORD_USER_SCOPE("FSDP::all_gather");
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllGather);
+  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllGather, gathered.device());
   if (on.group.size() == 1) {
-    gathered.copy_(shard);  // the shard is the unit: one pass, casting as it copies
+    // The shard is the unit: one pass, casting as it copies (from the
+    // host, an offloaded shard's copy in). On a GPU it is asynchronous, and
+    // the compute stream waits for it where it waits for any gather.
+    gathered.copy_(shard, /*non_blocking=*/on_stream.on_device());
+    if (on_stream.on_device()) out.copied = on.comm.mark(CommContext::Stream::kAllGather, gathered.device());
     return out;
   }
   if (gathered.scalar_type() != shard.scalar_type()) {
@@ -58,9 +69,10 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
     return out;
   }
   RECORD_USER_SCOPE("FSDP::reduce_scatter");
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kReduceScatter);
   const at::Tensor& in = input.get();
+  // Allocated on the stream that will read it ([Note: streams]).
   out.output.reset(memory::empty_flat(in.numel() / on.group.size(), in.options()));
+  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kReduceScatter, in.device());
   out.input = std::move(input);
   out.event = on.comm.record(FSDPEvent::Kind::kReduceScatter, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
@@ -79,7 +91,7 @@ PendingCollective all_reduce_logged(const UnitComm& on, const at::Tensor& buffer
                                     FSDPEvent::Kind kind, const char* scope, bool unit_traffic) {
   PendingCollective out;
   RECORD_USER_SCOPE(scope);
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce);
+  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce, buffer.device());
   out.event = on.comm.record(kind, on.unit, on.group.size());
   std::optional<dist::CollectiveLabel> label;
   if (unit_traffic) label.emplace(on.unit);

@@ -6,10 +6,12 @@
 // record per collective, so a reduce-scatter and the replica all-reduce
 // after it never share a handle.
 
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include "fsdp/dist/collectives.h"
 
@@ -35,6 +37,9 @@ struct PendingCollective {
   size_t event = 0;                // its entry in the event log
   CountedTensor input{memory::BufferKind::kComm};   // freed once the collective is done
   CountedTensor output{memory::BufferKind::kComm};  // the result, for whoever takes it
+  // On a GPU, a copy that needed no collective (a gather over one rank):
+  // what the stream current at wait() waits for.
+  std::shared_ptr<c10::Event> copied;
 
   bool in_flight() const { return work.has_value(); }
   // Waits (under `scope` in profiles), marks the wait in the event log and

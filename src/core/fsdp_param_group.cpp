@@ -276,6 +276,9 @@ int64_t FSDPParamGroup::sum_over_shards(Fn&& of) const {
 int64_t FSDPParamGroup::sharded_param_bytes() const {
   return sum_over_shards([](const FlatShard& s) { return s.sharded_bytes(); });
 }
+int64_t FSDPParamGroup::host_param_bytes() const {
+  return sum_over_shards([](const FlatShard& s) { return s.offloaded() ? s.sharded_bytes() : 0; });
+}
 int64_t FSDPParamGroup::unsharded_bytes_held() const {
   return sum_over_shards([](const FlatShard& s) { return s.gathered_bytes_held(); });
 }

@@ -117,11 +117,13 @@ class FSDPParamGroup {
   // one leaves that path first (see [Note: gradients in place]).
   void set_gradient_divide_factor(std::optional<double> factor);
   void set_reduced_grad_hook(ReducedGradHook hook);
+  void set_gradients_ready_hook(GradientsReadyHook hook) { settings_.gradients_ready_hook = std::move(hook); }
 
   // Bytes of the master shards, and of the gathered buffers when held;
   // elements of the padded flat buffers; what one gather holds in flight
   // (FlatShard::gather_bytes_in_flight); the sums over the unit's dtypes.
   int64_t sharded_param_bytes() const;
+  int64_t host_param_bytes() const;  // of those, the offloaded shards' (on the host)
   int64_t unsharded_bytes_held() const;
   int64_t flat_numel() const;
   int64_t gathered_bytes() const;

@@ -135,6 +135,11 @@ void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool r
                  [&](FSDPParamGroup& g) { g.set_reduced_grad_hook(hook); });
 }
 
+void set_gradients_ready_hook(torch::nn::Module& module, GradientsReadyHook hook, bool recurse) {
+  for_each_group(module, recurse, "set_gradients_ready_hook",
+                 [&](FSDPParamGroup& g) { g.set_gradients_ready_hook(hook); });
+}
+
 void set_reshard_after_forward(torch::nn::Module& module, ReshardAfterForward reshard, bool recurse) {
   for (FSDPState* s : units_for(module, recurse, "set_reshard_after_forward")) s->set_reshard_after_forward(reshard);
 }

@@ -223,8 +223,13 @@ class PersistentGradients final : public GradientFlow {
   void issue_all_reduce(const UnitComm& on) override { all_reduce_ = all_reduce(on, buffer_); }
   void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
   // The gradients are views of the reduced buffer already (no factor, no hook here).
-  void assign(const ReductionSettings& /*settings*/) override {}
+  void assign(const ReductionSettings& /*settings*/, CommContext& /*comm*/) override {}
 
+  void append_trainable(std::vector<at::Tensor>& out) const override {
+    for (const auto& p : shard_.params()) {
+      if (p.requires_grad()) out.push_back(p.param);
+    }
+  }
   void drop_backward() noexcept override {}
   void abandon() noexcept override { all_reduce_.abandon(); }
 
@@ -357,7 +362,7 @@ class StagedGradients final : public GradientFlow {
   }
   void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
 
-  void assign(const ReductionSettings& settings) override {
+  void assign(const ReductionSettings& settings, CommContext& comm) override {
     // The reduced shard (a flat buffer) becomes the gradients' memory: each
     // parameter without one gets an alias of its slice, so no per-parameter
     // copies are made, and the buffer goes back to the flat-buffer cache when
@@ -367,7 +372,16 @@ class StagedGradients final : public GradientFlow {
     // is divided once ([Note: where 1/W enters]).
     if (settings.gradient_divide_factor) reduced.div_(*settings.gradient_divide_factor);
     if (settings.reduced_grad_hook) settings.reduced_grad_hook(reduced);
-    if (reduced.scalar_type() != shard_.master_dtype()) reduced = memory::flat_copy(reduced, shard_.master_dtype());
+    if (shard_.offloaded()) {
+      reduced = shard_.to_host(reduced, shard_.master_dtype(), comm);  // [Note: CPU offload]
+      // Added into gradients on the host now (accumulating): the copy must
+      // have landed. Otherwise the end of backward waits for it.
+      const bool adds = std::any_of(shard_.params().begin(), shard_.params().end(),
+                                    [](const FSDPParam& p) { return p.requires_grad() && p.param.grad().defined(); });
+      if (adds) comm.synchronize(CommContext::Stream::kDeviceToHost);
+    } else if (reduced.scalar_type() != shard_.master_dtype()) {
+      reduced = memory::flat_copy(reduced, shard_.master_dtype());
+    }
     for (auto& p : shard_.params()) {
       if (!p.requires_grad()) continue;
       at::Tensor& grad = p.param.mutable_grad();
@@ -383,6 +397,11 @@ class StagedGradients final : public GradientFlow {
     reduced_.reset();
   }
 
+  void append_trainable(std::vector<at::Tensor>& out) const override {
+    for (const auto& p : shard_.params()) {
+      if (p.requires_grad()) out.push_back(p.param);
+    }
+  }
   void drop_backward() noexcept override { unsharded_grad_.reset(); }
   void abandon() noexcept override {
     reduce_scatter_.abandon();
@@ -455,7 +474,8 @@ void Reduction::wait_reduce_scatter() {
 bool Reduction::hand_on() {
   switch (then_) {
     case Then::kAssign:
-      for (GradientFlow* f : flows_) f->assign(*settings_);
+      for (GradientFlow* f : flows_) f->assign(*settings_, within_shard_.comm);
+      tell_ready(within_shard_.comm);
       return false;
     case Then::kHold:
       for (GradientFlow* f : flows_) f->hold_partial_reduction();
@@ -469,7 +489,16 @@ bool Reduction::hand_on() {
 
 void Reduction::finish_all_reduce() {
   for (GradientFlow* f : flows_) f->wait_all_reduce(across_replicas_.comm);
-  for (GradientFlow* f : flows_) f->assign(*settings_);
+  for (GradientFlow* f : flows_) f->assign(*settings_, across_replicas_.comm);
+  tell_ready(across_replicas_.comm);
+}
+
+void Reduction::tell_ready(CommContext& comm) const {
+  if (!settings_->gradients_ready_hook) return;
+  GradientsReady ready;
+  for (const GradientFlow* f : flows_) f->append_trainable(ready.params);
+  ready.wait_until_readable = comm.host_waiter(CommContext::Stream::kDeviceToHost);
+  settings_->gradients_ready_hook(ready);
 }
 
 std::unique_ptr<GradientFlow> make_gradient_flow(FlatShard& shard) {

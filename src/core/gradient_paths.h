@@ -42,6 +42,7 @@ struct ReductionSettings {
   // number of ranks (token-normalised losses); unset: averaged.
   std::optional<double> gradient_divide_factor;
   ReducedGradHook reduced_grad_hook;
+  GradientsReadyHook gradients_ready_hook;
 };
 
 // Settles a gradient set aside at unshard against what the program did to
@@ -84,7 +85,11 @@ class GradientFlow {
   virtual void wait_all_reduce(CommContext& comm) = 0;
   // The reduced gradients handed to the parameters (divided by the divide
   // factor, when one is set: the collectives summed).
-  virtual void assign(const ReductionSettings& settings) = 0;
+  // An offloaded shard's copy to the host runs on `comm`'s stream for it.
+  virtual void assign(const ReductionSettings& settings, CommContext& comm) = 0;
+
+  // The trainable parameters whose gradients this path assigns.
+  virtual void append_trainable(std::vector<at::Tensor>& out) const = 0;
 
   // A forward whose graph was dropped: its gradient buffer goes, the
   // gradients of earlier iterations stay.
@@ -122,6 +127,9 @@ class Reduction {
   void finish_all_reduce();
 
  private:
+  // After the gradients are assigned: the settings' gradients_ready_hook.
+  void tell_ready(CommContext& comm) const;
+
   const FSDPParamGroup* unit_;
   std::vector<GradientFlow*> flows_;
   UnitComm within_shard_;

@@ -9,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 
+#include "fsdp/common/host_buffer.h"
 #include "fsdp/core/fully_shard.h"
 
 namespace fsdp {
@@ -22,18 +23,20 @@ void reset_peak() { reset_peaks(); }
 namespace {
 
 int64_t bytes(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+int64_t host_bytes(const at::Tensor& t) { return memory::is_host_buffer(t) ? bytes(t) : 0; }
 
 // LibTorch's optimizer states expose their tensors only through their
 // concrete types; these are the ones fsdp.cpp's trainer uses.
-int64_t optimizer_state_tensor_bytes(const torch::optim::OptimizerParamState& state) {
+// `count` is bytes or host_bytes.
+int64_t optimizer_state_tensor_bytes(const torch::optim::OptimizerParamState& state, int64_t (*count)(const at::Tensor&)) {
   if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&state)) {
-    return bytes(s->exp_avg()) + bytes(s->exp_avg_sq()) + bytes(s->max_exp_avg_sq());
+    return count(s->exp_avg()) + count(s->exp_avg_sq()) + count(s->max_exp_avg_sq());
   }
   if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&state)) {
-    return bytes(s->exp_avg()) + bytes(s->exp_avg_sq()) + bytes(s->max_exp_avg_sq());
+    return count(s->exp_avg()) + count(s->exp_avg_sq()) + count(s->max_exp_avg_sq());
   }
   if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&state)) {
-    return bytes(s->momentum_buffer());
+    return count(s->momentum_buffer());
   }
   return 0;
 }
@@ -45,13 +48,16 @@ MemoryStats memory_stats(const torch::nn::Module& module, const torch::optim::Op
   std::unordered_set<const void*> seen;
   for (const auto& param : module.parameters()) {
     if (!seen.insert(param.unsafeGetTensorImpl()).second) continue;
-    if (param.grad().defined()) stats.grad_bytes += static_cast<int64_t>(param.grad().nbytes());
+    stats.grad_bytes += bytes(param.grad());
+    stats.host_grad_bytes += host_bytes(param.grad());
   }
   stats.sharded_param_bytes = sharded_param_bytes(module);
+  stats.host_param_bytes = host_param_bytes(module);
   if (optimizer != nullptr) {
     for (const auto& [key, state] : optimizer->state()) {
       (void)key;
-      stats.optimizer_state_bytes += optimizer_state_tensor_bytes(*state);
+      stats.optimizer_state_bytes += optimizer_state_tensor_bytes(*state, &bytes);
+      stats.host_optimizer_state_bytes += optimizer_state_tensor_bytes(*state, &host_bytes);
     }
   }
   using memory::BufferKind;

@@ -132,6 +132,15 @@ int64_t sharded_param_bytes(const torch::nn::Module& module) {
   return total;
 }
 
+int64_t host_param_bytes(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& [name, state] : units_under(module)) {
+    (void)name;
+    if (state->group() != nullptr) total += state->group()->host_param_bytes();
+  }
+  return total;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   std::unordered_set<const void*> seen;

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <unordered_set>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
 #include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/host_buffer.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::optim {
@@ -50,7 +53,25 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+void FusedAdamW::set_state_offload(bool offload, bool pin_memory) {
+  offload_state_ = offload;
+  pin_memory_ = pin_memory;
+}
+
 torch::Tensor FusedAdamW::step_scaled(double gradient_scale) {
+  if (offload_state_) {
+    last_step_fused_ = true;
+    offloaded_step(static_cast<float>(gradient_scale));
+    return {};
+  }
+  // Moments a step with offload left on the host come back beside their
+  // parameters first.
+  for (const auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      const auto it = state().find(compat::optimizer_state_key(p));
+      if (it != state().end()) place_state(static_cast<torch::optim::AdamWParamState&>(*it->second), p);
+    }
+  }
   last_step_fused_ = fusable();
   if (last_step_fused_) {
     fused_step(static_cast<float>(gradient_scale));
@@ -78,8 +99,15 @@ torch::optim::AdamWParamState& FusedAdamW::stepped_state(const torch::Tensor& p)
   auto& slot = state()[compat::optimizer_state_key(p)];
   if (!slot) {
     auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-    fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-    fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    if (offload_state_ || memory::is_host_buffer(p)) {
+      // On the host beside a CPU-offloaded parameter too (its own dtype).
+      const at::ScalarType dtype = offload_state_ ? at::kFloat : p.scalar_type();
+      fresh->exp_avg(memory::empty_host(p.numel(), dtype, pin_memory_).zero_().view(p.sizes()));
+      fresh->exp_avg_sq(memory::empty_host(p.numel(), dtype, pin_memory_).zero_().view(p.sizes()));
+    } else {
+      fresh->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    }
     slot = std::move(fresh);
   }
   auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
@@ -146,45 +174,58 @@ void FusedAdamW::device_fused_step(double gradient_scale) {
 #endif
 }
 
-void FusedAdamW::fused_step(float gradient_scale) {
-  torch::NoGradGuard no_grad;
-  RECORD_USER_SCOPE("fsdp::fused_adamw");
+namespace {
+
+// One parameter's update as the fused loop takes it, over fp32 `param`,
+// `grad` and the state's moments. As torch::optim::AdamW: corrections and
+// step size in double, then each rounded to float where its tensor op
+// would round it.
+kernels::AdamWSegment segment_of(const torch::optim::AdamWOptions& o, const torch::optim::AdamWParamState& s,
+                                 const at::Tensor& param, const at::Tensor& grad, float gradient_scale) {
+  const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
+  kernels::AdamWSegment seg;
+  seg.param = param.data_ptr<float>();
+  seg.grad = grad.data_ptr<float>();
+  seg.exp_avg = s.exp_avg().data_ptr<float>();
+  seg.exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
+  seg.numel = param.numel();
+  seg.decay = static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1.0);
+  seg.beta1 = static_cast<float>(beta1);
+  seg.one_minus_beta1 = static_cast<float>(1 - beta1);
+  seg.beta2 = static_cast<float>(beta2);
+  seg.one_minus_beta2 = static_cast<float>(1 - beta2);
+  seg.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  seg.eps = static_cast<float>(o.eps());
+  seg.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
+  seg.grad_scale = gradient_scale;
+  return seg;
+}
+
+// The segments laid end to end.
+struct SegmentList {
   std::vector<kernels::AdamWSegment> segments;
   std::vector<int64_t> starts;  // each segment's first element in the virtual concatenation
   int64_t total = 0;
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined() || p.numel() == 0) continue;
-      auto& s = stepped_state(p);
-      // As torch::optim::AdamW: corrections and step size in double, then
-      // each rounded to float where its tensor op would round it.
-      const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(s.step()));
-      const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(s.step()));
-      kernels::AdamWSegment seg;
-      seg.param = p.data_ptr<float>();
-      seg.grad = p.grad().data_ptr<float>();
-      seg.exp_avg = s.exp_avg().data_ptr<float>();
-      seg.exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
-      seg.numel = p.numel();
-      seg.decay = static_cast<float>(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1.0);
-      seg.beta1 = static_cast<float>(beta1);
-      seg.one_minus_beta1 = static_cast<float>(1 - beta1);
-      seg.beta2 = static_cast<float>(beta2);
-      seg.one_minus_beta2 = static_cast<float>(1 - beta2);
-      seg.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-      seg.eps = static_cast<float>(o.eps());
-      seg.neg_step_size = static_cast<float>(-(o.lr() / bias_correction1));
-      seg.grad_scale = gradient_scale;
-      segments.push_back(seg);
-      starts.push_back(total);
-      total += seg.numel;
-    }
+  void add(const kernels::AdamWSegment& seg) {
+    segments.push_back(seg);
+    starts.push_back(total);
+    total += seg.numel;
   }
-  // One parallel pass over all segments as if they were one flat buffer:
-  // a thread's range may start inside one parameter and end in another.
-  at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
+};
+
+// One parallel pass over all segments as if they were one flat buffer: a
+// thread's range may start inside one parameter and end in another.
+// `serial`: on the calling thread alone.
+void run_segments(const SegmentList& list, bool serial = false) {
+  const auto& segments = list.segments;
+  const auto& starts = list.starts;
+  if (serial) {
+    for (const auto& seg : segments) kernels::adamw_update(seg, 0, seg.numel);
+    return;
+  }
+  at::parallel_for(0, list.total, kGrain, [&](int64_t begin, int64_t end) {
     auto i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1);
     for (; begin < end; ++i) {
       const int64_t stop = std::min(end, starts[i] + segments[i].numel);
@@ -192,6 +233,112 @@ void FusedAdamW::fused_step(float gradient_scale) {
       begin = stop;
     }
   });
+}
+
+}  // namespace
+
+void FusedAdamW::fused_step(float gradient_scale) {
+  torch::NoGradGuard no_grad;
+  RECORD_USER_SCOPE("fsdp::fused_adamw");
+  SegmentList list;
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      list.add(segment_of(o, stepped_state(p), p, p.grad(), gradient_scale));
+    }
+  }
+  run_segments(list);
+}
+
+void FusedAdamW::step_params(const std::vector<torch::Tensor>& params, double gradient_scale, bool serial) {
+  torch::NoGradGuard no_grad;
+  RECORD_USER_SCOPE("fsdp::fused_adamw_unit");
+  FSDP_CHECK(!offload_state_, "FusedAdamW::step_params: not with the state offloaded (set_state_offload)");
+  std::unordered_set<const void*> wanted;
+  for (const auto& p : params) wanted.insert(p.unsafeGetTensorImpl());
+  SegmentList list;
+  size_t found = 0;
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (wanted.count(p.unsafeGetTensorImpl()) == 0) continue;
+      ++found;
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      FSDP_CHECK(!o.amsgrad() && fusable_tensor(p, p) && fusable_tensor(p.grad(), p),
+                 "FusedAdamW::step_params: a parameter of ", p.scalar_type(), " on ", p.device(),
+                 " (expected a contiguous fp32 CPU parameter and gradient, amsgrad off)");
+      auto& s = stepped_state(p);
+      place_state(s, p);
+      list.add(segment_of(o, s, p, p.grad(), static_cast<float>(gradient_scale)));
+    }
+  }
+  FSDP_CHECK(found == wanted.size(), "FusedAdamW::step_params: ", wanted.size() - found,
+             " of the parameters given are not this optimizer's");
+  run_segments(list, serial);
+}
+
+// [Note: optimizer offload]
+// Megatron-FSDP's optimizer offload, on the host's cores: every gradient
+// and parameter copied to the host in fp32 (device to host), one fused pass
+// over all of them with the moments kept there, and the parameters copied
+// back (host to device, rounding a bf16 parameter once). On a CPU-only build
+// the copies are real, into host buffers of their own, so a copy left out
+// shows as a parameter that did not move.
+void FusedAdamW::offloaded_step(float gradient_scale) {
+  torch::NoGradGuard no_grad;
+  RECORD_USER_SCOPE("fsdp::fused_adamw_offloaded");
+  struct Staged {
+    at::Tensor param;       // the parameter, where it lives
+    at::Tensor host_param;  // [numel] fp32 on the host
+    at::Tensor host_grad;   // [numel] fp32 on the host
+  };
+  std::vector<Staged> staged;
+  std::vector<at::Device> devices;
+  for (auto& group : param_groups()) {
+    FSDP_CHECK(!static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad(),
+               "FusedAdamW: optimizer offload does not keep amsgrad's maximum; turn amsgrad off");
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      FSDP_CHECK(at::isFloatingType(p.scalar_type()) && p.grad().layout() == at::kStrided,
+                 "FusedAdamW: optimizer offload steps dense floating-point parameters; got ", p.scalar_type(),
+                 " with a ", p.grad().layout(), " gradient");
+      staged.push_back({p, memory::host_copy(p, at::kFloat, pin_memory_), memory::host_copy(p.grad(), at::kFloat, pin_memory_)});
+      if (std::find(devices.begin(), devices.end(), p.device()) == devices.end()) devices.push_back(p.device());
+    }
+  }
+  for (const auto& d : devices) memory::wait_for_copies(d);
+  SegmentList list;
+  size_t next = 0;
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined() || p.numel() == 0) continue;
+      const Staged& st = staged[next++];
+      auto& s = stepped_state(p);
+      place_state(s, p);
+      list.add(segment_of(o, s, st.host_param, st.host_grad, gradient_scale));
+    }
+  }
+  run_segments(list);
+  for (const Staged& st : staged) st.param.copy_(st.host_param.view(st.param.sizes()), /*non_blocking=*/true);
+}
+
+void FusedAdamW::place_state(torch::optim::AdamWParamState& s, const torch::Tensor& p) const {
+  // Host memory under offload (fp32), and beside a CPU-offloaded parameter
+  // (its dtype); else the parameter's device.
+  const bool host = offload_state_ || memory::is_host_buffer(p);
+  const at::ScalarType dtype = offload_state_ ? at::kFloat : p.scalar_type();
+  const auto placed = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    const bool right_side = host ? memory::is_host_buffer(t) : !memory::is_host_buffer(t) && t.device() == p.device();
+    if (right_side && t.scalar_type() == dtype && t.is_contiguous()) return t;
+    if (host) return memory::host_copy(t, dtype, pin_memory_).view(t.sizes());
+    return at::empty(t.sizes(), p.options()).copy_(t);
+  };
+  s.exp_avg(placed(s.exp_avg()));
+  s.exp_avg_sq(placed(s.exp_avg_sq()));
+  if (s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(placed(s.max_exp_avg_sq()));
 }
 
 }  // namespace fsdp::optim

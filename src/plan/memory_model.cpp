@@ -64,7 +64,14 @@ namespace {
 
 // The per-rank timeline of one step on shard groups of S ranks.
 Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const Target& target, const Sizes& s) {
-  const bool aliased = S == 1 && s.compute == 4;  // the shard is the unit: no gathered copy
+  // Offload ([Note: CPU offload], [Note: optimizer offload]): --cpu-offload
+  // keeps the sharded parameters, the gradients handed to the optimizer and
+  // its state on the host, and gathers over one rank too (a copy from the
+  // host); --optimizer-offload keeps AdamW's moments there.
+  const bool cpu_offload = job.fsdp.cpu_offload;
+  const bool optimizer_offload = job.fsdp.optimizer_offload;
+  // The shard is the unit: no gathered copy.
+  const bool aliased = S == 1 && s.compute == 4 && !cpu_offload;
   // Whether blocks free their gathered parameters after forward: the
   // strategy decides unless --reshard-after-forward names a number of
   // ranks (1 keeps them gathered).
@@ -145,6 +152,19 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const int64_t params_bytes = trainable_shards * s.master + (shards - trainable_shards) * frozen_bytes;
   const int64_t optimizer_bytes = 2 * trainable_shards * s.master;  // AdamW's two moments, in the shards' dtype
   out.state_bytes = params_bytes + grad_shards * s.master + optimizer_bytes;
+  // The host's: the offloaded state, and under optimizer offload the fp32
+  // copies of parameters and gradients a step updates there, with fp32
+  // moments whatever the shards' dtype.
+  if (cpu_offload) {
+    out.host_parts = {{"sharded parameters", params_bytes},
+                      {"gradients", grad_shards * s.master},
+                      {"optimizer state", optimizer_bytes}};
+  }
+  if (optimizer_offload) {
+    out.host_parts = {{"optimizer state", 2 * trainable_shards * 4},
+                      {"fp32 copies of parameters and gradients (the step)", 2 * trainable_shards * 4}};
+  }
+  for (const auto& p : out.host_parts) out.host_bytes += p.bytes;
   const int64_t gathered_root = aliased ? 0 : root.padded * s.compute;
   const auto gathered_blocks = [&](int64_t first, int64_t last) {
     return aliased ? 0 : padded(first, last) * s.compute;
@@ -210,13 +230,16 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const bool accumulates = job.data.grad_accum > 1 && !aliased;
   const bool into_shards = job.fsdp.accumulate == train::Accumulate::kSharded;
   const auto unsynced = [&](int64_t n) {
-    if (!accumulates) return int64_t{0};
+    if (!accumulates || (into_shards && cpu_offload)) return int64_t{0};  // offloaded: added on the host
     return into_shards ? (root.grad_shard + range(grad_shard_sum, 0, n)) * s.master
                        : (root.grad_padded + grad_padded(0, n)) * s.reduce;
   };
   const auto moment = [&](std::string phase, std::vector<Part> parts) {
-    Moment mo{std::move(phase), {{"sharded parameters", params_bytes}, {"optimizer state", optimizer_bytes}}};
+    Moment mo{std::move(phase), {}};
+    if (!cpu_offload) mo.parts.push_back({"sharded parameters", params_bytes});
+    if (!cpu_offload && !optimizer_offload) mo.parts.push_back({"optimizer state", optimizer_bytes});
     for (auto& p : parts) {
+      if (cpu_offload && p.name == "gradients") continue;  // reduced shards land on the host
       if (p.bytes != 0) mo.parts.push_back(std::move(p));
     }
     out.timeline.push_back(std::move(mo));

@@ -26,10 +26,16 @@ int communication_rank(ShardingStrategy s) {
   }
 }
 
-// Smaller is preferred.
+// Host traffic per step, least first: none, the optimizer's (parameters
+// and gradients to the host and back once per step), or every gather's
+// and reduction's too (CPU offload).
+int offload_rank(const train::TrainConfig& j) { return j.fsdp.cpu_offload ? 2 : j.fsdp.optimizer_offload ? 1 : 0; }
+
+// Smaller is preferred. Offload comes last of all: it moves the state over
+// the host's link every step, which costs more than recomputing blocks.
 auto preference(const Candidate& c) {
   const auto& j = c.job;
-  return std::make_tuple(!c.fits, j.model.activation_checkpoint, -j.data.batch_size, j.model.chunk_loss,
+  return std::make_tuple(!c.fits, offload_rank(j), j.model.activation_checkpoint, -j.data.batch_size, j.model.chunk_loss,
                          communication_rank(j.fsdp.sharding), -j.fsdp.fsdp_size, -j.fsdp.prefetch_depth);
 }
 
@@ -81,42 +87,46 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
   Choice choice;
   std::vector<std::vector<Candidate>> groups;
   for (const auto& [sharding, fsdp_size] : meshes) {
-    // Under torchtitan's selective checkpointing (Target) the job's own
-    // setting is not used: one value suffices.
-    for (bool ac : target.selective_checkpointing ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
-      // The chunked loss is the CPU kernel's; elsewhere lm_loss runs.
-      for (bool chunk : target.composite_loss ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
-        std::vector<Candidate> group;
-        for (int64_t depth : depths) {
-          for (int64_t micro : divisors(sequences)) {
-            Candidate c{job};
-            c.job.fsdp.sharding = sharding;
-            c.job.fsdp.fsdp_size = fsdp_size;
-            c.job.fsdp.prefetch_depth = depth;
-            c.job.model.activation_checkpoint = ac;
-            c.job.model.chunk_loss = chunk;
-            c.job.data.batch_size = micro;
-            c.job.data.grad_accum = sequences / micro;
-            // The job's --reshard-after-forward where it divides this mesh's shard group.
-            const int64_t keep_over = c.job.fsdp.reshard_after_forward;
-            if (!reshard_ranks_fit(keep_over, shard_group_size(c.job, world))) c.job.fsdp.reshard_after_forward = 0;
-            try {
-              c.peak_bytes =
-                  with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
-              c.fits = c.peak_bytes <= budget_bytes;
-            } catch (const Error&) {
-              c.peak_bytes = std::numeric_limits<int64_t>::max();  // too large to plan: never fits
-              c.fits = false;
+    for (int offload : {0, 1, 2}) {
+      // Under torchtitan's selective checkpointing (Target) the job's own
+      // setting is not used: one value suffices.
+      for (bool ac : target.selective_checkpointing ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
+        // The chunked loss is the CPU kernel's; elsewhere lm_loss runs.
+        for (bool chunk : target.composite_loss ? std::vector<bool>{false} : std::vector<bool>{false, true}) {
+          std::vector<Candidate> group;
+          for (int64_t depth : depths) {
+            for (int64_t micro : divisors(sequences)) {
+              Candidate c{job};
+              c.job.fsdp.sharding = sharding;
+              c.job.fsdp.fsdp_size = fsdp_size;
+              c.job.fsdp.prefetch_depth = depth;
+              c.job.fsdp.optimizer_offload = offload == 1;
+              c.job.fsdp.cpu_offload = offload == 2;
+              c.job.model.activation_checkpoint = ac;
+              c.job.model.chunk_loss = chunk;
+              c.job.data.batch_size = micro;
+              c.job.data.grad_accum = sequences / micro;
+              // The job's --reshard-after-forward where it divides this mesh's shard group.
+              const int64_t keep_over = c.job.fsdp.reshard_after_forward;
+              if (!reshard_ranks_fit(keep_over, shard_group_size(c.job, world))) c.job.fsdp.reshard_after_forward = 0;
+              try {
+                c.peak_bytes =
+                    with_headroom(predict(model, c.job, world, target).peak.total(), headroom) + overhead_bytes;
+                c.fits = c.peak_bytes <= budget_bytes;
+              } catch (const Error&) {
+                c.peak_bytes = std::numeric_limits<int64_t>::max();  // too large to plan: never fits
+                c.fits = false;
+              }
+              if (choice.smallest.peak_bytes == 0 || c.peak_bytes < choice.smallest.peak_bytes) choice.smallest = c;
+              group.push_back(std::move(c));
             }
-            if (choice.smallest.peak_bytes == 0 || c.peak_bytes < choice.smallest.peak_bytes) choice.smallest = c;
-            group.push_back(std::move(c));
           }
+          const bool any_fits = std::any_of(group.begin(), group.end(), [](const Candidate& c) { return c.fits; });
+          const auto best = std::min_element(group.begin(), group.end(), [&](const Candidate& a, const Candidate& b) {
+            return any_fits ? preference(a) < preference(b) : a.peak_bytes < b.peak_bytes;
+          });
+          choice.groups.push_back(*best);
         }
-        const bool any_fits = std::any_of(group.begin(), group.end(), [](const Candidate& c) { return c.fits; });
-        const auto best = std::min_element(group.begin(), group.end(), [&](const Candidate& a, const Candidate& b) {
-          return any_fits ? preference(a) < preference(b) : a.peak_bytes < b.peak_bytes;
-        });
-        choice.groups.push_back(*best);
       }
     }
   }
@@ -129,6 +139,7 @@ Choice choose(const ModelShape& model, const train::TrainConfig& job, int world,
 std::string why_not(const Candidate& other, const Candidate& best, int64_t budget_bytes) {
   if (!other.fits) return "over the budget by " + format_bytes(other.peak_bytes - budget_bytes);
   const auto &o = other.job, &b = best.job;
+  if (offload_rank(o) != offload_rank(b)) return "offloads to the host (host copies every step)";
   if (o.model.activation_checkpoint != b.model.activation_checkpoint) return "recomputes every block in backward";
   if (o.data.batch_size != b.data.batch_size) {
     return "fits only with micro-batch " + std::to_string(o.data.batch_size) + " (more, smaller matmuls)";
@@ -153,6 +164,8 @@ std::string train_flags(const train::TrainConfig& job) {
   }
   if (job.model.activation_checkpoint) flags += " --activation-checkpoint";
   if (job.model.chunk_loss) flags += " --chunk-loss";
+  if (job.fsdp.cpu_offload) flags += " --cpu-offload";
+  if (job.fsdp.optimizer_offload) flags += " --optimizer-offload";
   return flags;
 }
 

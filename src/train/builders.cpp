@@ -300,6 +300,7 @@ void apply_fsdp(models::CausalLMImpl& model, const TrainConfig& config, const st
   par.fsdp.mesh = mesh;
   par.fsdp.strategy = f.sharding;
   par.fsdp.prefetch_depth = static_cast<int>(f.prefetch_depth);
+  if (f.cpu_offload) par.fsdp.offload = OffloadPolicy::cpu();
   config.validate_for_shard_group(mesh->layout().shard);
   if (f.reshard_after_forward > 0) par.fsdp.reshard_after_forward = static_cast<int>(f.reshard_after_forward);
   if (f.shard_placement != train::ShardPlacement::kFlat) {

@@ -266,6 +266,9 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(fsdp, explicit_prefetch, "--explicit-prefetch", "each block prefetches its neighbour"),
       FSDP_FIELD(fsdp, shard_placement, "--shard-placement", "how parameters are cut: flat (each unit's parameters end to end, 1-D slices), rows (each parameter on its first dim, FSDP2's Shard(0): whole rows per rank, a copy after each gather) or columns (matrices on Shard(1); not checkpointable)"),
       FSDP_FIELD(fsdp, accumulate, "--accumulate", "where gradients add up over --grad-accum micro-steps: unsharded (each unit keeps its whole gradient, one reduce-scatter on the last micro-step) or sharded (a reduce-scatter every micro-step into the rank's shard, FSDP2's default: a shard of the memory, --grad-accum times the traffic)"),
+      FSDP_FIELD(fsdp, cpu_offload, "--cpu-offload", "keep each unit's sharded parameters, their gradients and the optimizer's state on the host (FSDP2's CPUOffloadPolicy): the shard is copied to the compute device before each all-gather and each reduced gradient copied back; the optimizer steps on the host"),
+      FSDP_FIELD(fsdp, optimizer_offload, "--optimizer-offload", "keep AdamW's moments on the host, parameters and gradients on the compute device: each step copies gradients and parameters to the host, updates them there and copies the parameters back"),
+      FSDP_FIELD(fsdp, overlap_host_step, "--overlap-host-step", "with --cpu-offload: start each unit's update on the host as soon as its gradients land there, while backward goes on (needs --grad-clip 0; a non-finite gradient then stops the run instead of skipping the step)"),
       FSDP_FIELD(fsdp, wrap_policy, "--wrap-policy", "FSDP units: block (one per transformer block) or size:N (any attention, MLP or block whose own parameters reach N; --print-model lists them)"),
       FSDP_FIELD(checkpoint, dir, "--ckpt-dir", "checkpoint directory (empty: <run folder>/checkpoints); a run resumes from its latest"),
       FSDP_FIELD(checkpoint, save_every, "--save-every", "steps between checkpoints (0: only at the end and on SIGTERM/SIGINT, when --ckpt-dir is set)"),
@@ -493,6 +496,18 @@ void TrainConfig::validate() const {
   FSDP_CHECK(optim.weight_decay >= 0, "optim.weight_decay is ", optim.weight_decay, ": expected 0 or more");
   FSDP_CHECK(model.vocab_size >= 0, "model.vocab_size is ", model.vocab_size, ": expected 0 (the preset's) or more");
   FSDP_CHECK(model.dropout >= 0 && model.dropout < 1, "model.dropout is ", model.dropout, ": expected 0 <= p < 1");
+  FSDP_CHECK(!fsdp.cpu_offload || !fsdp.optimizer_offload, "fsdp.cpu_offload and fsdp.optimizer_offload are both "
+             "set: --cpu-offload keeps the optimizer's state on the host already, with the parameters and "
+             "gradients; --optimizer-offload moves only the state. Choose one");
+  FSDP_CHECK(!fsdp.overlap_host_step || fsdp.cpu_offload, "fsdp.overlap_host_step overlaps the optimizer's step on "
+             "the host with backward, and fsdp.cpu_offload is off (the step is on the compute device): add --cpu-offload");
+  FSDP_CHECK(!fsdp.overlap_host_step || optim.grad_clip == 0, "fsdp.overlap_host_step starts each unit's update before "
+             "the gradients' global norm is known, and optim.grad_clip is ", optim.grad_clip,
+             ": clipping needs that norm first; set --grad-clip 0, or drop --overlap-host-step");
+  FSDP_CHECK(!fsdp.overlap_host_step || (runtime.precision != Precision::kFp16 && guard.skip_spikes == 0),
+             "fsdp.overlap_host_step makes each update before the step is judged, and ",
+             runtime.precision == Precision::kFp16 ? "fp16's loss scaler" : "guard.skip_spikes",
+             " may skip the step after backward: drop one of them");
   FSDP_CHECK(fsdp.prefetch_depth >= 0, "fsdp.prefetch_depth is ", fsdp.prefetch_depth, ": expected 0 or more");
   FSDP_CHECK(fsdp.reshard_after_forward >= 0, "fsdp.reshard_after_forward is ", fsdp.reshard_after_forward,
              ": expected 0 (the strategy decides) or a number of ranks dividing the shard group's size");

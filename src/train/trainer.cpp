@@ -138,6 +138,8 @@ void Trainer::set_up() {
   mesh_ = build_mesh(config_.fsdp, world_);
   apply_fsdp(*model_, config_, mesh_, built.init_weights, log_);
   optimizer_ = build_optimizer(config_.optim, groups);
+  optimizer_->set_state_offload(config_.fsdp.optimizer_offload);
+  if (config_.fsdp.overlap_host_step) host_step_ = std::make_unique<OverlappedHostStep>(*model_, *optimizer_);
   if (precision_dtype(config_.runtime.precision) == torch::kHalf) {
     scaler_ = std::make_unique<ShardedGradScaler>(world_->group());
   }
@@ -495,6 +497,8 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
       RECORD_USER_SCOPE("train::forward");
       losses = loss_of(batch);
     }
+    // The synchronised backward: units' updates start as it goes.
+    if (host_step_ && a == A - 1) host_step_->arm();
     {
       RECORD_USER_SCOPE("train::backward");
       memory::set_phase("backward");
@@ -518,12 +522,19 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const double clip = clip_factor(grad_norm, config_.optim.grad_clip);
   const double loss = mean_over_ranks(world_->group(), loss_sum);
   const StepVerdict verdict = guard_->judge(loss, grad_norm);
-  if (verdict.skip) {
+  if (host_step_) {
+    host_step(clip);  // the updates began in backward; waits for the last
+    FSDP_CHECK(!verdict.skip, "step ", step + 1, ": ", verdict.reason, ", and with --overlap-host-step its update was "
+               "already made during backward: the run stops here without saving; resume from the last checkpoint "
+               "(without --overlap-host-step a non-finite step is skipped instead)");
+  } else if (verdict.skip) {
     if (scaler_) scaler_->update();
   } else if (scaler_) {
     scale_gradients(*model_, clip);
     scaler_->step(*optimizer_);
     scaler_->update();
+  } else if (config_.fsdp.cpu_offload || config_.fsdp.optimizer_offload) {
+    host_step(clip);
   } else {
     optimizer_->step_scaled(clip);
   }
@@ -675,6 +686,8 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                          {"peak_rss_mb", static_cast<double>(peak_rss_bytes()) / (1 << 20)},
                          {"sharded_state_mb", static_cast<double>(mem.sharded_param_bytes + mem.grad_bytes +
                                                                   mem.optimizer_state_bytes) / (1 << 20)},
+                         {"host_state_mb", static_cast<double>(mem.host_param_bytes + mem.host_grad_bytes +
+                                                               mem.host_optimizer_state_bytes) / (1 << 20)},
                          {"peak_gathered_mb", static_cast<double>(mem.peak_gathered_bytes) / (1 << 20)},
                          {"allocated_peak_mb", static_cast<double>(memory::peak_allocated_bytes()) / (1 << 20)},
                          {"tokens_seen", tokens_seen_}};
@@ -685,6 +698,34 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
   }
   metrics_->write(line);
   log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm, s.seconds);
+}
+
+void Trainer::host_step(double clip) {
+  std::string failure;
+  try {
+    if (host_step_) {
+      const size_t stepped = host_step_->finish();
+      size_t expected = 0;
+      for (const auto& group : optimizer_->param_groups()) {
+        for (const auto& p : group.params()) expected += p.grad().defined() ? 1 : 0;
+      }
+      FSDP_CHECK(stepped == expected, "--overlap-host-step updated ", stepped, " of the ", expected,
+                 " parameters with gradients during backward");
+    } else {
+      fault_point("train.host_step");
+      optimizer_->step_scaled(clip);
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // Every rank learns of a failure on any, before any goes on: the others
+  // would otherwise wait in the next step's first collective.
+  auto failed = torch::tensor({failure.empty() ? 0.0 : 1.0}, torch::kDouble);
+  dist::all_reduce(world_->group(), failed, dist::ReduceOp::kMax).wait();
+  FSDP_CHECK(failure.empty(), "the optimizer's step on the host failed: ", failure,
+             "; units whose update had not begun are as they were, and no checkpoint is written past the last one");
+  FSDP_CHECK(failed.item<double>() == 0.0, "the optimizer's step on the host failed on another rank (its log says "
+             "why); this rank stops with it, and no checkpoint is written past the last one");
 }
 
 double Trainer::evaluate() {

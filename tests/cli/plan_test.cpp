@@ -73,9 +73,18 @@ TEST_P(PlanAgainstAccounting, TensorPeakWithinTenPercentAndShardedStateToTheByte
   // is the shards and AdamW's two moments.
   // To the byte: a missing LayerNorm (a few hundred bytes) or a shard's
   // padding counted wrong shows here.
-  const auto state = std::llround(predicted["parts"]["sharded parameters"].get<double>() +
-                                  predicted["parts"]["optimizer state"].get<double>());
-  EXPECT_EQ(state, std::llround(measured["sharded_state_mb"].get<double>() * kMiB)) << c.name;
+  // Offloaded state is the host's: absent from the compute side's parts,
+  // and in the plan's host parts (gradients aside, as above).
+  const auto part = [](const nlohmann::json& parts, const char* name) {
+    return parts.contains(name) ? parts[name].get<double>() : 0.0;
+  };
+  const auto state = std::llround(part(predicted["parts"], "sharded parameters") +
+                                  part(predicted["parts"], "optimizer state"));
+  const double host_mb = measured["host_state_mb"].get<double>();
+  EXPECT_EQ(state, std::llround((measured["sharded_state_mb"].get<double>() - host_mb) * kMiB)) << c.name;
+  const auto host = std::llround(part(predicted["host_parts"], "sharded parameters") +
+                                 part(predicted["host_parts"], "optimizer state"));
+  EXPECT_EQ(host, std::llround(host_mb * kMiB)) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -107,7 +116,12 @@ INSTANTIATE_TEST_SUITE_P(
                       PlanCase{"qwen3_lora_fp32", 1, "--model qwen3-tiny --lora-rank 8"},
                       PlanCase{"llama_lora_bf16", 1, "--model llama-tiny --precision bf16 --lora-rank 8"},
                       PlanCase{"llama_w2_lora_bf16_accumulation", 2,
-                               "--model llama-tiny --precision bf16 --lora-rank 8 --grad-accum 3"}),
+                               "--model llama-tiny --precision bf16 --lora-rank 8 --grad-accum 3"},
+                      // Offload: the state on the host; over one rank CPU offload gathers (a copy)
+                      // where the shard would otherwise be the unit.
+                      PlanCase{"gpt2_cpu_offload", 1, "--model gpt2-tiny --cpu-offload"},
+                      PlanCase{"llama_w2_cpu_offload_bf16", 2, "--model llama-tiny --cpu-offload --precision bf16"},
+                      PlanCase{"llama_w2_optimizer_offload", 2, "--model llama-tiny --optimizer-offload"}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
 // --accumulate sharded reduce-scatters every micro-step into the shards

@@ -6,6 +6,8 @@
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"
+#include "fsdp/common/host_buffer.h"
+#include "fsdp/optim/fused_adamw.h"
 
 namespace fsdp::testing {
 namespace {
@@ -74,6 +76,7 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
   options.mesh = mesh_for(spec.strategy);
   options.strategy = spec.strategy;
   options.prefetch_depth = spec.prefetch_depth;
+  options.offload = spec.offload;
   if (spec.compute_dtype != torch::kFloat) {
     options.mixed_precision.param_dtype = spec.compute_dtype;
     options.mixed_precision.reduce_dtype = torch::kFloat;
@@ -85,7 +88,15 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
     for (size_t i = 0; i + 1 < b.size(); ++i) set_modules_to_forward_prefetch(*b[i], {b[i + 1].get()});
     for (size_t i = 1; i < b.size(); ++i) set_modules_to_backward_prefetch(*b[i], {b[i - 1].get()});
   }
-  torch::optim::AdamW optimizer(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  std::unique_ptr<torch::optim::Optimizer> optimizer_owner;
+  if (spec.fused_adamw || spec.optimizer_offload) {
+    auto fused = std::make_unique<optim::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+    fused->set_state_offload(spec.optimizer_offload);
+    optimizer_owner = std::move(fused);
+  } else {
+    optimizer_owner = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  }
+  torch::optim::Optimizer& optimizer = *optimizer_owner;
   ShardedGradScaler scaler(world.group(), GradScalerOptions{kLossScale, 2.0, 0.5, 1000});
 
   // Data order: micro-step a of rank r reads rows [(a * W + r) * B, ... + B).
@@ -113,12 +124,20 @@ NamedTensors train_sharded(const RunSpec& spec, ShardedRunLog* log) {
     if (log != nullptr && step == 0) {
       const auto stats = memory_stats(*model, &optimizer);
       log->state_bytes_after_first_step = stats.sharded_param_bytes + stats.grad_bytes + stats.optimizer_state_bytes;
+      log->stats_after_first_step = stats;
     }
     optimizer.zero_grad();
     if (log != nullptr) {
       log->grad_norms.push_back(norm);
       log->gathered_after_step.push_back(memory::gathered_bytes());
       log->loss_scales.push_back(scaler.get_scale());
+    }
+  }
+  if (log != nullptr) {
+    log->params_on_host = true;
+    for (const auto& p : model->parameters()) {
+      log->params_on_host = log->params_on_host && memory::is_host_buffer(p);
+      log->any_param_on_host = log->any_param_on_host || memory::is_host_buffer(p);
     }
   }
   return full_parameters(*model);

@@ -16,6 +16,7 @@
 #include "fsdp/dist/collectives.h"
 
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/core/memory.h"
 #include "fsdp/core/options.h"
 #include "tiny_transformer.h"
 
@@ -35,6 +36,9 @@ struct RunSpec {
   double clip = 0.0;               // max grad norm, 0 for none
   int steps = 5;
   int64_t rows_per_rank = 2;       // micro-batch rows each rank reads per micro-step
+  OffloadPolicy offload;           // FullyShardOptions::offload of every unit
+  bool fused_adamw = false;        // optim::FusedAdamW instead of torch::optim::AdamW
+  bool optimizer_offload = false;  // ... with its state on the host (FusedAdamW::set_state_offload)
 };
 
 // What a sharded run observed along the way.
@@ -43,6 +47,9 @@ struct ShardedRunLog {
   std::vector<int64_t> gathered_after_step;
   int64_t state_bytes_after_first_step = 0;  // params + grads + optimizer state on this rank
   std::vector<double> loss_scales;           // the scaler's scale after each step
+  MemoryStats stats_after_first_step;        // memory_stats(model, optimizer) before the first zero_grad
+  bool params_on_host = false;               // every parameter's storage a host buffer after the last step
+  bool any_param_on_host = false;
 };
 
 TinyConfig tiny_config();

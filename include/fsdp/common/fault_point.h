@@ -7,7 +7,9 @@
 //   FSDP_FAULT_POINT=NAME[@N][:SIGNAL][,NAME[@N][:SIGNAL]...]
 //
 // sends the process SIGNAL (KILL, the default, TERM or INT) the N-th time
-// (default 1) it reaches point NAME, after one line on stderr saying so.
+// (default 1) it reaches point NAME, after one line on stderr saying so;
+// THROW in place of a signal throws fsdp::Error there instead (a failure
+// the program reports, not a crash).
 // Under `fsdp launch --max-restarts`, only in the first attempt
 // (FSDP_RESTART_ATTEMPT unset or 0), so the restarted job runs through. A
 // name that is not a point below is an error (fsdp::Error naming it), so a
@@ -35,6 +37,10 @@ inline constexpr const char* kFaultPoints[] = {
     // weights file is written into the partial directory beside the
     // target; the target is as it was.
     "export.weights_file_written",
+    // The optimizer's step on the host (--cpu-offload, --optimizer-offload),
+    // each visit one unit's step under --overlap-host-step, else the whole
+    // step: nothing of what it updates is written yet.
+    "train.host_step",
 };
 
 // Point `name` (one of kFaultPoints) is reached: dies here when armed for

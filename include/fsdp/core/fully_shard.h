@@ -97,6 +97,13 @@ void set_gradient_divide_factor(torch::nn::Module& module, double factor, bool r
 // [Note: a unit used again in backward]) calls it on each reduction's shard,
 // and the shards add up, as in FSDP2.
 void set_all_reduce_hook(torch::nn::Module& module, ReducedGradHook hook, bool recurse = true);
+// Called once each reduction of a unit's gradients has assigned them to its
+// parameters (see GradientsReady), during backward, while later units'
+// backward goes on: where a unit's optimizer step may start early (the
+// trainer's --overlap-host-step under CPU offload). Only reductions call
+// it: a unit on the in-place path of one rank per shard group without
+// replicas has none. Empty removes it.
+void set_gradients_ready_hook(torch::nn::Module& module, GradientsReadyHook hook, bool recurse = true);
 
 // Explicit gather and release of a unit's parameters, outside the hooks
 // (FSDP2's unshard/reshard): after unshard the unit's forward needs no
@@ -161,6 +168,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
 // Bytes of the sharded master parameters of every unit under `module` (in
 // the module's own dtype: fp32 under mixed precision, bf16 for a bf16 module).
 int64_t sharded_param_bytes(const torch::nn::Module& module);
+// Of those, the bytes of units offloaded to the host (OffloadPolicy::cpu()).
+int64_t host_param_bytes(const torch::nn::Module& module);
 
 // Parameters of `module` with shared (tied) ones once: LibTorch's
 // Module::parameters() lists a tied parameter once per module holding it,

@@ -22,6 +22,12 @@ struct MemoryStats {
   int64_t sharded_param_bytes = 0;    // master shards of every unit, in the module's dtype
   int64_t grad_bytes = 0;             // gradients held by the module's parameters
   int64_t optimizer_state_bytes = 0;  // tensors in the optimizer's per-parameter state
+  // Of the three above, what lives on the host (CPU offload of units, an
+  // optimizer's offloaded state: memory::is_host_buffer); the rest is the
+  // compute device's.
+  int64_t host_param_bytes = 0;
+  int64_t host_grad_bytes = 0;
+  int64_t host_optimizer_state_bytes = 0;
   int64_t gathered_bytes = 0;         // gathered parameter buffers held right now
   int64_t peak_gathered_bytes = 0;    // the most held at once since the last reset
   int64_t unsharded_grad_bytes = 0;   // gradient buffers of gathered units (backward, no-sync accumulation)

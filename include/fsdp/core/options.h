@@ -43,6 +43,17 @@ struct MixedPrecisionPolicy {
 // gradient), in the reduce dtype; changes are kept.
 using ReducedGradHook = std::function<void(at::Tensor& reduced)>;
 
+// What a unit hands on once a reduction's gradients are its parameters'
+// (set_gradients_ready_hook): its trainable parameters, each with its
+// gradient, and how to wait until those gradients can be read on the host
+// (a GPU's device-to-host copy under CPU offload; a no-op otherwise),
+// callable from any thread.
+struct GradientsReady {
+  std::vector<at::Tensor> params;
+  std::function<void()> wait_until_readable;
+};
+using GradientsReadyHook = std::function<void(const GradientsReady&)>;
+
 // Fills one full, unsharded parameter deterministically (every rank must
 // produce the same values). Called for deferred parameters (deferred_empty),
 // one at a time, so a rank never holds more than its shard plus one parameter.
@@ -82,6 +93,23 @@ struct ReshardAfterForward {
 // Throws fsdp::Error naming the number of ranks when it does not fit.
 void check_reshard_after_forward(ReshardAfterForward reshard, int shard_group_size);
 
+// Where a unit's sharded state lives between uses (FSDP2's OffloadPolicy and
+// CPUOffloadPolicy). kCpu keeps the master shard, its gradients and so the
+// optimizer's step on the host: each all-gather starts with a copy of the
+// shard to the compute device (and a cast), each reduced gradient is copied
+// back, and the compute device holds the unit only while it is gathered.
+// See [Note: CPU offload] in src/core/flat_shard.cpp.
+struct OffloadPolicy {
+  enum class Where { kNone, kCpu };
+  Where where = Where::kNone;
+  // Page-locked host memory, so copies to and from a GPU run asynchronously
+  // (FSDP2's pin_memory); only used where the compute device is a GPU.
+  bool pin_memory = true;
+
+  static OffloadPolicy cpu(bool pin_memory = true) { return {Where::kCpu, pin_memory}; }
+  bool offloads() const { return where != Where::kNone; }
+};
+
 struct FullyShardOptions {
   std::shared_ptr<dist::DeviceMesh> mesh;  // required
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
@@ -104,6 +132,8 @@ struct FullyShardOptions {
   // init. Buffers are broadcast either way ([Note: buffers under
   // fully_shard], src/core/fully_shard_init.cpp).
   bool sync_module_states = false;
+  // Sharded parameters and gradients on the host (OffloadPolicy::cpu()).
+  OffloadPolicy offload;
 };
 
 // Throws fsdp::Error, before anything is sharded, for options fully_shard

@@ -28,8 +28,28 @@ class FusedAdamW : public torch::optim::AdamW {
   // gradients are scaled in place, then torch's step runs.
   torch::Tensor step_scaled(double gradient_scale);
 
+  // The fused step of `params` alone (each one of this optimizer's, with its
+  // gradient; others are left as they are): one unit's step while backward
+  // goes on with the others (the trainer's --overlap-host-step). CPU fp32
+  // parameters only, state not offloaded; `serial` keeps it to the calling
+  // thread (a worker beside the training thread). Not thread-safe against
+  // another step of this optimizer: one caller at a time.
+  void step_params(const std::vector<torch::Tensor>& params, double gradient_scale, bool serial);
+
   // Whether the last step took the fused path.
   bool last_step_fused() const { return last_step_fused_; }
+
+  // Optimizer offload (the trainer's --optimizer-offload): the moments live
+  // on the host (memory::empty_host, page-locked beside a GPU when
+  // `pin_memory`), in fp32 for every parameter. Each step copies each
+  // gradient and parameter to the host, runs the fused update there, and
+  // copies the parameters back; parameters and gradients stay where they
+  // are. Bit for bit the step without offload for fp32 parameters; a bf16
+  // or fp16 parameter is updated in fp32 and rounded once. State made
+  // elsewhere (a checkpoint loaded, offload turned on or off) moves to its
+  // side at the next step. amsgrad is refused.
+  void set_state_offload(bool offload, bool pin_memory = true);
+  bool state_offloaded() const { return offload_state_; }
 
  private:
   bool fusable() const;
@@ -38,7 +58,14 @@ class FusedAdamW : public torch::optim::AdamW {
   bool device_fusable() const;
   void device_fused_step(double gradient_scale);
 
+  void offloaded_step(float gradient_scale);
+  // Moves a parameter's moments to where this optimizer keeps them: the
+  // host under offload, else beside the parameter.
+  void place_state(torch::optim::AdamWParamState& s, const torch::Tensor& p) const;
+
   bool last_step_fused_ = false;
+  bool offload_state_ = false;
+  bool pin_memory_ = true;
 };
 
 }  // namespace fsdp::optim

@@ -54,7 +54,13 @@ struct Moment {
 struct Prediction {
   Moment peak;                   // the largest moment
   std::vector<Moment> timeline;  // every moment walked, in order
-  int64_t state_bytes = 0;       // sharded parameters + gradients + optimizer state
+  int64_t state_bytes = 0;       // sharded parameters + gradients + optimizer state, wherever they live
+  // Host memory per rank for offloaded state (--cpu-offload: all of
+  // state_bytes; --optimizer-offload: AdamW's moments in fp32 and the fp32
+  // copies a step updates); none of it is in the timeline, which is the
+  // compute device's.
+  int64_t host_bytes = 0;
+  std::vector<Part> host_parts;  // host_bytes by part
   int64_t block_activation_bytes = 0;    // what the largest block keeps for backward, without checkpointing
   int64_t block_checkpointed_bytes = 0;  // ... and with the job's checkpointing (its input; selective: more)
   // Mixture-of-Experts models: the peak when one expert gets every token

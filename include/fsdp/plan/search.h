@@ -1,7 +1,7 @@
 #pragma once
 // Choosing a configuration that fits a memory budget: every combination of
-// sharding strategy, activation checkpointing, chunked loss, prefetch depth
-// and micro-batch (with accumulation keeping the tokens per step) is
+// sharding strategy, offload (none, the optimizer's state, or CPU offload),
+// activation checkpointing, chunked loss, prefetch depth and micro-batch (with accumulation keeping the tokens per step) is
 // predicted, and the one that fits with the least recomputation, then the
 // largest micro-batch, then the least communication is chosen. Light
 // header: no LibTorch.
@@ -23,7 +23,7 @@ struct Candidate {
 
 struct Choice {
   std::optional<Candidate> best;
-  // The best of each (strategy, checkpointing, chunked loss) group, in
+  // The best of each (strategy, offload, checkpointing, chunked loss) group, in
   // preference order, the chosen one's group included; a group with no
   // fitting member shows its smallest.
   std::vector<Candidate> groups;

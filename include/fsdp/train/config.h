@@ -143,6 +143,16 @@ struct TrainConfig {
     // are not one range of the matrix).
     ShardPlacement shard_placement = ShardPlacement::kFlat;
     Accumulate accumulate = Accumulate::kUnsharded;  // with data.grad_accum > 1
+    // FSDP2's CPUOffloadPolicy: sharded parameters, gradients and the
+    // optimizer's step on the host (OffloadPolicy::cpu()).
+    bool cpu_offload = false;
+    // AdamW's moments on the host, parameters and gradients on the compute
+    // device (FusedAdamW::set_state_offload). Not with cpu_offload.
+    bool optimizer_offload = false;
+    // Under cpu_offload: each unit's update starts on the host as soon as
+    // its gradients land there, while backward goes on (not with clipping,
+    // fp16's scaler or the spike guard, which decide after backward).
+    bool overlap_host_step = false;
   } fsdp;
   struct Checkpoint {
     std::string dir;         // where checkpoints go; a run resumes from DIR/latest when there is one

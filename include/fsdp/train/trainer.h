@@ -18,6 +18,7 @@
 #include "fsdp/train/cadence.h"
 #include "fsdp/train/checkpointer.h"
 #include "fsdp/train/config.h"
+#include "fsdp/train/host_step.h"
 #include "fsdp/train/lr_schedule.h"
 #include "fsdp/train/profile_window.h"
 #include "fsdp/train/run_folder.h"
@@ -119,7 +120,13 @@ class Trainer {
   int64_t params_ = 0;
   int64_t active_params_ = 0;  // per token: the N of 6N FLOPs (MoE: routed experts only)
   std::unique_ptr<optim::FusedAdamW> optimizer_;
+  // The optimizer's update under offload, its failures agreed on by every
+  // rank ([Note: the host step overlapped with backward]).
+  void host_step(double clip);
   std::unique_ptr<ShardedGradScaler> scaler_;
+  // --overlap-host-step: the units' updates during backward (after the
+  // model and the optimizer it uses, so destroyed before them).
+  std::unique_ptr<OverlappedHostStep> host_step_;
   std::unique_ptr<data::DataLoader> train_data_;
   std::unique_ptr<data::DataLoader> val_data_;
   std::unique_ptr<data::Tokenizer> tokenizer_;  // for samples
