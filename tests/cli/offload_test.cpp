@@ -7,6 +7,7 @@
 // the host, as `fsdp plan` says; both together are refused.
 
 #include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,78 @@ TEST(OffloadErrors, BothModesTogetherAreRefusedBeforeAnythingIsWritten) {
   EXPECT_NE(y.exit_code, 0) << y.output;
   EXPECT_NE(y.output.find("fsdp.cpu_offload and fsdp.optimizer_offload are both set"), std::string::npos) << y.output;
   EXPECT_FALSE(exists(dir + "/never"));
+}
+
+// --overlap-host-step starts each unit's update on the host as its
+// gradients land there, during backward: the same fused update, unit by
+// unit, so the losses are the step-after-backward run's bit for bit, with
+// accumulation (micro-steps before the last update nothing).
+TEST(Offload, OverlappedHostStepTrainsAsTheStepAfterBackward) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string common = "--model llama-tiny --data " + corpus + " --steps 4 --seq-len 16 --batch-size 2 "
+                             "--grad-accum 2 --grad-clip 0 --lr 1e-2 --cpu-offload";
+  const auto after = train(2, common + " --out-dir " + dir + "/after");
+  const auto overlapped = train(2, common + " --overlap-host-step --out-dir " + dir + "/overlapped");
+  ASSERT_EQ(after.exit_code, 0) << after.output;
+  ASSERT_EQ(overlapped.exit_code, 0) << overlapped.output;
+  const auto a = train_losses(read_metrics(dir + "/after/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 4u);
+  expect_same_losses(train_losses(read_metrics(dir + "/overlapped/metrics.jsonl")), a, "--overlap-host-step");
+  EXPECT_LT(a.back(), a.front());
+}
+
+// A failure in one rank's host step (injected on rank 1 at step 3: the
+// whole step, or its second unit's update when overlapped) stops every rank with it, saying so, and saves
+// nothing past the last checkpoint; resumed from there, the run ends as
+// one that never failed: nothing was left half-updated in a checkpoint.
+TEST(OffloadErrors, AFailedHostStepIsReportedOnEveryRankAndTheRunResumesFromItsLastCheckpoint) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string common = "--model gpt2-tiny --data " + corpus + " --steps 4 --seq-len 16 --batch-size 2 "
+                             "--grad-clip 0 --lr 2e-3 --cpu-offload --save-every 1";
+  for (const std::string overlap : {"", " --overlap-host-step"}) {
+    const std::string name = overlap.empty() ? "after" : "overlapped";
+    const auto whole = train(2, common + overlap + " --out-dir " + dir + "/" + name + "_whole");
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    // Steps 1 and 2 take visits 1-2 (after backward: one visit a step) or
+    // 1-6 (overlapped: each of gpt2-tiny's 3 units a step); overlapped, the
+    // failure comes at step 3's second unit, after its first was updated.
+    const std::string visit = overlap.empty() ? "3" : "8";
+    const std::string run = kCli + " train --log-every 1 --tensorboard=false " + common + overlap + " --out-dir " +
+                            dir + "/" + name;
+    const auto failed = run_command(kCli + " launch -n 2 -- bash -c 'if [ \"$RANK\" = 1 ]; then export " +
+                                    "FSDP_FAULT_POINT=train.host_step@" + visit + ":THROW; fi; exec " + run + "'");
+    EXPECT_NE(failed.exit_code, 0) << failed.output;
+    EXPECT_NE(failed.output.find("[rank 1] error: the optimizer's step on the host failed: fault point train.host_step"),
+              std::string::npos) << failed.output;
+    EXPECT_NE(failed.output.find("[rank 0] error: the optimizer's step on the host failed on another rank"), std::string::npos)
+        << failed.output;
+    std::ifstream latest(dir + "/" + name + "/checkpoints/latest");
+    std::string step;
+    std::getline(latest, step);
+    EXPECT_EQ(step, "step_00000002") << name;
+    const auto resumed = train(2, common + overlap + " --out-dir " + dir + "/" + name);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const auto expected = train_losses(read_metrics(dir + "/" + name + "_whole/metrics.jsonl"));
+    const auto actual = train_losses(read_metrics(dir + "/" + name + "/metrics.jsonl"));
+    ASSERT_EQ(expected.size(), 4u);
+    // The failed start logged steps 1-2 and never step 3; the resume logs 3-4.
+    expect_same_losses(actual, expected, name + " resumed after the failure");
+  }
+}
+
+TEST(OffloadErrors, AnOverlappedHostStepWithWhatDecidesAfterBackwardIsRefused) {
+  const auto dir = make_temp_dir();
+  const auto refused = [&](const std::string& flags, const std::string& needle) {
+    const auto r = run_command(kCli + " train --model gpt2-tiny --steps 1 " + flags + " --out-dir " + dir + "/never");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << flags << "\n" << r.output;
+    EXPECT_FALSE(exists(dir + "/never"));
+  };
+  refused("--overlap-host-step --grad-clip 0", "add --cpu-offload");
+  refused("--overlap-host-step --cpu-offload", "clipping needs that norm first");
+  refused("--overlap-host-step --cpu-offload --grad-clip 0 --skip-spikes 4", "guard.skip_spikes");
 }
 
 }  // namespace
