@@ -17,8 +17,13 @@
 #      1 (GPT-2 124M). Phases `shapes` (the Llama 3.2 3B shape at 1 x 8192
 #      against FSDP2 eager), `overhead` (GPT-2 of many small blocks:
 #      fsdp.cpp, FSDP2 and eager PyTorch), `dropout` (GPT-2 124M with and
-#      without dropout) and `peak1b` (the 1B shape's peak memory, both
-#      sides) run only when FSDP_CHECK_PHASES names them.
+#      without dropout), `peak1b` (the 1B shape's peak memory, both
+#      sides), `offload` (each offload mode against FSDP2's
+#      CPUOffloadPolicy on GPT-2 124M and the 1B shape) and `overlap` (a
+#      traced W = 2 step of ranks sharing the card, with CPU offload) run
+#      only when FSDP_CHECK_PHASES names them. The issue "On the card"
+#      runs FSDP_CHECK_PHASES="tests offload overlap" with
+#      FSDP_CUDA_TEST_FILTER='*Offload*:*ManyRanks*' in one call.
 # Every step has a time limit inside a total budget (FSDP_CHECK_SECONDS,
 # default 540), so a hang costs one step, not the lease. Logs and results go
 # to $OUT (default out/device-check).
@@ -135,7 +140,8 @@ SHIM
   chmod +x "$cli"
 fi
 
-want tests && step cuda-tests 240 "$build/tests/fsdp_cuda_tests" --gtest_color=no
+want tests && step cuda-tests 240 "$build/tests/fsdp_cuda_tests" --gtest_color=no \
+  --gtest_filter="${FSDP_CUDA_TEST_FILTER:-*}"
 
 # The caching allocator's history of two ranks sharing the GPU, read by
 # torch.cuda._memory_viz (tests/reference/memory_snapshot_test.py).
@@ -260,6 +266,49 @@ fi
 if want peak1b; then
   TRAIN_LIMIT=90 train llama1b-bf16-peak "${llama[@]}" --precision bf16
   peer llama1b-fsdp2-peak "${llama[@]}"
+fi
+
+# Offload on this card (docs/memory.md, "Offload: the state on the host"):
+# GPT-2 124M and the Llama 3.2 1B shape in bf16, fsdp.cpp without offload,
+# with --cpu-offload (its step after backward, and overlapped with it:
+# --grad-clip 0 for all of these) and with --optimizer-offload, against
+# FSDP2 without offload and with CPUOffloadPolicy(pin_memory=True), each
+# at its best (fused AdamW: on the device, and on the host over FSDP2's
+# offloaded shards, where PyTorch has a fused CPU AdamW since 2.4).
+# Median step times in offload.txt; peak_device_mb (ours) and peak_gpu_mb
+# (FSDP2's) in each run's metrics.
+if want offload; then
+  for shape in gpt2 llama; do
+    if [[ $shape == gpt2 ]]; then
+      args=(--model gpt2 --steps 8 --seq-len 1024 --batch-size 8)
+    else
+      args=(--model llama3.2-1b --steps 6 --seq-len 2048 --batch-size 4)
+    fi
+    TRAIN_LIMIT=60 train "$shape-plain" "${args[@]}" --precision bf16 --grad-clip 0
+    TRAIN_LIMIT=60 train "$shape-cpu-offload" "${args[@]}" --precision bf16 --grad-clip 0 --cpu-offload
+    TRAIN_LIMIT=60 train "$shape-cpu-offload-overlapped" "${args[@]}" --precision bf16 --grad-clip 0 --cpu-offload \
+      --overlap-host-step
+    TRAIN_LIMIT=60 train "$shape-optimizer-offload" "${args[@]}" --precision bf16 --grad-clip 0 --optimizer-offload
+    PEER_LIMIT=60 peer "$shape-fsdp2" "${args[@]}"
+    step "peer $shape-fsdp2-cpu-offload" 90 "$cli" launch -n 1 -- python3 bench/pytorch_peer.py --device cuda \
+      --fsdp2 --bf16 --adamw fused --cpu-offload --metrics "$out/runs/$shape-fsdp2-cpu-offload.jsonl" "${args[@]}" \
+      >"$out/runs/$shape-fsdp2-cpu-offload.log" 2>&1
+    step_medians "$out/runs/$shape-plain/metrics.jsonl" "$out/runs/$shape-cpu-offload/metrics.jsonl" \
+      "$out/runs/$shape-cpu-offload-overlapped/metrics.jsonl" "$out/runs/$shape-optimizer-offload/metrics.jsonl" \
+      "$out/runs/$shape-fsdp2.jsonl" "$out/runs/$shape-fsdp2-cpu-offload.jsonl" | tee -a "$out/offload.txt"
+  done
+fi
+
+# Overlap on streams: one traced step (10 of 12) of two ranks sharing the
+# card, GPT-2 124M in bf16 with --cpu-offload, whose Chrome trace shows the
+# next unit's all-gather (and its copy in) under compute and a unit's
+# reduce-scatter (and its gradient's copy out) under the next backward.
+if want overlap; then
+  TRAIN_LIMIT=90 step "train gpt2-124m-w2-offload-traced" 90 "$cli" launch -n 2 -- "$cli" train --device cuda \
+    --data synthetic --log-every 1 --out-dir "$out/runs/gpt2-124m-w2-offload-traced" --model gpt2 --steps 12 \
+    --seq-len 1024 --batch-size 4 --precision bf16 --cpu-offload --profile-steps 10:10 \
+    >"$out/runs/gpt2-124m-w2-offload-traced.log" 2>&1
+  tail -2 "$out/runs/gpt2-124m-w2-offload-traced.log"
 fi
 
 # Where the 1B shape's step goes, both sides: one profiled step each
