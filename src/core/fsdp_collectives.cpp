@@ -25,6 +25,7 @@ void PendingCollective::wait(CommContext& comm, const char* scope) {
     copied->block(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
     copied.reset();
   }
+  copied_only = false;
   input.reset();
 }
 
@@ -36,6 +37,8 @@ void PendingCollective::abandon() noexcept {
     }
     work.reset();
   }
+  copied_only = false;
+  copied.reset();
   input.reset();
   output.reset();
 }
@@ -50,6 +53,7 @@ PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const 
     // the compute stream waits for it where it waits for any gather.
     gathered.copy_(shard, /*non_blocking=*/on_stream.on_device());
     if (on_stream.on_device()) out.copied = on.comm.mark(CommContext::Stream::kAllGather, gathered.device());
+    out.copied_only = true;
     return out;
   }
   if (gathered.scalar_type() != shard.scalar_type()) {

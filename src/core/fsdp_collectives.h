@@ -37,11 +37,13 @@ struct PendingCollective {
   size_t event = 0;                // its entry in the event log
   CountedTensor input{memory::BufferKind::kComm};   // freed once the collective is done
   CountedTensor output{memory::BufferKind::kComm};  // the result, for whoever takes it
-  // On a GPU, a copy that needed no collective (a gather over one rank):
-  // what the stream current at wait() waits for.
+  // A gather over one rank: a copy, done (CPU) or on its way (a GPU: the
+  // event the stream current at wait() waits for), not yet waited; so the
+  // unit does not issue it a second time before its wait.
+  bool copied_only = false;
   std::shared_ptr<c10::Event> copied;
 
-  bool in_flight() const { return work.has_value(); }
+  bool in_flight() const { return work.has_value() || copied_only; }
   // Waits (under `scope` in profiles), marks the wait in the event log and
   // frees the input. With nothing in flight it only frees the input.
   void wait(CommContext& comm, const char* scope);
