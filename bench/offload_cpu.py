@@ -29,6 +29,7 @@ import os
 import shutil
 import statistics
 import subprocess
+from machine import cpu_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,13 +40,6 @@ MODES = {
     "overlapped": ["--cpu-offload", "--overlap-host-step", "--grad-clip", "0"],
     "cpu_clip": ["--cpu-offload", "--grad-clip", "1"],
 }
-
-
-def cpu_model():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def run(args, mode, out):

@@ -32,13 +32,7 @@ import hf_models  # noqa: E402
 import sft_test  # noqa: E402  (its questions and answers)
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
-
-def cpu_model():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+from machine import cpu_model  # noqa: E402
 
 
 def conversations(n, seed):

@@ -13,7 +13,6 @@ steps (warm-up), then times BENCH_STEPS steps. Prints rows/s of each
 """
 import argparse
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -27,14 +26,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import ddp_train  # noqa: E402
-
-
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return re.search(r"Model name:\s*(.*)", out).group(1).strip()
-    except (OSError, AttributeError):
-        return platform.processor()
+from machine import cpu_model  # noqa: E402
 
 
 def rows_per_second(command, env):

@@ -22,11 +22,11 @@ RSS per rank. Writes out/bench/results.{json,md} and SVG charts.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+from machine import cpu_model
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,13 +143,6 @@ def summary(samples, tokens):
     return {"tokens_per_s": statistics.median(tps), "tokens_per_s_min": tps[0], "tokens_per_s_max": tps[-1],
             "step_s": statistics.median(steps), "first_step_s": statistics.median(s["first_step_s"] for s in samples),
             "peak_rss_mb": max(s["peak_rss_mb"] for s in samples)}
-
-
-def cpu_model():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():

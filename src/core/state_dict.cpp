@@ -123,22 +123,27 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   return out;
 }
 
-int64_t sharded_param_bytes(const torch::nn::Module& module) {
+namespace {
+
+// The sum of `of(group)` over the units under `module`.
+template <typename Of>
+int64_t sum_over_units(const torch::nn::Module& module, Of&& of) {
   int64_t total = 0;
   for (const auto& [name, state] : units_under(module)) {
     (void)name;
-    if (state->group() != nullptr) total += state->group()->sharded_param_bytes();
+    if (state->group() != nullptr) total += of(*state->group());
   }
   return total;
 }
 
+}  // namespace
+
+int64_t sharded_param_bytes(const torch::nn::Module& module) {
+  return sum_over_units(module, [](const FSDPParamGroup& g) { return g.sharded_param_bytes(); });
+}
+
 int64_t host_param_bytes(const torch::nn::Module& module) {
-  int64_t total = 0;
-  for (const auto& [name, state] : units_under(module)) {
-    (void)name;
-    if (state->group() != nullptr) total += state->group()->host_param_bytes();
-  }
-  return total;
+  return sum_over_units(module, [](const FSDPParamGroup& g) { return g.host_param_bytes(); });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
