@@ -5,14 +5,14 @@
 # coverage collect in build-fuzz/corpus/; a crash leaves its input in
 # build-fuzz/artifacts/ and fails the script.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
-# Targets: checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors.
+# Targets: checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors chat_template.
 # Exits 77 (a skip, to CTest) when clang-16 or libFuzzer is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors)
+[[ ${#targets[@]} -eq 0 ]] && targets=(checkpoint_metadata config hf_config token_file tokenizer tokenizer_json safetensors chat_template)
 cxx=clang++-16
 if ! command -v "$cxx" >/dev/null || [[ ! -f /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
   echo "fuzz: skipped: clang-16 and libfuzzer-16-dev are not installed (scripts/setup.sh installs them)"
@@ -43,6 +43,7 @@ declare -A sources=(
   [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
   [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
   [safetensors]="src/io/safetensors.cpp src/io/streamed_read.cpp src/io/atomic_file.cpp src/io/input_file.cpp src/common/error_text.cpp"
+  [chat_template]="src/data/chat_template_parse.cpp src/data/chat_template_render.cpp src/io/input_file.cpp"
 )
 declare -A libs=(
   [checkpoint_metadata]="-lz"
@@ -52,6 +53,7 @@ declare -A libs=(
   [tokenizer]="-licuuc -licui18n"
   [tokenizer_json]="-licuuc -licui18n"
   [safetensors]="-ltorch -ltorch_cpu -lc10 -lz"
+  [chat_template]="-licuuc -licui18n"
 )
 
 object() {  # source -> object, rebuilt when the source or a header changed

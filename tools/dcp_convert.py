@@ -388,8 +388,25 @@ class DcpMetadataUnpickler(pickle.Unpickler):
 TRUST_HINT = "If the directory is your own, --trust-dcp-metadata loads it anyway"
 
 
+def check_files_are_the_directorys(directory, meta):
+    """Every file the import reads is a regular file of DIRECTORY itself: a
+    symbolic link would read another folder's file (or a FIFO block)."""
+    names = {".metadata"} | {str(getattr(info, "relative_path", ""))
+                             for info in (getattr(meta, "storage_data", None) or {}).values()}
+    for name in sorted(names):
+        path = os.path.join(directory, name)
+        if os.path.islink(path):
+            fail(f"'{path}' is a symbolic link; a DCP directory's files are read only as files of the directory "
+                 f"itself (copy the file in instead)")
+        if os.path.exists(path) and not os.path.isfile(path):
+            fail(f"'{path}' is not a regular file (expected a file dcp.save wrote)")
+
+
 def check_dcp_metadata_is_data(directory, trusted):
+    check_files_are_the_directorys(directory, None)
     if trusted:
+        # Its code is trusted to run; its files still must be the directory's own.
+        check_files_are_the_directorys(directory, dcp.FileSystemReader(directory).read_metadata())
         return
     try:
         with open(os.path.join(directory, ".metadata"), "rb") as f:
@@ -407,6 +424,24 @@ def check_dcp_metadata_is_data(directory, trusted):
         if not name or name in (".", "..") or os.path.basename(name) != name:
             fail(f"'{directory}/.metadata' stores {getattr(index, 'fqn', index)} at '{name}', which is not a file "
                  f"of the directory (DCP writes plain file names there). {TRUST_HINT}")
+    check_files_are_the_directorys(directory, meta)
+
+
+# fsdp.cpp's checkpoints count steps and tokens up to 2^62
+# (kMaxCheckpointCount, include/fsdp/checkpoint/metadata.h).
+MAX_COUNT = 2 ** 62
+
+
+def train_count(directory, state, name):
+    """train_state.NAME as a count fsdp.cpp's checkpoint can hold, or a refusal naming it."""
+    value = state["train_state"][name]
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        fail(f"'{directory}' holds train_state.{name} = {value!r:.80}: expected a whole number from 0 to 2^62 "
+             f"(a checkpoint of fsdp.cpp counts steps and tokens that far); nothing was written")
+    return value
 
 
 class DataOnlyLoadPlanner(dcp.DefaultLoadPlanner):
@@ -495,10 +530,15 @@ def import_(args):
     planner = None if args.trust_dcp_metadata else DataOnlyLoadPlanner()
     try:
         dcp.load(state, checkpoint_id=args.dcp, no_dist=True, planner=planner)
-    except BaseException:  # DCP's CheckpointException derives from BaseException
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException derives from BaseException
         if planner is not None and planner.refused:
             fail(planner.refused)
-        raise
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        fail(f"'{args.dcp}' could not be read as a DCP checkpoint of this model ({type(e).__name__}: {last[:300]})")
+    step = train_count(args.dcp, state, "step")
+    tokens_seen = train_count(args.dcp, state, "tokens_seen")
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
     params = dict(model.named_parameters())
@@ -509,10 +549,8 @@ def import_(args):
             tensors[kind] = checkpoint_layout(model, {n: optimizer.state[p][kind] for n, p in params.items()}, work, kind)
     steps = {int(optimizer.state[p]["step"]) for p in params.values()}
     adam_steps = {fqn: max(steps, default=0) for fqn in tensors["model"]}
-    step = int(state["train_state"]["step"])
     os.makedirs(args.out, exist_ok=True)
-    final = write_fsdp_checkpoint(args.out, step, int(state["train_state"]["tokens_seen"]), hf_config, tensors,
-                                  adam_steps)
+    final = write_fsdp_checkpoint(args.out, step, tokens_seen, hf_config, tensors, adam_steps)
     print(f"wrote {final}: step {step}, {len(tensors['model'])} parameters with their AdamW moments, from {args.dcp}")
 
 

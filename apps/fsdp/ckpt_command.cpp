@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
+#include "fsdp/io/dir_lock.h"
 #include "fsdp/io/input_file.h"
 #include "fsdp/models/hf/checkpoint_export.h"
 #include "fsdp/data/tokenizer.h"
@@ -147,6 +148,9 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
                   "tokenizer to write beside the weights (default: the run's: its --tokenizer, else its "
                   "--init-from's, else data/gpt2)");
   exp->callback([from, out, dtype, shard_size, format, tokenizer, &exit_code] {
+    // As `fsdp train --export-hf` refuses them: a live job's run folder or
+    // checkpoints would have a folder swapped under the running job.
+    io::refuse_a_live_jobs_folder(*out, "the export's OUT");
     if (*format == "dcp") {
       // Refused here, before Python and PyTorch start (the converter checks too).
       FSDP_CHECK(!std::filesystem::exists(std::filesystem::symlink_status(*out)), "'", *out,

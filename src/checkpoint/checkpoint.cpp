@@ -24,6 +24,7 @@
 #include "fsdp/core/replicate.h"
 #include "fsdp/dist/collectives.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/input_file.h"
 #include "fsdp/io/remove_tree.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/io/streamed_read.h"
@@ -164,12 +165,15 @@ void gather_range(RankFiles& files, const nlohmann::json& pieces, const std::str
 
 namespace {
 
-// The checkpoint DIR/POINTER names (`latest`, `best`).
+// The checkpoint DIR/POINTER names (`latest`, `best`). The pointer is a
+// regular file or nothing: a FIFO would block the read forever, a folder
+// names nothing (io::read_file refuses both by name).
 std::optional<std::string> pointed_at(const std::string& dir, const std::string& pointer) {
-  std::ifstream in(dir + "/" + pointer);
-  if (!in.good()) return std::nullopt;
-  std::string name;
-  std::getline(in, name);
+  const std::string file = dir + "/" + pointer;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(file, ec))) return std::nullopt;
+  const std::string text = io::read_file(file, "checkpoint pointer");
+  const std::string name = text.substr(0, text.find('\n'));
   const std::string path = dir + "/" + name;
   FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && fs::is_directory(path), "'", dir, "/", pointer,
              "' names '", name, "', which is not a checkpoint directory");

@@ -72,6 +72,8 @@ class Lines {
   int at(size_t pos) const {
     return static_cast<int>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin());
   }
+  // Where the line holding `pos` starts.
+  size_t start_of_line(size_t pos) const { return starts_[static_cast<size_t>(at(pos) - 1)]; }
 
  private:
   std::vector<size_t> starts_{0};
@@ -154,10 +156,12 @@ std::vector<Segment> segments_of(std::string source) {
     } else if (kind != '{' && modifier != '+') {
       // lstrip_blocks: spaces and tabs between the start of the line (in
       // the source) and a block or comment tag go.
-      size_t line_start = s.rfind('\n', open == 0 ? 0 : open - 1);
-      line_start = line_start == std::string::npos ? 0 : line_start + 1;
-      bool blank = true;
-      for (size_t i = line_start; i < open; ++i) blank = blank && (s[i] == ' ' || s[i] == '\t');
+      // From the tag back to the first other character: a template of many
+      // tags on one line must not cost a rescan of the line per tag.
+      const size_t line_start = lines.start_of_line(open);
+      size_t i = open;
+      while (i > line_start && (s[i - 1] == ' ' || s[i - 1] == '\t')) --i;
+      const bool blank = i == line_start;
       if (blank && open - line_start <= chunk.size()) chunk.erase(chunk.size() - (open - line_start));
     }
     text += chunk;

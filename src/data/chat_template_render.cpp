@@ -292,6 +292,66 @@ class Renderer {
     throw Error("chat template line " + std::to_string(line) + ": " + what);
   }
 
+  // [Note: a template's bounds]
+  // Every string a render makes (the output, '~' and '+', '*', filters,
+  // string methods) and every list or dict item (16 bytes each) is charged
+  // to one budget of kMaxRenderBytes, checked before anything large is
+  // built ('*', '+', '~' and replace know their result's size first), so a
+  // template that doubles a string or a list in a loop, or multiplies one
+  // by 10^11, is refused within the budget's time and memory. Loops count
+  // their iterations, nested ones included, against kMaxLoopIterations
+  // (range() alone stops at 100,000, as Jinja's sandbox's). Values built by
+  // the template nest at most kMaxValueNesting deep, so no recursive copy,
+  // comparison or tojson runs out of stack. The source is bounded by
+  // kMaxTemplateBytes before it is parsed (ChatTemplate), and read no
+  // further than that (chat_template_source).
+  void charge(int64_t bytes, int line) {
+    produced_ += bytes;
+    if (produced_ > kMaxRenderBytes) {
+      fail(line, "the render makes more than " + std::to_string(kMaxRenderBytes >> 20) +
+                     " MiB of strings and lists (a template that repeats or doubles them without bound); refused");
+    }
+  }
+  void charge_items(size_t n, int line) { charge(static_cast<int64_t>(n) * 16, line); }
+  void count_iteration(int line) {
+    if (++iterations_ > kMaxLoopIterations) {
+      fail(line, "the render's loops run more than " + std::to_string(kMaxLoopIterations) +
+                     " iterations (nested loops over large ranges); refused");
+    }
+  }
+  // Refuses `j` (about to go inside a new list or dict) when it nests
+  // kMaxValueNesting deep already; visits no deeper than that.
+  void check_nesting(const Json& j, int line) const {
+    if (nesting(j, kMaxValueNesting) >= kMaxValueNesting) {
+      fail(line, "a list or dict nests deeper than " + std::to_string(kMaxValueNesting) + " levels; refused");
+    }
+  }
+  static int nesting(const Json& j, int limit) {
+    if (!j.is_array() && !j.is_object()) return 0;
+    if (limit <= 0) return 1;
+    int deepest = 0;
+    for (const auto& item : j) {
+      if (item.is_array() || item.is_object()) deepest = std::max(deepest, nesting(item, limit - 1));
+      if (deepest >= limit) break;
+    }
+    return deepest + 1;
+  }
+  Value made(std::string s, int line) {
+    charge(static_cast<int64_t>(s.size()), line);
+    return Value::of(std::move(s));
+  }
+  Value made(Json j, int line) {
+    if (j.is_string()) {
+      charge(static_cast<int64_t>(j.get_ref<const std::string&>().size()), line);
+    } else if (j.is_array() || j.is_object()) {
+      charge_items(j.size(), line);
+    }
+    return Value::of(std::move(j));
+  }
+
+  int64_t produced_ = 0;
+  int64_t iterations_ = 0;
+
   Value lookup(const std::string& name) const {
     for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
       if (auto found = it->find(name); found != it->end()) return found->second;
@@ -559,22 +619,37 @@ class Renderer {
     if (op == "!=") return Value::of(!equal(a, b));
     if (op == "in") return Value::of(contains(b, a, e.line));
     if (op == "not in") return Value::of(!contains(b, a, e.line));
-    if (op == "~") return Value::of(text(a, e.line) + text(b, e.line));
+    if (op == "~") {
+      std::string left = text(a, e.line);
+      const std::string right = text(b, e.line);
+      charge(static_cast<int64_t>(left.size() + right.size()), e.line);
+      return Value::of(left.append(right));
+    }
     const Json& x = data(a, e.line, "an operand of '" + op + "'");
     const Json& y = data(b, e.line, "an operand of '" + op + "'");
     if (op == "<") return Value::of(less(x, y, e.line));
     if (op == ">") return Value::of(less(y, x, e.line));
     if (op == "<=") return Value::of(!less(y, x, e.line));
     if (op == ">=") return Value::of(!less(x, y, e.line));
-    if (op == "+" && x.is_string() && y.is_string()) return Value::of(x.get<std::string>() + y.get<std::string>());
+    if (op == "+" && x.is_string() && y.is_string()) {
+      charge(static_cast<int64_t>(x.get_ref<const std::string&>().size() + y.get_ref<const std::string&>().size()), e.line);
+      return Value::of(x.get<std::string>() + y.get<std::string>());
+    }
     if (op == "+" && x.is_array() && y.is_array()) {
+      charge_items(x.size() + y.size(), e.line);
       Json out = x;
       for (const auto& item : y) out.push_back(item);
       return Value::of(out);
     }
     if (op == "*" && x.is_string() && y.is_number_integer()) {
+      const auto& unit = x.get_ref<const std::string&>();
+      const int64_t times = std::max<int64_t>(y.get<int64_t>(), 0);
+      // The product's size, checked before it is built (and before it overflows).
+      if (!unit.empty() && times > kMaxRenderBytes / static_cast<int64_t>(unit.size())) charge(kMaxRenderBytes + 1, e.line);
+      charge(times * static_cast<int64_t>(unit.size()), e.line);
       std::string out;
-      for (int64_t i = 0; i < y.get<int64_t>(); ++i) out += x.get<std::string>();
+      out.reserve(static_cast<size_t>(times) * unit.size());
+      for (int64_t i = 0; i < times; ++i) out += unit;
       return Value::of(out);
     }
     return Value::of(number_op(op, x, y, e.line));
@@ -657,13 +732,14 @@ class Renderer {
       const Value* chars = args.maybe(0, "chars");
       return Value::of(strip(text(v, line), chars ? chars->data : Json(), true, true));
     }
-    if (f == "string") return Value::of(text(v, line));
-    if (f == "upper" || f == "lower") return Value::of(change_case(text(v, line), f == "upper"));
-    if (f == "capitalize") return Value::of(title_case(text(v, line), false));
+    if (f == "string") return made(text(v, line), line);
+    if (f == "upper" || f == "lower") return made(change_case(text(v, line), f == "upper"), line);
+    if (f == "capitalize") return made(title_case(text(v, line), false), line);
     if (f == "replace") {
       std::string s = text(v, line);
       const std::string from = text(args.at(0, "old", line, "replace"), line);
       const std::string to = text(args.at(1, "new", line, "replace"), line);
+      charge(replaced_size(s, from, to, -1), line);
       return Value::of(replace_all(s, from, to));
     }
     if (f == "tojson") {
@@ -678,10 +754,11 @@ class Renderer {
         width = static_cast<int>(indent->data.get<int64_t>());
       }
       Json value = data(v, line, "written as JSON");
+      check_nesting(value, line);
       if (sort && truthy(*sort)) value = sorted_keys(value);
       std::string out;
       dump_json(value, width, 0, out);
-      return Value::of(out);
+      return made(std::move(out), line);
     }
     if (f == "int") {
       const Json& j = data(v, line, "made an integer");
@@ -714,10 +791,14 @@ class Renderer {
     }
     if (f == "items") {
       Json out = Json::array();
-      for (const auto& [key, value] : data(v, line, "asked for its items").items()) out.push_back(Json::array({key, value}));
+      const Json& of = data(v, line, "asked for its items");
+      check_nesting(of, line);
+      charge_items(2 * of.size(), line);
+      for (const auto& [key, value] : of.items()) out.push_back(Json::array({key, value}));
       return Value::of(out);
     }
     const Json list = items_of(v, line);
+    charge_items(list.size(), line);
     if (f == "list") return Value::of(list);
     if (f == "first") return list.empty() ? Value::undefined("first") : Value::of(list.front());
     if (f == "last") return list.empty() ? Value::undefined("last") : Value::of(list.back());
@@ -732,8 +813,11 @@ class Renderer {
     if (f == "join") {
       const Value* separator = args.maybe(0, "d");
       std::string out;
+      const std::string between = separator ? text(*separator, line) : "";
       for (size_t i = 0; i < list.size(); ++i) {
-        out += (i && separator ? text(*separator, line) : "") + str(list[i]);
+        std::string piece = (i ? between : "") + str(list[i]);
+        charge(static_cast<int64_t>(piece.size()), line);
+        out += piece;
       }
       return Value::of(out);
     }
@@ -781,17 +865,30 @@ class Renderer {
     return Value::of(out);
   }
 
+  // The size of replace_all's result, counted without building it.
+  static int64_t replaced_size(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+    if (from.empty()) return static_cast<int64_t>(s.size());
+    int64_t n = 0;
+    for (size_t at = s.find(from); at != std::string::npos && (count < 0 || n < count); at = s.find(from, at + from.size())) ++n;
+    return static_cast<int64_t>(s.size()) + n * (static_cast<int64_t>(to.size()) - static_cast<int64_t>(from.size()));
+  }
+
   // Python's str.replace (count < 0: every occurrence).
   static std::string replace_all(std::string s, const std::string& from, const std::string& to, int64_t count = -1) {
     if (from.empty()) {
       if (count != 0 && !to.empty()) throw Error("chat template: replace of an empty string is outside the supported subset");
       return s;
     }
-    for (size_t at = s.find(from); at != std::string::npos && count != 0; at = s.find(from, at + to.size())) {
-      s.replace(at, from.size(), to);
+    // Built end to end: replacing in place moves the tail once per
+    // occurrence, quadratic in a long string of many.
+    std::string out;
+    size_t done = 0;
+    for (size_t at = s.find(from); at != std::string::npos && count != 0; at = s.find(from, done)) {
+      out.append(s, done, at - done).append(to);
+      done = at + from.size();
       if (count > 0) --count;
     }
-    return s;
+    return out.append(s, done, std::string::npos);
   }
 
   // Refuses arguments the subset does not implement: more than `most`
@@ -850,6 +947,8 @@ class Renderer {
         Json attributes = Json::object();
         if (!args.positional.empty()) attributes = data(args.positional[0], line, "a namespace's attributes");
         for (const auto& [key, value] : args.named) attributes[key] = data(value, line, "a namespace's attribute");
+        check_nesting(attributes, line);
+        charge_items(attributes.size(), line);
         if (name == "dict") return Value::of(attributes);
         Value ns;
         ns.kind = Value::Kind::kNamespace;
@@ -871,6 +970,7 @@ class Renderer {
       for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         // Jinja's sandbox refuses ranges of more than 100,000 items.
         if (out.size() >= 100000) fail(line, "range() of more than 100000 items");
+        charge_items(1, line);
         out.push_back(i);
         if (__builtin_add_overflow(i, step, &i)) break;
       }
@@ -923,7 +1023,7 @@ class Renderer {
           }
         }
         if (!word.empty()) out.push_back(word);
-        return Value::of(out);
+        return made(std::move(out), line);
       }
       const std::string sep = text(*separator, line);
       if (sep.empty()) fail(line, "split() with an empty separator");
@@ -934,7 +1034,7 @@ class Renderer {
         if (splits > 0) --splits;
       }
       out.push_back(s.substr(start));
-      return Value::of(out);
+      return made(std::move(out), line);
     }
     if (name == "replace") {
       only(args, 3, {"old", "new", "count"}, line, name);
@@ -944,11 +1044,13 @@ class Renderer {
         if (!count->data.is_number_integer()) fail(line, "replace's count must be an integer");
         n = count->data.get<int64_t>();
       }
-      return Value::of(replace_all(s, text(args.at(0, "old", line, name), line), text(args.at(1, "new", line, name), line), n));
+      const std::string from = text(args.at(0, "old", line, name), line), to = text(args.at(1, "new", line, name), line);
+      charge(replaced_size(s, from, to, n), line);
+      return Value::of(replace_all(s, from, to, n));
     }
     only(args, 0, {}, line, name);
-    if (name == "upper" || name == "lower") return Value::of(change_case(s, name == "upper"));
-    return Value::of(title_case(s, name == "title"));
+    if (name == "upper" || name == "lower") return made(change_case(s, name == "upper"), line);
+    return made(title_case(s, name == "title"), line);
   }
 
   Value eval(const Expr& e) {
@@ -956,13 +1058,20 @@ class Renderer {
       case Expr::Kind::kLiteral: return Value::of(e.value);
       case Expr::Kind::kList: {
         Json out = Json::array();
-        for (const auto& item : e.items) out.push_back(data(eval(*item), e.line, "put in a list"));
+        charge_items(e.items.size(), e.line);
+        for (const auto& item : e.items) {
+          out.push_back(data(eval(*item), e.line, "put in a list"));
+          check_nesting(out.back(), e.line);
+        }
         return Value::of(out);
       }
       case Expr::Kind::kDict: {
         Json out = Json::object();
+        charge_items(e.items.size(), e.line);
         for (size_t i = 0; i < e.items.size(); ++i) {
-          out[text(eval(*e.keys[i]), e.line)] = data(eval(*e.items[i]), e.line, "put in a dict");
+          Json& slot = out[text(eval(*e.keys[i]), e.line)];
+          slot = data(eval(*e.items[i]), e.line, "put in a dict");
+          check_nesting(slot, e.line);
         }
         return Value::of(out);
       }
@@ -1008,6 +1117,7 @@ class Renderer {
     const Json all = items_of(eval(*node.expr), node.line);
     std::vector<Json> items;
     for (const auto& item : all) {
+      count_iteration(node.line);
       if (node.filter) {
         frames_.emplace_back();
         assign(node.targets, Value::of(item), node.line);
@@ -1020,6 +1130,7 @@ class Renderer {
     if (items.empty()) return body(node.otherwise);
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (!node.filter) count_iteration(node.line);  // a filtered loop counted its items above
       frames_.emplace_back();
       Json loop = {{"index0", i},         {"index", i + 1},         {"first", i == 0}, {"last", i == n - 1},
                    {"length", n},         {"revindex", n - i},      {"revindex0", n - i - 1}};
@@ -1036,8 +1147,16 @@ class Renderer {
 
   Flow run(const Node& node) {
     switch (node.kind) {
-      case Node::Kind::kText: out_ += node.text; return Flow::kNormal;
-      case Node::Kind::kOutput: out_ += text(eval(*node.expr), node.line); return Flow::kNormal;
+      case Node::Kind::kText:
+        charge(static_cast<int64_t>(node.text.size()), node.line);
+        out_ += node.text;
+        return Flow::kNormal;
+      case Node::Kind::kOutput: {
+        const std::string piece = text(eval(*node.expr), node.line);
+        charge(static_cast<int64_t>(piece.size()), node.line);
+        out_ += piece;
+        return Flow::kNormal;
+      }
       case Node::Kind::kIf:
         for (const auto& [condition, branch] : node.branches) {
           if (!condition || truthy(eval(*condition))) return body(branch);
@@ -1072,7 +1191,17 @@ class Renderer {
 }  // namespace
 }  // namespace jinja
 
-ChatTemplate::ChatTemplate(const std::string& source) : template_(jinja::parse(source)) {}
+namespace {
+
+const std::string& bounded_source(const std::string& source) {
+  FSDP_CHECK(static_cast<int64_t>(source.size()) <= kMaxTemplateBytes, "chat template: ", source.size(),
+             " bytes; a template is at most ", kMaxTemplateBytes >> 20, " MiB (real ones are a few KB); refused");
+  return source;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(const std::string& source) : template_(jinja::parse(bounded_source(source))) {}
 ChatTemplate::~ChatTemplate() = default;
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
@@ -1090,7 +1219,13 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
 std::optional<std::string> chat_template_source(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
-  if (fs::exists(jinja_file)) return io::read_file(jinja_file.string(), "chat template");
+  if (fs::exists(jinja_file)) {
+    std::error_code ec;
+    const auto size = fs::file_size(jinja_file, ec);
+    FSDP_CHECK(ec || static_cast<int64_t>(size) <= kMaxTemplateBytes, "chat template '", jinja_file.string(), "': ",
+               size, " bytes; a template is at most ", kMaxTemplateBytes >> 20, " MiB (real ones are a few KB); refused");
+    return io::read_file(jinja_file.string(), "chat template");
+  }
   const fs::path config = fs::path(dir) / "tokenizer_config.json";
   if (!fs::exists(config)) return std::nullopt;
   const auto j = io::read_json_file(config.string(), "tokenizer config");

@@ -61,6 +61,24 @@ void DirLock::release_and_remove() {
   fd_ = -1;
 }
 
+FileLock::FileLock(const std::string& path, const std::string& flag) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  FSDP_CHECK(fd_ >= 0, flag, " '", path, "': cannot open it (", std::strerror(errno),
+             errno == ELOOP ? "; it is a symbolic link, and a run writes its files only as files of its own" : "", ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int saved = errno;
+    ::close(fd_);
+    fd_ = -1;
+    FSDP_CHECK(saved == EWOULDBLOCK, flag, " '", path, "': cannot lock it (", std::strerror(saved), ")");
+    throw Error(flag + " '" + path + "' is being written by another live job; two jobs appending to one file " +
+                "would write over each other's lines. Choose another " + flag + ", or wait for that job to end");
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
 std::string DirLock::holder(const std::string& dir) {
   std::ifstream in(dir + "/" + kFileName);
   std::string line;
@@ -86,6 +104,16 @@ std::string folder_of_a_live_job(const std::string& path, const std::vector<std:
     if (p == p.parent_path()) break;
   }
   return "";
+}
+
+void refuse_a_live_jobs_folder(const std::string& path, const std::string& flag, const std::vector<std::string>& own) {
+  if (path.empty()) return;
+  const std::string live = folder_of_a_live_job(path, own);
+  if (live.empty()) return;
+  const std::string who = DirLock::holder(live);
+  throw Error(flag + " '" + path + "' lies in '" + live + "', the folder of another live job (" +
+              (who.empty() ? "its holder is starting" : who) +
+              "); this would write among that job's files. Choose a path outside it");
 }
 
 }  // namespace fsdp::io

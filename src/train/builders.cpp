@@ -163,10 +163,13 @@ namespace {
 std::string check_data_tokenizer(const TrainConfig& config, const std::string& source, const std::string& flag) {
   const auto files = data::expand_token_paths(source, flag);
   std::optional<data::TokenizerRecord> record;
-  std::string recorded_file;
+  std::string recorded_file, unrecorded_file;
   for (const auto& file : files) {
     const auto beside = data::tokenizer_record_beside(file);
-    if (!beside) continue;
+    if (!beside) {
+      if (unrecorded_file.empty()) unrecorded_file = file;
+      continue;
+    }
     if (!record) {
       record = beside;
       recorded_file = file;
@@ -179,6 +182,13 @@ std::string check_data_tokenizer(const TrainConfig& config, const std::string& s
                "--allow-tokenizer-mismatch if this is intended");
   }
   if (!record) return "";
+  // A file with no record beside files that have one: its tokenizer is
+  // unknown, and the data line would name the others' as if it were its.
+  FSDP_CHECK(unrecorded_file.empty() || config.data.allow_tokenizer_mismatch, flag, " '", source, "': '",
+             unrecorded_file, "' has no ", data::kTokenizerRecordFile, " beside it, while '", recorded_file,
+             "' was tokenized by ", record->source, " (", record->vocab_size, " tokens): one stream would mix a file "
+             "of unknown tokenizer with them. Prepare it with `fsdp data prepare` (which records its tokenizer), "
+             "give it on its own, or pass --allow-tokenizer-mismatch if this is intended");
   // The tokenizer the run's text goes through: --init-from's, else the one
   // --tokenizer names for a preset's samples.
   const std::string& init_from = config.model.init_from;

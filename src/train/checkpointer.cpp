@@ -202,6 +202,19 @@ void Checkpointer::mark_best(int64_t step, MetricsLog* metrics) {
   dist::barrier(world_.group());
 }
 
+bool Checkpointer::repair_best(int64_t step) {
+  if (!enabled() || step <= 0) return false;
+  const std::string path = config_.dir + "/" + step_dir_name(step);
+  if (std::filesystem::path(best()).filename().string() == step_dir_name(step)) return true;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec) || std::filesystem::is_symlink(path, ec)) return false;
+  if (world_.rank() == 0) checkpoint::mark_best(config_.dir, path, static_cast<int>(config_.keep));
+  dist::barrier(world_.group());
+  log_.say("--keep-best: the checkpoint of step " + std::to_string(step) + " set the best validation loss and was "
+           "not yet marked best (the run stopped first): marked now");
+  return true;
+}
+
 std::string Checkpointer::best() const {
   if (!enabled()) return "";
   try {

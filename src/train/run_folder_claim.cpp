@@ -52,15 +52,7 @@ void RunFolderClaim::refuse_other_jobs_folders(const RunPaths& paths, const Trai
                                                                  {&config.checkpoint.dir, "--ckpt-dir"},
                                                                  {&config.logging.metrics, "--metrics"},
                                                                  {&config.hf_export.dir, "--export-hf"}};
-  for (const auto& [path, flag] : outputs) {
-    if (path->empty()) continue;
-    const std::string live = io::folder_of_a_live_job(*path, own);
-    if (live.empty()) continue;
-    const std::string who = io::DirLock::holder(live);
-    throw Error(std::string(flag) + " '" + *path + "' lies in '" + live + "', the folder of another live job (" +
-                (who.empty() ? "its holder is starting" : who) +
-                "); this run would write among that job's files. Choose a path outside it");
-  }
+  for (const auto& [path, flag] : outputs) io::refuse_a_live_jobs_folder(*path, flag, own);
 }
 
 void RunFolderClaim::keep() { undo_on_signal_.reset(); }

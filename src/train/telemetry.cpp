@@ -37,6 +37,7 @@ MetricsLog::MetricsLog(const std::string& path, const std::string& tensorboard_d
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   refuse_symbolic_link(path, "metrics file");
+  lock_ = std::make_unique<io::FileLock>(path, "--metrics");
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   FSDP_CHECK(out_.good(), "cannot write the metrics file '", path, "'");
   if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);

@@ -33,6 +33,13 @@
 namespace fsdp::train {
 namespace {
 
+// Whether two paths name one file (either may not exist yet).
+bool names_one_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec)) return true;
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
 // Allocations and frees a GPU memory snapshot keeps (the newest): a few
 // steps of a large model, at about 1 KB each in the pickle.
 constexpr int64_t kDeviceHistoryEntries = 200000;
@@ -260,6 +267,16 @@ void Trainer::resume_if_possible() {
   start_step_ = state->step;
   tokens_seen_ = state->tokens_seen;
   resumed_ = true;
+  resumed_metrics_ = paths_.folder.metrics();
+  if (!state->config_yaml.empty()) {
+    try {
+      TrainConfig saved;
+      saved.load_yaml_text(state->config_yaml, "the checkpoint's configuration");
+      if (!saved.logging.metrics.empty()) resumed_metrics_ = saved.logging.metrics;
+    } catch (const Error&) {
+      resumed_metrics_.clear();  // a configuration from another version: nothing to hold the file to
+    }
+  }
   // --keep-best and --patience go on from the run's record.
   const auto& extra = state->extra;
   if (extra.contains("best_step") && extra["best_step"].is_number_integer() && extra.contains("best_val_loss") &&
@@ -268,6 +285,7 @@ void Trainer::resume_if_possible() {
     best_step_ = extra["best_step"].get<int64_t>();
     best_val_ = extra["best_val_loss"].get<double>();
     evals_since_best_ = extra["evals_since_best"].get<int64_t>();
+    if (config_.eval.keep_best) checkpointer_->repair_best(best_step_);
   }
   // A run --patience stopped stays stopped, unless its patience was raised.
   const int64_t patience = config_.eval.patience;
@@ -299,21 +317,30 @@ void Trainer::open_run_files() {
     // resumes; a new run would overwrite what another run wrote there.
     std::error_code ec;
     const auto& metrics = config_.logging.metrics;
-    FSDP_CHECK(resumed_ || paths_.metrics_derived || !std::filesystem::exists(metrics, ec) ||
-                   (std::filesystem::is_regular_file(metrics, ec) && std::filesystem::file_size(metrics, ec) == 0),
-               "--metrics '", metrics, "' exists and this run does not resume the run that wrote it: it would be "
+    const bool holds_lines = std::filesystem::exists(metrics, ec) &&
+                             !(std::filesystem::is_regular_file(metrics, ec) && std::filesystem::file_size(metrics, ec) == 0);
+    FSDP_CHECK(resumed_ || paths_.metrics_derived || !holds_lines, "--metrics '", metrics,
+               "' exists and this run does not resume the run that wrote it: it would be "
                "overwritten. Remove it, or choose a new path (by default the metrics go to the run folder)");
+    // A resume appends only to its own run's file: the one the checkpoint's
+    // configuration names (its run folder's when it named none).
+    FSDP_CHECK(!resumed_ || !holds_lines || resumed_metrics_.empty() || names_one_file(metrics, resumed_metrics_),
+               "--metrics '", metrics, "' holds lines, and the run resumed here wrote its metrics to '",
+               resumed_metrics_, "': appending would mix two runs' lines in one file. Give --metrics '",
+               resumed_metrics_, "' (or leave it out), or a path that does not exist yet");
     if (!resumed_) {
       const auto aside = set_aside_earlier_run(paths_.folder);
       if (!aside.empty()) log_.say(paths_.folder.dir + " held an earlier run's files; moved them to " + aside);
     }
     refuse_symbolic_links(paths_.folder);
+    // Before anything else is written: the file must be this job's alone
+    // (another live job appending to it is refused by its lock).
+    metrics_ = std::make_unique<MetricsLog>(config_.logging.metrics,
+                                            config_.logging.tensorboard ? paths_.folder.tensorboard() : "", resumed_);
     io::AtomicFile yaml(paths_.folder.config());
     const std::string text = recorded_config(config_, paths_).to_yaml();
     yaml.write(text.data(), text.size());
     yaml.commit();
-    metrics_ = std::make_unique<MetricsLog>(config_.logging.metrics,
-                                            config_.logging.tensorboard ? paths_.folder.tensorboard() : "", resumed_);
   }
   dist::barrier(world_->group());  // the earlier run's logs are out of the way
   // A resumed run appends to its log: the marker goes before this start's lines.
@@ -608,7 +635,10 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
     checkpointer_->redirect(paths_.folder.checkpoints());
   }
   if (!stats.verdict.skip && (save_as_best || checkpointer_->due(step, total, stop_requested_ || stopped_early_))) {
-    checkpointer_->save(state_to_save(step + 1), *model_, *optimizer_, metrics_.get());
+    // The checkpoint of the step that sets a new best records it: a run
+    // resumed from it, or killed before the mark below, knows its best.
+    checkpointer_->save(state_to_save(step + 1, save_as_best ? std::optional<double>(val) : std::nullopt), *model_,
+                        *optimizer_, metrics_.get());
   }
   if (save_as_best) {
     checkpointer_->mark_best(step + 1, metrics_.get());
@@ -763,13 +793,17 @@ double Trainer::evaluate_and_log(int64_t steps_done) {
   return val;
 }
 
-checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done) const {
+checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done, std::optional<double> new_best_val) const {
   checkpoint::TrainerState state;
   state.step = steps_done;
   state.tokens_seen = tokens_seen_;
   state.loss_scale = scaler_ ? scaler_->get_scale() : 0.0;
   state.config_yaml = config_.to_yaml();
-  if (best_step_ > 0) {
+  if (new_best_val) {
+    state.extra["best_val_loss"] = *new_best_val;
+    state.extra["best_step"] = steps_done;
+    state.extra["evals_since_best"] = 0;
+  } else if (best_step_ > 0) {
     state.extra["best_val_loss"] = best_val_;
     state.extra["best_step"] = best_step_;
     state.extra["evals_since_best"] = evals_since_best_;

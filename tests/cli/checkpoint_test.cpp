@@ -3,6 +3,7 @@
 // and SIGTERM in the middle of a run.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,6 +62,34 @@ TEST(Checkpoint, ResumeIsBitIdenticalAndOldCheckpointsArePruned) {
   ASSERT_EQ(full.size(), 6u);
   ASSERT_EQ(split.size(), 6u);
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(full[i], split[i]) << "step " << i + 1 << " must be bit-identical";
+}
+
+// `latest` and `best` are regular files or nothing: one replaced by a FIFO
+// (or a folder) is refused by name at once by inspect, export and a
+// resume, where reading it would block until killed.
+TEST(Checkpoint, APointerThatIsAFifoOrAFolderIsRefusedNotWaitedOn) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  ASSERT_EQ(train(1, corpus, "--batch-size 2 --steps 1 --save-every 1 --ckpt-dir " + dir + "/ckpt").exit_code, 0);
+  const std::string ckpt = dir + "/ckpt";
+  for (const std::string kind : {"FIFO", "directory"}) {
+    fs::remove_all(ckpt + "/latest");
+    if (kind == "FIFO") {
+      ASSERT_EQ(::mkfifo((ckpt + "/latest").c_str(), 0644), 0);
+    } else {
+      fs::create_directory(ckpt + "/latest");
+    }
+    const std::string refusal = "checkpoint pointer '" + ckpt + "/latest' is a " + (kind == "FIFO" ? "FIFO" : "directory");
+    for (const std::string command : {kCli + " ckpt inspect " + ckpt, kCli + " ckpt export " + ckpt + " " + dir + "/hf",
+                                      kCli + " launch -n 1 -- " + kCli + " train --model gpt2-tiny --seq-len 16 "
+                                      "--batch-size 2 --steps 2 --data " + corpus + " --ckpt-dir " + ckpt}) {
+      const auto r = run_command("timeout 60 " + command);
+      EXPECT_NE(r.exit_code, 0) << command << "\n" << r.output;
+      EXPECT_NE(r.exit_code, 124) << "waited on the " << kind << ": " << command;
+      EXPECT_NE(r.output.find(refusal), std::string::npos) << command << "\n" << r.output;
+    }
+  }
+  EXPECT_FALSE(exists(dir + "/hf"));
 }
 
 TEST(Checkpoint, ResumeFindsTheRunFoldersCheckpoints) {

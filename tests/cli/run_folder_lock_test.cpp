@@ -145,6 +145,59 @@ TEST(RunFolder, AnExistingMetricsFileIsRefusedUnlessTheRunResumes) {
   fs::remove_all(dir);
 }
 
+// A resume appends only to its own run's metrics file: job B, resuming a
+// run of its own, is refused another live job's --metrics (it would
+// append, and the live job then write over B's lines at its old offset),
+// and the live job's file keeps only its own lines. Two live jobs on one
+// file are refused by the file's lock as well (io::FileLock, in
+// tests/unit/dir_lock_test.cpp).
+TEST(RunFolderLock, AResumeIsRefusedAnotherLiveJobsMetricsFile) {
+  const auto dir = make_temp_dir();
+  const std::string shared = dir + "/m.jsonl";
+  const auto b_first = run_command(train(dir + "/b", 2, "--save-every 2"));
+  ASSERT_EQ(b_first.exit_code, 0) << b_first.output;
+  auto a = live_job(dir, "--metrics " + shared);
+  const auto b = run_command(train(dir + "/b", 4, "--metrics " + shared));
+  EXPECT_NE(b.exit_code, 0) << b.output;
+  EXPECT_TRUE(contains(b.output, "--metrics '" + shared + "' holds lines, and the run resumed here wrote its metrics "
+                                 "to '" + dir + "/b/metrics.jsonl'"))
+      << b.output;
+  ::kill(a->pid(), SIGINT);
+  EXPECT_EQ(a->wait(std::chrono::seconds(120)), 130) << a->output();
+  for (const auto& line : read_metrics(shared)) {
+    EXPECT_TRUE(line.value("event", "") != "resume") << "job B wrote into job A's file: " << line.dump();
+  }
+  // B resumes with its own file.
+  const auto own = run_command(train(dir + "/b", 4));
+  EXPECT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_EQ(train_losses(read_metrics(dir + "/b/metrics.jsonl")).size(), 4u);
+  fs::remove_all(dir);
+}
+
+// `fsdp ckpt export` into a live job's run folder or its checkpoints/ is
+// refused as `fsdp train --export-hf` refuses it, in every format, and the
+// live job's files stay as they were.
+TEST(RunFolderLock, AnExportIntoALiveJobsFoldersIsRefused) {
+  const auto dir = make_temp_dir();
+  auto a = live_job(dir);
+  const std::string step = dir + "/run/checkpoints/" + read_file(dir + "/run/checkpoints/latest").substr(0, 13);
+  for (const std::string out : {dir + "/run/exported", dir + "/run/checkpoints/exported", dir + "/run"}) {
+    for (const std::string format : {"hf", "safetensors"}) {
+      const auto r = run_command(kCli + " ckpt export --format " + format + " " + step + " " + out);
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      EXPECT_TRUE(contains(r.output, "the export's OUT '" + out + "' lies in")) << r.output;
+      EXPECT_TRUE(contains(r.output, "the folder of another live job")) << r.output;
+    }
+    if (out != dir + "/run") EXPECT_FALSE(exists(out)) << out;
+  }
+  // Outside the live job's folders the same export is made.
+  const auto outside = run_command(kCli + " ckpt export " + step + " " + dir + "/elsewhere");
+  EXPECT_EQ(outside.exit_code, 0) << outside.output;
+  ::kill(a->pid(), SIGINT);
+  EXPECT_EQ(a->wait(std::chrono::seconds(120)), 130) << a->output();
+  fs::remove_all(dir);
+}
+
 TEST(RunFolderLock, RanksDieWithTheirKilledLauncherAndLeaveNoStaleLock) {
   const auto dir = make_temp_dir();
   auto job = live_job(dir);

@@ -280,6 +280,19 @@ TEST(TokenizerCli, TrainRefusesTokenFilesAnotherTokenizerMade) {
                                    "/gpt2/train.bin' by '" + kData + "/gpt2/encoder.json' (50257 tokens)"))
         << r.output;
   }
+  // A file with no record listed beside recorded ones is refused, naming
+  // both (its tokenizer is unknown); on its own it trains as llm.c's files do.
+  fs::create_directories(dir + "/bare");
+  fs::copy_file(dir + "/gpt2/train.bin", dir + "/bare/train.bin");
+  const auto unrecorded = run_command(kCli + " train --init-from " + dir + "/model --data " + dir +
+                                      "/llama3/train.bin," + dir + "/bare/train.bin --steps 1 --seq-len 8 "
+                                      "--batch-size 2 --out-dir " + dir + "/run-unrecorded");
+  EXPECT_EQ(unrecorded.exit_code, 1) << unrecorded.output;
+  EXPECT_TRUE(contains(unrecorded.output, "'" + dir + "/bare/train.bin' has no tokenizer_record.json beside it, while '" +
+                                              dir + "/llama3/train.bin' was tokenized by '" + llama3 +
+                                              "/tokenizer.json' (128256 tokens)"))
+      << unrecorded.output;
+  EXPECT_FALSE(exists(dir + "/run-unrecorded"));
   // A preset's --tokenizer (for its samples) is compared with the data's
   // record as --init-from's is.
   const auto preset = run_command(kCli + " train --model llama-tiny --vocab-size 128256 --tokenizer " + llama3 +

@@ -384,6 +384,76 @@ TEST(Train, KeepBestExportsTheLowestValidationLossAndPatienceStopsEarly) {
   }
 }
 
+// The checkpoint of the step that sets a new best records it, and a run
+// resumed from it exports the best: two starts, the first stopping at step
+// 2 (where the second evaluation may set the best), the second going on to
+// 14 with --patience. Expected from the metrics' validation losses alone.
+TEST(Train, ABestSetAtTheLastSavedStepSurvivesTheResume) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  const std::string common = kCli + " train --model gpt2-tiny --data " + corpus + " --val-data " + corpus +
+                             " --seq-len 16 --batch-size 2 --lr 1 --warmup-steps 0 --lr-schedule constant "
+                             "--eval-every 1 --eval-batches 2 --keep-best --patience 3 --save-every 1 --log-every 1 "
+                             "--tensorboard=false --out-dir " + dir + "/run";
+  const auto val_losses = [&] {
+    std::vector<std::pair<int64_t, double>> out;  // (step, loss) of each evaluation after step 0
+    for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) {
+      if (m.contains("loss") && !m.contains("event") && m.value("split", "") == "val" && m["step"].get<int64_t>() > 0) {
+        out.emplace_back(m["step"].get<int64_t>(), m["loss"].get<double>());
+      }
+    }
+    return out;
+  };
+  const auto best_of = [](const std::vector<std::pair<int64_t, double>>& losses) {
+    return std::min_element(losses.begin(), losses.end(), [](const auto& a, const auto& b) { return a.second < b.second; })
+        ->first;
+  };
+  const auto first = run_command(common + " --steps 2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto two = val_losses();
+  ASSERT_EQ(two.size(), 2u) << first.output;
+  std::ifstream meta_file(dir + "/run/checkpoints/step_00000002/metadata.json");
+  const auto meta = nlohmann::json::parse(meta_file);
+  EXPECT_EQ(meta["extra"]["best_step"].get<int64_t>(), best_of(two)) << meta.dump();
+
+  const auto second = run_command(common + " --steps 14 --export-hf " + dir + "/hf");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  const auto all = val_losses();
+  int64_t best_step = 0, since = 0, stop = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& [step, loss] : all) {
+    if (stop > 0) break;
+    if (loss < best) {
+      best = loss;
+      best_step = step;
+      since = 0;
+    } else if (++since == 3) {
+      stop = step;
+    }
+  }
+  ASSERT_GT(best_step, 0);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(best_step));
+  std::ifstream best_file(dir + "/run/checkpoints/best");
+  std::string named;
+  std::getline(best_file, named);
+  EXPECT_EQ(named, name);
+  if (stop > 0) {
+    bool named_in_event = false;
+    for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) {
+      if (m.value("event", "") == "early_stop") named_in_event = m["best_step"].get<int64_t>() == best_step;
+    }
+    EXPECT_TRUE(named_in_event) << "the early stop names another best than step " << best_step;
+  }
+  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints/" + name + " " + dir + "/best-hf");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  io::SafetensorsFile ours(dir + "/hf/model.safetensors"), reference(dir + "/best-hf/model.safetensors");
+  for (const auto& e : reference.entries()) {
+    ASSERT_NE(ours.find(e.name), nullptr) << e.name;
+    EXPECT_TRUE(ours.view(e.name).equal(reference.view(e.name))) << e.name << ": the export is not the best step's";
+  }
+}
+
 TEST(TrainErrors, FineTuningSettingsThatCannotApplyAreRefusedByName) {
   const auto dir0 = make_temp_dir();
   expect_clean_failure("--model gpt2-tiny --steps 1 --keep-best", {"eval.keep_best", "--val-data"}, dir0);

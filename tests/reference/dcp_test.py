@@ -29,6 +29,7 @@ nothing; an export onto an existing folder is refused.
 """
 import copy
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -37,6 +38,7 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 
 import fsdp2_alignment_test as alignment
 import harness
@@ -281,6 +283,55 @@ def main():
             "--model", os.path.join(work, "gpt2"), "--trust-dcp-metadata")
     if not os.path.exists(byte_marker):
         harness.fail("--trust-dcp-metadata did not load the byte entry as given")
+
+    # A data file that is a symbolic link out of the directory (to the
+    # honest copy's own file, and to a file that is no DCP data at all), and
+    # training state a checkpoint cannot hold: each refused in one line,
+    # nothing written, with or without --trust-dcp-metadata for the links.
+    def linked(target):
+        def change(directory, meta):
+            info = next(i for f, i in meta.storage_data.items() if f.fqn.startswith("model."))
+            path = os.path.join(directory, info.relative_path)
+            os.remove(path)
+            os.symlink(target, path)
+        return change
+
+    not_dcp = os.path.join(work, "not-dcp.bin")
+    with open(not_dcp, "wb") as f:
+        f.write(b"\0" * 4096)
+
+    def train_state(fqn, value):
+        def change(directory, meta):
+            index = next(i for i in meta.storage_data if i.fqn == fqn)
+            info = meta.storage_data[index]
+            blob = io.BytesIO()
+            torch.save(value, blob)
+            data_file = os.path.join(directory, info.relative_path)
+            offset = os.path.getsize(data_file)
+            with open(data_file, "ab") as f:
+                f.write(blob.getvalue())
+            meta.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(blob.getvalue()))
+        return change
+
+    honest_data = os.path.abspath(os.path.join(work, "gpt2-fsdp2.dcp", next(
+        i.relative_path for f, i in honest.storage_data.items() if f.fqn.startswith("model."))))
+    cases = [("link-out", linked(honest_data), "is a symbolic link", True),
+             ("link-not-dcp", linked(not_dcp), "is a symbolic link", True)]
+    for fqn, values in (("train_state.step", (2 ** 70, -5, "abc", float("nan"))),
+                        ("train_state.tokens_seen", (2 ** 63 - 1, -1))):
+        for i, value in enumerate(values):
+            cases.append((f"{fqn.split('.')[1]}-{i}", train_state(fqn, value),
+                          f"holds {fqn} = {value!r:.80}: expected a whole number from 0 to 2^62", False))
+    for name, change, expected, also_trusted in cases:
+        directory = forged("hostile-" + name + ".dcp", change)
+        for trusted in ((False, True) if also_trusted else (False,)):
+            out = os.path.join(work, f"hostile-{name}-import{'-trusted' if trusted else ''}")
+            result = convert(args.fsdp, "import", directory, out, "--model", os.path.join(work, "gpt2"),
+                             *(["--trust-dcp-metadata"] if trusted else []))
+            if result.returncode == 0 or expected not in result.stderr or os.path.exists(out) \
+                    or "Traceback" in result.stderr:
+                harness.fail(f"{name} (trusted: {trusted}) was not refused in one line: {result.stderr[-800:]}")
+            print("refused: " + result.stderr.strip().splitlines()[-1][:300])
 
 
 if __name__ == "__main__":

@@ -66,6 +66,50 @@ TEST(ChatTemplate, HostileTemplatesAreRefusedNotCrashed) {
   EXPECT_EQ(render("{{ 'a,b,c'.split(',', 1) }}|{{ 'aaa'.replace('a', 'b', 2) }}"), "['a', 'b,c']|bba");
 }
 
+// A template's work is bounded ([Note: a template's bounds]): each of
+// these ran until killed, or died of std::bad_alloc, before the bounds;
+// now each is refused by name, having built no more than the budget.
+TEST(ChatTemplate, TemplatesThatRunWithoutBoundAreRefusedByTheBoundTheyPass) {
+  const std::string budget = "MiB of strings and lists";
+  EXPECT_NE(refusal("{{ 'a' * 100000000000 }}").find(budget), std::string::npos);
+  EXPECT_NE(refusal("{{ 'ab' * 9223372036854775807 }}").find(budget), std::string::npos);
+  EXPECT_NE(refusal("{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}"
+                    "{% endfor %}{% endfor %}{% endfor %}")
+                .find("more than 1000000 iterations"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
+                .find(budget),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}")
+                .find(budget),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s.replace('a', 'aa') %}"
+                    "{% endfor %}")
+                .find(budget),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s | replace('a', 'aa') %}"
+                    "{% endfor %}")
+                .find(budget),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = [ns.l] %}{% endfor %}"
+                    "{{ ns.l | tojson }}")
+                .find("nests deeper than 128 levels"),
+            std::string::npos);
+  EXPECT_NE(refusal("{% set ns = namespace(d={}) %}{% for i in range(5000) %}{% set ns.d = dict(a=ns.d) %}{% endfor %}")
+                .find("nests deeper than 128 levels"),
+            std::string::npos);
+  EXPECT_NE(refusal(std::string(kMaxTemplateBytes + 1, '\0')).find("a template is at most 1 MiB"), std::string::npos);
+  // Parsing is linear: 80,000 block tags on one line (a rescan of the line
+  // per tag took minutes) are refused at the nesting bound at once.
+  std::string deep;
+  for (int i = 0; i < 80000; ++i) deep += "{% if 1 %}";
+  EXPECT_NE(refusal(deep).find("nest deeper"), std::string::npos);
+  // Within the bounds, what real templates do renders as before.
+  EXPECT_EQ(render("{% set ns = namespace(l=[]) %}{% for i in range(3) %}{% set ns.l = ns.l + [i] %}{% endfor %}"
+                   "{{ ns.l }}|{{ 'ab' * 3 }}|{{ 'aXa' | replace('a', 'bb') }}"),
+            "[0, 1, 2]|ababab|bbXbb");
+}
+
 TEST(ChatTemplate, SetInsideALoopLastsOneIterationAndANamespaceCarriesOut) {
   EXPECT_EQ(render("{% set x = 0 %}{% for i in [1, 2, 3] %}{{ x }}{% set x = i %}{{ x }};{% endfor %}|{{ x }}"),
             "01;02;03;|0");

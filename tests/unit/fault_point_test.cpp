@@ -1,5 +1,5 @@
 // Named fault points: FSDP_FAULT_POINT sends the process the named signal
-// (SIGKILL unless named) on the named visit, only in the first attempt, and
+// (SIGKILL unless named; THROW throws fsdp::Error instead) on the named visit, only in the first attempt, and
 // refuses a name that is no point or a signal it does not send.
 // Each case runs in a child (a death test), which reads the variable afresh.
 
@@ -64,10 +64,19 @@ TEST(FaultPoint, ANameThatIsNoPointOrASignalItDoesNotSendIsRefused) {
   EXPECT_EXIT(visit("checkpoint.before_publsh@2", "0", 1), ::testing::ExitedWithCode(3),
               "FSDP_FAULT_POINT names 'checkpoint.before_publsh', which is not a fault point "
               "\\(checkpoint.before_publish, train.start_folders_made, train.run_files_written, "
-              "export.weights_file_written;");
+              "export.weights_file_written, train.host_step;");
   EXPECT_EXIT(visit("checkpoint.before_publish@0", "0", 1), ::testing::ExitedWithCode(3), "from 1");
   EXPECT_EXIT(visit("checkpoint.before_publish@1:HUP", "0", 1), ::testing::ExitedWithCode(3),
-              "signal 'HUP' is none of KILL, TERM, INT");
+              "signal 'HUP' is none of KILL, TERM, INT, THROW");
+}
+
+// THROW in place of a signal: the point throws fsdp::Error on its visit,
+// which the program reports as any failure of its own.
+TEST(FaultPoint, ThrowRaisesAnErrorOnTheNamedVisit) {
+  EXPECT_EXIT(visit("checkpoint.before_publish@2:THROW", "0", 3), ::testing::ExitedWithCode(3),
+              "fault point checkpoint.before_publish reached \\(FSDP_FAULT_POINT\\): an "
+              "injected failure");
+  EXPECT_EXIT(visit("checkpoint.before_publish@2:THROW", "1", 3), ::testing::ExitedWithCode(0), "survived visit 3");
 }
 
 }  // namespace

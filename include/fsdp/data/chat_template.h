@@ -8,7 +8,13 @@
 // Python's string and dict methods and Jinja's common filters and tests. A
 // template outside it is refused when parsed, naming the line and the
 // construct, never rendered approximately. Light header: no LibTorch.
+//
+// A template is code from a downloaded file, so its size and each render's
+// work are bounded, as transformers' sandboxed Jinja environment and
+// llama.cpp's template engine bound theirs: past a bound the template is
+// refused by name (fsdp::Error), never left to run out of time or memory.
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +22,14 @@
 #include <nlohmann/json.hpp>
 
 namespace fsdp::data {
+
+// The bounds ([Note: a template's bounds] in chat_template_render.cpp).
+// Real templates are a few KB; their renders produce about their
+// conversation's size and loop over its messages.
+constexpr int64_t kMaxTemplateBytes = int64_t{1} << 20;  // the template's source
+constexpr int64_t kMaxRenderBytes = int64_t{256} << 20;  // strings (and 16 bytes a list item) one render makes
+constexpr int64_t kMaxLoopIterations = 1'000'000;        // for-loop iterations of one render, nested ones included
+constexpr int kMaxValueNesting = 128;                    // lists and dicts inside each other, in one value
 
 namespace jinja {
 struct Template;

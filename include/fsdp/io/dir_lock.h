@@ -50,10 +50,33 @@ class DirLock {
   int fd_ = -1;
 };
 
+// One job per file, for a file a job appends to outside any folder it
+// locks (--metrics): an exclusive flock on the file itself, held for the
+// object's life. Opens (creating it where absent, never through a
+// symbolic link) and locks, or throws fsdp::Error: "<flag> '<path>' is
+// being written by another live job; ...".
+class FileLock {
+ public:
+  FileLock(const std::string& path, const std::string& flag);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // The nearest folder holding PATH (PATH itself when it is a folder) whose
 // lock a live job holds: a run folder or checkpoint folder of another job,
 // where this one must not write. Folders in `own` (the locks this process
 // holds) are passed over. Empty when there is none.
 std::string folder_of_a_live_job(const std::string& path, const std::vector<std::string>& own);
+
+// Throws fsdp::Error when PATH (an output named by `flag`) lies in a live
+// job's folder (folder_of_a_live_job): "<flag> 'PATH' lies in 'DIR', the
+// folder of another live job (host H, PID P, ...); ...". `fsdp train`'s
+// outputs and `fsdp ckpt export`'s are checked alike.
+void refuse_a_live_jobs_folder(const std::string& path, const std::string& flag,
+                               const std::vector<std::string>& own = {});
 
 }  // namespace fsdp::io

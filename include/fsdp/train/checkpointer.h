@@ -63,6 +63,11 @@ class Checkpointer {
   void mark_best(int64_t step, MetricsLog* metrics);
   // The checkpoint DIR/best names, or "".
   std::string best() const;
+  // Collective. A resumed run's record names `step` as its best: where
+  // DIR/best does not name that step's checkpoint and it is there (a run
+  // stopped between the save that set the best and its mark), marks it.
+  // Says so; returns whether DIR/best now names it.
+  bool repair_best(int64_t step);
   int64_t failed_saves() const { return failed_saves_; }
 
   // Whether a "key: old -> new" difference is one a resume is expected to

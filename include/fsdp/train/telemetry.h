@@ -12,6 +12,8 @@
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
+#include "fsdp/io/dir_lock.h"
+
 namespace fsdp::train {
 
 // Rank 0's metrics: one JSON object per line, and the same numbers as
@@ -20,12 +22,15 @@ namespace fsdp::train {
 class MetricsLog {
  public:
   // `append` continues a resumed run's file; otherwise the file starts
-  // empty. Throws naming the path if it cannot be opened.
+  // empty. The file is this job's while the object lives (io::FileLock):
+  // throws naming the path if another live job holds it, or if it cannot
+  // be opened.
   MetricsLog(const std::string& path, const std::string& tensorboard_dir, bool append);
   ~MetricsLog();
   void write(const nlohmann::json& line);
 
  private:
+  std::unique_ptr<io::FileLock> lock_;
   std::ofstream out_;
   std::unique_ptr<class TensorBoardWriter> tensorboard_;
 };

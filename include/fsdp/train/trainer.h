@@ -93,7 +93,8 @@ class Trainer {
   // into the model, when they are not the last step's.
   void restore_best();
   double evaluate();
-  checkpoint::TrainerState state_to_save(int64_t steps_done) const;
+  // `new_best_val`: this step's validation loss sets a new best (--keep-best).
+  checkpoint::TrainerState state_to_save(int64_t steps_done, std::optional<double> new_best_val = std::nullopt) const;
   void finish_run();
   std::string sample_text();
   void export_hf();
@@ -106,6 +107,9 @@ class Trainer {
   // the undoing of what the start made ([Note: one job owns a run folder]).
   std::unique_ptr<RunFolderClaim> claim_;
   bool resumed_ = false;
+  // The metrics file of the run resumed (its configuration's --metrics, or
+  // its run folder's); empty when unknown.
+  std::string resumed_metrics_;
   bool stop_requested_ = false;    // SIGTERM/SIGINT seen by some rank
   bool stopped_early_ = false;     // --patience ran out
   bool restored_best_ = false;     // the weights in hand are the best checkpoint's (--keep-best)
