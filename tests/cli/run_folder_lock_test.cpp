@@ -33,13 +33,14 @@ std::string train(const std::string& out_dir, int steps, const std::string& extr
 // A W = 2 job training until stopped, once it has logged two steps and
 // published its first checkpoint (step 2's, written after step 2's log
 // line: a job killed between the two would leave nothing to resume).
-std::unique_ptr<BackgroundCommand> live_job(const std::string& dir, const std::string& extra = "") {
+// `metrics`: where its metrics go (default: its run folder's).
+std::unique_ptr<BackgroundCommand> live_job(const std::string& dir, const std::string& extra = "",
+                                            const std::string& metrics = "") {
   auto job = std::make_unique<BackgroundCommand>(
       kCli + " launch -n 2 -- " + train(dir + "/run", 100000, "--save-every 2 " + extra), dir + "/live.log");
   const std::string latest = dir + "/run/checkpoints/latest";
-  const auto started = [&] {
-    return train_losses(read_metrics(dir + "/run/metrics.jsonl")).size() >= 2 && fs::exists(latest);
-  };
+  const std::string lines = metrics.empty() ? dir + "/run/metrics.jsonl" : metrics;
+  const auto started = [&] { return train_losses(read_metrics(lines)).size() >= 2 && fs::exists(latest); };
   for (int i = 0; i < 600 && !started(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_TRUE(started()) << job->output();
   return job;
@@ -156,7 +157,7 @@ TEST(RunFolderLock, AResumeIsRefusedAnotherLiveJobsMetricsFile) {
   const std::string shared = dir + "/m.jsonl";
   const auto b_first = run_command(train(dir + "/b", 2, "--save-every 2"));
   ASSERT_EQ(b_first.exit_code, 0) << b_first.output;
-  auto a = live_job(dir, "--metrics " + shared);
+  auto a = live_job(dir, "--metrics " + shared, shared);
   const auto b = run_command(train(dir + "/b", 4, "--metrics " + shared));
   EXPECT_NE(b.exit_code, 0) << b.output;
   EXPECT_TRUE(contains(b.output, "--metrics '" + shared + "' holds lines, and the run resumed here wrote its metrics "
@@ -179,7 +180,7 @@ TEST(RunFolderLock, AResumeIsRefusedAnotherLiveJobsMetricsFile) {
 // live job's files stay as they were.
 TEST(RunFolderLock, AnExportIntoALiveJobsFoldersIsRefused) {
   const auto dir = make_temp_dir();
-  auto a = live_job(dir);
+  auto a = live_job(dir, "--keep 100000");  // the checkpoint exported stays while the job trains on
   const std::string step = dir + "/run/checkpoints/" + read_file(dir + "/run/checkpoints/latest").substr(0, 13);
   for (const std::string out : {dir + "/run/exported", dir + "/run/checkpoints/exported", dir + "/run"}) {
     for (const std::string format : {"hf", "safetensors"}) {
