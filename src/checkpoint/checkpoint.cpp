@@ -712,6 +712,16 @@ void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta
     FSDP_CHECK(shape == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
                "' was saved with shape ", c10::IntArrayRef(shape), ", this model has ", c10::IntArrayRef(s.shape));
   }
+  // A key the program lacks, named as every other mismatch is.
+  if (params.size() != c.shards.size()) {
+    std::set<std::string> mine;
+    for (const auto& s : c.shards) mine.insert(s.fqn);
+    for (const auto& [fqn, unused] : params.items()) {
+      FSDP_CHECK(mine.count(fqn) != 0, "checkpoint '", checkpoint, "' holds parameter '", fqn,
+                 "', which this model has not (", params.size(), " parameters there, ", c.shards.size(),
+                 " here): it is from another model");
+    }
+  }
   FSDP_CHECK(params.size() == c.shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
              " parameters, this model ", c.shards.size(), ": it is from another model");
   if (meta.contains("buffers")) {  // versions 1 and 2 saved none
@@ -722,6 +732,12 @@ void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta
       const auto shape = buffers[fqn]["shape"].get<std::vector<int64_t>>();
       FSDP_CHECK(shape == value.sizes().vec(), "checkpoint '", checkpoint, "': buffer '", fqn, "' was saved with shape ",
                  c10::IntArrayRef(shape), ", this model has ", value.sizes());
+    }
+    std::set<std::string> mine;
+    for (const auto& [fqn, unused] : c.buffers) mine.insert(fqn);
+    for (const auto& [fqn, unused] : buffers.items()) {
+      FSDP_CHECK(mine.count(fqn) != 0, "checkpoint '", checkpoint, "' holds buffer '", fqn,
+                 "', which this model has not: it is from another model");
     }
     FSDP_CHECK(buffers.size() == c.buffers.size(), "checkpoint '", checkpoint, "' holds ", buffers.size(),
                " buffers, this model ", c.buffers.size(), ": it is from another model");

@@ -71,10 +71,21 @@ ChatEncoder::~ChatEncoder() = default;
 Json ChatEncoder::context(const Json& messages, bool add_generation_prompt, const Json& record) const {
   Json c = special_tokens_.is_null() ? Json::object() : special_tokens_;
   c["messages"] = messages;
-  c["tools"] = record.contains("tools") ? record["tools"] : Json();
+  const Json tools = record.contains("tools") ? record["tools"] : Json();
+  // As transformers' apply_chat_template: tools are a list of definitions,
+  // and the template's own arguments cannot be set twice.
+  FSDP_CHECK(tools.is_null() || tools.is_array(), "\"tools\" is a ", tools.type_name(),
+             ": expected a list of tool definitions (JSON schemas), as apply_chat_template takes them");
+  c["tools"] = tools;
   c["add_generation_prompt"] = add_generation_prompt;
   if (record.contains("chat_template_kwargs") && record["chat_template_kwargs"].is_object()) {
-    for (const auto& [key, value] : record["chat_template_kwargs"].items()) c[key] = value;
+    for (const auto& [key, value] : record["chat_template_kwargs"].items()) {
+      FSDP_CHECK(key != "messages" && key != "tools" && key != "documents" && key != "add_generation_prompt" &&
+                     key != "continue_final_message",
+                 "chat_template_kwargs sets \"", key, "\", which the record itself gives the template (",
+                 "apply_chat_template refuses it twice); put it in the record, not in chat_template_kwargs");
+      c[key] = value;
+    }
   }
   return c;
 }

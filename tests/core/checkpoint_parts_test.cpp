@@ -239,6 +239,26 @@ TEST(CheckpointParts, AnotherProgramsCheckpointIsRefusedNamingBothSides) {
   extended->register_module("tail", std::make_shared<WithBufferImpl>());
   expect_error_on_every_rank([&] { checkpoint::load(saved, checkpoint::Parts().model("", *extended), test_world()); },
                              {"has no buffer 'tail.extra', which this model has"});
+  // A checkpoint holding what this model lacks names it: a parameter, and
+  // a buffer (it said only how many each side has before).
+  const std::string wider_dir = shared_dir("refused_wider");
+  {
+    torch::manual_seed(7);
+    NormNet wider;
+    wider->register_module("tail", torch::nn::Linear(3, 2));
+    FullyShardOptions options;
+    options.mesh = mesh_for(ShardingStrategy::kFullShard);
+    fully_shard(wider, options);
+    checkpoint::save(wider_dir, 1, checkpoint::Parts().model("", *wider), {}, test_world());
+  }
+  expect_error_on_every_rank(
+      [&] { checkpoint::load(*checkpoint::latest(wider_dir), checkpoint::Parts().model("", *other), test_world()); },
+      {"holds parameter 'tail.", "', which this model has not"});
+  const std::string buffered_dir = shared_dir("refused_buffered");
+  checkpoint::save(buffered_dir, 1, checkpoint::Parts().model("", *extended), {}, test_world());
+  expect_error_on_every_rank(
+      [&] { checkpoint::load(*checkpoint::latest(buffered_dir), checkpoint::Parts().model("", *other), test_world()); },
+      {"holds buffer 'tail.extra', which this model has not"});
   // The program's own state comes back as saved.
   counters = {{"seen", 0}};
   auto same = make_sharded_net();

@@ -173,6 +173,25 @@ def main():
              "[" * 100000 + "]" * 100000 + "}"], ["line 1", "deeper than 64"], directory)
     refused(args, work, "no-answer", ['{"messages": [{"role": "user", "content": "a"}]}'],
             ["line 1", "no assistant message"], directory)
+    # What apply_chat_template refuses is refused here too: tools that are
+    # not a list, and chat_template_kwargs setting what the record gives.
+    record = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    for bad_tools in ("notalist", {"name": "f"}):
+        try:
+            transformers.AutoTokenizer.from_pretrained(directory).apply_chat_template(record["messages"],
+                                                                                        tools=bad_tools)
+            harness.fail(f"transformers renders tools={bad_tools!r}: the premise is gone")
+        except Exception:  # noqa: BLE001 - refused, as expected
+            pass
+        refused(args, work, "tools-" + type(bad_tools).__name__, [json.dumps(dict(record, tools=bad_tools))],
+                ["line 1", "\"tools\" is a", "expected a list of tool definitions"], directory)
+    try:
+        transformers.AutoTokenizer.from_pretrained(directory).apply_chat_template(record["messages"], messages=[])
+        harness.fail("transformers takes messages twice: the premise is gone")
+    except Exception:  # noqa: BLE001 - refused (a TypeError: messages given twice)
+        pass
+    refused(args, work, "kwargs-messages", [json.dumps(dict(record, chat_template_kwargs={"messages": []}))],
+            ["line 1", "chat_template_kwargs sets \"messages\""], directory)
     refused(args, work, "mixed-kinds",
             ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}',
              '{"text": "plain"}'], ["line 2", "one kind"], directory)
