@@ -143,6 +143,18 @@ int64_t DataLoader::examples_longer_than_a_row() const {
   return n;
 }
 
+int64_t DataLoader::examples_training_nothing_in_a_row() const {
+  int64_t n = 0;
+  for (int64_t e = 0; e < examples(); ++e) {
+    const auto begin = static_cast<size_t>(example_starts_[static_cast<size_t>(e)]);
+    const int64_t length = std::min(example_length(e), o_.seq_len + 1);
+    bool trains = false;
+    for (int64_t k = 1; k < length && !trains; ++k) trains = (mask_[begin + static_cast<size_t>(k)] & kMaskTrained) != 0;
+    n += !trains;
+  }
+  return n;
+}
+
 void DataLoader::resume_at(int64_t step, int64_t tokens) {
   FSDP_CHECK(step >= 0 && tokens >= 0, "data: cannot resume at step ", step, " with ", tokens,
              " tokens seen: expected counts of zero or more");

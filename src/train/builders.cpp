@@ -266,6 +266,18 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
       what += "; " + std::to_string(cut) + " longer than data.seq_len + 1 (" + std::to_string(d.seq_len + 1) +
               ") are cut to their first " + std::to_string(d.seq_len + 1) + " tokens (raise --seq-len to keep them whole)";
     }
+    // Answers cut away train nothing: a run where no example trains a
+    // token would report a loss of 0 and export the model unchanged.
+    const int64_t idle = loader->examples_training_nothing_in_a_row();
+    FSDP_CHECK(idle < loader->examples(), validation ? "--val-data" : "--data", " '", source, "': at --seq-len ",
+               d.seq_len, " no example keeps a trained token (every answer starts past the first ", d.seq_len + 1,
+               " tokens, where each row is cut): nothing would train. Raise --seq-len (the longest example has ",
+               loader->longest_example(), " tokens)");
+    if (idle > 0) {
+      log.warn(std::to_string(idle) + " of " + std::to_string(loader->examples()) + " chat examples in '" + source +
+               "' train no token at --seq-len " + std::to_string(d.seq_len) + " (their answers start past the cut); " +
+               "micro-batches of only those weigh nothing. Raise --seq-len to train them");
+    }
   }
   if (!validation && !loader->synthetic()) {
     // How many times the run goes over the data's rows.

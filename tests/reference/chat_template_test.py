@@ -209,6 +209,32 @@ def main():
         refused(args, work, "template-" + name,
                 ['{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'],
                 ["chat template", "line 1", construct], custom)
+    # Answers cut away by --seq-len train nothing: a run in which no example
+    # keeps a trained token is refused before anything is written (it
+    # reported a loss of 0 and exported the model unchanged); one in which
+    # some examples keep none says how many.
+    cut = os.path.join(work, "cut")
+    with open(cut + ".jsonl", "w") as f:
+        for prompt in ("Hi", "Tell me, in all the detail you have, " * 30):
+            f.write(json.dumps({"messages": [{"role": "user", "content": prompt},
+                                             {"role": "assistant", "content": "Yes, gladly."}]}) + "\n")
+    harness.run([args.fsdp, "data", "prepare", "--input", cut + ".jsonl", "--out-dir", cut, "--tokenizer", directory,
+                 "--val-fraction", "0"])
+
+    def train_cut(seq_len):
+        out = os.path.join(work, f"cut-run-{seq_len}")
+        result = subprocess.run([args.fsdp, "train", "--model", "qwen3-tiny", "--vocab-size", "151936", "--data",
+                                 os.path.join(cut, "train.bin"), "--seq-len", str(seq_len), "--batch-size", "1",
+                                 "--steps", "1", "--out-dir", out], capture_output=True, text=True)
+        return result, out
+
+    result, out = train_cut(4)
+    if result.returncode != 1 or "no example keeps a trained token" not in result.stderr or os.path.exists(out):
+        harness.fail(f"--seq-len 4 cuts every answer and was not refused: {result.returncode} {result.stderr[-600:]}")
+    print("every answer cut: refused: " + result.stderr.strip().splitlines()[-1][:200])
+    result, out = train_cut(48)
+    if result.returncode != 0 or "1 of 2 chat examples" not in result.stdout + result.stderr:
+        harness.fail(f"--seq-len 48 cuts one answer and did not say so: {result.returncode} {result.stderr[-600:]}")
     print(f"{compared} renderings compared")
 
 

@@ -92,6 +92,9 @@ class DataLoader {
   bool packed() const { return !row_first_.empty(); }
   int64_t longest_example() const;
   int64_t examples_longer_than_a_row() const;
+  // How many examples train no token within a row (T + 1 tokens): their
+  // answers start past the cut (or they have none).
+  int64_t examples_training_nothing_in_a_row() const;
 
  private:
   void read_sequence(int64_t i, int64_t* out, uint8_t* trained) const;
