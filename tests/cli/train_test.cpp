@@ -478,6 +478,43 @@ TEST(TrainErrors, FineTuningSettingsThatCannotApplyAreRefusedByName) {
                        {"has rank r = 8", "--lora-rank is 4"}, dir);
 }
 
+// An adapter's weights are finite floats: a NaN, or an integer or boolean
+// tensor where a weight belongs (each converted silently before), is
+// refused naming the tensor, and nothing is written.
+TEST(TrainErrors, AnAdapterWithNonFiniteOrNonFloatWeightsIsRefusedByName) {
+  const auto dir = make_temp_dir();
+  const std::string lora = " --model llama-tiny --lora-rank 4 --lora-targets q_proj --seq-len 16 --batch-size 2";
+  const auto made = run_command(kCli + " train" + lora + " --data synthetic --steps 1 --export-hf " + dir + "/adapter");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto good = dir + "/adapter/adapter_model.safetensors";
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  {
+    io::SafetensorsFile file(good);
+    for (const auto& e : file.entries()) tensors.emplace_back(e.name, file.view(e.name).clone());
+  }
+  ASSERT_FALSE(tensors.empty());
+  const std::string name = tensors.front().first;
+  const auto broken = [&](const std::string& label, const torch::Tensor& value, const std::string& needle) {
+    const std::string adapter = dir + "/" + label;
+    std::filesystem::create_directories(adapter);
+    std::filesystem::copy_file(dir + "/adapter/adapter_config.json", adapter + "/adapter_config.json");
+    auto changed = tensors;
+    changed.front().second = value;
+    io::write_safetensors(adapter + "/adapter_model.safetensors", changed);
+    expect_clean_failure(lora + " --data synthetic --steps 1 --lora-init-from " + adapter, {"'" + name + "'", needle},
+                         dir);
+  };
+  torch::Tensor nan = tensors.front().second.clone();
+  nan.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+  broken("nan", nan, "holds a NaN or an infinity");
+  broken("int", tensors.front().second.to(torch::kInt), "is Int; adapter weights are floating point");
+  broken("bool", tensors.front().second.to(torch::kBool), "is Bool; adapter weights are floating point");
+  // The adapter as written trains.
+  const auto ok = run_command(kCli + " train" + lora + " --data synthetic --steps 1 --lora-init-from " + dir +
+                              "/adapter --out-dir " + dir + "/ok");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 TEST(TrainErrors, ColumnsPlacementWithCheckpointsIsRefusedByName) {
   const auto dir = make_temp_dir();
   for (const std::string& with : {"--ckpt-dir " + dir + "/ckpt", std::string("--save-every 1"),

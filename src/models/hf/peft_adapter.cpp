@@ -128,6 +128,12 @@ void load_peft_adapter(CausalLMImpl& model, const std::string& dir, int64_t rank
     torch::Tensor value = file.view(key);
     FSDP_CHECK(value.sizes() == item.value().sizes(), what, ": '", key, "' has shape ", value.sizes(),
                ", and the model's adapter ", item.value().sizes());
+    // Adapters are floating weights: an integer or boolean tensor would
+    // convert silently, a NaN or infinity poison every step after.
+    FSDP_CHECK(at::isFloatingType(value.scalar_type()), what, ": '", key, "' is ", value.scalar_type(),
+               "; adapter weights are floating point (F32, BF16, F16)");
+    FSDP_CHECK(value.numel() == 0 || at::isfinite(value).all().item<bool>(), what, ": '", key,
+               "' holds a NaN or an infinity; a trained adapter is finite");
     item.value().copy_(value);
     unused.erase(key);
   }
