@@ -92,6 +92,9 @@ Json ChatEncoder::context(const Json& messages, bool add_generation_prompt, cons
 
 std::string ChatEncoder::render(const Json& messages, bool add_generation_prompt, const Json& extra) const {
   FSDP_CHECK(template_ != nullptr, "no chat template to render the conversation with");
+  // As `data prepare` checks them: an unknown role rendered nothing, and a
+  // message without content reached the template's own error.
+  check_messages(messages, "the conversation", "messages");
   Json record = Json::object();
   if (!extra.is_null()) record["chat_template_kwargs"] = extra;
   return template_->render(context(messages, add_generation_prompt, record));

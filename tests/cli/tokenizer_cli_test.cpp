@@ -138,6 +138,21 @@ TEST(TokenizerCli, EncodeEachLineGivesEveryLineItsReferenceIdsAndSaysWhichAreRef
   std::ifstream err(out + "/stderr.txt");
   const std::string said((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(contains(said, "1 of 3 line(s) refused")) << said;
+  // A message of an unknown role, or without content, is refused on its
+  // line as `data prepare` refuses it (an empty line, or the template's
+  // internal error, before).
+  std::ofstream(out + "/roles.jsonl")
+      << R"({"messages": [{"role": "bot", "content": "hi"}]})" << "\n"
+      << R"({"messages": [{"role": "user"}]})" << "\n";
+  const auto roles = run_command("(" + kCli + " data encode --chat --each-line --tokenizer " + dir + " < " + out +
+                                 "/roles.jsonl 2> /dev/null)");
+  EXPECT_EQ(roles.exit_code, 1) << roles.output;
+  std::istringstream role_lines(roles.output);
+  std::vector<std::string> refused;
+  for (std::string line; std::getline(role_lines, line);) refused.push_back(line);
+  ASSERT_EQ(refused.size(), 2u) << roles.output;
+  EXPECT_TRUE(contains(refused[0], "has the role 'bot'; expected one of system, user, assistant, tool")) << refused[0];
+  EXPECT_TRUE(contains(refused[1], "(user) has no string \"content\"")) << refused[1];
   // --render prints text that may span lines: not with --each-line.
   EXPECT_NE(run_command(kCli + " data encode --chat --render --each-line --tokenizer " + dir + " < " + out +
                         "/chats.jsonl").exit_code,
