@@ -26,9 +26,36 @@ case $way in
       echo "consumer: installed headers include headers that are not installed: $missing" >&2
       exit 1
     fi
-    # Nothing but the prefix: the package finds its own LibTorch.
+    # Nothing but the prefix: the package finds its own LibTorch, its
+    # library too, though Debian's libtorch-dev may be on the default paths.
     cmake -S "$src/tests/consumer" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DFSDP_CONSUMER_WAY=package -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log"
+    torch_library=$(sed -n 's/^TORCH_LIBRARY:[A-Z]*=//p' "$work/build/CMakeCache.txt")
+    if [[ -d $FSDP_TORCH_PREFIX/lib && $(realpath "$torch_library") != "$(realpath "$FSDP_TORCH_PREFIX")"/* ]]; then
+      echo "consumer: the package found its LibTorch's headers in $FSDP_TORCH_PREFIX but the library $torch_library" >&2
+      exit 1
+    fi
+    # A project that found Torch itself first (Torch_DIR alone), with
+    # Debian's library cached beside these headers, is refused naming both,
+    # as the subdirectory route refuses it, before any compile (the link
+    # failed with hundreds of undefined references before).
+    if [[ -e /usr/lib/x86_64-linux-gnu/libtorch.so && -d $FSDP_TORCH_PREFIX/share/cmake/Torch ]]; then
+      if cmake -S "$src/tests/consumer" -B "$work/build-mixed" -G Ninja -DFSDP_CONSUMER_WAY=package \
+           -DFSDP_CONSUMER_FIND_TORCH_FIRST=ON -DTorch_DIR="$FSDP_TORCH_PREFIX/share/cmake/Torch" \
+           -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure-mixed.log" 2>&1; then
+        if grep -q "^TORCH_LIBRARY:[A-Z]*=/usr/lib" "$work/build-mixed/CMakeCache.txt"; then
+          echo "consumer: a Torch found with another LibTorch's library was not refused by the package" >&2
+          exit 1
+        fi
+      else
+        # One message, no stray ';' from a list of strings.
+        tr -s ' \n' ' ' <"$work/configure-mixed.log" |
+          grep -q "takes its library from /usr/lib/x86_64-linux-gnu/libtorch.so, another LibTorch's, and the link would fail" || {
+          tail -20 "$work/configure-mixed.log" >&2
+          exit 1
+        }
+      fi
+    fi
     ;;
   subdirectory)
     # No build type and no fsdp.cpp options: the defaults a new user gets.
