@@ -327,6 +327,27 @@ TEST(Train, LoraTrainsTheAdaptersAndTwoRanksReproduceOneRank) {
   EXPECT_LT(a.back(), a.front());  // the adapters learn
 }
 
+// The run in DIR/run marks step BEST_STEP's checkpoint as its best, and its
+// export (DIR/hf) holds that checkpoint's weights, as `fsdp ckpt export`
+// of it writes them.
+void expect_best_marked_and_exported(const std::string& dir, int64_t best_step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(best_step));
+  std::ifstream best_file(dir + "/run/checkpoints/best");
+  std::string named;
+  std::getline(best_file, named);
+  EXPECT_EQ(named, name);
+  ASSERT_TRUE(exists(dir + "/run/checkpoints/" + std::string(name)));
+  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints/" + name + " " + dir + "/best-hf");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  io::SafetensorsFile ours(dir + "/hf/model.safetensors"), reference(dir + "/best-hf/model.safetensors");
+  ASSERT_EQ(ours.entries().size(), reference.entries().size());
+  for (const auto& e : reference.entries()) {
+    ASSERT_NE(ours.find(e.name), nullptr) << e.name;
+    EXPECT_TRUE(ours.view(e.name).equal(reference.view(e.name))) << e.name << ": the export is not the best step's";
+  }
+}
+
 // --keep-best keeps the checkpoint of the lowest validation loss as
 // <checkpoint dir>/best through pruning (--keep 1) and exports its weights;
 // --patience stops the run after that many evaluations in a row without a
@@ -367,21 +388,7 @@ TEST(Train, KeepBestExportsTheLowestValidationLossAndPatienceStopsEarly) {
   ASSERT_FALSE(event.is_null()) << r.output;
   EXPECT_EQ(event["step"], stop_step);
   EXPECT_EQ(event["best_step"], best_step);
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(best_step));
-  std::ifstream best_file(dir + "/run/checkpoints/best");
-  std::string named;
-  std::getline(best_file, named);
-  EXPECT_EQ(named, name);
-  ASSERT_TRUE(exists(dir + "/run/checkpoints/" + std::string(name)));
-  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints/" + name + " " + dir + "/best-hf");
-  ASSERT_EQ(exported.exit_code, 0) << exported.output;
-  io::SafetensorsFile ours(dir + "/hf/model.safetensors"), reference(dir + "/best-hf/model.safetensors");
-  ASSERT_EQ(ours.entries().size(), reference.entries().size());
-  for (const auto& e : reference.entries()) {
-    ASSERT_NE(ours.find(e.name), nullptr) << e.name;
-    EXPECT_TRUE(ours.view(e.name).equal(reference.view(e.name))) << e.name;
-  }
+  expect_best_marked_and_exported(dir, best_step);
 }
 
 // The checkpoint of the step that sets a new best records it, and a run
@@ -432,12 +439,6 @@ TEST(Train, ABestSetAtTheLastSavedStepSurvivesTheResume) {
     }
   }
   ASSERT_GT(best_step, 0);
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(best_step));
-  std::ifstream best_file(dir + "/run/checkpoints/best");
-  std::string named;
-  std::getline(best_file, named);
-  EXPECT_EQ(named, name);
   if (stop > 0) {
     bool named_in_event = false;
     for (const auto& m : read_metrics(dir + "/run/metrics.jsonl")) {
@@ -445,13 +446,7 @@ TEST(Train, ABestSetAtTheLastSavedStepSurvivesTheResume) {
     }
     EXPECT_TRUE(named_in_event) << "the early stop names another best than step " << best_step;
   }
-  const auto exported = run_command(kCli + " ckpt export " + dir + "/run/checkpoints/" + name + " " + dir + "/best-hf");
-  ASSERT_EQ(exported.exit_code, 0) << exported.output;
-  io::SafetensorsFile ours(dir + "/hf/model.safetensors"), reference(dir + "/best-hf/model.safetensors");
-  for (const auto& e : reference.entries()) {
-    ASSERT_NE(ours.find(e.name), nullptr) << e.name;
-    EXPECT_TRUE(ours.view(e.name).equal(reference.view(e.name))) << e.name << ": the export is not the best step's";
-  }
+  expect_best_marked_and_exported(dir, best_step);
 }
 
 TEST(TrainErrors, FineTuningSettingsThatCannotApplyAreRefusedByName) {
