@@ -34,7 +34,8 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
                "' is on the meta device, which cannot be swapped for CPU memory in place; create it with "
                "fsdp::deferred_empty(shape) and pass FullyShardOptions::param_init");
     // The group gives each dtype, and each layout, a flat shard of its own.
-    FSDP_ASSERT(p.param.scalar_type() == master_dtype_ && (p.shard_dim >= 0) == placed_);
+    FSDP_ASSERT(p.param.scalar_type() == master_dtype_ && (p.shard_dim >= 0) == placed_ &&
+                p.full_precision == first.full_precision);
     FSDP_CHECK(at::isFloatingType(p.param.scalar_type()), "fully_shard: parameter '", p.fqn, "' is ",
                p.param.scalar_type(), ": only floating-point parameters can be sharded; list it in ignored_params");
     FSDP_CHECK(p.param.device() == device_, "fully_shard: parameter '", p.fqn, "' is on ", p.param.device(),
@@ -43,8 +44,8 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
   offloaded_ = options.offload.offloads();
   pin_memory_ = offloaded_ && options.offload.pin_memory && !device_.is_cpu();
   const auto& mp = options.mixed_precision;
-  param_dtype_ = mp.param_dtype.value_or(master_dtype_);
-  reduce_dtype_ = mp.reduce_dtype.value_or(param_dtype_);
+  param_dtype_ = first.full_precision ? master_dtype_ : mp.param_dtype.value_or(master_dtype_);
+  reduce_dtype_ = first.full_precision ? master_dtype_ : mp.reduce_dtype.value_or(param_dtype_);
 
   // Both layouts keep the gathered buffer parameter-major: each parameter's
   // full elements at `offset`, end to end.

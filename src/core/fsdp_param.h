@@ -36,6 +36,9 @@ struct FSDPParam {
   // Shard(d) placement: the dim it is chunked along (-1: the flat layout),
   // and the padded chunk every rank's shard reserves for it.
   int64_t shard_dim = -1;
+  // Kept in its own dtype under a mixed-precision policy ([Note: modules
+  // kept in full precision], full_precision.cpp).
+  bool full_precision = false;
   std::vector<int64_t> chunk_shape;
   int64_t chunk_numel() const;
   // Rows of the chunk along shard_dim that rank `rank` holds (0 to chunk).

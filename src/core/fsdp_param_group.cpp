@@ -1,6 +1,7 @@
 #include "core/fsdp_param_group.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
@@ -105,8 +106,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
     : mesh_(options.mesh) {
   // One flat shard per dtype and layout (flat, or placed: [Note:
   // per-parameter placements] in flat_shard.cpp), in order of first use.
-  using Kind = std::pair<at::ScalarType, bool>;
-  const auto kind_of = [](const FSDPParam& p) { return Kind{p.param.scalar_type(), p.shard_dim >= 0}; };
+  using Kind = std::tuple<at::ScalarType, bool, bool>;
+  const auto kind_of = [](const FSDPParam& p) {
+    return Kind{p.param.scalar_type(), p.shard_dim >= 0, p.full_precision};
+  };
   std::vector<Kind> kinds;
   for (const auto& p : params) {
     if (std::find(kinds.begin(), kinds.end(), kind_of(p)) == kinds.end()) kinds.push_back(kind_of(p));

@@ -13,6 +13,7 @@
 #include "fsdp/core/memory.h"
 
 #include "core/fsdp_collectives.h"
+#include "core/full_precision.h"
 #include "core/fsdp_state.h"
 #include "core/units.h"
 
@@ -95,6 +96,8 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
 
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(tensor_key(t));
+  std::unordered_set<const void*> kept_full;
+  for (torch::nn::Module* module : modules) kept_full.merge(full_precision_parameters(*module, options.mixed_precision));
   const char* const kOneUnit =
       ": a parameter can belong to one unit only; apply fully_shard to a common ancestor of the modules that "
       "share it (and not to them), shard them together with fully_shard({a, b}), or list it in ignored_params";
@@ -185,6 +188,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       FSDPParam p;
       p.fqn = join_name(prefix, fqn);
       p.param = param;
+      p.full_precision = kept_full.count(key) != 0;
       if (options.shard_placement) {
         if (const std::optional<Shard> placement = options.shard_placement(p.fqn, param)) {
           const int64_t dims = param.dim();

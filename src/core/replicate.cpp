@@ -18,6 +18,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 
+#include "core/full_precision.h"
 #include "core/units.h"
 
 namespace fsdp {
@@ -121,6 +122,7 @@ class Replicator : public CallHooks, public std::enable_shared_from_this<Replica
   // Mixed precision: the floating parameters cast for the forward, their
   // masters and low-precision copies, and whether they point at the copies.
   MixedPrecisionPolicy mixed_precision_;
+  std::unordered_set<const void*> full_precision_;  // kept in their own dtype, by TensorImpl
   std::vector<at::Tensor> cast_params_;
   std::vector<at::Tensor> masters_;
   std::vector<at::Tensor> low_;
@@ -208,11 +210,13 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
                " is on ", p.device(), " but '", trainable.front().first, "' is on ",
                trainable.front().second.device(), ": move the module to one device first");
   }
+  full_precision_ = full_precision_parameters(module, mixed_precision_);
   std::reverse(trainable.begin(), trainable.end());
   const auto cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   for (const auto& [name, p] : trainable) {
     const bool fits = !buckets_.empty() &&
                       params_[buckets_.back().params.front()].scalar_type() == p.scalar_type() &&
+                      bucket_dtype(params_[buckets_.back().params.front()]) == bucket_dtype(p) &&
                       params_[buckets_.back().params.front()].device() == p.device() &&
                       (buckets_.back().numel + p.numel()) * static_cast<int64_t>(p.element_size()) <= cap;
     if (!fits) buckets_.emplace_back();
@@ -229,7 +233,10 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
   ready_.assign(params_.size(), 0);
   if (mixed_precision_.param_dtype) {
     for (const auto& [name, p] : unique_named_parameters(module)) {
-      if (!at::isFloatingType(p.scalar_type()) || p.scalar_type() == *mixed_precision_.param_dtype) continue;
+      if (!at::isFloatingType(p.scalar_type()) || p.scalar_type() == *mixed_precision_.param_dtype ||
+          full_precision_.count(p.unsafeGetTensorImpl()) != 0) {
+        continue;
+      }
       cast_params_.push_back(p);
       masters_.push_back(p.data());
       low_.emplace_back();
@@ -247,7 +254,9 @@ void Replicator::hook_accumulator(size_t index) {
 }
 
 at::ScalarType Replicator::bucket_dtype(const at::Tensor& param) const {
-  if (!at::isFloatingType(param.scalar_type())) return param.scalar_type();
+  if (!at::isFloatingType(param.scalar_type()) || full_precision_.count(param.unsafeGetTensorImpl()) != 0) {
+    return param.scalar_type();
+  }
   if (mixed_precision_.reduce_dtype) return *mixed_precision_.reduce_dtype;
   return mixed_precision_.param_dtype.value_or(param.scalar_type());
 }

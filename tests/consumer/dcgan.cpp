@@ -4,7 +4,7 @@
 // generator through the discriminator), a StepLR on the generator's rate
 // and a counter of the program's own, all in one checkpoint.
 //
-//   dcgan DIR WAY STEPS [save-at K | resume]   under fsdp launch, WAY fully_shard or replicate
+//   dcgan DIR WAY STEPS [save-at K | resume | bf16]   under fsdp launch, WAY fully_shard or replicate
 //   dcgan DIR reference STEPS W1 K W2          one process, no FSDP
 //
 // Every step's global batch is 6 rows, the same at every world size, split
@@ -12,7 +12,10 @@
 // resume loads its latest and trains on to STEPS. Rank 0 then writes both
 // models' full parameters and its buffers, in module order, to
 // DIR/<WAY>_w<W>.pt, and every rank its buffers after a forward in eval
-// mode to DIR/<WAY>_buffers_rank<R>.pt.
+// mode to DIR/<WAY>_buffers_rank<R>.pt. bf16 trains STEPS under a bf16
+// mixed-precision policy with its defaults (BatchNorm kept in fp32), checks
+// in every forward that the convolutions compute in bf16 and the norms in
+// fp32, and writes DIR/<WAY>_bf16_w<W>.pt.
 //
 // The reference trains the same steps as the ranks would, rank by rank:
 // each rank's rows forward on their own (BatchNorm normalises by the rows
@@ -44,6 +47,18 @@ namespace nn = torch::nn;
 
 constexpr int64_t kGlobalRows = 6, kNoise = 4;
 
+// Set under a bf16 policy: each forward checks the dtypes its layers
+// compute in.
+bool check_bf16_compute = false;
+
+void expect_compute_dtypes(const nn::Module& conv, const nn::Module& norm) {
+  if (!check_bf16_compute) return;
+  const auto dtype = [](const nn::Module& m) { return m.named_parameters(false)["weight"].scalar_type(); };
+  FSDP_CHECK(dtype(conv) == torch::kBFloat16 && dtype(norm) == torch::kFloat, "under the bf16 policy ", conv.name(),
+             " computes in ", dtype(conv), " (expected BFloat16) and ", norm.name(), " in ", dtype(norm),
+             " (expected Float)");
+}
+
 struct GeneratorImpl : nn::Module {
   GeneratorImpl()
       : up1(nn::ConvTranspose2dOptions(kNoise, 8, 4).bias(false)),
@@ -53,7 +68,10 @@ struct GeneratorImpl : nn::Module {
     register_module("norm1", norm1);
     register_module("up2", up2);
   }
-  torch::Tensor forward(const torch::Tensor& z) { return torch::tanh(up2(torch::relu(norm1(up1(z))))); }
+  torch::Tensor forward(const torch::Tensor& z) {
+    expect_compute_dtypes(*up1, *norm1);
+    return torch::tanh(up2(torch::relu(norm1(up1(z)))));
+  }
   nn::ConvTranspose2d up1;
   nn::BatchNorm2d norm1;
   nn::ConvTranspose2d up2;
@@ -72,6 +90,7 @@ struct DiscriminatorImpl : nn::Module {
     register_module("conv3", conv3);
   }
   torch::Tensor forward(const torch::Tensor& x) {
+    expect_compute_dtypes(*conv2, *norm2);
     auto h = torch::leaky_relu(conv1(x), 0.2);
     h = torch::leaky_relu(norm2(conv2(h)), 0.2);
     return torch::sigmoid(conv3(h)).view({-1});
@@ -191,6 +210,7 @@ int run(int argc, char** argv) {
   }
   FSDP_CHECK(way == "fully_shard" || way == "replicate", "WAY is fully_shard, replicate or reference, not ", way);
   const int64_t save_at = mode == "save-at" ? std::stoll(argv[5]) : -1;
+  const bool bf16 = mode == "bf16";
 
   const fsdp::EnvMap env = fsdp::current_env();
   fsdp::init_runtime();
@@ -204,10 +224,12 @@ int run(int argc, char** argv) {
   if (way == "fully_shard") {
     fsdp::FullyShardOptions options;
     options.mesh = std::make_shared<fsdp::dist::DeviceMesh>(fsdp::dist::DeviceMesh::make_1d(world));
+    if (bf16) options.mixed_precision.param_dtype = torch::kBFloat16;
     fsdp::fully_shard(g, options);
     fsdp::fully_shard(d, options);
   } else {
     fsdp::ReplicateOptions options{world};
+    if (bf16) options.mixed_precision.param_dtype = torch::kBFloat16;
     fsdp::replicate(g, options);
     fsdp::replicate(d, options);
   }
@@ -234,6 +256,7 @@ int run(int argc, char** argv) {
                program.dump(), " at step ", step);
   }
   const int64_t rows = kGlobalRows / w;
+  check_bf16_compute = bf16;
   for (; step < (save_at >= 0 ? save_at : steps); ++step) {
     const Batch b = batch(step);
     const torch::Tensor real = b.real.narrow(0, rank * rows, rows), noise = b.noise.narrow(0, rank * rows, rows);
@@ -241,14 +264,16 @@ int run(int argc, char** argv) {
     // its unit (a root, kept gathered until its backward) holds the
     // gradients of the last step aside; the zeroing reaches them there.
     d->zero_grad();
-    auto out = fsdp::call(d, real);
+    // Under the bf16 policy the discriminator's output is bf16, and the
+    // loss is taken in fp32 as a careful user would.
+    auto out = fsdp::call(d, real).to(torch::kFloat);
     torch::binary_cross_entropy(out, torch::ones_like(out)).backward();
     const torch::Tensor fake = fsdp::call(g, noise);
-    out = fsdp::call(d, fake.detach());
+    out = fsdp::call(d, fake.detach()).to(torch::kFloat);
     torch::binary_cross_entropy(out, torch::zeros_like(out)).backward();
     d_adam.step();
     g->zero_grad();
-    out = fsdp::call(d, fake);
+    out = fsdp::call(d, fake).to(torch::kFloat);
     torch::binary_cross_entropy(out, torch::ones_like(out)).backward();
     g_adam.step();
     g_schedule.step();
@@ -268,7 +293,8 @@ int run(int argc, char** argv) {
     }
   }
   for (const auto& b : buffers(g, d)) tensors.push_back(b);
-  if (rank == 0) torch::save(tensors, dir + "/" + way + "_w" + std::to_string(w) + ".pt");
+  check_bf16_compute = false;
+  if (rank == 0) torch::save(tensors, dir + "/" + way + (bf16 ? "_bf16" : "") + "_w" + std::to_string(w) + ".pt");
   // A forward in eval mode reads the buffers and moves none: under
   // replicate it starts from rank 0's.
   g->eval();

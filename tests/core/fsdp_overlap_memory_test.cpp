@@ -330,7 +330,9 @@ TEST(EventLog, AGatherInFlightWhenItsUnitJoinsARootIsMarkedWaitedInTheRootsLog) 
   const int64_t gather = position(events, K::kAllGather, block(1));
   ASSERT_GE(gather, 0) << "the block's gather did not follow it into the root's log";
   for (const auto& e : events) {
-    if (e.sequence == gather) EXPECT_GE(e.waited_s, e.issued_s) << "its wait was not marked";
+    if (e.sequence == gather) {
+      EXPECT_GE(e.waited_s, e.issued_s) << "its wait was not marked";
+    }
   }
   reshard(*net->blocks[1]);
 }

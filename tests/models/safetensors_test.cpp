@@ -87,6 +87,16 @@ TEST(Safetensors, AnEmptyTensorMayHaveAHugeDimension) {
   EXPECT_THROW(f.read_range("w", 0, 1), Error);
 }
 
+TEST(Safetensors, AHeaderThatEndsTheFileExactlyOpens) {
+  // A file of only empty tensors has no data section: the header's last byte
+  // is the file's. One byte more claimed is one byte past the end.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
+  SafetensorsFile f(write_raw("exact_fit", header, 0));
+  EXPECT_EQ(f.view("w").numel(), 0);
+  expect_error(write_raw("one_past", header, 0, static_cast<int64_t>(header.size()) + 1),
+               {"header length " + std::to_string(header.size() + 1) + " does not fit"});
+}
+
 TEST(Safetensors, TensorBytesNeverWrap) {
   EXPECT_EQ(tensor_bytes({2, 3}, at::kFloat), 24u);
   EXPECT_EQ(tensor_bytes({}, at::kDouble), 8u);

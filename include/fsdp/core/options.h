@@ -15,6 +15,10 @@
 #include "fsdp/core/shard_layout.h"
 #include "fsdp/dist/device_mesh.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace fsdp {
 
 // Accepts full_shard, shard_grad_op, no_shard, hybrid_shard (any case).
@@ -26,6 +30,10 @@ ShardingStrategy parse_sharding_strategy(const std::string& name);
 dist::DeviceMesh make_mesh(const std::shared_ptr<dist::World>& world, ShardingStrategy strategy,
                            int fsdp_size = 0);
 
+// BatchNorm1d, 2d or 3d: what a mixed-precision policy keeps in full
+// precision unless told otherwise.
+bool is_batch_norm(const torch::nn::Module& module);
+
 // Mixed precision (FSDP2's MixedPrecisionPolicy). Unset fields keep the
 // parameters' own dtype. The optimizer updates shards in the module's own
 // dtype: an fp32 module under a bf16 policy keeps fp32 master shards, a bf16
@@ -35,6 +43,10 @@ struct MixedPrecisionPolicy {
   std::optional<at::ScalarType> reduce_dtype;  // dtype gradients are reduced in
   std::optional<at::ScalarType> output_dtype;  // dtype floating outputs are cast to
   bool cast_forward_inputs = true;             // cast floating inputs to param_dtype
+  // Modules whose own parameters keep their dtype under the policy: gathered,
+  // computed and reduced in it ([Note: modules kept in full precision]).
+  // BatchNorm by default, as FSDP1 and DDP do; empty keeps none.
+  std::function<bool(const torch::nn::Module&)> keep_full_precision = is_batch_norm;
 };
 
 // Called with each reduced gradient shard before the optimizer sees it

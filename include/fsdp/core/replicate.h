@@ -43,8 +43,10 @@ struct ReplicateOptions {
   // as DDP's broadcast_buffers does ([Note: buffers under replicate]);
   // false leaves each rank's to follow its own batches.
   bool broadcast_buffers = true;
-  // DDP's mixed_precision: with a param_dtype, every floating parameter is
-  // cast to it before each forward (the fp32 values stay the master the
+  // DDP's mixed_precision: with a param_dtype, every floating parameter
+  // (but those of modules keep_full_precision names, BatchNorm by default,
+  // which stay in their dtype and are averaged in it) is cast to it before
+  // each forward (the fp32 values stay the master the
   // optimizer steps) and floating inputs too (cast_forward_inputs);
   // gradients are computed in it, averaged in reduce_dtype (param_dtype
   // when unset) and handed over in each parameter's own dtype. Gradients
