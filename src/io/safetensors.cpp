@@ -81,8 +81,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const auto* bytes = static_cast<const unsigned char*>(map_);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
-  FSDP_CHECK(header_len <= kMaxHeaderBytes && 8 + header_len <= size_, "'", path, "': header length ", header_len,
-             " does not fit in the file of ", size_, " bytes (truncated or not safetensors)");
+  FSDP_CHECK(header_len <= kMaxHeaderBytes, "'", path, "': header length ", header_len, " is past the format's limit of ",
+             kMaxHeaderBytes, " bytes (corrupt or not safetensors)");
+  FSDP_CHECK(8 + header_len <= size_, "'", path, "': header length ", header_len, " does not fit in the file of ",
+             size_, " bytes (truncated or not safetensors)");
   data_start_ = 8 + static_cast<size_t>(header_len);
   const uint64_t data_size = size_ - data_start_;
 

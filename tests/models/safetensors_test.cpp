@@ -95,6 +95,8 @@ TEST(Safetensors, AHeaderThatEndsTheFileExactlyOpens) {
   EXPECT_EQ(f.view("w").numel(), 0);
   expect_error(write_raw("one_past", header, 0, static_cast<int64_t>(header.size()) + 1),
                {"header length " + std::to_string(header.size() + 1) + " does not fit"});
+  // Past the format's 100 MiB limit is named as that, not as not fitting.
+  expect_error(write_raw("past_limit", header, 0, (100 << 20) + 1), {"past the format's limit of 104857600 bytes"});
 }
 
 TEST(Safetensors, TensorBytesNeverWrap) {
