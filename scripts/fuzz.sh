@@ -43,7 +43,7 @@ declare -A sources=(
   [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
   [tokenizer_json]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
   [safetensors]="src/io/safetensors.cpp src/io/streamed_read.cpp src/io/atomic_file.cpp src/io/input_file.cpp src/common/error_text.cpp"
-  [chat_template]="src/data/chat_template_parse.cpp src/data/chat_template_render.cpp src/io/input_file.cpp"
+  [chat_template]="$(echo src/data/chat_template_*.cpp) src/io/input_file.cpp"
 )
 declare -A libs=(
   [checkpoint_metadata]="-lz"

@@ -4,6 +4,7 @@
 // what), and the writing, which needs nothing of the program and so may
 // run on another thread over a group of its own (checkpoint/async_save.h).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,13 @@ struct Snapshot {
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   nlohmann::json states;
 };
+
+// A save's snapshot: everything it writes, taken from the parts at once,
+// so that writing needs nothing of the program (detail::Snapshot). Per
+// parameter the table holds (begin, count, writes), then per optimizer
+// (has state, step, which state tensors: a bit per optimizer_state_tensors
+// entry); rank 0 gathers every rank's to build the metadata.
+constexpr int64_t kShardColumns = 3, kOptimizerColumns = 3;
 
 // Throws fsdp::Error for parts that cannot be saved, before anything is
 // written. `copy`: every tensor is copied to host memory, so the program

@@ -18,7 +18,7 @@
 namespace fsdp {
 
 FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
-                     CommContext& startup_log)
+                     const TreeComm& startup)
     : params_(std::move(params)),
       shard_group_(&mesh.shard_group()),
       replicate_group_(&mesh.replicate_group()),
@@ -61,7 +61,7 @@ FlatShard::FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh
   } else {
     lay_out_flat();
   }
-  init_shard(options, startup_log);
+  init_shard(options, startup);
 }
 
 void FlatShard::lay_out_flat() {
@@ -143,7 +143,7 @@ int64_t FSDPParam::rows_held(int rank) const {
 // CPU memory, and the host side still separate storage from its own
 // allocator: a copy left out or an alias would show as a wrong number, and
 // memory_stats tells the host's bytes from the compute side's.
-void FlatShard::init_shard(const FullyShardOptions& options, CommContext& startup_log) {
+void FlatShard::init_shard(const FullyShardOptions& options, const TreeComm& startup) {
   sharded_ = offloaded_ ? memory::empty_host(shard_numel_, master_dtype_, pin_memory_).zero_()
                         : memory::empty_flat(shard_numel_, this->options(master_dtype_)).zero_();
   for (auto& p : params_) {
@@ -162,8 +162,8 @@ void FlatShard::init_shard(const FullyShardOptions& options, CommContext& startu
       // From global rank 0: along the shard group, then across replicas.
       at::Tensor buffer = full.contiguous().clone();
       static const std::string kUnit = "<root>";  // a new unit is the root of its own tree
-      broadcast_from_rank0(UnitComm{*replicate_group_, startup_log, kUnit}, buffer);
-      broadcast_from_rank0(UnitComm{*shard_group_, startup_log, kUnit}, buffer);
+      broadcast_from_rank0(UnitComm{*replicate_group_, startup.log, startup.streams, kUnit}, buffer);
+      broadcast_from_rank0(UnitComm{*shard_group_, startup.log, startup.streams, kUnit}, buffer);
       full = buffer;
     }
     if (p.local.numel > 0 && placed_) {
@@ -185,11 +185,11 @@ bool FlatShard::gathered_is_shard() const {
   return shard_group_->size() == 1 && param_dtype_ == master_dtype_ && !offloaded_;
 }
 
-at::Tensor FlatShard::to_host(const at::Tensor& reduced, at::ScalarType dtype, CommContext& comm) const {
-  CommContext::StreamScope on_stream(comm, CommContext::Stream::kDeviceToHost, device_);
+at::Tensor FlatShard::to_host(const at::Tensor& reduced, at::ScalarType dtype, DeviceStreams& streams) const {
+  DeviceStreams::StreamScope on_stream(streams, DeviceStreams::Stream::kDeviceToHost, device_);
   // Read on that stream, freed by the caller right after: the allocator
   // must not hand its memory out before the copy is done.
-  if (on_stream.on_device()) reduced.record_stream(comm.current_stream(device_));
+  if (on_stream.on_device()) reduced.record_stream(DeviceStreams::current_stream(device_));
   return memory::host_copy(reduced, dtype, pin_memory_);
 }
 
@@ -249,7 +249,7 @@ void FlatShard::start_gather(const UnitComm& over) {
   if (gathered_is_shard()) return;
   allocate_gathered();
   if (kept_.defined()) {
-    gather_ = all_gather(UnitComm{*kept_group_, over.comm, over.unit}, kept_.get(), gathered_);
+    gather_ = all_gather(UnitComm{*kept_group_, over.log, over.streams, over.unit}, kept_.get(), gathered_);
     return;
   }
   if (reorders()) wire_.reset(memory::empty_flat(padded_numel(), options(param_dtype_)));
@@ -258,7 +258,7 @@ void FlatShard::start_gather(const UnitComm& over) {
     // The host-to-device copy, cast as it copies, is the gather's input
     // ([Note: CPU offload]), made on the gather's stream; its record frees
     // it once waited.
-    CommContext::StreamScope on_stream(over.comm, CommContext::Stream::kAllGather, device_);
+    DeviceStreams::StreamScope on_stream(over.streams, DeviceStreams::Stream::kAllGather, device_);
     CountedTensor on_device{memory::BufferKind::kComm};
     on_device.reset(memory::device_copy(sharded_, param_dtype_, device_));
     gather_ = all_gather(over, on_device.get(), into);
@@ -268,17 +268,17 @@ void FlatShard::start_gather(const UnitComm& over) {
   gather_ = all_gather(over, sharded_, into);
 }
 
-void FlatShard::finish_gather(CommContext& comm) {
-  gather_.wait(comm, "FSDP::all_gather_wait");
+void FlatShard::finish_gather(EventLog& log) {
+  gather_.wait(log, "FSDP::all_gather_wait");
   kept_.reset();
   if (!wire_.defined()) return;
   copy_out(wire_.get(), gathered_);
   wire_.reset();
 }
 
-void FlatShard::abandon_gather(CommContext& comm) noexcept {
+void FlatShard::abandon_gather(EventLog& log) noexcept {
   try {
-    gather_.wait(comm, "FSDP::all_gather_wait");  // marked waited in the event log, as every issued one is
+    gather_.wait(log, "FSDP::all_gather_wait");  // marked waited in the event log, as every issued one is
   } catch (const std::exception&) {
     gather_.abandon();
   }

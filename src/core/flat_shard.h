@@ -1,7 +1,8 @@
 #pragma once
-// One unit's parameters laid end to end in one flat buffer, and this rank's
-// shard of it (the memory side of FSDP2's FSDPParam, for a whole unit at
-// once): the layout, the sharded buffer the optimizer updates, the gathered
+// The parameters of one dtype and one layout of a unit (a unit holds one
+// FlatShard for each: [Note: a unit of several dtypes]) laid end to end in
+// one flat buffer, and this rank's shard of it (the memory side of FSDP2's
+// FSDPParam, for those parameters at once): the layout, the sharded buffer the optimizer updates, the gathered
 // buffer forward and backward read (allocated before use, its storage
 // freed after), and the view each parameter points at in either state.
 // Initialisation ends here: deferred parameters filled one at a time, the
@@ -27,9 +28,9 @@ class FlatShard {
  public:
   // Takes ownership of `params`' data: afterwards each parameter points at
   // its slice of the shard, and the full tensors are released. The
-  // start-up broadcasts (sync_module_states) are logged in `startup_log`.
+  // start-up broadcasts (sync_module_states) are logged in `startup`.
   FlatShard(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
-            CommContext& startup_log);
+            const TreeComm& startup);
   FlatShard(const FlatShard&) = delete;
   FlatShard& operator=(const FlatShard&) = delete;
 
@@ -54,9 +55,9 @@ class FlatShard {
   // and to_host copies a reduced gradient back. See [Note: CPU offload].
   bool offloaded() const { return offloaded_; }
   // `reduced` (a compute-side flat shard) as a host flat buffer in `dtype`,
-  // copied on `comm`'s device-to-host stream (the host waits for it at the
-  // end of backward: CommContext::drain).
-  at::Tensor to_host(const at::Tensor& reduced, at::ScalarType dtype, CommContext& comm) const;
+  // copied on the tree's device-to-host stream (the host waits for it at
+  // the end of backward: CommContext::drain).
+  at::Tensor to_host(const at::Tensor& reduced, at::ScalarType dtype, DeviceStreams& streams) const;
 
   int64_t shard_numel() const { return shard_numel_; }
   int64_t padded_numel() const;
@@ -101,10 +102,10 @@ class FlatShard {
   bool gather_in_flight() const { return gather_.in_flight(); }
   // Waits for it and lays it out in the gathered buffer. The kept part
   // goes: read by the gather, or never to be (a full gather comes next).
-  void finish_gather(CommContext& comm);
+  void finish_gather(EventLog& log);
   // After an error: waited (and marked so in the event log), failures
   // swallowed, the wire buffer dropped.
-  void abandon_gather(CommContext& comm) noexcept;
+  void abandon_gather(EventLog& log) noexcept;
   // reshard_after_forward = k ([Note: resharding to fewer ranks] in
   // fsdp_param_group.cpp): a copy of this rank's part of the gathered
   // buffer (the `index`-th of `ranks`), taken before the buffer is freed,
@@ -129,7 +130,7 @@ class FlatShard {
   int64_t reduction_bytes() const;
 
  private:
-  void init_shard(const FullyShardOptions& options, CommContext& startup_log);
+  void init_shard(const FullyShardOptions& options, const TreeComm& startup);
   void lay_out_flat();
   void lay_out_placed();
   // Whether the layout differs between the shard and the gathered buffer.

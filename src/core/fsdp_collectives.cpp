@@ -8,17 +8,16 @@
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/dist/flight_recorder.h"
 
-#include "core/comm_context.h"
 
 namespace fsdp {
 
-void PendingCollective::wait(CommContext& comm, const char* scope) {
+void PendingCollective::wait(EventLog& log, const char* scope) {
   if (work) {
     RECORD_USER_SCOPE(scope);
     std::optional<dist::Work> w = std::move(work);
     work.reset();
     w->wait();
-    comm.mark_waited(event);
+    log.mark_waited(event);
   }
   if (copied) {
     const c10::Device device(copied->device_type(), copied->device_index());
@@ -46,13 +45,13 @@ void PendingCollective::abandon() noexcept {
 PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const at::Tensor& gathered) {
   PendingCollective out;
   RECORD_USER_SCOPE("FSDP::all_gather");
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllGather, gathered.device());
+  DeviceStreams::StreamScope on_stream(on.streams, DeviceStreams::Stream::kAllGather, gathered.device());
   if (on.group.size() == 1) {
     // The shard is the unit: one pass, casting as it copies (from the
     // host, an offloaded shard's copy in). On a GPU it is asynchronous, and
     // the compute stream waits for it where it waits for any gather.
     gathered.copy_(shard, /*non_blocking=*/on_stream.on_device());
-    if (on_stream.on_device()) out.copied = on.comm.mark(CommContext::Stream::kAllGather, gathered.device());
+    if (on_stream.on_device()) out.copied = on.streams.mark(DeviceStreams::Stream::kAllGather, gathered.device());
     out.copied_only = true;
     return out;
   }
@@ -60,7 +59,7 @@ PendingCollective all_gather(const UnitComm& on, const at::Tensor& shard, const 
     out.input.reset(memory::flat_copy(shard, gathered.scalar_type()));
   }
   const at::Tensor& input = out.input.defined() ? out.input.get() : shard;
-  out.event = on.comm.record(FSDPEvent::Kind::kAllGather, on.unit, on.group.size());
+  out.event = on.log.record(FSDPEvent::Kind::kAllGather, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
   out.work = dist::all_gather_into_tensor(on.group, gathered, input);
   return out;
@@ -76,9 +75,9 @@ PendingCollective reduce_scatter(const UnitComm& on, CountedTensor input) {
   const at::Tensor& in = input.get();
   // Allocated on the stream that will read it ([Note: streams]).
   out.output.reset(memory::empty_flat(in.numel() / on.group.size(), in.options()));
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kReduceScatter, in.device());
+  DeviceStreams::StreamScope on_stream(on.streams, DeviceStreams::Stream::kReduceScatter, in.device());
   out.input = std::move(input);
-  out.event = on.comm.record(FSDPEvent::Kind::kReduceScatter, on.unit, on.group.size());
+  out.event = on.log.record(FSDPEvent::Kind::kReduceScatter, on.unit, on.group.size());
   dist::CollectiveLabel label(on.unit);
   out.work = dist::reduce_scatter_tensor(on.group, out.output.get(), out.input.get(),
                                        on.sum ? dist::ReduceOp::kSum : dist::ReduceOp::kAvg);
@@ -95,8 +94,8 @@ PendingCollective all_reduce_logged(const UnitComm& on, const at::Tensor& buffer
                                     FSDPEvent::Kind kind, const char* scope, bool unit_traffic) {
   PendingCollective out;
   RECORD_USER_SCOPE(scope);
-  CommContext::StreamScope on_stream(on.comm, CommContext::Stream::kAllReduce, buffer.device());
-  out.event = on.comm.record(kind, on.unit, on.group.size());
+  DeviceStreams::StreamScope on_stream(on.streams, DeviceStreams::Stream::kAllReduce, buffer.device());
+  out.event = on.log.record(kind, on.unit, on.group.size());
   std::optional<dist::CollectiveLabel> label;
   if (unit_traffic) label.emplace(on.unit);
   out.work = dist::all_reduce(on.group, buffer, op);
@@ -121,9 +120,9 @@ void broadcast_from_rank0(const UnitComm& on, const at::Tensor& buffer) {
   if (on.group.size() == 1) return;
   PendingCollective out;
   RECORD_USER_SCOPE("FSDP::broadcast");
-  out.event = on.comm.record(FSDPEvent::Kind::kBroadcast, on.unit, on.group.size());
+  out.event = on.log.record(FSDPEvent::Kind::kBroadcast, on.unit, on.group.size());
   out.work = dist::broadcast(on.group, buffer, 0);  // start-up, not a step's traffic: unlabelled
-  out.wait(on.comm, "FSDP::broadcast_wait");
+  out.wait(on.log, "FSDP::broadcast_wait");
 }
 
 }  // namespace fsdp

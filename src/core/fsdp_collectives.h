@@ -16,15 +16,24 @@
 #include "fsdp/dist/collectives.h"
 
 #include "core/counted_tensor.h"
+#include "core/device_streams.h"
+#include "core/event_log.h"
 
 namespace fsdp {
 
-class CommContext;
+// A tree's event log and device streams, which every collective of its
+// units is recorded in and runs on.
+struct TreeComm {
+  EventLog& log;
+  DeviceStreams& streams;
+};
 
-// Where a unit's collective runs, where it is logged, and under what name.
+// Where a unit's collective runs (its group, the tree's streams), where it
+// is logged, and under what name.
 struct UnitComm {
   dist::ProcessGroup& group;
-  CommContext& comm;
+  EventLog& log;
+  DeviceStreams& streams;
   const std::string& unit;
   // Reductions sum instead of averaging (a gradient divide factor divides
   // the sum once: [Note: where 1/W enters] in gradient_paths.cpp).
@@ -46,7 +55,7 @@ struct PendingCollective {
   bool in_flight() const { return work.has_value() || copied_only; }
   // Waits (under `scope` in profiles), marks the wait in the event log and
   // frees the input. With nothing in flight it only frees the input.
-  void wait(CommContext& comm, const char* scope);
+  void wait(EventLog& log, const char* scope);
   // After an error: waits, swallowing failures (the caller's error is the
   // one reported), and drops both buffers.
   void abandon() noexcept;

@@ -12,6 +12,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/flat_buffer.h"
 
+#include "core/autograd_hooks.h"
 #include "core/comm_context.h"
 
 namespace fsdp {
@@ -44,40 +45,6 @@ namespace fsdp {
 // precision); the node keeps a hook only while someone holds it, hence
 // FSDPParam::grad_accumulator.
 
-namespace {
-
-// Marks one parameter of the group as having received a gradient.
-class GradUsedHook : public torch::autograd::FunctionPostHook {
- public:
-  GradUsedHook(FSDPParamGroup* group, size_t index) : group_(group), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    group_->mark_used(index_);
-    return outputs;
-  }
-
- private:
-  FSDPParamGroup* group_;
-  size_t index_;
-};
-
-// Before AccumulateGrad adds into a parameter's gradient: a stand-in left
-// by unshard is settled first, for a parameter used outside its unit's
-// forward, whose gradient can arrive before the unit's pre-backward
-// ([Note: zero_grad between forward and backward]).
-class SettleStashHook : public torch::autograd::FunctionPreHook {
- public:
-  explicit SettleStashHook(FSDPParam* param) : param_(param) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    settle_stashed_gradient(*param_);
-    return grads;
-  }
-
- private:
-  FSDPParam* param_;
-};
-
-}  // namespace
 
 bool FSDPParam::requires_grad() const { return param.requires_grad(); }
 
@@ -102,7 +69,7 @@ bool FSDPParamGroup::DtypeShard::trainable() const {
 }
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh,
-                               const FullyShardOptions& options, CommContext& startup_log)
+                               const FullyShardOptions& options, const TreeComm& startup)
     : mesh_(options.mesh) {
   // One flat shard per dtype and layout (flat, or placed: [Note:
   // per-parameter placements] in flat_shard.cpp), in order of first use.
@@ -121,7 +88,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
       of_dtype.push_back(std::move(p));
     }
     DtypeShard part;
-    part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options, startup_log);
+    part.shard = std::make_unique<FlatShard>(std::move(of_dtype), mesh, options, startup);
     part.flow = make_gradient_flow(*part.shard);
     parts_.push_back(std::move(part));
   }
@@ -131,12 +98,13 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params, const dist::Device
   used_.assign(params_.size(), 0);
 }
 
-void FSDPParamGroup::attach(CommContext* comm, const std::string* unit_name) {
-  comm_ = comm;
+void FSDPParamGroup::attach(const TreeComm& comm, CommContext* reductions, const std::string* unit_name) {
+  comm_.emplace(comm);
+  reductions_ = reductions;
   name_ = unit_name;
 }
 
-UnitComm FSDPParamGroup::on(dist::ProcessGroup& group) const { return UnitComm{group, *comm_, *name_}; }
+UnitComm FSDPParamGroup::on(dist::ProcessGroup& group) const { return UnitComm{group, comm_->log, comm_->streams, *name_}; }
 
 UnitComm FSDPParamGroup::reducing_on(dist::ProcessGroup& group) const {
   UnitComm comm = on(group);
@@ -158,7 +126,7 @@ void FSDPParamGroup::unshard() {
 }
 
 void FSDPParamGroup::finish_all_gather() {
-  for (auto& part : parts_) part.shard->finish_gather(*comm_);
+  for (auto& part : parts_) part.shard->finish_gather(comm_->log);
 }
 
 // [Note: resharding to fewer ranks]
@@ -220,11 +188,20 @@ void FSDPParamGroup::register_grad_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = *params_[i];
     if (!p.requires_grad()) continue;
-    auto accumulator = torch::autograd::impl::grad_accumulator(p.param);
-    if (accumulator == p.grad_accumulator) continue;
-    accumulator->add_pre_hook(std::make_unique<SettleStashHook>(&p));
-    accumulator->add_post_hook(std::make_unique<GradUsedHook>(this, i));
-    p.grad_accumulator = std::move(accumulator);
+    // Before AccumulateGrad adds into the gradient, a stand-in left by
+    // unshard is settled first, for a parameter used outside its unit's
+    // forward, whose gradient can arrive before the unit's pre-backward
+    // ([Note: zero_grad between forward and backward]); after it, the
+    // parameter is marked used.
+    std::weak_ptr<FSDPParamGroup> self = weak_from_this();
+    hook_grad_accumulator(
+        p.param, p.grad_accumulator,
+        [self, i] {
+          if (auto group = self.lock()) settle_stashed_gradient(*group->params_[i]);
+        },
+        [self, i] {
+          if (auto group = self.lock()) group->mark_used(i);
+        });
   }
 }
 
@@ -265,7 +242,7 @@ void FSDPParamGroup::post_backward() {
   const Reduction::Then then = !reduces_across_replicas() ? Reduction::Then::kAssign
                                : holds_reduction()        ? Reduction::Then::kHold
                                                           : Reduction::Then::kAllReduce;
-  comm_->reduce(Reduction(this, std::move(flows), reducing_on(shard_group()), reducing_on(replicate_group()), then,
+  reductions_->reduce(Reduction(this, std::move(flows), reducing_on(shard_group()), reducing_on(replicate_group()), then,
                           settings_));
 }
 
@@ -303,7 +280,7 @@ void FSDPParamGroup::leave_in_place_path() {
   const bool in_place = std::any_of(parts_.begin(), parts_.end(),
                                     [](const DtypeShard& d) { return d.flow->path() == GradientPath::kInPlace; });
   if (!in_place) return;
-  if (comm_ != nullptr) comm_->finish(this);  // a reduction in flight ends on the path that issued it
+  if (reductions_ != nullptr) reductions_->finish(this);  // a reduction in flight ends on the path that issued it
   reshard();
   for (auto& part : parts_) part.flow = leave_in_place(std::move(part.flow), *part.shard);
 }
@@ -350,13 +327,13 @@ void FSDPParamGroup::drop_forward() noexcept {
   try {
     reshard();  // finishes a prefetched gather, puts the stashed sharded gradients back
   } catch (const std::exception&) {
-    for (auto& part : parts_) part.shard->abandon_gather(*comm_);
+    for (auto& part : parts_) part.shard->abandon_gather(comm_->log);
   }
 }
 
 void FSDPParamGroup::abandon() noexcept {
   for (auto& part : parts_) {
-    part.shard->abandon_gather(*comm_);
+    part.shard->abandon_gather(comm_->log);
     part.flow->abandon();
   }
   try {  // partial full-shape gradients give way to the sharded ones from before

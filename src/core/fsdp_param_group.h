@@ -2,8 +2,10 @@
 // All parameters of one fully_shard call (FSDP2's FSDPParamGroup): the
 // coordinator of a unit's memory (FlatShard), its collectives
 // (fsdp_collectives.h) and its gradient path (GradientFlow), through the
-// sharded/unsharded state machine. When its steps run is decided by
-// FSDPState and CommContext. A unit whose parameters have several dtypes
+// sharded/unsharded state machine. When its steps run is decided by its
+// unit's hooks (FSDPState), its tree (FSDPTree: the end of backward, an
+// abandoned or dropped iteration) and the reduction pipeline
+// (CommContext). A unit whose parameters have several dtypes
 // holds one flat shard per dtype: see [Note: a unit of several dtypes].
 
 #include <cstdint>
@@ -27,17 +29,18 @@ class CommContext;
 
 enum class ShardedState { kSharded, kUnsharded };
 
-class FSDPParamGroup {
+class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
  public:
   // Takes ownership of `params`' data (see FlatShard), logging start-up
-  // broadcasts in `startup_log`.
+  // broadcasts in `startup`.
   FSDPParamGroup(std::vector<FSDPParam> params, const dist::DeviceMesh& mesh, const FullyShardOptions& options,
-                 CommContext& startup_log);
+                 const TreeComm& startup);
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
 
-  // Where collectives are issued and logged, and the unit's name in the log.
-  void attach(CommContext* comm, const std::string* unit_name);
+  // Where collectives are issued and logged, the pipeline its reductions
+  // join, and the unit's name in the log: its tree's.
+  void attach(const TreeComm& comm, CommContext* reductions, const std::string* unit_name);
 
   ShardedState sharded_state() const { return state_; }
   // Every parameter of the unit, dtype by dtype (each dtype's in module order).
@@ -153,7 +156,8 @@ class FSDPParamGroup {
   std::vector<DtypeShard> parts_;
   std::vector<FSDPParam*> params_;
   ReductionSettings settings_;
-  CommContext* comm_ = nullptr;
+  std::optional<TreeComm> comm_;
+  CommContext* reductions_ = nullptr;
   const std::string* name_ = nullptr;
   std::vector<uint8_t> used_;  // per parameter of params_: a gradient arrived on this rank
   bool reduced_this_backward_ = false;

@@ -150,7 +150,7 @@ void FSDPState::join_tree(const std::shared_ptr<FSDPTree>& tree, bool is_root, c
   phases_ = {memory::phase_id("forward " + name_), memory::phase_id("recompute " + name_),
              memory::phase_id("backward " + name_), memory::phase_id("post-backward " + name_),
              memory::phase_id("forward"), memory::phase_id("backward")};
-  if (group_) group_->attach(&tree_->comm(), &name_);
+  if (group_) group_->attach(tree_->comm(), &tree_->reductions(), &name_);
 }
 
 std::optional<int> FSDPState::post_forward_ranks() const {
@@ -191,7 +191,7 @@ void FSDPState::pre_forward(const torch::nn::Module& module) {
     // Recomputed inside backward (activation checkpointing): gathered for
     // the backward that follows. See [Note: a unit used again in backward].
     memory::set_phase(phases_.recompute);
-    if (training_.get() == TrainingState::kPostBackward && group_) tree_->comm().finish(group_.get());
+    if (training_.get() == TrainingState::kPostBackward && group_) tree_->reductions().finish(group_.get());
     if (training_.get() != TrainingState::kPreBackward) enter(TrainingState::kPreBackward, /*recomputing=*/true);
     if (group_) {
       group_->wait_for_unshard();
@@ -212,7 +212,7 @@ void FSDPState::pre_forward(const torch::nn::Module& module) {
   memory::set_phase(phases_.forward);
   if (is_root_ && frame.grad_enabled) frame.opened_iteration = tree_->open_iteration();
   enter(TrainingState::kForward);
-  tree_->comm().record(FSDPEvent::Kind::kPreForward, name_);
+  tree_->log().record(FSDPEvent::Kind::kPreForward, name_);
   if (group_) group_->wait_for_unshard();
   tree_->record_forward(this);
   prefetch_forward();
@@ -248,12 +248,7 @@ void FSDPState::wrap_inputs(const std::vector<at::Tensor*>& inputs) {
 }
 
 at::Tensor FSDPState::cast_input(const at::Tensor& input) const {
-  const auto& mp = mixed_precision_;
-  if (mp.param_dtype && mp.cast_forward_inputs && input.defined() && at::isFloatingType(input.scalar_type()) &&
-      input.scalar_type() != *mp.param_dtype) {
-    return input.to(*mp.param_dtype);
-  }
-  return input;
+  return cast_forward_input(input, mixed_precision_);
 }
 
 void FSDPState::post_forward(const torch::nn::Module& /*module*/, std::vector<at::Tensor>& outputs) {
@@ -294,18 +289,15 @@ void FSDPState::finish_call(const CallFrame& call, std::vector<at::Tensor>& outp
   const CallFrame& frame = modules_.size() > 1 ? calls_.round_frame : call;
   RECORD_USER_SCOPE("FSDP::post_forward");
   memory::set_phase(phases_.between_forward);
-  tree_->comm().record(FSDPEvent::Kind::kPostForward, name_);
+  tree_->log().record(FSDPEvent::Kind::kPostForward, name_);
   enter(TrainingState::kIdle);
   cast_outputs();
-  if (is_root_) {
-    tree_->stop_recording();
-    close_other_rounds(frame.grad_enabled);
-  }
+  if (is_root_) tree_->end_root_forward(this, frame.grad_enabled);
   if (!frame.grad_enabled) {
     // No backward follows: leave every unit as this forward found it
     // (units awaiting a backward gather again in their pre-backward).
     if (group_ && !frame.was_unsharded) group_->reshard();
-    if (is_root_) release_unused_prefetches();
+    if (is_root_) tree_->release_unused_prefetches(this);
     return;
   }
   const bool needs_backward =
@@ -356,19 +348,10 @@ void FSDPState::arm_pre_backward(std::vector<at::Tensor>& outputs) {
   }
 }
 
-void FSDPState::close_other_rounds(bool grad_enabled) {
-  // A unit of several modules whose round did not finish (one of them did
-  // not run) is finished here, as FSDP2's root post-forward does.
-  for (FSDPState* s : tree_->units()) {
-    if (s != this) s->close_open_round(grad_enabled);
-  }
-}
-
-void FSDPState::release_unused_prefetches() {
-  for (FSDPState* s : tree_->units()) {
-    // Prefetched for a call that never came: finish and free.
-    if (s != this && s->group_ && s->group_->sharded_state() == ShardedState::kSharded) s->group_->reshard();
-  }
+void FSDPState::release_unused_prefetch() {
+  // A gather in flight on a sharded unit: prefetched for a call that never
+  // came. Finished and freed.
+  if (group_ && group_->sharded_state() == ShardedState::kSharded) group_->reshard();
 }
 
 void FSDPState::close_open_round(bool grad_enabled) {
@@ -402,7 +385,7 @@ void FSDPState::on_forward_error() noexcept {
 void FSDPState::pre_backward() {
   RECORD_USER_SCOPE("FSDP::pre_backward");
   tree_->begin_backward();
-  tree_->comm().record(FSDPEvent::Kind::kPreBackward, name_);
+  tree_->log().record(FSDPEvent::Kind::kPreBackward, name_);
   memory::set_phase(phases_.backward);
   enter(TrainingState::kPreBackward);
   if (group_) {
@@ -419,7 +402,7 @@ void FSDPState::on_inputs_grad() {
 
 void FSDPState::post_backward() {
   if (training_.get() == TrainingState::kPostBackward) return;  // once per gathering in backward
-  tree_->comm().record(FSDPEvent::Kind::kPostBackward, name_);
+  tree_->log().record(FSDPEvent::Kind::kPostBackward, name_);
   memory::set_phase(phases_.post_backward);
   enter(TrainingState::kPostBackward);
   if (group_) group_->post_backward();

@@ -149,6 +149,9 @@ class FSDPState : public detail::CallHooks, public std::enable_shared_from_this<
   // did not run) finishes it: idle, and either ending at the end of
   // backward (gradients enabled) or resharded.
   void close_open_round(bool grad_enabled);
+  // After the root's forward without gradients: a gather prefetched for a
+  // call that never came is finished and freed.
+  void release_unused_prefetch();
   // At the end of backward: still gathered, or owing a reduction its peers
   // may issue, without having run post-backward in this backward.
   bool owes_post_backward() const;
@@ -170,14 +173,14 @@ class FSDPState : public detail::CallHooks, public std::enable_shared_from_this<
   void enter(TrainingState next, bool recomputing = false);
   void finish_call(const CallFrame& frame, std::vector<at::Tensor>& outputs);
   // The root's post-forward over the other units of its tree.
-  void close_other_rounds(bool grad_enabled);
-  void release_unused_prefetches();
   void arm_pre_backward(std::vector<at::Tensor>& outputs);
   void prefetch_forward();
   void prefetch_backward();
   void issue_unshard(FSDPState* s) const;
 
-  std::unique_ptr<FSDPParamGroup> group_;  // null for a unit without parameters of its own
+  // Null for a unit without parameters of its own; shared so that its
+  // autograd hooks reach it through weak pointers.
+  std::shared_ptr<FSDPParamGroup> group_;
   // Of the options the unit was sharded with, what its hooks read (the
   // rest, param_init's closure above all, is not kept alive by the unit).
   MixedPrecisionPolicy mixed_precision_;

@@ -9,6 +9,7 @@
 
 #include "fsdp/common/error.h"
 
+#include "core/autograd_hooks.h"
 #include "core/fsdp_collectives.h"
 #include "core/fsdp_state.h"
 
@@ -48,13 +49,14 @@ namespace fsdp {
 // A tree's TreePhase changes only through TreeIteration::enter:
 //
 //   from \ to   forward   backward   idle
-//   idle          yes       yes (1)    -
-//   forward       yes (2)   yes        -
+//   idle          yes (2)   yes (1)    -
+//   forward       -         yes        -
 //   backward      -         -          yes
 //
 //   (1) another backward through a graph retained from an earlier one;
-//   (2) allowed by the table; open_iteration, the only caller entering
-//       forward, resets to idle first.
+//   (2) the only way into forward: open_iteration, the only caller
+//       entering it, resets a finished or dropped iteration to idle first,
+//       so forward is never entered from forward.
 //
 // The paths that end an iteration without a backward (abandon, drop) go
 // back to idle through reset(), which must not throw; an error that keeps
@@ -76,25 +78,12 @@ namespace {
 
 bool is_tree_transition(TreePhase from, TreePhase to) {
   switch (to) {
-    case TreePhase::kForward: return from != TreePhase::kBackward;
+    case TreePhase::kForward: return from == TreePhase::kIdle;
     case TreePhase::kBackward: return from != TreePhase::kBackward;
     case TreePhase::kIdle: return from == TreePhase::kBackward;
   }
   return false;
 }
-
-// Held by the end-of-backward callback: if the graph task dies without
-// running it (backward threw), the iteration is abandoned.
-struct BackwardGuard {
-  std::shared_ptr<FSDPTree> tree;
-  bool completed = false;
-  explicit BackwardGuard(std::shared_ptr<FSDPTree> t) : tree(std::move(t)) {}
-  BackwardGuard(const BackwardGuard&) = delete;
-  BackwardGuard& operator=(const BackwardGuard&) = delete;
-  ~BackwardGuard() {
-    if (!completed) tree->abandon_iteration(/*keep_open=*/false);
-  }
-};
 
 // Owned by a pre-hook on each root output's grad_fn, so destroyed with the
 // last of those graphs. Freed while its iteration is still open and not in
@@ -189,14 +178,27 @@ void FSDPTree::watch_root_outputs(const std::vector<at::Tensor>& outputs) {
   }
 }
 
+void FSDPTree::end_root_forward(FSDPState* root, bool grad_enabled) {
+  recording_order_ = false;
+  for (FSDPState* s : units_) {
+    if (s != root) s->close_open_round(grad_enabled);
+  }
+}
+
+void FSDPTree::release_unused_prefetches(FSDPState* root) {
+  for (FSDPState* s : units_) {
+    if (s != root) s->release_unused_prefetch();
+  }
+}
+
 void FSDPTree::begin_backward() {
   if (iteration_.phase() == TreePhase::kBackward) return;
   iteration_.enter(TreePhase::kBackward);
-  auto guard = std::make_shared<BackwardGuard>(shared_from_this());
-  torch::autograd::Engine::get_default_engine().queue_callback([guard] {
-    guard->tree->end_of_backward();
-    guard->completed = true;
-  });
+  // The tree lives until one of the two ran; a backward that throws
+  // abandons the iteration.
+  auto tree = shared_from_this();
+  queue_end_of_backward([tree] { tree->end_of_backward(); },
+                        [tree] { tree->abandon_iteration(/*keep_open=*/false); });
 }
 
 void FSDPTree::end_of_backward() {
@@ -206,7 +208,7 @@ void FSDPTree::end_of_backward() {
   for (FSDPState* s : units_) {
     if (s->owes_post_backward()) s->post_backward();
   }
-  comm_.drain();
+  reductions_.drain();
   agree_on_used_parameters();
   for (FSDPState* s : units_) s->finish_backward();
   // The graph's records stay for another backward through it (retain_graph).
@@ -230,7 +232,7 @@ void FSDPTree::agree_on_used_parameters() {
     // On the units' device: NCCL takes no host tensors.
     at::Tensor on_device = flags.to(reduced.front()->device());
     static const std::string kUnit = "<root>";
-    any_rank(UnitComm{world, comm_, kUnit}, on_device).wait(comm_, "FSDP::used_parameters_wait");
+    any_rank(UnitComm{world, log_, streams_, kUnit}, on_device).wait(log_, "FSDP::used_parameters_wait");
     if (!on_device.is_same(flags)) flags.copy_(on_device);
   }
   size_t offset = 0;
@@ -247,7 +249,7 @@ void FSDPTree::drop_iteration() noexcept {
 }
 
 void FSDPTree::abandon_iteration(bool keep_open) noexcept {
-  comm_.abandon();
+  reductions_.abandon();
   for (FSDPState* s : units_) s->abandon(keep_open);
   ++backward_count_;
   // Kept open (an error in a later forward), the earlier forward's records

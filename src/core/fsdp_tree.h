@@ -16,6 +16,9 @@
 #include "fsdp/common/compat.h"
 
 #include "core/comm_context.h"
+#include "core/device_streams.h"
+#include "core/event_log.h"
+#include "core/fsdp_collectives.h"
 
 namespace fsdp {
 
@@ -62,7 +65,11 @@ class FSDPTree : public std::enable_shared_from_this<FSDPTree> {
   // of its own.
   void remove(FSDPState* unit, bool was_root);
 
-  CommContext& comm() { return comm_; }
+  // What its collectives are logged in and run on, and its reductions'
+  // pipeline.
+  EventLog& log() { return log_; }
+  TreeComm comm() { return TreeComm{log_, streams_}; }
+  CommContext& reductions() { return reductions_; }
   TreePhase phase() const { return iteration_.phase(); }
   // Backwards finished or abandoned: a hook armed in one backward knows
   // whether it fires in another.
@@ -75,8 +82,13 @@ class FSDPTree : public std::enable_shared_from_this<FSDPTree> {
   bool open_iteration();
   // A unit's pre-forward, in the order of the first iteration.
   void record_forward(FSDPState* unit);
-  // The root's post-forward: the forward order is known.
-  void stop_recording() { recording_order_ = false; }
+  // The root's post-forward: the forward order is known, and a unit of
+  // several modules whose round did not finish (one of them did not run)
+  // is finished here, as FSDP2's root post-forward does.
+  void end_root_forward(FSDPState* root, bool grad_enabled);
+  // After the root's forward without gradients: gathers prefetched for
+  // calls that never came are finished and freed.
+  void release_unused_prefetches(FSDPState* root);
   // The `depth` units after `unit` in forward order (module order until the
   // first forward has recorded it), the root excepted.
   std::vector<FSDPState*> forward_successors(const FSDPState* unit, int depth) const;
@@ -116,7 +128,9 @@ class FSDPTree : public std::enable_shared_from_this<FSDPTree> {
   bool recording_order_ = true;
   TreeIteration iteration_;
   int64_t backward_count_ = 0;
-  CommContext comm_;
+  EventLog log_;
+  DeviceStreams streams_;
+  CommContext reductions_{streams_};
 };
 
 }  // namespace fsdp

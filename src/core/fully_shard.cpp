@@ -71,13 +71,13 @@ bool is_fully_sharded(const torch::nn::Module& module) { return detail::state_of
 std::vector<FSDPEvent> event_log(const torch::nn::Module& root) {
   FSDPState* state = detail::state_of(root);
   FSDP_CHECK(state != nullptr, "event_log: module ", root.name(), " is not sharded");
-  return state->tree()->comm().events();
+  return state->tree()->log().events();
 }
 
 void clear_event_log(const torch::nn::Module& root) {
   FSDPState* state = detail::state_of(root);
   FSDP_CHECK(state != nullptr, "clear_event_log: module ", root.name(), " is not sharded");
-  state->tree()->comm().clear_events();
+  state->tree()->log().clear();
 }
 
 namespace {
@@ -145,8 +145,9 @@ void set_reshard_after_forward(torch::nn::Module& module, ReshardAfterForward re
 }
 
 void UnshardHandle::wait() {
-  if (group_ != nullptr && group_->epoch() == epoch_) group_->wait_for_unshard();
-  group_ = nullptr;
+  const std::shared_ptr<FSDPParamGroup> group = group_.lock();
+  if (group != nullptr && group->epoch() == epoch_) group->wait_for_unshard();
+  group_.reset();
 }
 
 UnshardHandle unshard(torch::nn::Module& module, bool async_op) {
@@ -154,7 +155,7 @@ UnshardHandle unshard(torch::nn::Module& module, bool async_op) {
   FSDP_CHECK(s != nullptr, "unshard: module ", module.name(), " is not sharded; apply fully_shard first");
   if (s->group() == nullptr) return UnshardHandle();
   s->group()->unshard();
-  UnshardHandle handle(s->group(), s->group()->epoch());
+  UnshardHandle handle(s->group()->weak_from_this(), s->group()->epoch());
   if (!async_op) handle.wait();
   return handle;
 }

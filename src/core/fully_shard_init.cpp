@@ -36,7 +36,7 @@ namespace {
 // broadcasts them each forward, or average them themselves.
 void sync_unmanaged_states(torch::nn::Module& module,
                            const std::vector<std::pair<std::string, FSDPState*>>& children,
-                           const FullyShardOptions& options, CommContext& log) {
+                           const FullyShardOptions& options, const TreeComm& log) {
   const auto inside_child = [&](const std::string& name) {
     for (const auto& [prefix, state] : children) {
       (void)state;
@@ -50,7 +50,7 @@ void sync_unmanaged_states(torch::nn::Module& module,
   const auto broadcast_in_place = [&](const at::Tensor& t) {
     at::NoGradGuard no_grad;
     at::Tensor buffer = t.detach().contiguous().clone();
-    broadcast_from_rank0(UnitComm{world, log, kUnit}, buffer);
+    broadcast_from_rank0(UnitComm{world, log.log, log.streams, kUnit}, buffer);
     t.detach().copy_(buffer);
   };
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
@@ -70,13 +70,9 @@ void sync_unmanaged_states(torch::nn::Module& module,
 
 
 
-// fully_shard on one module or on several as one unit. With several, names
-// are "[i].<name in module i>" until an ancestor is sharded and renames the
-// unit's parameters from itself.
-void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options) {
-  validate(options);
-  FSDP_CHECK(!modules.empty(), "fully_shard: the list of modules is empty");
-  const bool several = modules.size() > 1;
+// Refuses, before anything changes, a module listed twice, sharded
+// already or replicated.
+void check_shardable(const std::vector<torch::nn::Module*>& modules) {
   for (size_t i = 0; i < modules.size(); ++i) {
     torch::nn::Module& module = *modules[i];
     for (size_t j = 0; j < i; ++j) {
@@ -93,7 +89,22 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
                " is replicated by replicate; use one of the two (fully_shard with ShardingStrategy::kNoShard is "
                "replication with FSDP's units)");
   }
+}
 
+// What a new unit holds: its own parameters, and the units below its
+// modules with the names they have from there.
+struct UnitContents {
+  std::vector<FSDPParam> params;
+  std::vector<FSDPState*> below;  // each once
+  std::unordered_map<FSDPState*, std::vector<std::string>> below_names;
+};
+
+// The parameters of `modules` no unit below holds, refusing one shared
+// with another unit; the states outside any unit (buffers, ignored
+// parameters) are broadcast, logged in `tree`'s log.
+UnitContents collect_unit(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options,
+                          FSDPTree& tree) {
+  const bool several = modules.size() > 1;
   std::unordered_set<const void*> ignored;
   for (const auto& t : options.ignored_params) ignored.insert(tensor_key(t));
   std::unordered_set<const void*> kept_full;
@@ -102,13 +113,11 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       ": a parameter can belong to one unit only; apply fully_shard to a common ancestor of the modules that "
       "share it (and not to them), shard them together with fully_shard({a, b}), or list it in ignored_params";
 
-  // The tree the listed modules root; its log holds the start-up
-  // broadcasts from here on.
-  auto tree = std::make_shared<FSDPTree>();
-  std::vector<FSDPParam> params;
+  UnitContents out;
+  std::vector<FSDPParam>& params = out.params;
   std::unordered_set<const void*> taken;  // tied parameters appear under several names, in several modules
-  std::vector<FSDPState*> below;          // units below the listed modules, each once
-  std::unordered_map<FSDPState*, std::vector<std::string>> below_names;
+  std::vector<FSDPState*>& below = out.below;
+  auto& below_names = out.below_names;
   for (size_t i = 0; i < modules.size(); ++i) {
     torch::nn::Module& module = *modules[i];
     const std::string prefix = several ? "[" + std::to_string(i) + "]" : "";
@@ -200,20 +209,21 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       }
       params.push_back(std::move(p));
     }
-    sync_unmanaged_states(module, children, options, tree->comm());
+    sync_unmanaged_states(module, children, options, tree.comm());
   }
 
-  std::unique_ptr<FSDPParamGroup> group;
-  if (!params.empty()) {
-    group = std::make_unique<FSDPParamGroup>(std::move(params), *options.mesh, options, tree->comm());
-  }
-  auto state = std::make_shared<FSDPState>(std::move(group), options);
-  if (several) state->set_modules({modules.begin(), modules.end()});
+  return out;
+}
 
-  // The listed modules become the root of every unit below them. Those
-  // units' parameters are renamed from here (first name, tied ones once),
-  // so errors and checkpoints name them from the root; a unit of several
-  // modules is named by its modules' names joined with '+'.
+// The listed modules become the root of every unit below them.
+void join_units_below(const std::shared_ptr<FSDPTree>& tree, const std::shared_ptr<FSDPState>& state,
+                      const std::vector<torch::nn::Module*>& modules, const UnitContents& contents) {
+  const bool several = modules.size() > 1;
+  const auto& below = contents.below;
+  const auto& below_names = contents.below_names;
+  // Those units' parameters are renamed from here (first name, tied ones
+  // once), so errors and checkpoints name them from the root; a unit of
+  // several modules is named by its modules' names joined with '+'.
   std::unordered_map<const void*, std::string> name_here;
   for (size_t i = 0; i < modules.size(); ++i) {
     const std::string prefix = several ? "[" + std::to_string(i) + "]" : "";
@@ -224,7 +234,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
   std::unordered_map<const FSDPState*, std::string> unit_names;
   for (FSDPState* child : below) {
     std::string& unit_name = unit_names[child];
-    for (const auto& n : below_names[child]) unit_name += (unit_name.empty() ? "" : "+") + n;
+    for (const auto& n : below_names.at(child)) unit_name += (unit_name.empty() ? "" : "+") + n;
   }
   // The root of a tree made earlier brings that tree's log along, each of
   // its units named as from here.
@@ -235,7 +245,7 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       const auto it = unit_names.find(unit);
       if (it != unit_names.end()) renamed.emplace(unit->name(), it->second);
     }
-    tree->comm().adopt(child->tree()->comm(), renamed);
+    tree->log().adopt(child->tree()->log(), renamed);
   }
   tree->add(state.get());
   state->join_tree(tree, true, "");
@@ -249,8 +259,29 @@ void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShard
       if (it != name_here.end()) p->fqn = it->second;
     }
   }
+}
+
+// fully_shard on one module or on several as one unit. With several, names
+// are "[i].<name in module i>" until an ancestor is sharded and renames the
+// unit's parameters from itself.
+void shard_unit(const std::vector<torch::nn::Module*>& modules, const FullyShardOptions& options) {
+  validate(options);
+  FSDP_CHECK(!modules.empty(), "fully_shard: the list of modules is empty");
+  check_shardable(modules);
+  // The tree the listed modules root; its log holds the start-up
+  // broadcasts from here on.
+  auto tree = std::make_shared<FSDPTree>();
+  UnitContents contents = collect_unit(modules, options, *tree);
+  std::unique_ptr<FSDPParamGroup> group;
+  if (!contents.params.empty()) {
+    group = std::make_unique<FSDPParamGroup>(std::move(contents.params), *options.mesh, options, tree->comm());
+  }
+  auto state = std::make_shared<FSDPState>(std::move(group), options);
+  if (modules.size() > 1) state->set_modules({modules.begin(), modules.end()});
+  join_units_below(tree, state, modules, contents);
   for (torch::nn::Module* module : modules) attach_unit_state(*module, state, module->name());
 }
+
 }  // namespace
 
 void fully_shard(torch::nn::Module& module, const FullyShardOptions& options) { shard_unit({&module}, options); }

@@ -3,11 +3,10 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
-#include <c10/util/strides.h>
 
 #include "fsdp/common/flat_buffer.h"
 
-#include "core/comm_context.h"
+#include "core/autograd_hooks.h"
 
 namespace fsdp {
 
@@ -138,13 +137,6 @@ void record_grad_existence(FSDPParam& p) {
   p.grad_existence_recorded = true;
 }
 
-// A tensor over `flat`'s memory that autograd does not treat as a view:
-// optimizers' zero_grad calls detach_() on gradients, which views refuse.
-at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef shape) {
-  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, shape,
-                                             c10::contiguous_strides(shape));
-}
-
 // The parameter's gradient becomes `view`, keeping its value.
 void rebind_grad(FSDPParam& p, const at::Tensor& view) {
   at::Tensor& grad = p.param.mutable_grad();
@@ -188,7 +180,7 @@ class PersistentGradients final : public GradientFlow {
 
   void on_unsharded(FSDPParam& p) override {
     ensure_buffer();
-    if (p.requires_grad()) attach_existing_grad_view(p, alias_of(buffer_, p.offset, p.shape));
+    if (p.requires_grad()) attach_existing_grad_view(p, flat_alias(buffer_, p.offset, p.shape));
   }
   void on_resharded(FSDPParam& p) override {
     // After forward a parameter without a gradient keeps none (backward
@@ -218,12 +210,12 @@ class PersistentGradients final : public GradientFlow {
   // Nothing to scatter: the shard is the whole unit. A held reduction stays
   // in the buffer, and the next all-reduce takes it with the rest.
   void issue_reduce_scatter(const UnitComm& /*on*/) override {}
-  void wait_reduce_scatter(CommContext& /*comm*/) override {}
+  void wait_reduce_scatter(EventLog& /*log*/) override {}
   void hold_partial_reduction() override {}
   void issue_all_reduce(const UnitComm& on) override { all_reduce_ = all_reduce(on, buffer_); }
-  void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
+  void wait_all_reduce(EventLog& log) override { all_reduce_.wait(log, "FSDP::all_reduce_wait"); }
   // The gradients are views of the reduced buffer already (no factor, no hook here).
-  void assign(const ReductionSettings& /*settings*/, CommContext& /*comm*/) override {}
+  void assign(const ReductionSettings& /*settings*/, DeviceStreams& /*streams*/) override {}
 
   void append_trainable(std::vector<at::Tensor>& out) const override {
     for (const auto& p : shard_.params()) {
@@ -292,7 +284,7 @@ class StagedGradients final : public GradientFlow {
       if (p.stash_marker.defined()) continue;
       at::Tensor& grad = p.param.mutable_grad();
       if (!grad.defined()) continue;
-      at::Tensor view = alias_of(flat, p.offset, p.shape);
+      at::Tensor view = flat_alias(flat, p.offset, p.shape);
       if (grad.is_alias_of(view)) continue;  // attached already: the unit runs backward twice
       // A gradient from before this pre-backward (a parameter used after its
       // unit's forward, like a tied output head, or a second call's backward)
@@ -313,7 +305,7 @@ class StagedGradients final : public GradientFlow {
       // round left incomplete) still settles its stand-ins here.
       settle_stashed_gradient(p);
       at::Tensor& grad = p.param.mutable_grad();
-      at::Tensor view = alias_of(zeroed_buffer(), p.offset, p.shape);
+      at::Tensor view = flat_alias(zeroed_buffer(), p.offset, p.shape);
       if (!grad.defined()) {
         view.zero_();  // no gradient arrived here: zeros keep the reduction exact
         continue;
@@ -344,8 +336,8 @@ class StagedGradients final : public GradientFlow {
     if (!input.is_same(staged_.get())) staged_.reset(input);
     reduce_scatter_ = reduce_scatter(on, std::move(staged_));
   }
-  void wait_reduce_scatter(CommContext& comm) override {
-    reduce_scatter_.wait(comm, "FSDP::reduce_scatter_wait");
+  void wait_reduce_scatter(EventLog& log) override {
+    reduce_scatter_.wait(log, "FSDP::reduce_scatter_wait");
     if (reduce_scatter_.output.defined()) reduced_ = std::move(reduce_scatter_.output);
   }
   void hold_partial_reduction() override {
@@ -360,9 +352,9 @@ class StagedGradients final : public GradientFlow {
     if (partial_.defined()) reduced_.get().add_(partial_.release());
     all_reduce_ = all_reduce(on, reduced_.get());
   }
-  void wait_all_reduce(CommContext& comm) override { all_reduce_.wait(comm, "FSDP::all_reduce_wait"); }
+  void wait_all_reduce(EventLog& log) override { all_reduce_.wait(log, "FSDP::all_reduce_wait"); }
 
-  void assign(const ReductionSettings& settings, CommContext& comm) override {
+  void assign(const ReductionSettings& settings, DeviceStreams& streams) override {
     // The reduced shard (a flat buffer) becomes the gradients' memory: each
     // parameter without one gets an alias of its slice, so no per-parameter
     // copies are made, and the buffer goes back to the flat-buffer cache when
@@ -373,12 +365,12 @@ class StagedGradients final : public GradientFlow {
     if (settings.gradient_divide_factor) reduced.div_(*settings.gradient_divide_factor);
     if (settings.reduced_grad_hook) settings.reduced_grad_hook(reduced);
     if (shard_.offloaded()) {
-      reduced = shard_.to_host(reduced, shard_.master_dtype(), comm);  // [Note: CPU offload]
+      reduced = shard_.to_host(reduced, shard_.master_dtype(), streams);  // [Note: CPU offload]
       // Added into gradients on the host now (accumulating): the copy must
       // have landed. Otherwise the end of backward waits for it.
       const bool adds = std::any_of(shard_.params().begin(), shard_.params().end(),
                                     [](const FSDPParam& p) { return p.requires_grad() && p.param.grad().defined(); });
-      if (adds) comm.synchronize(CommContext::Stream::kDeviceToHost);
+      if (adds) streams.synchronize(DeviceStreams::Stream::kDeviceToHost);
     } else if (reduced.scalar_type() != shard_.master_dtype()) {
       reduced = memory::flat_copy(reduced, shard_.master_dtype());
     }
@@ -468,14 +460,14 @@ void Reduction::issue_reduce_scatter() {
 }
 
 void Reduction::wait_reduce_scatter() {
-  for (GradientFlow* f : flows_) f->wait_reduce_scatter(within_shard_.comm);
+  for (GradientFlow* f : flows_) f->wait_reduce_scatter(within_shard_.log);
 }
 
 bool Reduction::hand_on() {
   switch (then_) {
     case Then::kAssign:
-      for (GradientFlow* f : flows_) f->assign(*settings_, within_shard_.comm);
-      tell_ready(within_shard_.comm);
+      for (GradientFlow* f : flows_) f->assign(*settings_, within_shard_.streams);
+      tell_ready(within_shard_.streams);
       return false;
     case Then::kHold:
       for (GradientFlow* f : flows_) f->hold_partial_reduction();
@@ -488,16 +480,16 @@ bool Reduction::hand_on() {
 }
 
 void Reduction::finish_all_reduce() {
-  for (GradientFlow* f : flows_) f->wait_all_reduce(across_replicas_.comm);
-  for (GradientFlow* f : flows_) f->assign(*settings_, across_replicas_.comm);
-  tell_ready(across_replicas_.comm);
+  for (GradientFlow* f : flows_) f->wait_all_reduce(across_replicas_.log);
+  for (GradientFlow* f : flows_) f->assign(*settings_, across_replicas_.streams);
+  tell_ready(across_replicas_.streams);
 }
 
-void Reduction::tell_ready(CommContext& comm) const {
+void Reduction::tell_ready(DeviceStreams& streams) const {
   if (!settings_->gradients_ready_hook) return;
   GradientsReady ready;
   for (const GradientFlow* f : flows_) f->append_trainable(ready.params);
-  ready.wait_until_readable = comm.host_waiter(CommContext::Stream::kDeviceToHost);
+  ready.wait_until_readable = streams.host_waiter(DeviceStreams::Stream::kDeviceToHost);
   settings_->gradients_ready_hook(ready);
 }
 

@@ -75,18 +75,23 @@ class GradientFlow {
   // micro-steps without sync and, with `sync`, wait to be reduced.
   virtual void stage(bool sync) = 0;
 
-  // The reduction's stages, run by CommContext in this order.
+  // The reduction's stages, run by CommContext's Reduction, each only where
+  // its Reduction::Then needs it: the reduce-scatter is issued and waited
+  // (no-ops on the in-place path, whose gradients are its buffer already);
+  // then either the gradients are assigned (kAssign), the partial
+  // reduction held (kHold), or the all-reduce across replicas issued,
+  // waited and the gradients assigned (kAllReduce).
   virtual void issue_reduce_scatter(const UnitComm& on) = 0;
-  virtual void wait_reduce_scatter(CommContext& comm) = 0;
+  virtual void wait_reduce_scatter(EventLog& log) = 0;
   // HSDP without requires_all_reduce: this backward's reduce-scatter output
   // is kept and added to the next one's before its all-reduce.
   virtual void hold_partial_reduction() = 0;
   virtual void issue_all_reduce(const UnitComm& on) = 0;
-  virtual void wait_all_reduce(CommContext& comm) = 0;
+  virtual void wait_all_reduce(EventLog& log) = 0;
   // The reduced gradients handed to the parameters (divided by the divide
   // factor, when one is set: the collectives summed).
-  // An offloaded shard's copy to the host runs on `comm`'s stream for it.
-  virtual void assign(const ReductionSettings& settings, CommContext& comm) = 0;
+  // An offloaded shard's copy to the host runs on the tree's stream for it.
+  virtual void assign(const ReductionSettings& settings, DeviceStreams& streams) = 0;
 
   // The trainable parameters whose gradients this path assigns.
   virtual void append_trainable(std::vector<at::Tensor>& out) const = 0;
@@ -128,7 +133,7 @@ class Reduction {
 
  private:
   // After the gradients are assigned: the settings' gradients_ready_hook.
-  void tell_ready(CommContext& comm) const;
+  void tell_ready(DeviceStreams& streams) const;
 
   const FSDPParamGroup* unit_;
   std::vector<GradientFlow*> flows_;

@@ -18,6 +18,7 @@
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/dist/collectives.h"
 
+#include "core/autograd_hooks.h"
 #include "core/full_precision.h"
 #include "core/units.h"
 
@@ -87,6 +88,11 @@ class Replicator : public CallHooks, public std::enable_shared_from_this<Replica
     return true;
   }
   void on_grad_ready(size_t index);
+  // Hooks every parameter's AccumulateGrad node; once the replica is
+  // owned, so the hooks reach it through a weak pointer.
+  void hook_accumulators() {
+    for (size_t i = 0; i < params_.size(); ++i) hook_accumulator(i);
+  }
   void end_backward();
   void abandon() noexcept;
   void use_masters(bool convert_grads = true) noexcept;
@@ -149,32 +155,6 @@ struct ReplicatorHolder : CallHooksHolder {
   std::shared_ptr<Replicator> replicator;
 };
 
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(Replicator* replicator, size_t index) : replicator_(replicator), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    replicator_->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  Replicator* replicator_;
-  size_t index_;
-};
-
-// Held by the end-of-backward callback: a backward that throws never runs it.
-struct ReplicaBackwardGuard {
-  std::shared_ptr<Replicator> replicator;
-  bool completed = false;
-  explicit ReplicaBackwardGuard(std::shared_ptr<Replicator> r) : replicator(std::move(r)) {}
-  ReplicaBackwardGuard(const ReplicaBackwardGuard&) = delete;
-  ReplicaBackwardGuard& operator=(const ReplicaBackwardGuard&) = delete;
-  ~ReplicaBackwardGuard() {
-    if (!completed) replicator->abandon();
-  }
-};
-
 }  // namespace
 
 Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& options)
@@ -228,7 +208,6 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
     bucketed_.insert(p.unsafeGetTensorImpl());
     names_.push_back(name);
     accumulators_.emplace_back();
-    hook_accumulator(index);
   }
   ready_.assign(params_.size(), 0);
   if (mixed_precision_.param_dtype) {
@@ -247,10 +226,10 @@ Replicator::Replicator(torch::nn::Module& module, const ReplicateOptions& option
 
 void Replicator::hook_accumulator(size_t index) {
   if (!params_[index].requires_grad()) return;  // frozen after replicate(): no node, no gradient
-  auto accumulator = torch::autograd::impl::grad_accumulator(params_[index]);
-  if (accumulator == nullptr || accumulator == accumulators_[index]) return;
-  accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, index));
-  accumulators_[index] = std::move(accumulator);
+  std::weak_ptr<Replicator> self = weak_from_this();
+  hook_grad_accumulator(params_[index], accumulators_[index], {}, [self, index] {
+    if (auto replicator = self.lock()) replicator->on_grad_ready(index);
+  });
 }
 
 at::ScalarType Replicator::bucket_dtype(const at::Tensor& param) const {
@@ -273,7 +252,7 @@ void Replicator::use_low_precision() {
     cast_params_[i].set_data(low_[i]);
   }
   low_precision_ = true;
-  for (size_t i = 0; i < params_.size(); ++i) hook_accumulator(i);
+  hook_accumulators();
 }
 
 void Replicator::use_masters(bool convert_grads) noexcept {
@@ -289,11 +268,7 @@ void Replicator::use_masters(bool convert_grads) noexcept {
 }
 
 at::Tensor Replicator::cast_input(const at::Tensor& input) const {
-  if (!mixed_precision_.param_dtype || !mixed_precision_.cast_forward_inputs || !input.defined() ||
-      !at::isFloatingType(input.scalar_type())) {
-    return input;
-  }
-  return input.to(*mixed_precision_.param_dtype);
+  return cast_forward_input(input, mixed_precision_);
 }
 
 void Replicator::post_forward(const torch::nn::Module& module, std::vector<at::Tensor>& outputs) {
@@ -316,7 +291,7 @@ void Replicator::post_forward(const torch::nn::Module& module, std::vector<at::T
   }
   // The masters' nodes, hooked for a parameter used after this call.
   if (!cast_params_.empty()) {
-    for (size_t i = 0; i < params_.size(); ++i) hook_accumulator(i);
+    hook_accumulators();
   }
   auto self = shared_from_this();
   for (const auto& out : outputs) {
@@ -334,11 +309,9 @@ void Replicator::begin_backward() {
   in_backward_ = true;
   use_low_precision();  // the backward computes in the param dtype, as the forward did
   if (requires_gradient_sync) stats.reduced_during_backward = 0;
-  auto guard = std::make_shared<ReplicaBackwardGuard>(shared_from_this());
-  torch::autograd::Engine::get_default_engine().queue_callback([guard] {
-    guard->replicator->end_backward();
-    guard->completed = true;
-  });
+  // A backward that throws never runs the callback: the replica abandons it.
+  auto self = shared_from_this();
+  queue_end_of_backward([self] { self->end_backward(); }, [self] { self->abandon(); });
 }
 
 void Replicator::on_grad_ready(size_t index) {
@@ -403,9 +376,7 @@ void Replicator::write_back(Bucket& bucket) {
     // tensor over its storage that autograd does not treat as a view
     // (optimizers' zero_grad calls detach_(), which views refuse); under
     // mixed precision, a copy in the master's dtype when the bucket's differs.
-    at::Tensor grad = at::empty({0}, bucket.flat.options())
-                          .set_(bucket.flat.storage(), bucket.flat.storage_offset() + at, p.sizes(),
-                                c10::contiguous_strides(p.sizes()));
+    at::Tensor grad = flat_alias(bucket.flat, at, p.sizes());
     p.mutable_grad() = grad.scalar_type() == p.scalar_type() ? grad : grad.to(p.scalar_type());
   }
 }
@@ -499,6 +470,7 @@ void replicate(torch::nn::Module& module, const ReplicateOptions& options) {
                " is sharded by fully_shard; a replicated module holds no sharded units");
   }
   auto replicator = std::make_shared<detail::Replicator>(module, options);
+  replicator->hook_accumulators();
   attach_call_hooks(module, std::make_shared<detail::ReplicatorHolder>(replicator));
 }
 

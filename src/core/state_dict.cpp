@@ -36,8 +36,9 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(torch::nn::Modul
         if (p.local.numel > 0) flat_shard.shard_view(shard, p).copy_(p.param.detach());
       }
       at::Tensor flat = at::empty({flat_shard.padded_numel()}, shard.options());
-      const UnitComm on{g, state->tree()->comm(), state->name()};
-      all_gather(on, shard, flat).wait(on.comm, "FSDP::state_dict_gather_wait");
+      const TreeComm tree = state->tree()->comm();
+      const UnitComm on{g, tree.log, tree.streams, state->name()};
+      all_gather(on, shard, flat).wait(on.log, "FSDP::state_dict_gather_wait");
       flat = flat_shard.parameter_major(flat);
       for (const auto& p : ps) full[tensor_key(p.param)] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
     }
@@ -145,21 +146,5 @@ int64_t sharded_param_bytes(const torch::nn::Module& module) {
 int64_t host_param_bytes(const torch::nn::Module& module) {
   return sum_over_units(module, [](const FSDPParamGroup& g) { return g.host_param_bytes(); });
 }
-
-std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
-    if (seen.insert(tensor_key(item.value())).second) out.emplace_back(item.key(), item.value());
-  }
-  return out;
-}
-
-std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
-  std::vector<at::Tensor> out;
-  for (const auto& [name, param] : unique_named_parameters(module)) out.push_back(param);
-  return out;
-}
-
 
 }  // namespace fsdp

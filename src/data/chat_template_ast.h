@@ -1,6 +1,6 @@
 #pragma once
 // The parsed form of a chat template: what chat_template_parse.cpp builds and
-// chat_template_render.cpp walks. Private to the two.
+// the renderer (chat_template_renderer.h and its files) walks. Private to them.
 
 #include <memory>
 #include <string>

@@ -5,7 +5,7 @@
 //   fsdp::FullyShardOptions opts{mesh};
 //   for (auto& block : model->blocks) fsdp::fully_shard(block, opts);  // units first
 //   fsdp::fully_shard(model, opts);                                    // then the root
-//   torch::optim::AdamW optim(model->parameters(), 1e-3);               // sees local shards
+//   torch::optim::AdamW optim(fsdp::unique_parameters(*model), 1e-3);  // local shards, tied once
 //   auto loss = loss_fn(fsdp::call(model, x), y);                       // call, not ->forward
 //   loss.backward(); optim.step(); optim.zero_grad();
 //
@@ -30,6 +30,7 @@
 
 #include "fsdp/core/fsdp_event.h"
 #include "fsdp/core/options.h"
+#include "fsdp/core/unique_parameters.h"
 
 namespace fsdp {
 
@@ -113,13 +114,13 @@ void set_gradients_ready_hook(torch::nn::Module& module, GradientsReadyHook hook
 class UnshardHandle {
  public:
   UnshardHandle() = default;
-  UnshardHandle(FSDPParamGroup* group, uint64_t epoch) : group_(group), epoch_(epoch) {}
+  UnshardHandle(std::weak_ptr<FSDPParamGroup> group, uint64_t epoch) : group_(std::move(group)), epoch_(epoch) {}
   // Finishes the gather this handle issued, unless the unit used or
-  // released it since (a forward ran): then it does nothing.
+  // released it since (a forward ran), or is gone: then it does nothing.
   void wait();
 
  private:
-  FSDPParamGroup* group_ = nullptr;
+  std::weak_ptr<FSDPParamGroup> group_;
   uint64_t epoch_ = 0;
 };
 UnshardHandle unshard(torch::nn::Module& module, bool async_op = false);
@@ -170,13 +171,6 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
 int64_t sharded_param_bytes(const torch::nn::Module& module);
 // Of those, the bytes of units offloaded to the host (OffloadPolicy::cpu()).
 int64_t host_param_bytes(const torch::nn::Module& module);
-
-// Parameters of `module` with shared (tied) ones once: LibTorch's
-// Module::parameters() lists a tied parameter once per module holding it,
-// which an optimizer would step twice.
-std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
-// The same with names: root.named_parameters() with tied parameters once, under their first name.
-std::vector<std::pair<std::string, at::Tensor>> unique_named_parameters(const torch::nn::Module& root);
 
 // One collective or compute boundary FSDP recorded for `root`'s tree (see
 // fsdp_event.h): the last 8,192, oldest first.
