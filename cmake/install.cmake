@@ -17,7 +17,7 @@ install(TARGETS fsdp fsdp_base fsdp_openmp EXPORT fsdpTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # The library's headers: they include only each other (and LibTorch's).
-install(DIRECTORY include/fsdp/common include/fsdp/dist include/fsdp/core include/fsdp/optim include/fsdp/checkpoint
+install(DIRECTORY include/fsdp/common include/fsdp/distributed include/fsdp/core include/fsdp/optim include/fsdp/checkpoint
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/fsdp)
 install(FILES include/fsdp/io/atomic_file.h include/fsdp/io/safetensors.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/fsdp/io)

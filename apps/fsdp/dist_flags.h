@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::cli {
 

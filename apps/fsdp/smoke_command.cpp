@@ -14,7 +14,7 @@
 #include "dist_flags.h"
 #include "fsdp/bench/comm_bench.h"
 #include "fsdp/common/error.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace fsdp::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include "fsdp/common/error.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace fsdp::bench {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/models/example/model.h"
 #include "fsdp/optim/fused_adamw.h"
 

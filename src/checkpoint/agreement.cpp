@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace fsdp::checkpoint::detail {
 

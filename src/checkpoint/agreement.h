@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::checkpoint::detail {
 

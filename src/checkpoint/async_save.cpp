@@ -4,7 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include "checkpoint/snapshot.h"
 

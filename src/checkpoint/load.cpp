@@ -17,7 +17,7 @@
 #include "checkpoint/rank_files.h"
 #include "fsdp/checkpoint/optimizer_state.h"
 #include "fsdp/common/compat.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/safetensors.h"
 
 namespace fsdp::checkpoint {

@@ -19,7 +19,7 @@
 #include "fsdp/checkpoint/optimizer_state.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/common/fault_point.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/atomic_file.h"
 #include "fsdp/io/remove_tree.h"
 #include "fsdp/io/safetensors.h"

@@ -16,7 +16,7 @@
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/checkpoint/parts.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/io/safetensors.h"
 
 namespace fsdp::checkpoint::detail {

@@ -10,7 +10,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/safetensors.h"
 
 namespace fsdp::checkpoint {

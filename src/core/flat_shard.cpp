@@ -10,7 +10,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/host_buffer.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include "core/comm_context.h"
 #include "core/fsdp_collectives.h"

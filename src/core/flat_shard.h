@@ -16,7 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdp/core/options.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 #include "core/counted_tensor.h"
 #include "core/fsdp_collectives.h"

@@ -6,7 +6,7 @@
 #include <ATen/record_function.h>
 
 #include "fsdp/common/flat_buffer.h"
-#include "fsdp/dist/flight_recorder.h"
+#include "fsdp/distributed/flight_recorder.h"
 
 
 namespace fsdp {

@@ -13,7 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include "core/counted_tensor.h"
 #include "core/device_streams.h"

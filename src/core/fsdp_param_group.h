@@ -17,7 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdp/core/options.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 #include "core/flat_shard.h"
 #include "core/fsdp_collectives.h"

@@ -13,7 +13,7 @@
 #include "fsdp/common/error.h"
 #include "core/fsdp_state.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "kernels/kernels.h"
 
 namespace fsdp {

@@ -4,7 +4,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "fsdp/common/error.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace fsdp {
 

@@ -16,7 +16,7 @@
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include "core/autograd_hooks.h"
 #include "core/full_precision.h"

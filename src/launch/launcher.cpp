@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "fsdp/common/error.h"
-#include "fsdp/dist/flight_recorder.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/flight_recorder.h"
+#include "fsdp/distributed/launch_env.h"
 #include "fsdp/io/remove_tree.h"
 
 namespace fsdp::launch {

@@ -11,8 +11,8 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/collectives.h"
+#include "fsdp/distributed/launch_env.h"
 
 namespace fsdp::train {
 namespace {

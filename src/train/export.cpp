@@ -2,7 +2,7 @@
 
 
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/models/hf/shard_index.h"
 #include "fsdp/models/hf/peft_adapter.h"

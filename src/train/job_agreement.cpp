@@ -12,7 +12,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/runtime.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/input_file.h"
 
 namespace fsdp::train {

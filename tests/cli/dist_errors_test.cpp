@@ -9,7 +9,7 @@
 #include <torch/cuda.h>
 
 #include "../test_paths.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 #include "run_command.h"
 
 namespace fsdp::testing::dist_errors_test {

@@ -21,8 +21,8 @@
 
 #include "fsdp/common/error_text.h"
 #include "fsdp/common/runtime.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/desync.h"
+#include "fsdp/distributed/collectives.h"
+#include "fsdp/distributed/desync.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_paths.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 #include "run_command.h"
 
 namespace fsdp::testing::launchers_test {

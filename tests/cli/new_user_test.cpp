@@ -114,7 +114,7 @@ TEST(NewUser, AFailedStartLeavesNoRunFolderItMadeAndKeepsOneThatWasThere) {
   // The folders a start makes above its run folder go too (out/ of the
   // default out/<run>, --ckpt-dir's and --export-hf's parents), whichever
   // input was bad: the model, the Hugging Face directory or the data.
-  for (const std::string bad : {std::string("--model nope --data synthetic"),
+  for (const std::string& bad : {std::string("--model nope --data synthetic"),
                                 "--init-from " + dir + "/no-such-model --data synthetic",
                                 "--data " + dir + "/missing.bin"}) {
     const auto r = run_command("cd " + dir + " && " + kCli + " train --steps 1 " + bad +

@@ -17,8 +17,8 @@
 #include <gtest/gtest.h>
 
 #include "../test_paths.h"
-#include "fsdp/dist/flight_recorder.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/flight_recorder.h"
+#include "fsdp/distributed/launch_env.h"
 #include "fsdp/io/safetensors.h"
 #include "run_command.h"
 #include "train_support.h"

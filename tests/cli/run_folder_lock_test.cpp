@@ -182,14 +182,16 @@ TEST(RunFolderLock, AnExportIntoALiveJobsFoldersIsRefused) {
   const auto dir = make_temp_dir();
   auto a = live_job(dir, "--keep 100000");  // the checkpoint exported stays while the job trains on
   const std::string step = dir + "/run/checkpoints/" + read_file(dir + "/run/checkpoints/latest").substr(0, 13);
-  for (const std::string out : {dir + "/run/exported", dir + "/run/checkpoints/exported", dir + "/run"}) {
-    for (const std::string format : {"hf", "safetensors"}) {
+  for (const std::string& out : {dir + "/run/exported", dir + "/run/checkpoints/exported", dir + "/run"}) {
+    for (const char* format : {"hf", "safetensors"}) {
       const auto r = run_command(kCli + " ckpt export --format " + format + " " + step + " " + out);
       EXPECT_NE(r.exit_code, 0) << r.output;
       EXPECT_TRUE(contains(r.output, "the export's OUT '" + out + "' lies in")) << r.output;
       EXPECT_TRUE(contains(r.output, "the folder of another live job")) << r.output;
     }
-    if (out != dir + "/run") EXPECT_FALSE(exists(out)) << out;
+    if (out != dir + "/run") {
+      EXPECT_FALSE(exists(out)) << out;
+    }
   }
   // Outside the live job's folders the same export is made.
   const auto outside = run_command(kCli + " ckpt export " + step + " " + dir + "/elsewhere");

@@ -38,8 +38,8 @@
 #include "fsdp/common/runtime.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/replicate.h"
-#include "fsdp/dist/device_mesh.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace {
 

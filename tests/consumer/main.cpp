@@ -20,8 +20,8 @@
 #include <fsdp/common/runtime.h>
 #include <fsdp/core/fully_shard.h>
 #include <fsdp/core/module_holder.h>
-#include <fsdp/dist/launch_env.h>
-#include <fsdp/dist/process_group.h>
+#include <fsdp/distributed/launch_env.h>
+#include <fsdp/distributed/process_group.h>
 
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(int64_t dim)

@@ -7,9 +7,9 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/models/llama/model.h"

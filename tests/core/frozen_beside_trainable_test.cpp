@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp_test_support.h"
 

@@ -14,7 +14,7 @@
 #include <set>
 #include <type_traits>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "adapter_net.h"
 #include "fsdp/common/error.h"
 #include "core/fsdp_state.h"

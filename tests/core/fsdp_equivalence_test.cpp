@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
-#include "fsdp/dist/collectives.h"
+#include "../distributed/dist_test_world.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing::fsdp_equivalence_test {

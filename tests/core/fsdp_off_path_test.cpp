@@ -12,13 +12,13 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "adapter_net.h"
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/memory.h"
 #include "fsdp/core/replicate.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing::fsdp_off_path_test {

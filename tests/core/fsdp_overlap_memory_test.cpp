@@ -10,12 +10,12 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "adapter_net.h"
 #include "core/fsdp_state.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/memory.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing::fsdp_overlap_memory_test {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/core/grad_norm.h"
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"

@@ -11,9 +11,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/common/error.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/memory.h"

@@ -13,14 +13,14 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/core/memory.h"
 #include "fsdp/core/replicate.h"
 #include "fsdp/core/module_holder.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing::fully_shard_test {

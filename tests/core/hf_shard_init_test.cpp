@@ -10,10 +10,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/core/fully_shard.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/llama/model.h"
 #include "fsdp/models/parallelize.h"

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "fsdp_test_support.h"
 
 namespace fsdp::testing::offload_test {

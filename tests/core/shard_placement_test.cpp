@@ -13,7 +13,7 @@
 #include <functional>
 #include <map>
 
-#include "../dist/dist_test_world.h"
+#include "../distributed/dist_test_world.h"
 #include "adapter_net.h"
 #include "core/fsdp_state.h"
 #include "fsdp/checkpoint/checkpoint.h"

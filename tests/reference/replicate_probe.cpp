@@ -22,9 +22,9 @@
 #include "fsdp/common/runtime.h"
 #include "fsdp/core/module_holder.h"
 #include "fsdp/core/replicate.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/launch_env.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/collectives.h"
+#include "fsdp/distributed/launch_env.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/optim/fused_adamw.h"
 

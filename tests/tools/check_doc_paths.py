@@ -27,7 +27,7 @@ What is skipped, because it is not in a fresh clone or is not one path:
   `build-cuda/`), run outputs (`out/...`, `OUT/...`, `DIR/...`), `data/`
   (fetched at run time by scripts/fetch_data.sh), `.venv/`, `/tmp/...`;
   a word is not taken apart, so `--config=configs/x.yaml` and
-  `"fsdp/dist/collectives.h"` (an #include) are not checked;
+  `"fsdp/distributed/collectives.h"` (an #include) are not checked;
 - globs and placeholders: a word containing `*`, `?`, `<`, `>`, `$`, `{`,
   `}`, `...` or `…` (`tests/fuzz/fuzz_<name>.cpp`, `requirements*.txt`),
   or with a path component in capitals only (`tests/FILE`);

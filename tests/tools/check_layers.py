@@ -20,29 +20,29 @@ import sys
 from pathlib import Path
 
 # Layer -> the layers it may include, from CONTRIBUTING.md's order (common,
-# dist, launch, core, optim, kernels, then the rest). A layer always may
+# distributed, launch, core, optim, kernels, then the rest). A layer always may
 # include itself.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "common": (),
     # Element loops without LibTorch: nothing of the project.
     "kernels": (),
     "io": ("common",),
-    "dist": ("common",),
+    "distributed": ("common",),
     # The launcher: included by apps/ only.
-    "launch": ("common", "io", "dist"),
-    "core": ("common", "dist", "kernels"),
+    "launch": ("common", "io", "distributed"),
+    "core": ("common", "distributed", "kernels"),
     "optim": ("common", "kernels"),
     # The layers models are built from; FSDP (core) comes after, in models.
     "nn": ("common", "kernels"),
     "data": ("common", "io"),
-    "checkpoint": ("common", "io", "dist", "core"),
+    "checkpoint": ("common", "io", "distributed", "core"),
     # Models and their Hugging Face adapters, including a checkpoint's export.
-    "models": ("common", "io", "dist", "core", "kernels", "nn", "checkpoint"),
+    "models": ("common", "io", "distributed", "core", "kernels", "nn", "checkpoint"),
     # plan: the model shapes (plan/memory_model.h) a step's matmuls are read from.
-    "bench": ("common", "io", "dist", "core", "optim", "nn", "data", "models", "plan"),
-    "train": ("common", "io", "dist", "core", "optim", "nn", "data", "checkpoint", "models"),
+    "bench": ("common", "io", "distributed", "core", "optim", "nn", "data", "models", "plan"),
+    "train": ("common", "io", "distributed", "core", "optim", "nn", "data", "checkpoint", "models"),
     # Predicting a run's memory from the model's shapes (fsdp plan).
-    "plan": ("common", "io", "dist", "core", "nn", "models", "train"),
+    "plan": ("common", "io", "distributed", "core", "nn", "models", "train"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"(?:fsdp/([a-z_]+)/|(kernels)/)')

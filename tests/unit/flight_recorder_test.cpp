@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdp/dist/flight_recorder.h"
+#include "fsdp/distributed/flight_recorder.h"
 
 namespace fsdp::dist {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fsdp/core/options.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::bench {
 

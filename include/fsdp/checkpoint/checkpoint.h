@@ -27,7 +27,7 @@
 #include "fsdp/checkpoint/metadata.h"
 #include "fsdp/checkpoint/parts.h"
 #include "fsdp/common/error.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::checkpoint {
 

@@ -30,7 +30,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::checkpoint {
 

@@ -8,7 +8,7 @@ namespace fsdp {
 
 // One entry of the event log: FSDP's schedule, its hooks and the points
 // where it issued and waited for each collective. What a collective moved
-// is the flight recorder's (dist/flight_recorder.h), the one record of
+// is the flight recorder's (distributed/flight_recorder.h), the one record of
 // collectives. Compute boundaries (pre_forward, post_forward, pre_backward,
 // post_backward) have equal issue and wait times.
 struct FSDPEvent {

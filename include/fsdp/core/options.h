@@ -13,7 +13,7 @@
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/sharding.h"  // deferred_empty, for param_init
 #include "fsdp/core/shard_layout.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 namespace torch::nn {
 class Module;

@@ -27,7 +27,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "fsdp/core/options.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp {
 

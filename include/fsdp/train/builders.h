@@ -11,7 +11,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/data/loader.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/optim/fused_adamw.h"

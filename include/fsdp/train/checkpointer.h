@@ -13,7 +13,7 @@
 
 #include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/metadata.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/train/cadence.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/telemetry.h"

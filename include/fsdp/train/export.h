@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/hf_companions.h"

@@ -12,7 +12,7 @@
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/data/loader.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/models/causal_lm.h"
 #include "fsdp/optim/fused_adamw.h"
 #include "fsdp/train/cadence.h"

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::dist {
 

@@ -1,4 +1,4 @@
-#include "fsdp/dist/desync.h"
+#include "fsdp/distributed/desync.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,8 +11,8 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
-#include "fsdp/dist/collectives.h"
-#include "fsdp/dist/flight_recorder.h"
+#include "fsdp/distributed/collectives.h"
+#include "fsdp/distributed/flight_recorder.h"
 
 namespace fsdp::dist {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::testing {
 

@@ -1,7 +1,7 @@
 #pragma once
 // Collectives through shared memory, for groups whose members all run on one
 // host. The transport reads and writes host tensors; device tensors reach it
-// through host staging (src/dist/host_staging.h). See [Note: shared-memory collectives] in
+// through host staging (src/distributed/host_staging.h). See [Note: shared-memory collectives] in
 // shared_memory.cpp.
 
 #include <atomic>
@@ -17,7 +17,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace c10d {
 class Store;

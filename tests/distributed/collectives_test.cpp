@@ -1,7 +1,7 @@
 // Collectives checked against values each rank computes locally for every
 // rank's input (inputs are seeded by rank, so any rank can rebuild them).
 
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "dist_test_world.h"
-#include "dist/shared_memory.h"
+#include "distributed/shared_memory.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::dist::collectives_test {

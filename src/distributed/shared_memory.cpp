@@ -1,4 +1,4 @@
-#include "dist/shared_memory.h"
+#include "distributed/shared_memory.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

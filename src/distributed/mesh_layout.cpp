@@ -1,4 +1,4 @@
-#include "fsdp/dist/mesh_layout.h"
+#include "fsdp/distributed/mesh_layout.h"
 
 #include "fsdp/common/error.h"
 

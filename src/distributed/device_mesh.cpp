@@ -1,4 +1,4 @@
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "dist/host_staging.h"
+#include "distributed/host_staging.h"
 
 #include <map>
 #include <mutex>

@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/dist/mesh_layout.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/mesh_layout.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::dist {
 

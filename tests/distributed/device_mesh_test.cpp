@@ -1,7 +1,7 @@
 // Sub-groups of 1-D and 2-D meshes: a sum over each group equals the sum of
 // its members' ranks computed from the mesh arithmetic.
 
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "dist_test_world.h"
 #include "fsdp/common/error.h"
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 namespace fsdp::dist::device_mesh_test {
 namespace {

@@ -1,4 +1,4 @@
-#include "fsdp/dist/flight_recorder.h"
+#include "fsdp/distributed/flight_recorder.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

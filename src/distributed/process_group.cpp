@@ -1,4 +1,4 @@
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -26,9 +26,9 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/error_text.h"
-#include "fsdp/dist/desync.h"
-#include "fsdp/dist/launch_env.h"
-#include "dist/shared_memory.h"
+#include "fsdp/distributed/desync.h"
+#include "fsdp/distributed/launch_env.h"
+#include "distributed/shared_memory.h"
 
 namespace fsdp::dist {
 namespace {

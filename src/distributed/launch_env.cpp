@@ -1,4 +1,4 @@
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

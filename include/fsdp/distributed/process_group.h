@@ -14,7 +14,7 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/enum_spellings.h"
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 
 namespace c10d {
 class Store;
@@ -70,7 +70,7 @@ struct DistOptions {
   DeviceChoice device = DeviceChoice::kAuto;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
   // Gloo groups whose members share a host move their collectives through
-  // shared memory rather than Gloo's TCP (see src/dist/shared_memory.cpp);
+  // shared memory rather than Gloo's TCP (see src/distributed/shared_memory.cpp);
   // ranks sharing a GPU stage its tensors through host memory to get there.
   bool shared_memory = true;
 

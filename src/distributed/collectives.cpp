@@ -1,4 +1,4 @@
-#include "fsdp/dist/collectives.h"
+#include "fsdp/distributed/collectives.h"
 
 #include <atomic>
 #include <chrono>
@@ -13,10 +13,10 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/error_text.h"
-#include "fsdp/dist/desync.h"
-#include "fsdp/dist/flight_recorder.h"
-#include "dist/host_staging.h"
-#include "dist/shared_memory.h"
+#include "fsdp/distributed/desync.h"
+#include "fsdp/distributed/flight_recorder.h"
+#include "distributed/host_staging.h"
+#include "distributed/shared_memory.h"
 
 namespace fsdp::dist {
 namespace {
