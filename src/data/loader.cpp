@@ -1,11 +1,26 @@
 #include "fsdp/data/loader.h"
 
+#include <algorithm>
+
 #include "fsdp/common/error.h"
 #include "fsdp/data/loss_mask.h"
 #include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data {
 namespace {
+
+// [Note: padding to the batch]
+// One example a row, a micro-batch is as wide as its longest row rounded
+// up to a multiple of kPadMultiple (at most T), as TRL's collator pads to
+// the batch's longest (pad_to_multiple_of): rows of 40 tokens under
+// --seq-len 2048 cost 40 columns, not 2048. The rounding keeps the shapes
+// the matmuls and attention see to a few per run (their blocking likes
+// multiples of 8). Padding is after every real token and never a target,
+// and attention is causal, so the width changes no loss. What the stream
+// positions count (T per row) and the data-order contract stay as they
+// were: the width is only the tensor's. The memory plan still plans for T,
+// the widest a micro-batch can be.
+constexpr int64_t kPadMultiple = 8;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -231,6 +246,10 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
           read_packed(first + b, out.inputs[b].data_ptr<int64_t>(), out.targets[b].data_ptr<int64_t>(),
                       out.positions[b].data_ptr<int64_t>(), out.example_starts[b].data_ptr<int64_t>());
     }
+    for (int64_t b = 0; b < B; ++b) {
+      const auto r = static_cast<size_t>(row_of(first + b));
+      for (int64_t e = row_first_[r]; e < row_first_[r + 1]; ++e) out.real_tokens += std::min(example_length(e), T + 1) - 1;
+    }
     if (!o_.device.is_cpu()) {
       out.inputs = out.inputs.to(o_.device);
       out.targets = out.targets.to(o_.device);
@@ -257,12 +276,28 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
       }
     }
   }
-  auto inputs = rows.narrow(1, 0, T).contiguous();
+  // Chat data is padded to the micro-batch's longest row, not to T
+  // ([Note: padding to the batch]).
+  int64_t width = T, real = B * T;
+  if (!example_starts_.empty()) {
+    real = 0;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t inputs_of_row = std::min(example_length(example_of(first + b)), T + 1) - 1;
+      real += inputs_of_row;
+      longest = std::max(longest, inputs_of_row);
+    }
+    width = std::min(T, (longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple);
+  }
+  auto inputs = rows.narrow(1, 0, width).contiguous();
+  if (width < T) targets = targets.narrow(1, 0, width).contiguous();
   if (!o_.device.is_cpu()) {
     inputs = inputs.to(o_.device);
     targets = targets.to(o_.device);
   }
-  return {inputs, targets, counted};
+  Batch out{inputs, targets, counted};
+  out.real_tokens = real;
+  return out;
 }
 
 }  // namespace fsdp::data

@@ -239,16 +239,20 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   const bool examples = train_data_->examples() > 0;
   std::vector<data::Batch> batches;
   double trained_in_step = 0;
+  int64_t real_in_step = tokens_per_step();
   if (examples) {
     const auto t = Clock::now();
     memory::set_phase("data");
-    auto count = torch::zeros({1}, torch::kDouble);
+    // Trained targets and real input tokens, summed over micro-steps and ranks.
+    auto count = torch::zeros({2}, torch::kDouble);
     for (int a = 0; a < A; ++a) {
       batches.push_back(train_data_->batch(step, a));
-      count += static_cast<double>(batches.back().trained_targets);
+      count[0] += static_cast<double>(batches.back().trained_targets);
+      count[1] += static_cast<double>(batches.back().real_tokens);
     }
     dist::all_reduce(world_->group(), count, dist::ReduceOp::kSum).wait();
-    trained_in_step = count.item<double>();
+    trained_in_step = count[0].item<double>();
+    real_in_step = static_cast<int64_t>(count[1].item<double>());
     data_s += seconds_since(t);
   }
   for (int a = 0; a < A; ++a) {
@@ -326,6 +330,8 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   StepStats stats{loss,   grad_norm,          seconds_since(start), static_cast<double>(comm.blocked_ns - comm_before.blocked_ns) * 1e-9,
                   data_s, forward_backward_s, optimizer_s,          verdict};
   stats.collectives = comm.labeled - comm_before.labeled;
+  stats.real_tokens = real_in_step;
+  stats.trained_tokens = examples ? static_cast<int64_t>(trained_in_step) : real_in_step;
   stats.comm_bytes = comm.labeled_bytes - comm_before.labeled_bytes;
   if (model_->auxiliary_loss().defined()) stats.aux_loss = mean_over_ranks(world_->group(), aux_sum);
   return stats;
@@ -440,7 +446,9 @@ void Trainer::restore_best() {
 }
 
 void Trainer::log_step(int64_t step, const StepStats& s) {
-  const double tokens_per_s = static_cast<double>(tokens_per_step()) / s.seconds;
+  // Real tokens, not padding: one example a row pads each micro-batch to
+  // its longest row, and a packed row's tail is padding.
+  const double tokens_per_s = static_cast<double>(s.real_tokens) / s.seconds;
   const double flops_per_token = training_flops_per_token(active_params_, model_->n_layers(), config_.data.seq_len, model_->dim());
   const double achieved = flops_per_token * tokens_per_s / world_->size();
   if (achieved > peak_flops_) {
@@ -457,6 +465,8 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                          {"lr", schedule_.at(step)},
                          {"grad_norm", s.grad_norm},
                          {"tokens_per_s", tokens_per_s},
+                         {"tokens", s.real_tokens},
+                         {"trained_tokens", s.trained_tokens},
                          {"mfu", achieved / peak_flops_},
                          {"step_time_s", s.seconds},
                          {"comm_wait_s", s.comm_seconds},

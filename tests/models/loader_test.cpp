@@ -1,6 +1,7 @@
 // The data-order contract: any world size sees the same global batch, so a
 // run at W=2 reproduces W=1.
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -265,6 +266,53 @@ TEST(ChatExamples, EachRowIsOneExampleFromItsStartPaddedOrCutWithUntrainedTarget
         << "step " << step << ": " << b.targets;
     EXPECT_EQ(b.trained_targets, counted[static_cast<size_t>(step)]) << "step " << step;
   }
+}
+
+// One example a row, a micro-batch is as wide as its longest row rounded
+// up to a multiple of 8, at most T ([Note: padding to the batch]), and
+// counts its real input tokens (those with a target: L - 1 of an example
+// of L, as packed rows hold). Worked out by hand for T = 32,
+// two rows a batch.
+TEST(ChatExamples, AMicroBatchIsPaddedToItsLongestRowNotToT) {
+  const auto example = [](int32_t first, int32_t n) {
+    std::vector<int32_t> e;
+    for (int32_t k = 0; k < n; ++k) e.push_back(first + k);
+    return e;
+  };
+  // Lengths 4, 11 (inputs 3 and 10: width 16), 3, 40 (inputs 2 and 32, cut
+  // at T + 1: width 32), 9, 5 (inputs 8 and 4: width 8).
+  const std::vector<int32_t> lengths = {4, 11, 3, 40, 9, 5};
+  std::vector<std::vector<int32_t>> examples;
+  std::vector<std::vector<uint8_t>> trained;
+  for (size_t e = 0; e < lengths.size(); ++e) {
+    examples.push_back(example(static_cast<int32_t>(1 + 100 * e), lengths[e]));
+    trained.push_back(std::vector<uint8_t>(static_cast<size_t>(lengths[e]), 1));
+  }
+  const auto path = example_files("widths", examples, trained);
+  const int64_t T = 32;
+  auto loader = make(path, 2, T, 0, 1, 1, 1000, 0);
+  const std::vector<int64_t> widths = {16, 32, 8}, real = {13, 34, 12};
+  for (int64_t step = 0; step < 3; ++step) {
+    const auto b = loader.batch(step, 0);
+    const auto width = widths[static_cast<size_t>(step)];
+    ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, width})) << "step " << step;
+    ASSERT_EQ(b.targets.sizes(), (std::vector<int64_t>{2, width})) << "step " << step;
+    EXPECT_EQ(b.real_tokens, real[static_cast<size_t>(step)]) << "step " << step;
+    EXPECT_EQ(b.trained_targets, real[static_cast<size_t>(step)]) << "step " << step;  // every token trained
+    for (int64_t row = 0; row < 2; ++row) {
+      const auto& e = examples[static_cast<size_t>(2 * step + row)];
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.size()), T + 1) - 1;
+      for (int64_t k = 0; k < width; ++k) {
+        // The example's last token is an input too (its target is padding).
+        EXPECT_EQ(b.inputs[row][k].item<int64_t>(), k <= n ? e[static_cast<size_t>(k)] : 0)
+            << step << "," << row << "," << k;
+        EXPECT_EQ(b.targets[row][k].item<int64_t>(), k < n ? e[static_cast<size_t>(k + 1)] : -100)
+            << step << "," << row << "," << k;
+      }
+    }
+  }
+  // Where the next batch starts does not move: T tokens a row, as before.
+  EXPECT_EQ(loader.offset(1, 0), 2 * T);
 }
 
 TEST(ChatExamples, TwoRanksReadWhatOneReadsAndShuffleVisitsEveryExampleOncePerEpoch) {

@@ -11,7 +11,9 @@ at 1:
   conversation of one question and its answer ({"messages": [...]}) is
   masked as the same pair is.
 - packed several to a row (--pack), the same examples make the losses of
-  one example a row, step by step, when every step reads all of them;
+  one example a row, step by step, when every step reads all of them, and
+  both count the same real and trained tokens in metrics.jsonl (padding
+  is not throughput);
 - `fsdp train` on them (one example a row, the loss on the completions,
   averaged over every trained token of every rank and micro-step) makes
   TRL's per-step losses within LOSS_BOUND at W = 1 and W = 2.
@@ -177,8 +179,15 @@ def main():
         harness.run([args.fsdp, "train", "--init-from", directory, "--data", all_tokens, "--out-dir", out,
                      *SETTINGS, "--seq-len", str(seq_len), "--batch-size", str(batch), "--grad-accum", "1", *extra])
         lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-        full_batch.append(np.array([x["loss"] for x in lines if "loss" in x and "event" not in x
-                                    and x.get("split", "train") == "train"]))
+        steps = [x for x in lines if "loss" in x and "event" not in x and x.get("split", "train") == "train"]
+        full_batch.append(np.array([x["loss"] for x in steps]))
+        # tok/s counts data, not padding: every step reads every example,
+        # whose L - 1 tokens are inputs with a target, in either layout.
+        real = sum(len(tokens) - 1 for tokens, _ in examples)
+        trained = sum(sum(mask[1:]) for _, mask in examples)
+        harness.check(f"{' '.join(extra) or 'one example a row'}: steps whose metrics count other than "
+                      f"{real} real tokens and {trained} trained",
+                      sum(x["tokens"] != real or x["trained_tokens"] != trained for x in steps), 0)
     print(f"{len(examples)} examples packed into {rows} rows of {PACK_T}: losses {np.round(full_batch[1], 6).tolist()}, "
           f"one a row {np.round(full_batch[0], 6).tolist()}")
     if rows >= len(examples) // 2:

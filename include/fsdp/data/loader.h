@@ -17,10 +17,13 @@
 // them, fsdp/data/loss_mask.h) is read as whole examples instead: sequence
 // i is example i mod n (pi_e(i mod n) with shuffle), one to a row, from its
 // first token: an example longer than T+1 tokens is cut to its first T+1
-// (the rest is never trained on), a shorter one padded. Targets the mask
-// does not cover, and padding, are -100 (the loss's ignore index); every
-// row starts at position 0 and attends to its own example alone. The
-// positions above count T tokens per row, so resuming works alike.
+// (the rest is never trained on), a shorter one padded. A micro-batch is
+// padded to its longest row, rounded up to a multiple of 8 (at most T),
+// not to T, as TRL's collator pads to the batch's longest: its inputs are
+// (B, T') with T' <= T. Targets the mask does not cover, and padding, are
+// -100 (the loss's ignore index); every row starts at position 0 and
+// attends to its own example alone. The positions above count T tokens
+// per row, so resuming works alike.
 //
 // Packed (LoaderOptions::pack), a row holds consecutive examples, as many
 // as fit: each example of L tokens (cut to T+1) puts its first L-1 tokens
@@ -47,6 +50,9 @@ struct Batch {
   torch::Tensor inputs;   // (B, T) int64
   torch::Tensor targets;  // (B, T) int64; -100 where nothing is trained (chat data)
   int64_t trained_targets = 0;  // targets other than -100
+  // Input tokens that are data, not padding: B x T for a token stream,
+  // each row's example (or examples, packed) for chat data.
+  int64_t real_tokens = 0;
   // Packed rows only: (B, T) int64, each token's position in its example
   // (on the batch's device) and the column its example starts at (CPU).
   torch::Tensor positions, example_starts;

@@ -60,6 +60,11 @@ class Trainer {
     int64_t collectives = 0;  // FSDP's all-gathers, reduce-scatters and all-reduces (the flight recorder's labeled ones)
     int64_t comm_bytes = 0;   // what this rank sent through them
     std::optional<double> aux_loss;  // the MoE load-balancing loss (scaled), mean over ranks
+    // Input tokens of the step that are data, every rank's: what tok/s
+    // counts. Padding (chat data one example a row, or a packed row's
+    // tail) is not.
+    int64_t real_tokens = 0;
+    int64_t trained_tokens = 0;  // targets the loss covered, every rank's
   };
   // A micro-batch's language-model loss, and the loss it trains on (with
   // the MoE load-balancing term).
