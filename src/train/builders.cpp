@@ -293,11 +293,16 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
     // One evaluation reads eval.batches batches of B rows on each of W ranks.
     const int64_t rows = config.eval.batches * d.batch_size * world.size();
     const int64_t held = rows_in_data;
-    if (held < rows) {
+    if (config.eval.batches == 0) {
+      const int64_t per_batch = d.batch_size * world.size();
+      what += "; each evaluation scores all " + std::to_string(held) + " rows once, in " +
+              std::to_string((held + per_batch - 1) / per_batch) + " batches (--eval-batches all)";
+    } else if (held < rows) {
       log.warn("the validation data holds " + std::to_string(held) + (loader->packed() ? " packed rows" : loader->examples() > 0 ? " examples" : " rows of " + std::to_string(d.seq_len) + " tokens") +
                ", fewer than one evaluation reads (" + std::to_string(rows) + " = eval.batches " +
                std::to_string(config.eval.batches) + " x batch " + std::to_string(d.batch_size) + " x " +
-               std::to_string(world.size()) + " ranks): some are counted more than once (--eval-batches lowers it)");
+               std::to_string(world.size()) + " ranks): some are counted more than once (--eval-batches all scores "
+               "each once)");
     }
   }
   if (validation) {

@@ -247,7 +247,8 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(logging, memory_snapshot, "--memory-snapshot", "record every tensor allocation and free (the CPU's, or on a GPU the CUDA caching allocator's history) over this start's first N steps into <run folder>/memory/rank<N>.pickle, for PyTorch's memory viewer (0: off)"),
       FSDP_FIELD(logging, profile_steps, "--profile-steps", "A:B writes a Chrome trace per rank covering steps A..B (1-based)"),
       FSDP_FIELD(eval, every, "--eval-every", "steps between evaluations (0: only at the end)"),
-      FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation"),
+      FSDP_FIELD(eval, every_epoch, "--eval-every-epoch", "also evaluate when an epoch of the training data ends (each pass over its rows)"),
+      FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation (all, or 0: the whole validation set, each row once)"),
       FSDP_FIELD(eval, keep_best, "--keep-best", "save a checkpoint at each evaluation that lowers the validation loss and keep it as <checkpoint dir>/best (never pruned); the end of the run exports and samples the best weights"),
       FSDP_FIELD(eval, patience, "--patience", "stop early after this many evaluations in a row without a lower validation loss (0: never); the run then ends as at its last step (saved, exported)"),
       FSDP_FIELD(sample, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
@@ -337,7 +338,8 @@ const Field& find_field(const std::string& key, const std::string& source) {
 }
 
 void assign(TrainConfig& config, const Field& f, const std::string& value, const std::string& source) {
-  const std::string expected = f.parse(config, value);
+  // eval.batches' one word: the whole validation set.
+  const std::string expected = f.parse(config, f.dotted() == "eval.batches" && value == "all" ? "0" : value);
   FSDP_CHECK(expected.empty(), source, ": ", f.dotted(), " is '", value, "': expected ", expected);
 }
 

@@ -44,14 +44,21 @@ void TrainConfig::validate() const {
   FSDP_CHECK(runtime.epochs == 0 || data.train != "synthetic", "runtime.epochs needs token files (--data): synthetic "
              "data is endless; give --steps");
   positive(logging.every, "logging.every");
-  positive(eval.batches, "eval.batches");
+  FSDP_CHECK(eval.batches >= 0, "eval.batches is ", eval.batches,
+             ": expected a number of batches, or all (0): the whole validation set");
+  FSDP_CHECK(eval.batches != 0 || data.val != "synthetic", "eval.batches all: synthetic validation data is "
+             "endless; give a number of batches");
+  FSDP_CHECK(!eval.every_epoch || data.train != "synthetic", "eval.every_epoch: synthetic training data has no "
+             "epochs; give --eval-every N");
+  FSDP_CHECK(!eval.every_epoch || !data.val.empty(), "eval.every_epoch evaluates on --val-data, which is not given");
   positive(guard.max_bad_steps, "guard.max_bad_steps");
   FSDP_CHECK(eval.every >= 0, "eval.every is ", eval.every, ": expected 0 or more");
   FSDP_CHECK(eval.patience >= 0, "eval.patience is ", eval.patience, ": expected 0 (never stop early) or a number "
              "of evaluations");
   for (const auto& [on, key] : {std::pair{eval.keep_best, "eval.keep_best"}, std::pair{eval.patience > 0, "eval.patience"}}) {
-    FSDP_CHECK(!on || (!data.val.empty() && eval.every > 0), key, " acts on evaluations during the run: give "
-               "--val-data and --eval-every N (now ", data.val.empty() ? "no --val-data" : "--eval-every 0", ")");
+    FSDP_CHECK(!on || (!data.val.empty() && (eval.every > 0 || eval.every_epoch)), key, " acts on evaluations "
+               "during the run: give --val-data and --eval-every N or --eval-every-epoch (now ",
+               data.val.empty() ? "no --val-data" : "--eval-every 0", ")");
   }
   FSDP_CHECK(!eval.keep_best || fsdp.shard_placement != ShardPlacement::kColumns, "eval.keep_best saves checkpoints, "
              "and fsdp.shard_placement columns cannot be checkpointed: use rows or flat");

@@ -374,7 +374,7 @@ void Trainer::after_step(int64_t step, const StepStats& stats) {
   // checkpoint is written (below); otherwise it is noted at once.
   bool save_as_best = false;
   double val = 0;
-  if (val_data_ && eval_cadence_.due(step, total)) {
+  if (val_data_ && (eval_cadence_.due(step, total) || (config_.eval.every_epoch && ended_an_epoch()))) {
     val = evaluate_and_log(step + 1);
     const bool lower = val < best_val_;
     save_as_best = lower && config_.eval.keep_best && !stats.verdict.skip;
@@ -522,25 +522,61 @@ void Trainer::host_step(double clip) {
              "why); this rank stops with it, and no checkpoint is written past the last one");
 }
 
+namespace {
+
+// The rows an epoch of `data` reads: its examples or packed rows, or its
+// windows of T tokens (+1 for the last target).
+int64_t rows_of(const data::DataLoader& data, int64_t seq_len) {
+  if (data.examples() > 0) return data.rows();
+  return std::max<int64_t>(1, (data.tokens_in_files() - 1) / seq_len);
+}
+
+}  // namespace
+
+bool Trainer::ended_an_epoch() const {
+  // The step just taken read the global rows [before, after) of the
+  // training data's stream of rows (tokens_seen_ counts T a row).
+  const int64_t T = config_.data.seq_len, n = rows_of(*train_data_, T);
+  const int64_t after = tokens_seen_ / T, before = (tokens_seen_ - tokens_per_step()) / T;
+  return after / n > before / n;
+}
+
 double Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_->eval();
   double sum = 0, trained = 0;
   const bool examples = val_data_->examples() > 0;
-  for (int64_t e = 0; e < config_.eval.batches; ++e) {
+  // --eval-batches all: every row of the validation data once. The last
+  // batch's rows past the end (they wrap to the first) count nothing.
+  const bool whole = config_.eval.batches == 0;
+  const int64_t T = config_.data.seq_len, rows = rows_of(*val_data_, T);
+  const int64_t batches =
+      whole ? (rows + config_.data.batch_size * world_->size() - 1) / (config_.data.batch_size * world_->size())
+            : config_.eval.batches;
+  for (int64_t e = 0; e < batches; ++e) {
     data::Batch batch = val_data_->batch(e, 0);
-    if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
+    if (whole) {
+      const int64_t first = val_data_->offset(e, 0) / T;  // this rank's first row, in the stream of rows
+      for (int64_t b = 0; b < config_.data.batch_size; ++b) {
+        if (first + b < rows) continue;
+        auto row = batch.targets[b];
+        batch.trained_targets -= row.ne(-100).sum().item<int64_t>();
+        row.fill_(-100);
+      }
+    }
+    if ((examples || whole) && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
     const nn::PackedRows packed{batch.positions, batch.example_starts};
     std::optional<nn::PackedRowsScope> packed_scope;
     if (batch.positions.defined()) packed_scope.emplace(packed);
     // The loss uses the output head: inside the root's call, where it is gathered.
     const double mean =
         fsdp::run(model_, [&] { return lm_loss(model_->forward(batch.inputs), batch.targets); }).item<double>();
-    sum += examples ? mean * static_cast<double>(batch.trained_targets) : mean;
+    const bool weighted = examples || whole;
+    sum += weighted ? (batch.trained_targets > 0 ? mean : 0.0) * static_cast<double>(batch.trained_targets) : mean;
     trained += static_cast<double>(batch.trained_targets);
   }
   model_->train();
-  if (!examples) return mean_over_ranks(world_->group(), sum / static_cast<double>(config_.eval.batches));
+  if (!examples && !whole) return mean_over_ranks(world_->group(), sum / static_cast<double>(batches));
   // Chat data: the mean over every trained target of every rank's batches.
   auto totals = torch::tensor({sum, trained}, torch::kDouble);
   dist::all_reduce(world_->group(), totals, dist::ReduceOp::kSum).wait();

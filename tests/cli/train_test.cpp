@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -389,6 +390,69 @@ TEST(Train, KeepBestExportsTheLowestValidationLossAndPatienceStopsEarly) {
   EXPECT_EQ(event["step"], stop_step);
   EXPECT_EQ(event["best_step"], best_step);
   expect_best_marked_and_exported(dir, best_step);
+}
+
+// The validation losses a run's metrics recorded, by step.
+std::map<int64_t, double> validation_losses(const std::string& metrics) {
+  std::map<int64_t, double> out;
+  for (const auto& m : read_metrics(metrics)) {
+    if (m.contains("loss") && !m.contains("event") && m.value("split", "") == "val") {
+      out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+    }
+  }
+  return out;
+}
+
+// --eval-batches all scores every row of the validation data once: 5 rows
+// of 16 tokens, read 2 a rank at W = 2 (two batches, the last three rows
+// past the end counting nothing) and 2 at W = 1 (three batches), equal to
+// one rank reading them one a batch in 5 batches, which wraps nowhere.
+// The step-0 evaluation scores the initial model, the same in each run.
+TEST(Train, EvalBatchesAllScoresEveryValidationRowOnce) {
+  const auto dir = make_temp_dir();
+  const auto corpus = small_corpus(dir);
+  std::vector<int32_t> val;
+  for (int i = 0; i < 5 * 16 + 1; ++i) val.push_back((i * 37 + 11) % 500);
+  data::write_token_file(dir + "/val.bin", val);
+  const std::string common = " train --model gpt2-tiny --data " + corpus + " --val-data " + dir +
+                             "/val.bin --seq-len 16 --steps 1 --eval-every 100 --tensorboard=false";
+  const auto run = [&](const std::string& name, int world, const std::string& args) {
+    const std::string command = world == 1 ? kCli + common : kCli + " launch -n " + std::to_string(world) + " --" +
+                                                                 " " + kCli + common;
+    const auto r = run_command(command + " " + args + " --out-dir " + dir + "/" + name);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return validation_losses(dir + "/" + name + "/metrics.jsonl").at(0);
+  };
+  const double one_a_batch = run("one", 1, "--batch-size 1 --eval-batches 5");
+  EXPECT_NEAR(run("all-w2", 2, "--batch-size 2 --eval-batches all"), one_a_batch, 1e-5 * one_a_batch);
+  EXPECT_NEAR(run("all-w1", 1, "--batch-size 2 --eval-batches 0"), one_a_batch, 1e-5 * one_a_batch);
+  // Three batches of two read a sixth row, the first again: not the same mean.
+  EXPECT_GT(std::abs(run("three", 1, "--batch-size 2 --eval-batches 3") - one_a_batch), 1e-4 * one_a_batch);
+  const auto bad = run_command(kCli + common + " --eval-batches -1 --out-dir " + dir + "/bad");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(contains(bad.output, "eval.batches is -1")) << bad.output;
+}
+
+// --eval-every-epoch evaluates after each step that reads the last row of
+// an epoch: 10 rows of 16 tokens, 4 a step, so steps 3 (rows 8-11), 5
+// (16-19) and 8 (28-31), and no other.
+TEST(Train, EvalEveryEpochEvaluatesWhereAnEpochEnds) {
+  const auto dir = make_temp_dir();
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 10 * 16 + 1; ++i) tokens.push_back((i * 13 + 5) % 500);
+  data::write_token_file(dir + "/train.bin", tokens);
+  const auto corpus = small_corpus(dir);
+  const auto r = run_command(kCli + " train --model gpt2-tiny --data " + dir + "/train.bin --val-data " + corpus +
+                             " --seq-len 16 --batch-size 4 --steps 8 --eval-every-epoch --eval-batches 1 "
+                             "--tensorboard=false --out-dir " + dir + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<int64_t> steps;
+  for (const auto& [step, loss] : validation_losses(dir + "/run/metrics.jsonl")) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 5, 8})) << r.output;
+  const auto synthetic = run_command(kCli + " train --model gpt2-tiny --steps 1 --eval-every-epoch --val-data " +
+                                     corpus + " --out-dir " + dir + "/s");
+  EXPECT_NE(synthetic.exit_code, 0);
+  EXPECT_TRUE(contains(synthetic.output, "synthetic training data has no epochs")) << synthetic.output;
 }
 
 // The checkpoint of the step that sets a new best records it, and a run

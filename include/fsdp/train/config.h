@@ -103,7 +103,8 @@ struct TrainConfig {
   } logging;
   struct Eval {
     int64_t every = 0;  // 0: only at the end (when data.val is set)
-    int64_t batches = 8;
+    bool every_epoch = false;  // also when an epoch of the training data ends
+    int64_t batches = 8;       // 0 (spelled "all" too): the whole validation set, each row once
     // Save a checkpoint at each evaluation that lowers the validation loss,
     // kept as <checkpoint dir>/best; the run's export and sample then use it.
     bool keep_best = false;

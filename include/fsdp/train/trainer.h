@@ -80,6 +80,9 @@ class Trainer {
   void resume_if_possible();
   void warn_about_profile_window();
   void write_memory_snapshot(int64_t step);
+  // Whether the step just taken read the last row of an epoch of the
+  // training data (--eval-every-epoch).
+  bool ended_an_epoch() const;
   void open_run_files();
 
   // The loop.
