@@ -774,11 +774,11 @@ TEST(TrainingStateMachine, RefusesEveryTransitionOutsideTheTable) {
 TEST(TreeIteration, RefusesEveryPhaseChangeOutsideTheTable) {
   using P = TreePhase;
   const P all[] = {P::kIdle, P::kForward, P::kBackward};
-  // The table, row by row (from): idle and forward may open an iteration
-  // and begin a backward; only a backward ends in idle.
-  const std::set<std::pair<P, P>> allowed = {{P::kIdle, P::kForward},    {P::kIdle, P::kBackward},
-                                             {P::kForward, P::kForward}, {P::kForward, P::kBackward},
-                                             {P::kBackward, P::kIdle}};
+  // The table, row by row (from): only idle opens an iteration (a new
+  // one resets an open one to idle first); idle and forward begin a
+  // backward; only a backward ends in idle.
+  const std::set<std::pair<P, P>> allowed = {{P::kIdle, P::kForward}, {P::kIdle, P::kBackward},
+                                             {P::kForward, P::kBackward}, {P::kBackward, P::kIdle}};
   const auto reach = [](TreeIteration& it, P phase) {
     it.reset();
     if (phase != P::kIdle) it.enter(phase);
