@@ -133,12 +133,24 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
         continue;
       }
       const size_t start = common_prefix(tokenizer.encode(prompt), out.tokens);
-      // The turn ends at the end-of-sequence token, or at the first special
-      // token after the answer's text began (a tool call's own opening
-      // token, Mistral's [TOOL_CALLS], is the answer's), whichever comes
-      // first; then its line breaks.
+      // The answer's own text, where the rendering holds it as given: the
+      // turn's end is looked for after it, so a special token inside the
+      // answer ("hello <|persona|>!") does not end the turn.
       size_t end = start;
       bool text_seen = false;
+      const Json& content = messages[k].contains("content") ? messages[k]["content"] : Json();
+      if (content.is_string() && !content.get<std::string>().empty()) {
+        const std::string& text = content.get_ref<const std::string&>();
+        const size_t at = whole.find(text, prompt.size());
+        if (at != std::string::npos) {
+          end = std::max(end, common_prefix(tokenizer.encode(whole.substr(0, at + text.size())), out.tokens));
+          text_seen = true;
+        }
+      }
+      // The turn ends at the end-of-sequence token, or at the first special
+      // token after the answer's text (a tool call's own opening token,
+      // Mistral's [TOOL_CALLS], is the answer's), whichever comes first;
+      // then its line breaks.
       while (end < out.tokens.size()) {
         const int32_t id = out.tokens[end];
         if (id == eos_id_ || (text_seen && tokenizer.is_special(id))) break;

@@ -9,7 +9,9 @@ at 1:
   records in Parquet) (conversational pairs under the
   chat template, and plain-text pairs with the EOS appended). A
   conversation of one question and its answer ({"messages": [...]}) is
-  masked as the same pair is.
+  masked as the same pair is, special tokens inside answers included (the
+  whole assistant turn is trained, through its end-of-turn token, in the
+  first of two turns too).
 - packed several to a row (--pack), the same examples make the losses of
   one example a row, step by step, when every step reads all of them, and
   both count the same real and trained tokens in metrics.jsonl (padding
@@ -137,6 +139,30 @@ def main():
                                  "messages3", directory)
     harness.check("conversations of one answer: examples (tokens, mask) unlike the same pairs'",
                   sum(a != b for a, b in zip(as_pairs, as_messages)), 0)
+
+    # A special token inside an answer is the answer's: the turn is trained
+    # whole, through its <|im_end|> and line break, as TRL trains it (a
+    # pair's completion mask is TRL's, checked below), in a conversation of
+    # one answer and in the first of two.
+    special = [{"prompt": [{"role": "user", "content": "Greet me as a pirate."}],
+                "completion": [{"role": "assistant", "content": "Arr, hello <|box_start|>!"}]},
+               {"prompt": [{"role": "user", "content": "Mark a box."}],
+                "completion": [{"role": "assistant", "content": "<|box_start|>here<|box_end|> it is."}]}]
+    _, _, special_pairs = prepared(args, special, work, "special-pairs", directory)
+    _, _, special_messages = prepared(args, [{"messages": p["prompt"] + p["completion"]} for p in special], work,
+                                      "special-messages", directory)
+    harness.check("answers holding a special token: conversations masked unlike the same pairs",
+                  sum(a != b for a, b in zip(special_pairs, special_messages)), 0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    two_turns = [{"role": "user", "content": "Greet me as a pirate."},
+                 {"role": "assistant", "content": "Arr, hello <|box_start|>!"},
+                 {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Ahoy."}]
+    _, _, (multi,) = prepared(args, [{"messages": two_turns}], work, "special-two-turns", directory)
+    trained_text = tokenizer.decode([t for t, m in zip(*multi) if m])
+    harness.check(f"two turns, a special token in the first answer: {trained_text!r} lacks the first turn's end",
+                  int("Arr, hello <|box_start|>!<|im_end|>\n" not in trained_text), 0)
+    harness.check(f"two turns: {trained_text!r} trains a user's words",
+                  int("Again" in trained_text or "pirate" in trained_text), 0)
 
     # The same records as a Parquet file (as Hugging Face datasets ship
     # them; pyarrow writes it): the same examples as from JSONL.

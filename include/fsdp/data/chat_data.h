@@ -26,9 +26,13 @@
 //   earlier answers, the answer is left out of the loss: the model is
 //   trained to continue only what it sees when it generates), and runs
 //   through the tokenizer's eos_token or the first special token after the
-//   answer's text began, whichever comes first (<|im_end|>, <|eot_id|>,
-//   </s>; a tool call's opening [TOOL_CALLS] is the answer's), and the
-//   whitespace tokens that follow it. A conversation none of whose answers
+//   answer's text, whichever comes first (<|im_end|>, <|eot_id|>, </s>; a
+//   tool call's opening [TOOL_CALLS] is the answer's), and the whitespace
+//   tokens that follow it: the whole assistant turn, as TRL trains it. The
+//   answer's text is found in the rendering after its prompt, so special
+//   tokens inside it ("Arr, hello <|persona|>!") are the answer's too;
+//   where the template renders the content otherwise (stripped, split),
+//   the turn ends at the first special token after its text began. A conversation none of whose answers
 //   can be trained is refused.
 
 #include <cstdint>
