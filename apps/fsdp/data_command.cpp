@@ -46,12 +46,14 @@ void add_data_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<data::PrepareOptions>();
   options->tokenizer_dir = data::default_tokenizer_dir();
   auto* prepare = data->add_subcommand("prepare", "tokenize raw text into train.bin and val.bin (llm.c format)");
-  prepare->add_option("--input", options->input,
+  prepare->add_option("--input", options->inputs,
                       "a .txt/.json/.jsonl file ({\"text\": ...} per line), a .parquet file (a Hugging Face "
                       "dataset's), a directory of them, or a quoted glob ('shards/*.parquet'); chat data: .jsonl "
                       "lines of {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}, rendered with "
-                      "--tokenizer's chat template, the loss on the answers")
-      ->required();
+                      "--tokenizer's chat template, the loss on the answers. Give it more than once (or several "
+                      "after it) for one corpus of them all, in the order given")
+      ->required()
+      ->expected(1, -1);
   prepare->add_option("--text-field", options->text_field,
                       "the field of a .json file or .jsonl line, or the column of a .parquet file, holding the text")
       ->capture_default_str();
@@ -62,8 +64,12 @@ void add_data_command(CLI::App& app, int& exit_code) {
       "text (\\n for a newline)");
   prepare->add_option("--out-dir", options->out_dir, "where train.bin and val.bin (or their shards) go")->required();
   prepare->add_option("--tokenizer", options->tokenizer_dir, kTokenizerHelp)->capture_default_str();
-  prepare->add_option("--val-fraction", options->val_fraction, "share of documents held out; 0: no val split")
-      ->capture_default_str();
+  auto* val_fraction = prepare->add_option("--val-fraction", options->val_fraction,
+                                           "share of documents held out; 0: no val split")
+                           ->capture_default_str();
+  prepare->add_flag("--as-validation", options->validation_only,
+                    "every document to val.bin: a validation set prepared apart (for --val-data), no train.bin")
+      ->excludes(val_fraction);
   prepare->add_option("--shard-tokens", options->shard_tokens,
                       "split into train_000000.bin, ... of at most this many tokens (0: one file per split)")
       ->capture_default_str();

@@ -299,6 +299,40 @@ bool prepare_writes(const std::string& name) {
   return false;
 }
 
+// The document files one --input names: the file, a directory's files, or
+// a glob's matches (sorted).
+std::vector<fs::path> files_of_input(const std::string& input) {
+  std::vector<fs::path> files;
+  if (input.find_first_of("*?[") != std::string::npos && !fs::exists(input)) {
+    glob_t found{};
+    const int rc = ::glob(input.c_str(), 0, nullptr, &found);
+    for (size_t i = 0; rc == 0 && i < found.gl_pathc; ++i) {
+      if (fs::is_regular_file(found.gl_pathv[i]) && is_document_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
+    }
+    ::globfree(&found);
+    FSDP_CHECK(!files.empty(), "--input '", input, "' matches no .txt, .json, .jsonl or .parquet file");
+    std::sort(files.begin(), files.end());
+  } else if (!fs::exists(input)) {
+    throw Error("--input '" + input + "' does not exist");
+  } else if (fs::is_directory(input)) {
+    for (const auto& e : fs::directory_iterator(input)) {
+      if (e.is_regular_file() && is_document_file(e.path())) files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(input);
+  }
+  FSDP_CHECK(!files.empty(), "--input '", input, "' holds no .txt, .json, .jsonl or .parquet documents");
+  return files;
+}
+
+// The inputs as the messages name them.
+std::string inputs_text(const PrepareOptions& o) {
+  std::string text;
+  for (const auto& input : o.inputs) text += (text.empty() ? "" : "', '") + input;
+  return text;
+}
+
 }  // namespace
 
 std::string human_bytes(int64_t bytes) {
@@ -324,27 +358,19 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     FSDP_CHECK(!fs::exists(o.out_dir, ec) || fs::is_directory(o.out_dir, ec), "--out-dir '", o.out_dir,
                "' is a file; expected a directory (or a path to create one at)");
   }
+  FSDP_CHECK(!o.inputs.empty(), "data prepare: no --input given");
   std::vector<fs::path> files;
-  if (o.input.find_first_of("*?[") != std::string::npos && !fs::exists(o.input)) {
-    glob_t found{};
-    const int rc = ::glob(o.input.c_str(), 0, nullptr, &found);
-    for (size_t i = 0; rc == 0 && i < found.gl_pathc; ++i) {
-      if (fs::is_regular_file(found.gl_pathv[i]) && is_document_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
+  std::vector<std::string> seen;  // each file once, whichever --input names it
+  for (const std::string& input : o.inputs) {
+    for (const fs::path& f : files_of_input(input)) {
+      std::error_code ec;
+      const std::string key = fs::weakly_canonical(f, ec).string();
+      FSDP_CHECK(std::find(seen.begin(), seen.end(), key) == seen.end(), "--input '", input, "' names '", f.string(),
+                 "', which an earlier --input named: each file is read once");
+      seen.push_back(key);
+      files.push_back(f);
     }
-    ::globfree(&found);
-    FSDP_CHECK(!files.empty(), "--input '", o.input, "' matches no .txt, .json, .jsonl or .parquet file");
-    std::sort(files.begin(), files.end());
-  } else if (!fs::exists(o.input)) {
-    throw Error("--input '" + o.input + "' does not exist");
-  } else if (fs::is_directory(o.input)) {
-    for (const auto& e : fs::directory_iterator(o.input)) {
-      if (e.is_regular_file() && is_document_file(e.path())) files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(o.input);
   }
-  FSDP_CHECK(!files.empty(), "--input '", o.input, "' holds no .txt, .json, .jsonl or .parquet documents");
   // Loaded before the corpus is read: a missing tokenizer fails at once.
   const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_dir(o.tokenizer_dir);
   const int32_t separator = tokenizer->document_separator();
@@ -379,7 +405,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     }
   }
   const size_t count = chat ? records.size() : docs.size();
-  FSDP_CHECK(count > 0, "--input '", o.input, "' holds no documents: its ", files.size(), " file(s) are empty, "
+  FSDP_CHECK(count > 0, "--input '", inputs_text(o), "' holds no documents: its ", files.size(), " file(s) are empty, "
              "or hold only null or empty texts");
   stats.documents = static_cast<int64_t>(count);
 
@@ -457,7 +483,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   std::vector<int32_t> train, val;
   std::vector<uint8_t> train_mask, val_mask;
   for (size_t i = 0; i < encoded.size(); ++i) {
-    const bool held_out = every > 0 && encoded.size() > 1 && i % every == every - 1;
+    const bool held_out = o.validation_only || (every > 0 && encoded.size() > 1 && i % every == every - 1);
     auto& dest = held_out ? val : train;
     if (chat) {
       auto& mask = held_out ? val_mask : train_mask;
@@ -469,7 +495,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     }
     dest.insert(dest.end(), encoded[i].begin(), encoded[i].end());
   }
-  if (every > 0 && val.empty()) {
+  if (every > 0 && val.empty() && !o.validation_only) {
     // Fewer documents than one in `every`: the last whole document is held
     // out (never part of one: a cut document would be half in each split).
     if (encoded.size() >= 2) {
@@ -486,9 +512,12 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       stats.note = "one document: no validation split (a document is never cut in two; --val-fraction needs at least 2)";
     }
   }
-  FSDP_CHECK(train.size() >= 2, "--input '", o.input, "' gives ", train.size(),
+  FSDP_CHECK(o.validation_only || train.size() >= 2, "--input '", inputs_text(o), "' gives ", train.size(),
              " training tokens; at least 2 are needed");
-  const auto train_files = split_files("train", train.size(), o.shard_tokens);
+  FSDP_CHECK(!o.validation_only || val.size() >= 2, "--input '", inputs_text(o), "' gives ", val.size(),
+             " validation tokens; at least 2 are needed");
+  const auto train_files =
+      o.validation_only ? std::vector<std::string>{} : split_files("train", train.size(), o.shard_tokens);
   // A split too small to hold one target is not written: it would only fail later.
   const auto val_files = val.size() >= 2 ? split_files("val", val.size(), o.shard_tokens) : std::vector<std::string>{};
   // [Note: a prepared folder is one prepare's]: the record goes first,

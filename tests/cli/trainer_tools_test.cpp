@@ -475,6 +475,50 @@ TEST(DataPrepare, TxtParagraphsTextFieldGlobsAndSizes) {
   EXPECT_TRUE(contains(none.output, "matches no .txt, .json, .jsonl or .parquet file")) << none.output;
 }
 
+// Several --input files are one corpus in the order given: the tokens of
+// one file holding both; a file named twice is refused by name. A
+// validation set prepared apart (--as-validation) goes to val.bin whole:
+// the tokens one split would hold, and no train.bin.
+TEST(DataPrepare, SeveralInputsAreOneCorpusAndAValidationSetPreparesAsValidation) {
+  if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
+  const auto dir = make_temp_dir();
+  const auto tok = " --tokenizer " + kSource + "/data/gpt2";
+  const auto read_tokens = [](const std::string& path) {
+    data::TokenStream stream(data::expand_token_paths(path, "test"));
+    std::vector<int64_t> ids(static_cast<size_t>(stream.size()));
+    stream.read(0, stream.size(), ids.data());
+    return ids;
+  };
+  std::ofstream(dir + "/a.jsonl") << R"({"text": "The first file's one document."})" << "\n";
+  std::ofstream(dir + "/b.jsonl") << R"({"text": "The second file, first document."})" << "\n"
+                                  << R"({"text": "And its second."})" << "\n";
+  std::ofstream(dir + "/both.jsonl") << R"({"text": "The first file's one document."})" << "\n"
+                                     << R"({"text": "The second file, first document."})" << "\n"
+                                     << R"({"text": "And its second."})" << "\n";
+  const auto two = run_command(kCli + " data prepare --input " + dir + "/a.jsonl --input " + dir +
+                               "/b.jsonl --val-fraction 0 --out-dir " + dir + "/two" + tok);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto one = run_command(kCli + " data prepare --input " + dir + "/both.jsonl --val-fraction 0 --out-dir " + dir +
+                               "/one" + tok);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(read_tokens(dir + "/two/train.bin"), read_tokens(dir + "/one/train.bin"));
+  const auto twice = run_command(kCli + " data prepare --input " + dir + "/a.jsonl --input '" + dir +
+                                 "/*.jsonl' --out-dir " + dir + "/twice" + tok);
+  EXPECT_EQ(twice.exit_code, 1) << twice.output;
+  EXPECT_TRUE(contains(twice.output, "names '" + dir + "/a.jsonl', which an earlier --input named")) << twice.output;
+  EXPECT_FALSE(exists(dir + "/twice/train.bin"));
+
+  const auto val = run_command(kCli + " data prepare --input " + dir + "/both.jsonl --as-validation --out-dir " + dir +
+                               "/val" + tok);
+  ASSERT_EQ(val.exit_code, 0) << val.output;
+  EXPECT_FALSE(exists(dir + "/val/train.bin"));
+  EXPECT_EQ(read_tokens(dir + "/val/val.bin"), read_tokens(dir + "/one/train.bin"));
+  const auto both_ways = run_command(kCli + " data prepare --input " + dir +
+                                     "/both.jsonl --as-validation --val-fraction 0.5 --out-dir " + dir + "/bw" + tok);
+  EXPECT_NE(both_ways.exit_code, 0) << both_ways.output;
+  EXPECT_TRUE(contains(both_ways.output, "--as-validation")) << both_ways.output;
+}
+
 // Parquet, the format Hugging Face datasets ship: its text column gives the
 // same token file as the same documents as .jsonl (the reader this test
 // compares with); rows over several row groups, a null row skipped, a

@@ -11,7 +11,9 @@
 namespace fsdp::data {
 
 struct PrepareOptions {
-  std::string input;           // a .txt/.json/.jsonl/.parquet file, a directory of them, or a glob pattern of them
+  // Each a .txt/.json/.jsonl/.parquet file, a directory of them, or a glob
+  // pattern of them; read in the order given, one corpus.
+  std::vector<std::string> inputs;
   std::string text_field = "text";  // the field (column) of a .json, .jsonl or .parquet file that holds the text
   // The command that prints a Parquet file's text column as JSON strings,
   // one per line, given the file and the field (tools/parquet_text.py
@@ -24,6 +26,7 @@ struct PrepareOptions {
   std::string out_dir;         // writes train.bin and val.bin (or train_NNNNNN.bin shards)
   std::string tokenizer_dir;   // holds tokenizer.json, or encoder.json and vocab.bpe
   double val_fraction = 0.05;  // share of documents held out, spread over the corpus; 0: no val
+  bool validation_only = false;  // every document to val.bin: a validation set prepared apart
   int64_t shard_tokens = 0;    // > 0: split each split into files of at most this many tokens
   int threads = 0;             // 0: every core
   bool progress = true;        // a progress line on stderr
