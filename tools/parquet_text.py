@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints one column of a Parquet file (the format Hugging Face datasets
-ship) as JSON strings, one document per line, for `fsdp data prepare`:
+ship), or of an Arrow file (what `datasets`' save_to_disk writes), as JSON
+strings, one document per line, for `fsdp data prepare`:
 
   tools/parquet_text.py FILE FIELD
 
@@ -30,13 +31,34 @@ def reason(e):
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
+class ArrowFile:
+    """An Arrow IPC file (save_to_disk's data-NNNNN-of-NNNNN.arrow: the
+    streaming format; the random-access one too), read as ParquetFile is."""
+
+    def __init__(self, path):
+        self.source = pa.memory_map(path)
+        try:
+            self.batches = pa.ipc.open_stream(self.source)
+            self.schema_arrow = self.batches.schema
+        except pa.ArrowInvalid:
+            self.source.seek(0)
+            reader = pa.ipc.open_file(self.source)
+            self.schema_arrow = reader.schema
+            self.batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+
+    def iter_batches(self, columns):
+        for batch in self.batches:
+            yield pa.RecordBatch.from_arrays([batch.column(c) for c in columns], names=columns)
+
+
 def main():
     path, field = sys.argv[1], sys.argv[2]
+    arrow = path.endswith(".arrow")
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = ArrowFile(path) if arrow else pq.ParquetFile(path)
         schema = parquet.schema_arrow
     except Exception as e:  # noqa: BLE001 - any unreadable file is named, not a traceback
-        sys.exit(f"error: '{path}' is not a Parquet file ({reason(e)})")
+        sys.exit(f"error: '{path}' is not {'an Arrow' if arrow else 'a Parquet'} file ({reason(e)})")
     try:
         read(path, field, parquet, schema)
     except Exception as e:  # noqa: BLE001 - a damaged page or row group is named with its file

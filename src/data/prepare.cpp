@@ -91,6 +91,10 @@ std::string shell_quoted(const std::string& s) {
   return out + "'";
 }
 
+// Parquet, or Arrow (a `datasets` save_to_disk folder's files): both read
+// through the columnar reader, tools/parquet_text.py.
+bool is_columnar(const fs::path& p) { return p.extension() == ".parquet" || p.extension() == ".arrow"; }
+
 // A Parquet file through the reader command: its stdout's lines, one JSON
 // value each (a document's string for a text column FIELD; a chat record
 // for "--records"), each passed to `take` with its row; its stderr, why it
@@ -148,7 +152,7 @@ std::vector<std::string> parquet_documents(const fs::path& path, const PrepareOp
 std::vector<std::string> documents_of(const fs::path& path, const PrepareOptions& o) {
   // Every reader, the Parquet one too: opening a FIFO would block for good.
   io::check_regular_file(path.string(), "input of `data prepare`");
-  if (path.extension() == ".parquet") return parquet_documents(path, o);
+  if (is_columnar(path)) return parquet_documents(path, o);
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot read '", path.string(), "'");
   if (path.extension() == ".jsonl") {
@@ -179,10 +183,10 @@ struct Record {
 
 std::vector<Record> records_of(const fs::path& path, const PrepareOptions& o) {
   io::check_regular_file(path.string(), "input of `data prepare`");
-  FSDP_CHECK(path.extension() == ".jsonl" || path.extension() == ".json" || path.extension() == ".parquet", "'",
-             path.string(), "': chat data is read from .jsonl (one record a line), .json and .parquet files; "
+  FSDP_CHECK(path.extension() == ".jsonl" || path.extension() == ".json" || is_columnar(path), "'",
+             path.string(), "': chat data is read from .jsonl (one record a line), .json, .parquet and .arrow files; "
              "expected one of those beside the other chat data");
-  if (path.extension() == ".parquet") {
+  if (is_columnar(path)) {
     std::vector<Record> rows;
     read_parquet(path, o, "--records", [&](const std::string& line, int64_t row) {
       const std::string where = "'" + path.string() + "' row " + std::to_string(row);
@@ -217,7 +221,7 @@ std::vector<Record> records_of(const fs::path& path, const PrepareOptions& o) {
 // .parquet file has such columns.
 bool holds_chat_data(const std::vector<fs::path>& files, const PrepareOptions& o) {
   for (const auto& f : files) {
-    if (f.extension() == ".parquet") {
+    if (is_columnar(f)) {
       io::check_regular_file(f.string(), "input of `data prepare`");
       bool chat = false;
       read_parquet(f, o, "--is-chat", [&](const std::string& line, int64_t) { chat = line.rfind("true", 0) == 0; });
@@ -247,7 +251,7 @@ bool holds_chat_data(const std::vector<fs::path>& files, const PrepareOptions& o
 
 bool is_document_file(const fs::path& p) {
   const auto ext = p.extension();
-  return ext == ".txt" || ext == ".json" || ext == ".jsonl" || ext == ".parquet";
+  return ext == ".txt" || ext == ".json" || ext == ".jsonl" || ext == ".parquet" || ext == ".arrow";
 }
 
 // Writes `tokens` as one file, or as NAME_000000.bin, ... of at most
@@ -310,19 +314,27 @@ std::vector<fs::path> files_of_input(const std::string& input) {
       if (fs::is_regular_file(found.gl_pathv[i]) && is_document_file(found.gl_pathv[i])) files.emplace_back(found.gl_pathv[i]);
     }
     ::globfree(&found);
-    FSDP_CHECK(!files.empty(), "--input '", input, "' matches no .txt, .json, .jsonl or .parquet file");
+    FSDP_CHECK(!files.empty(), "--input '", input, "' matches no .txt, .json, .jsonl, .parquet or .arrow file");
     std::sort(files.begin(), files.end());
   } else if (!fs::exists(input)) {
     throw Error("--input '" + input + "' does not exist");
   } else if (fs::is_directory(input)) {
+    // A `datasets` save_to_disk folder: its Arrow files, not its metadata
+    // (dataset_info.json, state.json); a DatasetDict's splits are folders.
+    const fs::path dir(input);
+    FSDP_CHECK(!fs::exists(dir / "dataset_dict.json"), "--input '", input, "' is a datasets DatasetDict folder "
+               "(save_to_disk of several splits): give one split's folder, such as '", (dir / "train").string(), "'");
+    const bool saved_dataset = fs::exists(dir / "state.json") && fs::exists(dir / "dataset_info.json");
     for (const auto& e : fs::directory_iterator(input)) {
-      if (e.is_regular_file() && is_document_file(e.path())) files.push_back(e.path());
+      if (!e.is_regular_file() || !is_document_file(e.path())) continue;
+      if (saved_dataset && e.path().extension() != ".arrow") continue;
+      files.push_back(e.path());
     }
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(input);
   }
-  FSDP_CHECK(!files.empty(), "--input '", input, "' holds no .txt, .json, .jsonl or .parquet documents");
+  FSDP_CHECK(!files.empty(), "--input '", input, "' holds no .txt, .json, .jsonl, .parquet or .arrow documents");
   return files;
 }
 

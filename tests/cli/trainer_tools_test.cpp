@@ -472,7 +472,7 @@ TEST(DataPrepare, TxtParagraphsTextFieldGlobsAndSizes) {
   EXPECT_TRUE(contains(glob.output, "6 documents, 2.4 KB of text")) << glob.output;
   const auto none = run_command(kCli + " data prepare --input '" + dir + "/*.parquet' --out-dir " + dir + "/n" + tok);
   EXPECT_EQ(none.exit_code, 1) << none.output;
-  EXPECT_TRUE(contains(none.output, "matches no .txt, .json, .jsonl or .parquet file")) << none.output;
+  EXPECT_TRUE(contains(none.output, "matches no .txt, .json, .jsonl, .parquet or .arrow file")) << none.output;
 }
 
 // Several --input files are one corpus in the order given: the tokens of
@@ -523,7 +523,7 @@ TEST(DataPrepare, SeveralInputsAreOneCorpusAndAValidationSetPreparesAsValidation
 // same token file as the same documents as .jsonl (the reader this test
 // compares with); rows over several row groups, a null row skipped, a
 // missing column and a file that is not Parquet named.
-TEST(DataPrepare, ParquetGivesTheTokensOfTheSameDocumentsAsJsonl) {
+TEST(DataPrepare, ParquetAndASavedDatasetGiveTheTokensOfTheSameDocumentsAsJsonl) {
   if (!exists(kSource + "/data/gpt2/encoder.json")) GTEST_SKIP() << "needs data/gpt2 (scripts/fetch_data.sh)";
   const std::string python = kSource + "/.venv/bin/python";
   if (run_command(python + " -c 'import pyarrow'").exit_code != 0) GTEST_SKIP() << "needs pyarrow (scripts/setup.sh)";
@@ -543,6 +543,24 @@ TEST(DataPrepare, ParquetGivesTheTokensOfTheSameDocumentsAsJsonl) {
   const auto jsonl = run_command(kCli + " data prepare --input " + dir + "/train.jsonl --out-dir " + dir + "/j" + tok);
   ASSERT_EQ(jsonl.exit_code, 0) << jsonl.output;
   EXPECT_EQ(read_file(dir + "/p/train.bin"), read_file(dir + "/j/train.bin"));
+  // The same rows as `datasets` saves them to disk (Arrow files beside
+  // dataset_info.json and state.json, which are not documents), and the
+  // DatasetDict around them refused, naming a split's folder.
+  if (run_command(python + " -c 'import datasets'").exit_code == 0) {
+    const auto saved = run_command(
+        python + " -c '\nimport datasets, pyarrow.parquet as pq\n"
+        "ds = datasets.Dataset(pq.read_table(\"" + dir + "/train.parquet\"))\n"
+        "ds.save_to_disk(\"" + dir + "/saved\", max_shard_size=400)\n"
+        "datasets.DatasetDict({\"train\": ds}).save_to_disk(\"" + dir + "/dict\")\n'");
+    ASSERT_EQ(saved.exit_code, 0) << saved.output;
+    const auto arrow = run_command(kCli + " data prepare --input " + dir + "/saved --out-dir " + dir + "/a" + tok);
+    ASSERT_EQ(arrow.exit_code, 0) << arrow.output;
+    EXPECT_EQ(read_file(dir + "/a/train.bin"), read_file(dir + "/j/train.bin"));
+    const auto dict = run_command(kCli + " data prepare --input " + dir + "/dict --out-dir " + dir + "/d" + tok);
+    EXPECT_EQ(dict.exit_code, 1) << dict.output;
+    EXPECT_TRUE(contains(dict.output, "is a datasets DatasetDict folder")) << dict.output;
+    EXPECT_TRUE(contains(dict.output, "'" + dir + "/dict/train'")) << dict.output;
+  }
   const auto column = run_command(kCli + " data prepare --input " + dir + "/train.parquet --out-dir " + dir +
                                   "/c --tokenizer " + kSource + "/data/gpt2");
   EXPECT_EQ(column.exit_code, 1) << column.output;

@@ -9,7 +9,8 @@ at 1:
   records in Parquet) (conversational pairs under the
   chat template, and plain-text pairs with the EOS appended). A
   conversation of one question and its answer ({"messages": [...]}) is
-  masked as the same pair is, special tokens inside answers included (the
+  masked as the same pair is (from JSONL, Parquet and a `datasets`
+  save_to_disk folder alike), special tokens inside answers included (the
   whole assistant turn is trained, through its end-of-turn token, in the
   first of two turns too).
 - packed several to a row (--pack), the same examples make the losses of
@@ -25,6 +26,7 @@ import json
 import os
 import shutil
 
+import datasets
 import numpy as np
 import torch
 import transformers
@@ -181,6 +183,16 @@ def main():
         expected_tokens = [t for example, _ in from_jsonl for t in example]
         expected_mask = [m for _, trained in from_jsonl for m in trained]
         harness.check(f"{name} from Parquet: tokens or loss mask other than from JSONL",
+                      int(tokens.tolist() != expected_tokens) + int((mask & 1).tolist() != expected_mask), 0)
+        # The same records as `datasets` saves them to disk (Arrow files).
+        saved = os.path.join(work, name + "-saved")
+        datasets.Dataset.from_list(records).save_to_disk(saved)
+        from_arrow = os.path.join(work, name + "-saved-tokens")
+        harness.run([args.fsdp, "data", "prepare", "--input", saved, "--out-dir", from_arrow, "--tokenizer",
+                     directory, "--val-fraction", "0"])
+        tokens = token_files.read(os.path.join(from_arrow, "train.bin"))
+        mask = np.fromfile(os.path.join(from_arrow, "train.mask"), dtype=np.uint8, offset=1024)
+        harness.check(f"{name} from a saved dataset: tokens or loss mask other than from JSONL",
                       int(tokens.tolist() != expected_tokens) + int((mask & 1).tolist() != expected_mask), 0)
 
     # Packed (--pack): several examples to a row, positions restarting and
