@@ -11,6 +11,8 @@
 #include "fsdp/common/error.h"
 #include "fsdp/data/chat_data.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/io/input_file.h"
+#include "fsdp/models/hf/peft_adapter.h"
 #include "fsdp/models/hf/weights.h"
 #include "fsdp/train/generate.h"
 #include "fsdp/train/hf_companions.h"
@@ -40,7 +42,7 @@ void check_tokenizer_fits(const data::Tokenizer& tokenizer, int64_t model_vocab,
 
 void add_generate_command(CLI::App& app, int& exit_code) {
   struct Flags {
-    std::string from, prompt = "\n", tokenizer, system;
+    std::string from, prompt = "\n", tokenizer, system, adapter;
     bool ignore_eos = false, chat = false;
     std::vector<std::string> stop;
     train::SampleOptions sample;
@@ -48,6 +50,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand("generate", "sample text from a Hugging Face model directory");
   cmd->add_option("--from", f->from, "Hugging Face directory (config.json + model.safetensors)")->required();
+  cmd->add_option("--adapter", f->adapter,
+                  "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors, as `fsdp train "
+                  "--lora-rank` exports it) to run on the --from model, its base");
   cmd->add_option("--prompt", f->prompt, "text to continue (with --chat: the user's message)");
   cmd->add_flag("--chat", f->chat,
                 "the prompt is a user's message: rendered with the model's chat template (chat_template.jinja or "
@@ -100,6 +105,18 @@ void add_generate_command(CLI::App& app, int& exit_code) {
       throw Error("--from '" + f->from + "' holds a training checkpoint, not a Hugging Face directory; export it "
                   "first: fsdp ckpt export " + ckpt + " OUT_DIR, then fsdp generate --from OUT_DIR");
     }
+    // A LoRA adapter is no model: it runs on its base.
+    if (!fs::exists(from / "config.json") && fs::exists(from / "adapter_config.json")) {
+      std::string base;
+      try {
+        base = io::read_json_file((from / "adapter_config.json").string(), "adapter_config.json")
+                   .value("base_model_name_or_path", "");
+      } catch (const Error&) {
+      }
+      throw Error("--from '" + f->from + "' is a LoRA adapter (adapter_config.json), not a model: give its base "
+                  "model with --from and the adapter with --adapter " + f->from +
+                  (base.empty() ? "" : " (the adapter names its base '" + base + "')"));
+    }
     const std::string tokenizer_dir =
         !f->tokenizer.empty() ? f->tokenizer : data::has_tokenizer(f->from) ? f->from : data::default_tokenizer_dir();
     const auto tokenizer = data::Tokenizer::from_dir(tokenizer_dir);
@@ -109,6 +126,16 @@ void add_generate_command(CLI::App& app, int& exit_code) {
       model = models::load_hf_pretrained(f->from);
     } catch (const Error& e) {
       throw Error("--from '" + f->from + "': " + e.what());
+    }
+    if (!f->adapter.empty()) {
+      FSDP_CHECK(std::filesystem::is_directory(f->adapter), "--adapter '", f->adapter,
+                 "': no such directory (expected a PEFT LoRA adapter: adapter_config.json + adapter_model.safetensors)");
+      try {
+        models::apply_peft_adapter(*model, f->adapter);
+      } catch (const Error& e) {
+        throw Error("--adapter '" + f->adapter + "' on --from '" + f->from + "': " + e.what());
+      }
+      std::fprintf(stderr, "generate: LoRA adapter %s on %s\n", f->adapter.c_str(), f->from.c_str());
     }
     const bool implicit_default = f->tokenizer.empty() && !data::has_tokenizer(f->from);
     check_tokenizer_fits(*tokenizer, model->vocab_size(), f->from, implicit_default);

@@ -12,11 +12,15 @@ conversational pairs, batch 1 per rank, accumulation 2, fp32:
   it onto the base, and its logits equal those of TRL's trained adapter;
 - --merge-lora exports a plain model that transformers loads, with the
   logits of the base with the adapter on it;
+- `fsdp generate --from BASE --adapter ADAPTER` continues a prompt as
+  PEFT's greedy generate does with that adapter, and as the merged export;
+  an adapter given as --from is refused, naming --adapter;
 - a run stopped after 2 steps and resumed for 2 more makes the 4 steps'
   losses of one run, exactly.
 """
 import json
 import os
+import subprocess
 
 import numpy as np
 import peft
@@ -117,6 +121,29 @@ def main():
     merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
     harness.check("merged export's logits against the base with the exported adapter (relative)",
                   float((logits(merged, ids) - ours_logits).abs().max()) / scale, 1e-5)
+
+    # `fsdp generate --adapter`: the exported adapter run on its base makes
+    # PEFT's greedy continuation of the same prompt, and the merged export's;
+    # the adapter given as --from is refused, naming --adapter.
+    prompt = "The capital of France is"
+    def generate(*flags):
+        return harness.run([args.fsdp, "generate", *flags, "--prompt", prompt, "--temperature", "0",
+                            "--max-new-tokens", "12", "--ignore-eos"]).stdout
+    with_adapter = generate("--from", base, "--adapter", exported)
+    prompt_ids = transformers.AutoTokenizer.from_pretrained(base)(prompt, return_tensors="pt").input_ids
+    peft_ids = ours.generate(input_ids=prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=12,
+                             min_new_tokens=12, do_sample=False)
+    peft_text = prompt + transformers.AutoTokenizer.from_pretrained(base).decode(peft_ids[0, prompt_ids.shape[1]:]) + "\n"
+    harness.check(f"generate --adapter: {with_adapter!r} other than PEFT's greedy {peft_text!r}",
+                  int(with_adapter != peft_text), 0)
+    harness.check(f"generate --adapter against the merged export's: {with_adapter!r}",
+                  int(with_adapter != generate("--from", merged_dir)), 0)
+    harness.check("generate --adapter: the base alone continues the same way (the adapter changes nothing)",
+                  int(with_adapter == generate("--from", base)), 0)
+    refused = subprocess.run([args.fsdp, "generate", "--from", exported, "--prompt", prompt], capture_output=True,
+                             text=True)
+    harness.check(f"generate --from ADAPTER: exit {refused.returncode}, not refused naming --adapter: {refused.stderr!r}",
+                  int(refused.returncode == 0 or "--adapter" not in refused.stderr), 0)
 
     # Stopped after 2 steps, resumed for 2 more: the same losses as one run.
     resumed_dir = os.path.join(work, "resumed-run")

@@ -1,5 +1,6 @@
 #include "fsdp/models/hf/peft_adapter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -94,6 +95,41 @@ void save_peft_adapter(const CausalLMImpl& model, const std::vector<std::pair<st
   if (info.companions) info.companions(staged.path());
   // An earlier export's model weights would load as a model beside the adapter: they go.
   staged.publish([](const std::string& name) { return !is_weights_file(name) && name != "config.json"; });
+}
+
+void apply_peft_adapter(CausalLMImpl& model, const std::string& dir) {
+  const std::string what = "LoRA adapter '" + dir + "'";
+  const auto config = io::read_json_file(dir + "/" + kConfigFile, what + ": its " + kConfigFile);
+  FSDP_CHECK(config.is_object() && config.value("peft_type", "") == "LORA", what, ": ", kConfigFile,
+             " does not say peft_type LORA; expected a LoRA adapter as PEFT's save_pretrained writes it");
+  FSDP_CHECK(config.contains("r") && config["r"].is_number_integer() && config["r"].get<int64_t>() > 0, what,
+             ": r is ", config.value("r", nlohmann::json()).dump(), "; expected a positive rank");
+  FSDP_CHECK(config.contains("lora_alpha") && config["lora_alpha"].is_number(), what, ": lora_alpha is ",
+             config.value("lora_alpha", nlohmann::json()).dump(), "; expected a number");
+  const auto& targets = config.value("target_modules", nlohmann::json());
+  nn::LoraOptions options;
+  options.rank = config["r"].get<int64_t>();
+  options.alpha = config["lora_alpha"].get<double>();
+  options.targets.clear();
+  if (targets.is_string()) {
+    FSDP_CHECK(targets.get<std::string>() == "all-linear", what, ": target_modules is the pattern ", targets.dump(),
+               ", which is matched as a regular expression by PEFT; expected a list of module names or all-linear");
+    options.targets.push_back("all-linear");
+  } else {
+    FSDP_CHECK(targets.is_array() && !targets.empty(), what, ": target_modules is ", targets.dump(),
+               "; expected a list of module names");
+    for (const auto& t : targets) {
+      FSDP_CHECK(t.is_string() && !t.get<std::string>().empty(), what, ": target_modules holds ", t.dump(),
+                 "; expected module names");
+      const std::string name = t.get<std::string>();
+      const std::string last = name.substr(name.rfind('.') + 1);  // the layer's own name
+      if (std::find(options.targets.begin(), options.targets.end(), last) == options.targets.end()) {
+        options.targets.push_back(last);
+      }
+    }
+  }
+  nn::add_lora(model, options);
+  load_peft_adapter(model, dir, options.rank, options.alpha);
 }
 
 void load_peft_adapter(CausalLMImpl& model, const std::string& dir, int64_t rank, double alpha) {

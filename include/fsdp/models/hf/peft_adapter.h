@@ -38,6 +38,15 @@ void save_peft_adapter(const CausalLMImpl& model, const std::vector<std::pair<st
 // the model's, a tensor's shape differs, or it is not a LoRA adapter.
 void load_peft_adapter(CausalLMImpl& model, const std::string& dir, int64_t rank, double alpha);
 
+// A PEFT LoRA adapter directory put on `model` (a plain model, as
+// load_hf_pretrained returns it): adapters added on the layers its
+// adapter_config.json's target_modules name (full names or last parts, or
+// "all-linear"), at its r and lora_alpha, then its weights loaded as
+// load_peft_adapter loads them; the base is frozen. For inference
+// (`fsdp generate --adapter`). Throws naming the directory and what is
+// wrong: not a LoRA adapter, a target pattern, layers the model lacks.
+void apply_peft_adapter(CausalLMImpl& model, const std::string& dir);
+
 // Whether NAME is a file save_peft_adapter writes.
 bool is_peft_adapter_file(const std::string& name);
 
