@@ -37,7 +37,7 @@ torch=(-isystem /usr/include/torch/csrc/api/include)
 # The sources each target needs, compiled with coverage instrumentation.
 declare -A sources=(
   [checkpoint_metadata]="src/checkpoint/metadata.cpp src/io/input_file.cpp"
-  [config]="src/train/config.cpp src/io/input_file.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
+  [config]="src/train/config.cpp src/train/config_checks.cpp src/io/input_file.cpp src/common/suggest.cpp src/models/hf/config_reader.cpp src/models/hf/shard_index.cpp src/models/wrap_policy.cpp"
   [hf_config]="src/models/hf/config_reader.cpp $(echo src/models/*/config.cpp) src/common/suggest.cpp"
   [token_file]="src/data/token_file.cpp src/io/atomic_file.cpp src/io/input_file.cpp"
   [tokenizer]="src/data/tokenizer.cpp src/data/tokenizer_decoders.cpp src/data/tokenizer_json.cpp src/data/tokenizer_tables.cpp src/io/input_file.cpp"
