@@ -4,34 +4,16 @@
 
 #include "fsdp/train/trainer.h"
 
-#include <ATen/Parallel.h>
-#include <ATen/record_function.h>
-
-#include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <sstream>
 
-#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
-#include "fsdp/core/fully_shard.h"
-#include "fsdp/core/grad_norm.h"
-#include "fsdp/core/memory.h"
-#include "fsdp/distributed/collectives.h"
-#include "fsdp/distributed/desync.h"
-#include "fsdp/distributed/flight_recorder.h"
-#include "fsdp/io/atomic_file.h"
-#include "fsdp/common/allocation_log.h"
-#include "fsdp/common/flat_buffer.h"
 #include "fsdp/common/fault_point.h"
-#include "fsdp/io/memory_snapshot.h"
-#include "fsdp/models/registry.h"
-#include "fsdp/nn/lm_loss.h"
-#include "fsdp/nn/packed_rows.h"
+#include "fsdp/distributed/collectives.h"
+#include "fsdp/io/atomic_file.h"
 #include "fsdp/train/builders.h"
-#include "fsdp/train/export.h"
-#include "fsdp/train/generate.h"
+#include "fsdp/train/hf_companions.h"
 #include "fsdp/train/job_agreement.h"
 
 namespace fsdp::train {
