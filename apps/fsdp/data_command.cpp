@@ -85,7 +85,7 @@ void add_data_command(CLI::App& app, int& exit_code) {
                   options->txt_separator ? "each separator" : "blank lines");
     }
     std::printf("data prepare: %lld %s, %s of text -> %lld train tokens (%d file%s) + %lld val tokens (%d file%s) in %s\n",
-                static_cast<long long>(s.documents), s.examples ? "chat examples" : "documents",
+                static_cast<long long>(s.documents), s.preference_pairs ? "preference pairs (chosen and rejected examples)" : s.examples ? "chat examples" : "documents",
                 data::human_bytes(s.bytes).c_str(),
                 static_cast<long long>(s.train_tokens), s.train_files, s.train_files == 1 ? "" : "s",
                 static_cast<long long>(s.val_tokens), s.val_files, s.val_files == 1 ? "" : "s", options->out_dir.c_str());

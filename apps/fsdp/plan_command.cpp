@@ -54,7 +54,12 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
                 gpu                    ? "off (a CPU kernel)"
                 : job.model.chunk_loss ? "on"
                                        : "off");
-  if (job.lora.rank == 0) return text;
+  std::string line = text;
+  if (job.objective.name == train::ObjectiveKind::kDpo) {
+    line += job.lora.rank == 0 ? "; DPO: 2 rows a pair, and a frozen reference model sharded as the policy is"
+                               : "; DPO: 2 rows a pair, the reference the starting adapters on the same base (no copy)";
+  }
+  if (job.lora.rank == 0) return line;
   // LoRA: the trainable share, the frozen base's dtype.
   int64_t all = m.root_params, trainable = m.root_trainable;
   for (size_t i = 0; i < m.block_params.size(); ++i) {
@@ -65,7 +70,7 @@ std::string job_line(const plan::ModelShape& m, const train::TrainConfig& job, i
   std::snprintf(lora, sizeof(lora), "; LoRA rank %lld: %lld trainable parameters of %lld, the frozen base in %s",
                 static_cast<long long>(job.lora.rank), static_cast<long long>(trainable), static_cast<long long>(all),
                 job.runtime.precision == train::Precision::kFp32 ? "fp32" : "bf16");
-  return text + std::string(lora);
+  return line + std::string(lora);
 }
 
 void print_table(const plan::Prediction& p, int64_t overhead, const std::string& overhead_source, double headroom,

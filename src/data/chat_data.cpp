@@ -1,6 +1,7 @@
 #include "fsdp/data/chat_data.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "fsdp/common/error.h"
 
@@ -40,7 +41,12 @@ void check_messages(const Json& messages, const std::string& where, const std::s
 }  // namespace
 
 bool is_chat_record(const Json& record) {
-  return record.is_object() && (record.contains("messages") || (record.contains("prompt") && record.contains("completion")));
+  return record.is_object() && (record.contains("messages") || (record.contains("prompt") && record.contains("completion")) ||
+                                is_preference_record(record));
+}
+
+bool is_preference_record(const Json& record) {
+  return record.is_object() && record.contains("chosen") && record.contains("rejected");
 }
 
 ChatEncoder::ChatEncoder(const std::string& tokenizer_dir, const Tokenizer& tokenizer, bool require_template)
@@ -101,7 +107,7 @@ std::string ChatEncoder::render(const Json& messages, bool add_generation_prompt
 }
 
 Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, const std::string& where) const {
-  FSDP_CHECK(is_chat_record(record), where, ": expected chat data: {\"messages\": [...]} or {\"prompt\": ..., ",
+  FSDP_CHECK(is_chat_record(record) && !is_preference_record(record), where, ": expected chat data: {\"messages\": [...]} or {\"prompt\": ..., ",
              "\"completion\": ...}");
   const auto rendered = [&](const Json& messages, bool add_generation_prompt) {
     FSDP_CHECK(template_ != nullptr, where, ": conversations need a chat template, and the tokenizer has none");
@@ -203,6 +209,36 @@ Example ChatEncoder::encode(const Json& record, const Tokenizer& tokenizer, cons
   const size_t start = common_prefix(prompt_tokens, out.tokens);
   out.trained.assign(out.tokens.size(), 0);
   std::fill(out.trained.begin() + static_cast<std::ptrdiff_t>(start), out.trained.end(), uint8_t{1});
+  return out;
+}
+
+std::array<Example, 2> ChatEncoder::encode_preference(const Json& record, const Tokenizer& tokenizer,
+                                                      const std::string& where) const {
+  FSDP_CHECK(is_preference_record(record), where, ": expected preference data: {\"prompt\": ..., \"chosen\": ..., ",
+             "\"rejected\": ...}");
+  FSDP_CHECK(record.contains("prompt"), where, ": a preference record needs its \"prompt\" apart from \"chosen\" and ",
+             "\"rejected\" (each of which is then only the answer)");
+  FSDP_CHECK(!record.contains("completion") && !record.contains("messages"), where, ": a preference record has ",
+             "\"chosen\" and \"rejected\" answers, not \"completion\" or \"messages\" too");
+  std::array<Example, 2> out;
+  size_t start = SIZE_MAX;
+  const char* sides[] = {"chosen", "rejected"};
+  for (size_t k = 0; k < 2; ++k) {
+    Json pair = record;
+    pair.erase("chosen");
+    pair.erase("rejected");
+    pair["completion"] = record[sides[k]];
+    out[k] = encode(pair, tokenizer, where + " (\"" + sides[k] + "\")");
+    const auto first = std::find(out[k].trained.begin(), out[k].trained.end(), uint8_t{1});
+    start = std::min(start, static_cast<size_t>(first - out[k].trained.begin()));
+  }
+  // TRL's prompt is the shorter of the two common prefixes: both answers
+  // train from there.
+  for (auto& example : out) {
+    std::fill(example.trained.begin(), example.trained.end(), uint8_t{0});
+    std::fill(example.trained.begin() + static_cast<std::ptrdiff_t>(std::min(start, example.trained.size())),
+              example.trained.end(), uint8_t{1});
+  }
   return out;
 }
 

@@ -62,6 +62,9 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   for (size_t k = 0; k < paths.size(); ++k) {
     const auto record = tokenizer_record_beside(paths[k]);
     const bool examples = record && record->examples;
+    if (k == 0) pairs_ = record && record->preference_pairs;
+    FSDP_CHECK((record && record->preference_pairs) == pairs_, o_.flag, " '", source, "' mixes preference pairs and ",
+               "other data; train on one kind at a time");
     if (k > 0 && examples != !example_starts_.empty()) {
       throw Error(o_.flag + " '" + source + "' mixes chat data (with loss masks) and plain token files; train on one "
                   "kind at a time");
@@ -87,6 +90,10 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
              " tokens, fewer than one batch of ", B, " x ", T, " + 1");
   FSDP_CHECK(!o_.pack || !example_starts_.empty(), "data.pack packs chat examples (token files with loss masks, "
              "from `fsdp data prepare` of chat data), and ", o_.flag, " '", source, "' is a plain token stream");
+  FSDP_CHECK(!pairs_ || examples() % 2 == 0, o_.flag, " '", source, "' is preference data but holds ", examples(),
+             " examples, not pairs of them; prepare the data again");
+  FSDP_CHECK(!o_.pack || !pairs_, "data.pack packs examples into rows, and ", o_.flag, " '", source, "' holds preference ",
+             "pairs, each two rows of a batch (chosen, rejected); train them without --pack");
   if (!o_.pack) return;
   // Consecutive examples while their inputs (L - 1 each, L cut to T + 1) fit T.
   row_first_.push_back(0);
@@ -137,7 +144,7 @@ int64_t DataLoader::read_packed(int64_t i, int64_t* inputs, int64_t* targets, in
 }
 
 int64_t DataLoader::example_of(int64_t i) const {
-  const int64_t n = examples();
+  const int64_t n = pairs_ ? examples() / 2 : examples();
   return o_.shuffle ? permute_index(i % n, n, o_.seed, static_cast<uint64_t>(i / n)) : i % n;
 }
 
@@ -201,23 +208,43 @@ int64_t DataLoader::offset(int64_t step, int micro_step) const {
 
 int64_t DataLoader::sequence_start(int64_t i) const {
   const int64_t T = o_.seq_len;
-  if (!example_starts_.empty()) return example_starts_[static_cast<size_t>(example_of(i))];
+  if (!example_starts_.empty()) return example_starts_[static_cast<size_t>(example_of(i) * (pairs_ ? 2 : 1))];
   if (!o_.shuffle || !stream_) return i * T;
   const int64_t windows = (stream_->size() - 1) / T;
   const int64_t epoch = i / windows;
   return permute_index(i % windows, windows, o_.seed, static_cast<uint64_t>(epoch)) * T;
 }
 
+void DataLoader::read_example(int64_t e, int64_t* out, uint8_t* trained) const {
+  const int64_t T = o_.seq_len;
+  const int64_t start = example_starts_[static_cast<size_t>(e)];
+  const int64_t length = std::min(example_length(e), T + 1);
+  stream_->read(start, length, out);
+  for (int64_t k = 0; k <= T; ++k) {
+    if (k >= length) out[k] = 0;  // padding: never a target, after every real token
+    trained[k] = k < length && (mask_[static_cast<size_t>(start + k)] & kMaskTrained);
+  }
+}
+
+std::vector<int64_t> DataLoader::examples_of_batch(int64_t first) const {
+  const int64_t B = o_.batch_size;
+  std::vector<int64_t> out;
+  if (!pairs_) {
+    for (int64_t b = 0; b < B; ++b) out.push_back(example_of(first + b));
+    return out;
+  }
+  // TRL's order: every pair's chosen row, then every pair's rejected row.
+  for (int side = 0; side < 2; ++side) {
+    for (int64_t b = 0; b < B; ++b) out.push_back(2 * example_of(first + b) + side);
+  }
+  return out;
+}
+
 void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const {
   const int64_t T = o_.seq_len;
   const int64_t start = sequence_start(i);
   if (!example_starts_.empty()) {
-    const int64_t length = std::min(example_length(example_of(i)), T + 1);
-    stream_->read(start, length, out);
-    for (int64_t k = 0; k <= T; ++k) {
-      if (k >= length) out[k] = 0;  // padding: never a target, after every real token
-      trained[k] = k < length && (mask_[static_cast<size_t>(start + k)] & kMaskTrained);
-    }
+    read_example(example_of(i), out, trained);
     return;
   }
   if (stream_) {
@@ -257,10 +284,19 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
     }
     return out;
   }
-  auto rows = torch::empty({B, T + 1}, torch::kLong);
-  std::vector<uint8_t> trained(static_cast<size_t>(B * (T + 1)), 1);
   const int64_t first = offset(step, micro_step) / T;
-  for (int64_t b = 0; b < B; ++b) read_sequence(first + b, rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+  // Chat data: the examples of the batch's rows (two a sequence for preference pairs).
+  const std::vector<int64_t> row_examples = example_starts_.empty() ? std::vector<int64_t>{} : examples_of_batch(first);
+  const int64_t R = example_starts_.empty() ? B : static_cast<int64_t>(row_examples.size());
+  auto rows = torch::empty({R, T + 1}, torch::kLong);
+  std::vector<uint8_t> trained(static_cast<size_t>(R * (T + 1)), 1);
+  for (int64_t b = 0; b < R; ++b) {
+    if (example_starts_.empty()) {
+      read_sequence(first + b, rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+    } else {
+      read_example(row_examples[static_cast<size_t>(b)], rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+    }
+  }
   // A copy (with B = 1 the narrowed rows count as contiguous already, and
   // the ignore index written below would reach the inputs).
   auto targets = rows.narrow(1, 1, T).clone(at::MemoryFormat::Contiguous);
@@ -268,7 +304,7 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
   if (!example_starts_.empty()) {
     counted = 0;
     auto* t = targets.data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < R; ++b) {
       for (int64_t k = 0; k < T; ++k) {
         const bool keep = trained[static_cast<size_t>(b * (T + 1) + k + 1)] != 0;
         if (!keep) t[b * T + k] = -100;
@@ -282,8 +318,8 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
   if (!example_starts_.empty()) {
     real = 0;
     int64_t longest = 1;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t inputs_of_row = std::min(example_length(example_of(first + b)), T + 1) - 1;
+    for (int64_t b = 0; b < R; ++b) {
+      const int64_t inputs_of_row = std::min(example_length(row_examples[static_cast<size_t>(b)]), T + 1) - 1;
       real += inputs_of_row;
       longest = std::max(longest, inputs_of_row);
     }

@@ -395,6 +395,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   std::vector<std::string> docs;
   std::vector<Record> records;
   std::vector<size_t> file_of_doc;  // to name the file of a document that fails
+  bool preference = false;          // preference records: two examples each, chosen then rejected
   PrepareStats stats;
   stats.examples = chat;
   for (size_t k = 0; k < files.size(); ++k) {
@@ -402,6 +403,10 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
       for (auto& r : records_of(files[k], o)) {
         FSDP_CHECK(is_chat_record(r.value), r.where, " is no chat record ({\"messages\": [...]} or {\"prompt\": ..., ",
                    "\"completion\": ...}) though the corpus's first record is: one prepare takes one kind of data");
+        if (records.empty()) preference = is_preference_record(r.value);
+        FSDP_CHECK(is_preference_record(r.value) == preference, r.where, preference ? " is no preference record" : " is a preference record",
+                   " ({\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}) though the corpus's first record ",
+                   preference ? "is" : "is not", ": one prepare takes one kind of data");
         stats.bytes += r.bytes;
         records.push_back(std::move(r));
         file_of_doc.push_back(k);
@@ -428,6 +433,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
                                 static_cast<int>(count)));
   std::vector<std::vector<int32_t>> encoded(count);
   std::vector<std::vector<uint8_t>> trained(chat ? count : 0);
+  // Preference records: where the rejected example starts in the record's tokens.
+  std::vector<size_t> second_start(count, 0);
   std::atomic<int64_t> done{0}, done_bytes{0}, answers_left_out{0};
   std::vector<std::thread> pool;
   std::exception_ptr failure;
@@ -439,10 +446,19 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
         const auto own = tokenizer->clone();
         for (size_t i = static_cast<size_t>(t); i < count && !failed; i += static_cast<size_t>(threads)) {
           if (chat) {
-            Example example = chat_encoder->encode(records[i].value, *own, records[i].where);
-            encoded[i] = std::move(example.tokens);
-            trained[i] = std::move(example.trained);
-            answers_left_out += example.answers_left_out;
+            if (preference) {
+              auto [chosen, rejected] = chat_encoder->encode_preference(records[i].value, *own, records[i].where);
+              second_start[i] = chosen.tokens.size();
+              encoded[i] = std::move(chosen.tokens);
+              encoded[i].insert(encoded[i].end(), rejected.tokens.begin(), rejected.tokens.end());
+              trained[i] = std::move(chosen.trained);
+              trained[i].insert(trained[i].end(), rejected.trained.begin(), rejected.trained.end());
+            } else {
+              Example example = chat_encoder->encode(records[i].value, *own, records[i].where);
+              encoded[i] = std::move(example.tokens);
+              trained[i] = std::move(example.trained);
+              answers_left_out += example.answers_left_out;
+            }
             done_bytes += records[i].bytes;
           } else {
             try {
@@ -500,7 +516,8 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
     if (chat) {
       auto& mask = held_out ? val_mask : train_mask;
       for (size_t k = 0; k < trained[i].size(); ++k) {
-        mask.push_back(static_cast<uint8_t>((trained[i][k] ? kMaskTrained : 0) | (k == 0 ? kMaskExampleStart : 0)));
+        const bool starts = k == 0 || (second_start[i] > 0 && k == second_start[i]);
+        mask.push_back(static_cast<uint8_t>((trained[i][k] ? kMaskTrained : 0) | (starts ? kMaskExampleStart : 0)));
       }
     } else {
       dest.push_back(separator);
@@ -544,6 +561,7 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   record.files.insert(record.files.end(), val_files.begin(), val_files.end());
   record.complete = false;
   record.examples = chat;
+  record.preference_pairs = preference;
   write_tokenizer_record(o.out_dir, record);
   std::vector<std::string> stale;
   for (const auto& entry : fs::directory_iterator(o.out_dir)) {
@@ -563,10 +581,13 @@ PrepareStats prepare_corpus(const PrepareOptions& o) {
   stats.train_tokens = static_cast<int64_t>(train.size());
   stats.val_tokens = stats.val_files > 0 ? static_cast<int64_t>(val.size()) : 0;
   stats.separator = chat ? -1 : separator;
+  stats.preference_pairs = preference;
   stats.answers_left_out = answers_left_out;
   for (size_t i = 0; i < trained.size(); ++i) {
     stats.trained_tokens += std::count(trained[i].begin(), trained[i].end(), uint8_t{1});
-    stats.longest_example = std::max<int64_t>(stats.longest_example, static_cast<int64_t>(trained[i].size()));
+    const size_t second = second_start[i] > 0 ? trained[i].size() - second_start[i] : 0;
+    stats.longest_example =
+        std::max<int64_t>(stats.longest_example, static_cast<int64_t>(std::max(trained[i].size() - second, second)));
   }
   stats.tokenizer = tokenizer->source();
   stats.removed = stale;

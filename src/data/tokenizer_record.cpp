@@ -54,6 +54,7 @@ void write_tokenizer_record(const std::string& dir, const TokenizerRecord& r) {
                       {"files", r.files},
                       {"complete", r.complete}};
   if (r.examples) j["examples"] = true;
+  if (r.preference_pairs) j["preference_pairs"] = true;
   io::write_file_atomically(dir + "/" + kTokenizerRecordFile, j.dump(2) + "\n");
 }
 
@@ -74,6 +75,7 @@ std::optional<TokenizerRecord> tokenizer_record_beside(const std::string& token_
     if (j.contains("files")) r.files = j.at("files").get<std::vector<std::string>>();
     if (j.contains("complete")) r.complete = j.at("complete").get<bool>();
     if (j.contains("examples")) r.examples = j.at("examples").get<bool>();
+    if (j.contains("preference_pairs")) r.preference_pairs = j.at("preference_pairs").get<bool>();
   } catch (const std::exception& e) {
     throw Error("'" + path.string() + "' is not a tokenizer record `fsdp data prepare` writes (" + e.what() +
                 "); delete it, or prepare the data again");

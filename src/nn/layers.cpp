@@ -10,6 +10,7 @@
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
 #include "fsdp/nn/dropout.h"
+#include "fsdp/nn/lora.h"
 #include "kernels/kernels.h"
 
 namespace fsdp::nn {
@@ -36,7 +37,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std) {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
-  if (!lora_A) return y;
+  if (!lora_A || adapters_off()) return y;
   const torch::Tensor h = lora_dropout ? dropout(lora_dropout, x) : x;
   return y + lora_B->forward(lora_A->forward(h)) * lora_scale;  // PEFT's order of operations
 }

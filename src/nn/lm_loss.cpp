@@ -219,4 +219,15 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
   return ChunkedCrossEntropy::apply(h, weight, t, chunk_rows);
 }
 
+torch::Tensor sequence_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets) {
+  FSDP_CHECK(hidden.dim() == 3 && targets.dim() == 2 && hidden.size(0) == targets.size(0) &&
+                 hidden.size(1) == targets.size(1),
+             "sequence_log_probs: expected hidden (B, T, C) and targets (B, T)");
+  const torch::Tensor logits = torch::matmul(hidden, weight.t()).to(torch::kFloat);
+  const torch::Tensor ignored = targets.eq(kIgnoreIndex);
+  const torch::Tensor picked =
+      torch::log_softmax(logits, -1).gather(-1, targets.masked_fill(ignored, 0).unsqueeze(-1)).squeeze(-1);
+  return picked.masked_fill(ignored, 0.0).sum(-1);
+}
+
 }  // namespace fsdp::nn

@@ -1,5 +1,6 @@
 #include "fsdp/nn/lora.h"
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <set>
@@ -118,5 +119,13 @@ std::vector<std::pair<std::string, torch::Tensor>> merge_lora(
   }
   return merged;
 }
+
+namespace {
+std::atomic<int> g_adapters_off{0};
+}  // namespace
+
+AdaptersOff::AdaptersOff() { ++g_adapters_off; }
+AdaptersOff::~AdaptersOff() { --g_adapters_off; }
+bool adapters_off() { return g_adapters_off.load() > 0; }
 
 }  // namespace fsdp::nn

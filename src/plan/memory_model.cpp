@@ -151,12 +151,16 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const int64_t grad_shards = root.grad_shard + range(grad_shard_sum, 0, L);
   const int64_t params_bytes = trainable_shards * s.master + (shards - trainable_shards) * frozen_bytes;
   const int64_t optimizer_bytes = 2 * trainable_shards * s.master;  // AdamW's two moments, in the shards' dtype
-  out.state_bytes = params_bytes + grad_shards * s.master + optimizer_bytes;
+  // DPO without LoRA: the frozen reference, sharded as the policy, stored
+  // in the compute dtype (with LoRA the reference is the base, adapters off).
+  const int64_t reference_bytes =
+      job.objective.name == train::ObjectiveKind::kDpo && !lora ? shards * s.compute : 0;
+  out.state_bytes = params_bytes + grad_shards * s.master + optimizer_bytes + reference_bytes;
   // The host's: the offloaded state, and under optimizer offload the fp32
   // copies of parameters and gradients a step updates there, with fp32
   // moments whatever the shards' dtype.
   if (cpu_offload) {
-    out.host_parts = {{"sharded parameters", params_bytes},
+    out.host_parts = {{"sharded parameters", params_bytes + reference_bytes},
                       {"gradients", grad_shards * s.master},
                       {"optimizer state", optimizer_bytes}};
   }
@@ -237,6 +241,7 @@ Prediction walk(const ModelShape& m, const train::TrainConfig& job, int S, const
   const auto moment = [&](std::string phase, std::vector<Part> parts) {
     Moment mo{std::move(phase), {}};
     if (!cpu_offload) mo.parts.push_back({"sharded parameters", params_bytes});
+    if (!cpu_offload && reference_bytes > 0) mo.parts.push_back({"the DPO reference's shards", reference_bytes});
     if (!cpu_offload && !optimizer_offload) mo.parts.push_back({"optimizer state", optimizer_bytes});
     for (auto& p : parts) {
       if (cpu_offload && p.name == "gradients") continue;  // reduced shards land on the host
@@ -371,7 +376,8 @@ Prediction predict(const ModelShape& m, const train::TrainConfig& job, int world
   FSDP_CHECK(job.runtime.precision != train::Precision::kFp16,
              "fsdp plan: fp16 is not modelled (bf16 is: the same sizes, without the loss scaler's state)");
   Sizes s;
-  s.B = job.data.batch_size;
+  // DPO: each of a micro-batch's B pairs is two rows, chosen and rejected.
+  s.B = job.data.batch_size * (job.objective.name == train::ObjectiveKind::kDpo ? 2 : 1);
   s.T = job.data.seq_len;
   s.N = s.B * s.T;
   if (job.runtime.precision == train::Precision::kBf16) s.compute = s.logits = 2;

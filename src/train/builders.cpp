@@ -81,6 +81,20 @@ namespace {
 // Under a bf16 policy the frozen ones are kept in bf16 (what they are
 // gathered in anyway): no fp32 copy of a weight that never changes, so a
 // rank holds half the base's bytes; the adapters keep fp32 masters.
+}  // namespace
+
+void keep_frozen_in_compute_dtype(models::CausalLMImpl& model, const TrainConfig& config) {
+  const auto frozen_dtype = precision_dtype(config.runtime.precision);
+  if (frozen_dtype == torch::kFloat) return;
+  for (auto& p : model.parameters()) {
+    if (p.requires_grad()) continue;
+    p.set_data(is_deferred(p) ? at::empty_strided(p.sizes(), std::vector<int64_t>(p.dim(), 0), p.options().dtype(frozen_dtype))
+                              : p.to(frozen_dtype));
+  }
+}
+
+namespace {
+
 void add_lora_adapters(models::CausalLMImpl& model, const TrainConfig& config, BuiltModel& built, RunLog& log) {
   const auto& l = config.lora;
   FSDP_CHECK(model.family() != "gpt2", "--lora-rank: GPT-2's projections are Conv1D layers (weights stored in x out), "
@@ -92,14 +106,8 @@ void add_lora_adapters(models::CausalLMImpl& model, const TrainConfig& config, B
   o.targets = config.lora_targets();
   const auto layers = nn::add_lora(model, o);
   if (!l.init_from.empty()) models::load_peft_adapter(model, l.init_from, l.rank, l.alpha);
+  keep_frozen_in_compute_dtype(model, config);
   const auto frozen_dtype = precision_dtype(config.runtime.precision);
-  if (frozen_dtype != torch::kFloat) {
-    for (auto& p : model.parameters()) {
-      if (p.requires_grad()) continue;
-      p.set_data(is_deferred(p) ? at::empty_strided(p.sizes(), std::vector<int64_t>(p.dim(), 0), p.options().dtype(frozen_dtype))
-                                : p.to(frozen_dtype));
-    }
-  }
   int64_t trainable = 0;
   for (const auto& p : unique_parameters(model)) trainable += p.requires_grad() ? p.numel() : 0;
   built.parameters = models::count_parameters(model);
@@ -231,6 +239,15 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
   if (config.model.init_from.empty()) o.vocab_advice = preset_vocab_advice;
   const std::string& source = validation ? d.val : d.train;
   auto loader = std::make_unique<data::DataLoader>(source, o);
+  const char* flag = validation ? "--val-data" : "--data";
+  if (config.objective.name == ObjectiveKind::kDpo) {
+    FSDP_CHECK(loader->preference_pairs(), "--objective dpo trains on preference pairs, and ", flag, " '", source,
+               "' holds ", loader->examples() > 0 ? "chat examples" : "a token stream", "; prepare {\"prompt\", ",
+               "\"chosen\", \"rejected\"} records with `fsdp data prepare`");
+  } else {
+    FSDP_CHECK(!loader->preference_pairs(), flag, " '", source, "' holds preference pairs (a chosen and a rejected ",
+               "answer to each prompt), which train with --objective dpo");
+  }
   // The data's rows: examples, or windows of T tokens (+1 for the last target).
   const int64_t rows_in_data = loader->synthetic()     ? 0
                                : loader->examples() > 0 ? loader->rows()
@@ -257,7 +274,8 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
   }
   if (loader->examples() > 0) {
     // Chat data: one example a row, cut to a row when longer.
-    what += "; " + std::to_string(loader->examples()) + " chat examples, " +
+    what += "; " + (loader->preference_pairs() ? std::to_string(loader->rows()) + " preference pairs, two rows each (" : std::string()) +
+            std::to_string(loader->examples()) + " chat examples, " +
             (loader->packed() ? "packed into " + std::to_string(loader->rows()) + " rows of " + std::to_string(d.seq_len) +
                                     " tokens (attention kept inside each)"
                               : std::string("one a row")) +

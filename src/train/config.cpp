@@ -48,6 +48,16 @@ struct EnumSpellings<train::Accumulate> {
                                                            {train::Accumulate::kSharded, "sharded"}};
 };
 template <>
+struct EnumSpellings<train::ObjectiveKind> {
+  static constexpr Spelling<train::ObjectiveKind> kTable[] = {{train::ObjectiveKind::kLm, "lm"},
+                                                              {train::ObjectiveKind::kDpo, "dpo"}};
+};
+template <>
+struct EnumSpellings<train::DpoLoss> {
+  static constexpr Spelling<train::DpoLoss> kTable[] = {
+      {train::DpoLoss::kSigmoid, "sigmoid"}, {train::DpoLoss::kIpo, "ipo"}, {train::DpoLoss::kHinge, "hinge"}};
+};
+template <>
 struct EnumSpellings<train::OnSaveError> {
   static constexpr Spelling<train::OnSaveError> kTable[] = {{train::OnSaveError::kStop, "stop"},
                                                             {train::OnSaveError::kContinue, "continue"}};
@@ -216,6 +226,10 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(lora, dropout, "--lora-dropout", "LoRA: dropout on the adapters' input"),
       FSDP_FIELD(lora, targets, "--lora-targets", "LoRA: comma-separated layer names (q_proj,v_proj), or all-linear: every Linear layer but the output head and MoE routers"),
       FSDP_FIELD(lora, init_from, "--lora-init-from", "LoRA: start the adapters from a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of fresh ones"),
+      FSDP_FIELD(objective, name, "--objective", "what the run trains for: lm (next-token prediction) or dpo (preference pairs from `fsdp data prepare` of {prompt, chosen, rejected} records, against a frozen reference: the starting model, or with LoRA the model with its adapters off)"),
+      FSDP_FIELD(objective, beta, "--dpo-beta", "DPO: beta, how strongly the policy is held near the reference (TRL's beta; for ipo, its tau)"),
+      FSDP_FIELD(objective, loss, "--dpo-loss", "DPO: the loss on each pair's margin: sigmoid (DPO), ipo (IPO, on per-token log-ratios) or hinge (SLiC)"),
+      FSDP_FIELD(objective, label_smoothing, "--dpo-label-smoothing", "DPO sigmoid: the share of pairs assumed mislabelled, in [0, 0.5) (conservative DPO)"),
       FSDP_FIELD(data, train, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
       FSDP_FIELD(data, val, "--val-data", "token files for evaluation (as --data)"),
       FSDP_FIELD(data, seq_len, "--seq-len", "tokens per sequence"),
@@ -347,6 +361,8 @@ void assign(TrainConfig& config, const Field& f, const std::string& value, const
 
 std::string name_of(Precision p) { return spelling_of(p); }
 std::string name_of(LrScheduleKind k) { return spelling_of(k); }
+std::string name_of(ObjectiveKind k) { return spelling_of(k); }
+std::string name_of(DpoLoss l) { return spelling_of(l); }
 std::string name_of(OnSaveError e) { return spelling_of(e); }
 std::string name_of(ShardPlacement p) { return spelling_of(p); }
 std::string name_of(Accumulate a) { return spelling_of(a); }

@@ -62,6 +62,20 @@ void TrainConfig::validate() const {
   }
   FSDP_CHECK(!eval.keep_best || fsdp.shard_placement != ShardPlacement::kColumns, "eval.keep_best saves checkpoints, "
              "and fsdp.shard_placement columns cannot be checkpointed: use rows or flat");
+  if (objective.name == ObjectiveKind::kDpo) {
+    FSDP_CHECK(std::isfinite(objective.beta) && objective.beta > 0, "objective.beta is ", objective.beta,
+               ": expected a positive number (TRL's default is 0.1)");
+    FSDP_CHECK(objective.label_smoothing >= 0 && objective.label_smoothing < 0.5, "objective.label_smoothing is ",
+               objective.label_smoothing, ": expected 0 <= label_smoothing < 0.5");
+    FSDP_CHECK(objective.label_smoothing == 0 || objective.loss == DpoLoss::kSigmoid, "objective.label_smoothing "
+               "applies to the sigmoid loss, and objective.loss is ", name_of(objective.loss));
+    FSDP_CHECK(!model.init_from.empty(), "--objective dpo tunes a trained model toward preferred answers and needs "
+               "it as --init-from DIR (a Hugging Face directory); a preset starts from random weights");
+    FSDP_CHECK(data.train != "synthetic", "--objective dpo trains on preference pairs: --data names the token files "
+               "`fsdp data prepare` wrote from {\"prompt\", \"chosen\", \"rejected\"} records");
+    FSDP_CHECK(!data.pack, "--objective dpo: a pair's chosen and rejected answers are two rows of a batch; --pack "
+               "does not apply");
+  }
   FSDP_CHECK(optim.lr > 0, "optim.lr is ", optim.lr, ": expected a positive learning rate");
   FSDP_CHECK(optim.warmup_steps >= 0, "optim.warmup_steps is ", optim.warmup_steps, ": expected 0 or more");
   FSDP_CHECK(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio is ", optim.min_lr_ratio,

@@ -96,7 +96,8 @@ void RunLog::say(const std::string& text) {
   write_file(text);
 }
 
-void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds) {
+void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds,
+                  const std::string& extra) {
   if (rank_ != 0) return;
   const auto now = std::chrono::steady_clock::now();
   if (eta_from_step_ < 0) {
@@ -120,7 +121,8 @@ void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, dou
   std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  ETA %s",
                 static_cast<long long>(step + 1), static_cast<long long>(total_steps_), loss, lr, grad_norm,
                 tokens_per_s, eta.c_str());
-  write_file(line);
+  const std::string text = extra.empty() ? std::string(line) : std::string(line) + "  " + extra;
+  write_file(text);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step + 1) / static_cast<double>(total_steps_));
@@ -131,7 +133,7 @@ void RunLog::step(int64_t step, double loss, double tokens_per_s, double lr, dou
                 eta.c_str());
     bar_drawn_ = true;
   } else {
-    std::printf("%s\n", line);
+    std::printf("%s\n", text.c_str());
   }
   std::fflush(stdout);
 }

@@ -27,6 +27,7 @@
 #include "fsdp/io/memory_snapshot.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/lm_loss.h"
+#include "fsdp/nn/lora.h"
 #include "fsdp/nn/packed_rows.h"
 #include "fsdp/train/builders.h"
 #include "fsdp/train/export.h"
@@ -209,8 +210,89 @@ torch::Tensor Trainer::lm_loss(const torch::Tensor& hidden, const torch::Tensor&
                                   : nn::lm_loss(hidden, model_->output_weight(), targets);
 }
 
+namespace {
+
+// Puts the starting values into each (parameter, starting value) pair's
+// parameter (its local shard) for the scope's life, then the trained ones
+// back: a few MB of adapters, copied twice a micro-step.
+class StartingAdaptersIn {
+ public:
+  explicit StartingAdaptersIn(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& pairs) : pairs_(pairs) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [param, start] : pairs_) {
+      trained_.push_back(param.detach().clone());
+      param.detach().copy_(start);
+    }
+  }
+  ~StartingAdaptersIn() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < trained_.size(); ++i) pairs_[i].first.detach().copy_(trained_[i]);
+  }
+  StartingAdaptersIn(const StartingAdaptersIn&) = delete;
+  StartingAdaptersIn& operator=(const StartingAdaptersIn&) = delete;
+
+ private:
+  const std::vector<std::pair<torch::Tensor, torch::Tensor>>& pairs_;
+  std::vector<torch::Tensor> trained_;
+};
+
+}  // namespace
+
+PreferenceTerms Trainer::preference_terms_of(const data::Batch& batch) {
+  torch::Tensor reference;
+  {
+    // The reference's forward first: a no-grad forward leaves every unit
+    // resharded, and the policy's forward then runs as any step's does.
+    RECORD_USER_SCOPE("train::reference_forward");
+    memory::set_phase("reference");
+    torch::NoGradGuard no_grad;
+    const auto score = [&](models::CausalLM& m) {
+      return fsdp::run(m, [&] { return nn::sequence_log_probs(m->forward(batch.inputs), m->output_weight(), batch.targets); });
+    };
+    if (reference_) {
+      reference = score(reference_);
+    } else if (!starting_adapters_.empty()) {
+      // --lora-init-from: the adapters the run started from, in place of
+      // the trained ones for this forward (TRL's frozen "ref" adapter).
+      StartingAdaptersIn swapped(starting_adapters_);
+      const bool training = model_->is_training();
+      model_->eval();
+      reference = score(model_);
+      model_->train(training);
+    } else {
+      // TRL's reference under LoRA: the same model with its adapters off,
+      // and (as TRL's DPOTrainer disables dropout) without dropout.
+      nn::AdaptersOff off;
+      const bool training = model_->is_training();
+      model_->eval();
+      reference = score(model_);
+      model_->train(training);
+    }
+  }
+  memory::set_phase("forward");
+  torch::Tensor policy;
+  if (torch::GradMode::is_enabled()) {
+    const torch::Tensor hidden = fsdp::call(model_, batch.inputs);
+    memory::set_phase("loss");
+    policy = nn::sequence_log_probs(hidden, model_->output_weight(), batch.targets);
+  } else {
+    policy = fsdp::run(model_, [&] {
+      return nn::sequence_log_probs(model_->forward(batch.inputs), model_->output_weight(), batch.targets);
+    });
+  }
+  return preference_terms(policy, reference, batch.targets.ne(-100).sum(1), config_.objective);
+}
+
 Trainer::Losses Trainer::loss_of(const data::Batch& batch) {
   Losses losses;
+  if (dpo()) {
+    const PreferenceTerms terms = preference_terms_of(batch);
+    preference_stats_.add(terms);
+    losses.lm = terms.losses.mean();
+    const torch::Tensor aux = model_->auxiliary_loss();
+    losses.trained = aux.defined() ? losses.lm + aux : losses.lm;
+    return losses;
+  }
   memory::set_phase("forward");
   const torch::Tensor hidden = fsdp::call(model_, batch.inputs);
   memory::set_phase("loss");
@@ -237,6 +319,10 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   // [Note: the loss of chat data]: each trained target weighs the same
   // across micro-steps and ranks, so the step needs the global count first.
   const bool examples = train_data_->examples() > 0;
+  // Preference pairs weigh alike, as TRL's mean over a batch's pairs: every
+  // micro-batch holds B of them.
+  const bool by_tokens = examples && !dpo();
+  preference_stats_ = {};
   std::vector<data::Batch> batches;
   double trained_in_step = 0;
   int64_t real_in_step = tokens_per_step();
@@ -264,8 +350,8 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
     data::Batch batch = examples ? std::move(batches[static_cast<size_t>(a)]) : train_data_->batch(step, a);
     // A micro-batch whose rows train nothing still runs (its collectives
     // are every rank's), weighing 0; one target keeps its mean finite.
-    if (examples && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
-    const double weight = !examples ? 1.0 / static_cast<double>(A)
+    if (by_tokens && batch.trained_targets == 0) batch.targets.view({-1}).narrow(0, 0, 1).fill_(0);
+    const double weight = !by_tokens ? 1.0 / static_cast<double>(A)
                           : trained_in_step > 0
                               ? static_cast<double>(batch.trained_targets) * world_->size() / trained_in_step
                               : 0.0;
@@ -288,7 +374,7 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
       RECORD_USER_SCOPE("train::backward");
       memory::set_phase("backward");
       const torch::Tensor aux = model_->auxiliary_loss();
-      const torch::Tensor loss = !examples       ? losses.trained / static_cast<double>(A)
+      const torch::Tensor loss = !by_tokens      ? losses.trained / static_cast<double>(A)
                                  : aux.defined() ? losses.lm * weight + aux / static_cast<double>(A)
                                                  : losses.lm * weight;
       (scaler_ ? scaler_->scale(loss) : loss).backward();
@@ -334,6 +420,10 @@ Trainer::StepStats Trainer::train_step(int64_t step) {
   stats.trained_tokens = examples ? static_cast<int64_t>(trained_in_step) : real_in_step;
   stats.comm_bytes = comm.labeled_bytes - comm_before.labeled_bytes;
   if (model_->auxiliary_loss().defined()) stats.aux_loss = mean_over_ranks(world_->group(), aux_sum);
+  if (dpo()) {
+    preference_stats_.sum_over(world_->group());
+    stats.preference = preference_stats_;
+  }
   return stats;
 }
 
@@ -486,12 +576,22 @@ void Trainer::log_step(int64_t step, const StepStats& s) {
                          {"allocated_peak_mb", static_cast<double>(memory::peak_allocated_bytes()) / (1 << 20)},
                          {"tokens_seen", tokens_seen_}};
   if (s.aux_loss) line["aux_loss"] = *s.aux_loss;
+  if (s.preference) {
+    for (const auto& [name, value] : s.preference->means()) line[name] = value;
+  }
   // On a GPU: the caching allocator's peak, what torch.cuda.max_memory_allocated reports.
   if (world_->device().is_cuda()) {
     line["peak_device_mb"] = static_cast<double>(peak_device_bytes(world_->device())) / (1 << 20);
   }
   metrics_->write(line);
-  log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm, s.seconds);
+  std::string extra;
+  if (s.preference) {
+    const auto means = s.preference->means();  // chosen, rejected, accuracies, margins, ...
+    char text[96];
+    std::snprintf(text, sizeof(text), "reward acc %.2f  margin %.4f", means[2].second, means[3].second);
+    extra = text;
+  }
+  log_.step(step, s.loss, tokens_per_s, schedule_.at(step), s.grad_norm, s.seconds, extra);
 }
 
 void Trainer::host_step(double clip) {
@@ -553,6 +653,27 @@ double Trainer::evaluate() {
   const int64_t batches =
       whole ? (rows + config_.data.batch_size * world_->size() - 1) / (config_.data.batch_size * world_->size())
             : config_.eval.batches;
+  if (dpo()) {
+    // The mean loss over the pairs scored; the last batch's pairs past the
+    // end of the set (--eval-batches all) are its tail, left out.
+    PreferenceStats stats;
+    double loss_sum = 0;
+    for (int64_t e = 0; e < batches; ++e) {
+      PreferenceTerms terms = preference_terms_of(val_data_->batch(e, 0));
+      const int64_t first = val_data_->offset(e, 0) / T;
+      const int64_t kept = whole ? std::clamp<int64_t>(rows - first, 0, config_.data.batch_size) : config_.data.batch_size;
+      for (torch::Tensor* t : {&terms.losses, &terms.chosen_rewards, &terms.rejected_rewards, &terms.chosen_logps,
+                               &terms.rejected_logps}) {
+        *t = t->narrow(0, 0, kept);
+      }
+      stats.add(terms);
+      loss_sum += terms.losses.sum().item<double>();
+    }
+    model_->train();
+    stats.sum_over(world_->group());
+    eval_preference_ = stats;
+    return mean_over_ranks(world_->group(), loss_sum) * world_->size() / std::max(stats.pairs, 1.0);
+  }
   for (int64_t e = 0; e < batches; ++e) {
     data::Batch batch = val_data_->batch(e, 0);
     if (whole) {
@@ -586,10 +707,18 @@ double Trainer::evaluate() {
 double Trainer::evaluate_and_log(int64_t steps_done) {
   const double val = evaluate();
   summary_.val_losses.push_back(val);
-  if (metrics_) metrics_->write({{"split", "val"}, {"step", steps_done}, {"loss", val}});
-  char line[128];
+  nlohmann::json record = {{"split", "val"}, {"step", steps_done}, {"loss", val}};
+  char line[160];
   std::snprintf(line, sizeof(line), "step %lld: val loss %.4f", static_cast<long long>(steps_done), val);
-  log_.say(line);
+  std::string text = line;
+  if (dpo()) {
+    const auto means = eval_preference_.means();
+    for (const auto& [name, value] : means) record[name] = value;
+    std::snprintf(line, sizeof(line), "  reward acc %.2f  margin %.4f", means[2].second, means[3].second);
+    text += line;
+  }
+  if (metrics_) metrics_->write(record);
+  log_.say(text);
   return val;
 }
 

@@ -44,6 +44,23 @@ bool cpu_computes_bf16() {
 
 }  // namespace
 
+void Trainer::build_reference_model() {
+  // Built as the policy was (from --init-from, sharded over the same mesh),
+  // frozen, without recomputation: it never runs backward.
+  TrainConfig reference_config = config_;
+  reference_config.model.print = false;
+  reference_config.model.activation_checkpoint = false;
+  RunLog quiet(-1);
+  auto built = build_model(reference_config, *world_, quiet);
+  for (auto& p : built.model->parameters()) p.requires_grad_(false);
+  keep_frozen_in_compute_dtype(*built.model, reference_config);
+  apply_fsdp(*built.model, reference_config, mesh_, built.init_weights, quiet);
+  built.model->eval();
+  reference_ = built.model;
+  log_.say("DPO: the reference is the starting model, frozen and sharded as the policy is (" +
+           std::to_string(built.parameters) + " parameters more, a shard of them on each rank)");
+}
+
 void Trainer::set_up() {
   choose_run_folder();
   // Before the first collective whose shapes depend on the job.
@@ -65,6 +82,24 @@ void Trainer::set_up() {
   const DecayGroups groups = choose_decay_groups(*model_);
   mesh_ = build_mesh(config_.fsdp, world_);
   apply_fsdp(*model_, config_, mesh_, built.init_weights, log_);
+  if (dpo()) {
+    if (config_.lora.rank == 0) {
+      build_reference_model();
+    } else if (config_.lora.init_from.empty()) {
+      log_.say("DPO: the reference is the model with its LoRA adapters off (fresh adapters leave the base unchanged)");
+    } else {
+      // Taken before a resume loads trained adapters: the run's start.
+      torch::NoGradGuard no_grad;
+      int64_t held = 0;
+      for (const auto& p : model_->parameters()) {
+        if (!p.requires_grad()) continue;
+        starting_adapters_.emplace_back(p, p.detach().clone());
+        held += p.numel();
+      }
+      log_.say("DPO: the reference is the model with the adapters of " + config_.lora.init_from + " (" +
+               std::to_string(held) + " adapter values kept on this rank), as TRL keeps them as a frozen \"ref\" adapter");
+    }
+  }
   optimizer_ = build_optimizer(config_.optim, groups);
   optimizer_->set_state_offload(config_.fsdp.optimizer_offload);
   if (config_.fsdp.overlap_host_step) host_step_ = std::make_unique<OverlappedHostStep>(*model_, *optimizer_);

@@ -9,6 +9,11 @@
 //   {"prompt": [...messages], "completion": [...messages]}  a conversational
 //       pair, and {"prompt": "...", "completion": "..."} a plain one: the
 //       loss covers the completion.
+//   {"prompt": ..., "chosen": ..., "rejected": ...}  preference data (TRL's
+//       DPOTrainer's, conversational or plain): two examples, prompt +
+//       chosen and prompt + rejected, each encoded as a pair is; both
+//       train from where the first of the two parts from the prompt alone,
+//       as TRL takes the shorter common prefix.
 // Optional "tools" and "chat_template_kwargs" (enable_thinking, ...) are
 // handed to the template, as transformers' apply_chat_template does.
 //
@@ -35,6 +40,7 @@
 //   the turn ends at the first special token after its text began. A conversation none of whose answers
 //   can be trained is refused.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,8 +62,11 @@ struct Example {
 };
 
 // Whether a JSON record is chat data (it has "messages", or "prompt" and
-// "completion") rather than a text field.
+// "completion", or "prompt", "chosen" and "rejected") rather than a text
+// field.
 bool is_chat_record(const nlohmann::ordered_json& record);
+// Whether a record is preference data ("chosen" and "rejected").
+bool is_preference_record(const nlohmann::ordered_json& record);
 
 class ChatEncoder {
  public:
@@ -72,6 +81,9 @@ class ChatEncoder {
   // WHERE for a record that is not chat data of a kind above, a role the
   // template does not know, and a template that raises.
   Example encode(const nlohmann::ordered_json& record, const Tokenizer& tokenizer, const std::string& where) const;
+  // A preference record as its two examples, chosen then rejected.
+  std::array<Example, 2> encode_preference(const nlohmann::ordered_json& record, const Tokenizer& tokenizer,
+                                           const std::string& where) const;
 
   // The template's text for MESSAGES (for `fsdp generate --chat`).
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,

@@ -94,7 +94,14 @@ class DataLoader {
   // and how many are longer than one row (T+1 tokens) holds.
   int64_t examples() const { return static_cast<int64_t>(example_starts_.size()); }
   // Chat data: the rows an epoch reads (packed rows, or one per example).
-  int64_t rows() const { return packed() ? static_cast<int64_t>(row_first_.size()) - 1 : examples(); }
+  int64_t rows() const {
+    return packed() ? static_cast<int64_t>(row_first_.size()) - 1 : pairs_ ? examples() / 2 : examples();
+  }
+  // Preference data (`data prepare` of {"prompt", "chosen", "rejected"}
+  // records): sequence i is pair i, and a micro-batch of B pairs is 2B
+  // rows, the B chosen examples and then the B rejected ones, as TRL's
+  // DataCollatorForPreference lays them out.
+  bool preference_pairs() const { return pairs_; }
   bool packed() const { return !row_first_.empty(); }
   int64_t longest_example() const;
   int64_t examples_longer_than_a_row() const;
@@ -107,12 +114,17 @@ class DataLoader {
   // Packed row i's inputs, targets (-100 untrained), positions and starts (T each); returns its trained targets.
   int64_t read_packed(int64_t i, int64_t* inputs, int64_t* targets, int64_t* positions, int64_t* starts) const;
   int64_t row_of(int64_t i) const;  // the packed row sequence i reads
-  int64_t example_of(int64_t i) const;  // the example sequence i reads (chat data)
+  // The example sequence i reads (chat data); the pair, for preference pairs.
+  int64_t example_of(int64_t i) const;
+  void read_example(int64_t e, int64_t* out, uint8_t* trained) const;  // T + 1 tokens, padded
+  // The examples of the rows of the batch whose first sequence is FIRST.
+  std::vector<int64_t> examples_of_batch(int64_t first) const;
   int64_t example_length(int64_t e) const;
   std::shared_ptr<TokenStream> stream_;
   std::vector<uint8_t> mask_;             // chat data: the masks of the whole stream
   std::vector<int64_t> example_starts_;  // chat data: where each example starts in the stream
   std::vector<int64_t> row_first_;       // packed: row r holds examples [row_first_[r], row_first_[r + 1])
+  bool pairs_ = false;
   LoaderOptions o_;
   int64_t start_step_ = 0, start_tokens_ = 0;
 };

@@ -41,6 +41,7 @@ struct PrepareStats {
   int val_files = 0;
   int32_t separator = -1;  // the token before each document (none for chat data)
   bool examples = false;   // chat data: examples with loss masks (fsdp/data/chat_data.h)
+  bool preference_pairs = false;  // preference data: documents are pairs, two examples each
   int64_t trained_tokens = 0;   // chat data: tokens the loss covers, both splits
   int64_t longest_example = 0;  // chat data: in tokens
   int64_t answers_left_out = 0; // chat data: assistant messages outside the loss (fsdp/data/chat_data.h)

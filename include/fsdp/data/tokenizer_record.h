@@ -30,6 +30,9 @@ struct TokenizerRecord {
   // Chat data: each token file has its loss mask beside it
   // (fsdp/data/loss_mask.h), and a run trains on whole examples.
   bool examples = false;
+  // Preference data: examples come in pairs, chosen then rejected, the
+  // same prompt before each (fsdp/data/chat_data.h's encode_preference).
+  bool preference_pairs = false;
 };
 
 // The record of a tokenizer. Two tokenizers with the same vocabulary (GPT-2's

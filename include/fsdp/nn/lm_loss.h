@@ -14,4 +14,9 @@ torch::Tensor lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight, 
 torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
                               int64_t chunk_rows = 1024);
 
+// Per row, the sum of log p(target) over the row's targets other than -100
+// (fp32): hidden (B, T, C), targets (B, T) -> (B). A sequence's
+// log-likelihood, as preference losses (DPO) compare them.
+torch::Tensor sequence_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets);
+
 }  // namespace fsdp::nn

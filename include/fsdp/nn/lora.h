@@ -40,4 +40,17 @@ bool is_lora_parameter(const std::string& fqn);
 std::vector<std::pair<std::string, torch::Tensor>> merge_lora(
     const std::vector<std::pair<std::string, torch::Tensor>>& params, double scale);
 
+// While one lives, every adapted layer computes its base alone: the model
+// as it was before its adapters, which DPO under LoRA takes as its
+// reference (PEFT's disable_adapter). Process-wide: a forward runs on one
+// thread at a time, and so does activation checkpointing's recompute.
+class AdaptersOff {
+ public:
+  AdaptersOff();
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+};
+bool adapters_off();
+
 }  // namespace fsdp::nn

@@ -33,6 +33,10 @@ struct BuiltModel {
 // the model section's model, with LoRA adapters when lora.rank > 0.
 BuiltModel build_model(const TrainConfig& config, const dist::World& world, RunLog& log);
 
+// Frozen parameters are stored in the compute dtype (--precision bf16):
+// nothing updates them, so no fp32 master copy is needed.
+void keep_frozen_in_compute_dtype(models::CausalLMImpl& model, const TrainConfig& config);
+
 // The training loader, or (`validation`) the evaluation one; says what it
 // reads. The training loader sets runtime.steps from runtime.epochs when
 // that is given: the data's rows (examples, or windows of seq_len tokens)

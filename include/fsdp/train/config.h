@@ -1,6 +1,7 @@
 #pragma once
 // The trainer's configuration: a YAML file laid out in sections (model / lora /
-// data / optim / runtime / logging / eval / sample / export / guard / fsdp /
+// objective / data / optim / runtime / logging / eval / sample / export /
+// guard / fsdp /
 // checkpoint), then command-line overrides, each checked against one
 // schema. Keys that moved out of `runtime` are still read under their old
 // names (`runtime.sample_tokens` is `sample.tokens`), so older YAML files
@@ -36,12 +37,20 @@ enum class ShardPlacement { kFlat, kRows, kColumns };
 // rank's shard (FSDP2's and torchtitan's default: A reductions a step, a
 // shard held).
 enum class Accumulate { kUnsharded, kSharded };
+// What a run trains for: next-token prediction (lm), or preference pairs
+// by Direct Preference Optimization (dpo, Rafailov et al. 2023, as TRL's
+// DPOTrainer computes it; train/preference.h).
+enum class ObjectiveKind { kLm, kDpo };
+// DPO's loss on a pair's margin: TRL's loss_type of the same name.
+enum class DpoLoss { kSigmoid, kIpo, kHinge };
 // The configuration's spelling of a value ("bf16", "hybrid_shard", "cosine").
 std::string name_of(Precision p);
 std::string name_of(LrScheduleKind k);
 std::string name_of(OnSaveError e);
 std::string name_of(ShardPlacement p);
 std::string name_of(Accumulate a);
+std::string name_of(ObjectiveKind k);
+std::string name_of(DpoLoss l);
 
 struct TrainConfig {
   struct Model {
@@ -61,6 +70,13 @@ struct TrainConfig {
     std::string targets = "all-linear";  // comma-separated layer names, or all-linear
     std::string init_from;               // a PEFT adapter directory to go on training; empty: fresh adapters
   } lora;
+  // The training objective (YAML section `objective`).
+  struct Objective {
+    ObjectiveKind name = ObjectiveKind::kLm;
+    double beta = 0.1;             // DPO: the strength of the pull toward the reference model
+    DpoLoss loss = DpoLoss::kSigmoid;
+    double label_smoothing = 0;    // DPO sigmoid: the share of pairs taken as mislabelled (cDPO)
+  } objective;
   struct Data {
     std::string train = "synthetic";  // llm.c token files (a file, a glob, a comma list), or "synthetic"
     std::string val;                  // token files for evaluation (optional)

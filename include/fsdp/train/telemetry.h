@@ -53,8 +53,10 @@ class RunLog {
   // This rank's log file only (errors, the resume marker, its own traces).
   void note(const std::string& text);
   // Rank 0: one update per logged step; a bar on a terminal, a line otherwise.
-  // `seconds`: this step's own time, the ETA's first guess.
-  void step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds);
+  // `seconds`: this step's own time, the ETA's first guess; `extra`, the
+  // objective's own figures, ends the logged line.
+  void step(int64_t step, double loss, double tokens_per_s, double lr, double grad_norm, double seconds,
+            const std::string& extra = "");
   // Ends the bar's line.
   void finish();
   bool speaks() const { return rank_ == 0; }

@@ -20,6 +20,7 @@
 #include "fsdp/train/config.h"
 #include "fsdp/train/host_step.h"
 #include "fsdp/train/lr_schedule.h"
+#include "fsdp/train/preference.h"
 #include "fsdp/train/profile_window.h"
 #include "fsdp/train/run_folder.h"
 #include "fsdp/train/run_folder_claim.h"
@@ -65,6 +66,7 @@ class Trainer {
     // tail) is not.
     int64_t real_tokens = 0;
     int64_t trained_tokens = 0;  // targets the loss covered, every rank's
+    std::optional<PreferenceStats> preference;  // --objective dpo: the step's pairs, every rank's
   };
   // A micro-batch's language-model loss, and the loss it trains on (with
   // the MoE load-balancing term).
@@ -89,6 +91,16 @@ class Trainer {
   TrainSummary run();
   StepStats train_step(int64_t step);
   Losses loss_of(const data::Batch& batch);
+  bool dpo() const { return config_.objective.name == ObjectiveKind::kDpo; }
+  // --objective dpo: a batch's pairs scored by the policy (with its
+  // gradient when grad mode is on) against the reference, the model as the
+  // run started, scored without gradients: the frozen copy; under LoRA,
+  // the model with its adapters off (fresh adapters change nothing) or
+  // with the adapters --lora-init-from started from.
+  PreferenceTerms preference_terms_of(const data::Batch& batch);
+  // --objective dpo without LoRA: the frozen starting model, sharded as the
+  // policy is (set_up builds it after the policy).
+  void build_reference_model();
   torch::Tensor lm_loss(const torch::Tensor& hidden, const torch::Tensor& targets) const;
   int64_t tokens_per_step() const;
   void after_step(int64_t step, const StepStats& stats);
@@ -129,6 +141,12 @@ class Trainer {
   int64_t evals_since_best_ = 0;
   std::shared_ptr<dist::DeviceMesh> mesh_;
   models::CausalLM model_;
+  models::CausalLM reference_{nullptr};  // --objective dpo without LoRA
+  // --objective dpo with --lora-init-from: each adapter parameter (its
+  // shard) and its starting value; the reference is the model with these.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> starting_adapters_;
+  PreferenceStats preference_stats_;     // the pairs of the step being taken
+  PreferenceStats eval_preference_;      // the pairs of the last evaluation
   int64_t params_ = 0;
   int64_t active_params_ = 0;  // per token: the N of 6N FLOPs (MoE: routed experts only)
   std::unique_ptr<optim::FusedAdamW> optimizer_;

@@ -1,0 +1,79 @@
+"""TRL's DPOTrainer, run as a careful user would for an exact comparison:
+`python -m torch.distributed.run --nproc-per-node W trl_dpo.py --model DIR
+--data FILE.jsonl --out RESULT.json --steps N ...`. One pair per rank and
+micro-step, the pairs in file order (train_sampling_strategy="sequential"),
+fp32, AdamW at a constant rate, no dropout (DPOTrainer's default), the
+reference model the starting one (a frozen copy; with --adapter the base
+with the adapters off). RESULT.json (rank 0) holds the per-step losses and
+the metrics TRL logs (rewards, accuracies, margins), and the tokenized
+pairs (prompt, chosen and rejected ids). `--jobs FILE` runs several, one
+JSON list of these arguments a line, in the same processes.
+"""
+import argparse
+import json
+import os
+import sys
+
+import datasets
+import torch
+import transformers
+import trl
+
+import harness
+
+LOGGED = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+          "logps/rejected")
+
+
+class Logged(transformers.TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.steps.append({k: float(logs[k]) for k in LOGGED if k in logs})
+
+
+def train(argv):
+    parser = argparse.ArgumentParser(description=__doc__)
+    for name in ("--model", "--data", "--out", "--work"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--grad-accum", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--beta", type=float, default=0.1)
+    parser.add_argument("--loss-type", default="sigmoid")
+    parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    dataset = datasets.load_dataset("json", data_files=args.data, split="train")
+    config = trl.DPOConfig(
+        output_dir=args.work, per_device_train_batch_size=1, gradient_accumulation_steps=args.grad_accum,
+        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
+        save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
+        beta=args.beta, loss_type=[args.loss_type], bf16=False, fp16=False, dataset_num_proc=None,
+        disable_tqdm=True, dataloader_num_workers=0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if args.adapter:
+        import peft
+        model = peft.PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    logged = Logged()
+    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[logged])
+    trainer.train()
+    if int(os.environ.get("RANK", "0")) == 0:
+        tokenized = [{k: list(map(int, row[k])) for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
+                     for row in trainer.train_dataset]
+        with open(args.out, "w") as f:
+            json.dump({"steps": logged.steps, "tokenized": tokenized}, f)
+
+
+def main():
+    for argv in harness.job_argvs(sys.argv[1:]):
+        train(argv)
+
+
+if __name__ == "__main__":
+    main()
