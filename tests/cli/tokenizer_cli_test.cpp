@@ -340,5 +340,79 @@ TEST(ReadmeExamples, DataEncodeLinesPrintTheIdsTheirCommentsSay) {
   EXPECT_GE(checked, 2) << "the data encode examples of docs/training.md were not found";
 }
 
+TEST(Preference, PairsPrepareAndTrainWithDpoAndWhatDoesNotFitIsRefusedByName) {
+  const auto qwen = kData + "/qwen3";
+  if (const auto why = reference_missing("hf", qwen); !why.empty()) GTEST_SKIP() << why;
+  const auto dir = make_temp_dir();
+  write_model_dir("qwen3-tiny", 151936, qwen, dir + "/model");
+  const auto write = [&](const std::string& name, const std::vector<nlohmann::json>& records) {
+    std::ofstream out(dir + "/" + name);
+    for (const auto& r : records) out << r.dump() << "\n";
+    return dir + "/" + name;
+  };
+  const auto pair = [](const std::string& q) {
+    return nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
+                          {"chosen", {{{"role", "assistant"}, {"content", "Yes."}}}},
+                          {"rejected", {{{"role", "assistant"}, {"content", "No, never."}}}}};
+  };
+  const auto prepare = [&](const std::string& input, const std::string& out) {
+    return run_command(kCli + " data prepare --input " + input + " --out-dir " + dir + "/" + out +
+                       " --val-fraction 0 --tokenizer " + dir + "/model");
+  };
+  const auto prepared = prepare(write("pairs.jsonl", {pair("Is it?"), pair("Really?"), pair("Sure?")}), "pairs");
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  EXPECT_TRUE(contains(prepared.output, "3 preference pairs")) << prepared.output;
+  const auto sft = prepare(write("sft.jsonl", {{{"messages", {{{"role", "user"}, {"content", "Hi"}},
+                                                               {{"role", "assistant"}, {"content", "Hello."}}}}}}),
+                           "sft");
+  ASSERT_EQ(sft.exit_code, 0) << sft.output;
+
+  // Data of the other kind, mixed kinds and a pair without its prompt.
+  auto mixed = pair("Is it?");
+  const auto refused_mix = prepare(write("mixed.jsonl", {pair("Is it?"), {{"prompt", "Q"}, {"completion", "A"}}}), "mixed");
+  EXPECT_NE(refused_mix.exit_code, 0);
+  EXPECT_TRUE(contains(refused_mix.output, "is no preference record")) << refused_mix.output;
+  mixed.erase("prompt");
+  const auto no_prompt = prepare(write("no-prompt.jsonl", {mixed}), "no-prompt");
+  EXPECT_NE(no_prompt.exit_code, 0);
+  EXPECT_TRUE(contains(no_prompt.output, "needs its \"prompt\" apart")) << no_prompt.output;
+
+  const std::string train = kCli + " train --init-from " + dir + "/model --seq-len 32 --batch-size 1 --steps 2 " +
+                            "--sample-tokens 0 --tensorboard=false --out-dir " + dir + "/run";
+  const auto lm_on_pairs = run_command(train + " --data " + dir + "/pairs/train.bin");
+  EXPECT_NE(lm_on_pairs.exit_code, 0);
+  EXPECT_TRUE(contains(lm_on_pairs.output, "which train with --objective dpo")) << lm_on_pairs.output;
+  const auto dpo_on_sft = run_command(train + " --objective dpo --data " + dir + "/sft/train.bin");
+  EXPECT_NE(dpo_on_sft.exit_code, 0);
+  EXPECT_TRUE(contains(dpo_on_sft.output, "--objective dpo trains on preference pairs, and --data")) << dpo_on_sft.output;
+  const auto preset = run_command(kCli + " train --model qwen3-tiny --objective dpo --data " + dir +
+                                  "/pairs/train.bin --steps 1 --out-dir " + dir + "/preset-run");
+  EXPECT_NE(preset.exit_code, 0);
+  EXPECT_TRUE(contains(preset.output, "needs it as --init-from DIR")) << preset.output;
+  const auto packed = run_command(train + " --objective dpo --pack --data " + dir + "/pairs/train.bin");
+  EXPECT_NE(packed.exit_code, 0);
+  EXPECT_TRUE(contains(packed.output, "--pack does not apply")) << packed.output;
+  const auto beta = run_command(train + " --objective dpo --dpo-beta 0 --data " + dir + "/pairs/train.bin");
+  EXPECT_NE(beta.exit_code, 0);
+  EXPECT_TRUE(contains(beta.output, "objective.beta is 0: expected a positive number")) << beta.output;
+  EXPECT_FALSE(fs::exists(dir + "/run")) << "a refused start left its run folder";
+
+  // The pairs train, and the step line and metrics say how the pairs fare.
+  const auto trained = run_command(train + " --objective dpo --data " + dir + "/pairs/train.bin");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_TRUE(contains(trained.output, "reward acc")) << trained.output;
+  EXPECT_TRUE(contains(trained.output, "DPO: the reference is the starting model")) << trained.output;
+  std::ifstream metrics(dir + "/run/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("rewards/accuracies")) continue;
+    ++steps;
+    EXPECT_GE(j["rewards/accuracies"].get<double>(), 0.0);
+    EXPECT_LE(j["rewards/accuracies"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(steps, 2);
+}
+
 }  // namespace
 }  // namespace fsdp::testing::tokenizer_cli_test

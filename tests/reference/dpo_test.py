@@ -17,6 +17,8 @@ constant rate, clipping at 1, beta 0.1:
   - LoRA from a PEFT adapter whose B is not zero, the reference the base
     (the adapters off), at W = 1 and 2;
   - plain-text pairs (the EOS appended), and the IPO loss, at W = 1.
+- a run stopped after step 2 and resumed makes the losses of one that
+  ran through, with and without LoRA;
 - a run that evaluates on held-out pairs reports, at step 0, the DPO loss
   of a model equal to its reference: log 2 for every pair.
 """
@@ -143,6 +145,21 @@ def main():
                 print(f"{name} W={world}: the largest reward margin after step 1 is {moved:.3g}")
                 if moved < 1e-3:
                     harness.fail(f"{name} W={world}: the policy barely moved from its reference ({moved:.3g})")
+
+    # A run stopped after step 2 and resumed makes the uninterrupted run's
+    # losses: the reference is rebuilt as the run started (the starting
+    # model; under LoRA the adapters of --lora-init-from, not the
+    # checkpoint's).
+    for name, data, ours_args, _, _ in cases[:2]:
+        out = os.path.join(work, f"{name}-resumed")
+        command = [args.fsdp, "train", "--init-from", directory, "--data", inputs[data][1], "--out-dir", out,
+                   "--objective", "dpo", *sft_test.SETTINGS, *ours_args]
+        harness.run(command + ["--steps", "2", "--save-every", "2"])
+        harness.run(command)
+        resumed = np.array([x["loss"] for x in metrics(out)[0]])
+        whole = np.array([x["loss"] for x in metrics(os.path.join(folder[name, 1], "fsdp-run"))[0]])
+        harness.check(f"{name}: resumed after step 2, largest loss difference from the uninterrupted run",
+                      float(np.abs(resumed[-2:] - whole[-2:]).max()) + abs(len(resumed) - STEPS), 0.0)
 
     # Evaluation on held-out pairs: at step 0 the policy is its reference,
     # so every pair's sigmoid loss is log 2 and no reward is won.
