@@ -158,7 +158,7 @@ TEST(CliUsage, EveryHelpShowsDefaultsOneWayAndNoCli11Internals) {
        {"--lr FLOAT ", "peak learning rate (optim.lr) (default 0.0003)\n", "--precision fp32|bf16|fp16 ",
         "(runtime.precision) (default fp32)\n", "--tensorboard [BOOL] ", "(logging.tensorboard) (default true)\n",
         "(sample.prompt) (default \"\\n\")\n", "(model.vocab_size) (default 0)\n",
-        "sections model, lora, data, optim, runtime, logging, eval, sample, export, guard, fsdp, checkpoint"}) {
+        "sections model, lora, objective, data, optim, runtime, logging, eval, sample, export, guard, fsdp, checkpoint"}) {
     EXPECT_TRUE(contains(train.output, needle)) << needle << " in " << train.output;
   }
   // An empty default shows none.

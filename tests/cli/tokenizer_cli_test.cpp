@@ -379,22 +379,19 @@ TEST(Preference, PairsPrepareAndTrainWithDpoAndWhatDoesNotFitIsRefusedByName) {
 
   const std::string train = kCli + " train --init-from " + dir + "/model --seq-len 32 --batch-size 1 --steps 2 " +
                             "--sample-tokens 0 --tensorboard=false --out-dir " + dir + "/run";
-  const auto lm_on_pairs = run_command(train + " --data " + dir + "/pairs/train.bin");
-  EXPECT_NE(lm_on_pairs.exit_code, 0);
-  EXPECT_TRUE(contains(lm_on_pairs.output, "which train with --objective dpo")) << lm_on_pairs.output;
-  const auto dpo_on_sft = run_command(train + " --objective dpo --data " + dir + "/sft/train.bin");
-  EXPECT_NE(dpo_on_sft.exit_code, 0);
-  EXPECT_TRUE(contains(dpo_on_sft.output, "--objective dpo trains on preference pairs, and --data")) << dpo_on_sft.output;
-  const auto preset = run_command(kCli + " train --model qwen3-tiny --objective dpo --data " + dir +
-                                  "/pairs/train.bin --steps 1 --out-dir " + dir + "/preset-run");
-  EXPECT_NE(preset.exit_code, 0);
-  EXPECT_TRUE(contains(preset.output, "needs it as --init-from DIR")) << preset.output;
-  const auto packed = run_command(train + " --objective dpo --pack --data " + dir + "/pairs/train.bin");
-  EXPECT_NE(packed.exit_code, 0);
-  EXPECT_TRUE(contains(packed.output, "--pack does not apply")) << packed.output;
-  const auto beta = run_command(train + " --objective dpo --dpo-beta 0 --data " + dir + "/pairs/train.bin");
-  EXPECT_NE(beta.exit_code, 0);
-  EXPECT_TRUE(contains(beta.output, "objective.beta is 0: expected a positive number")) << beta.output;
+  const std::string pairs = " --data " + dir + "/pairs/train.bin";
+  const std::pair<std::string, std::string> refusals[] = {
+      {train + pairs, "which train with --objective dpo"},
+      {train + " --objective dpo --data " + dir + "/sft/train.bin", "--objective dpo trains on preference pairs, and --data"},
+      {kCli + " train --model qwen3-tiny --objective dpo --steps 1 --out-dir " + dir + "/run" + pairs,
+       "needs it as --init-from DIR"},
+      {train + " --objective dpo --pack" + pairs, "--pack does not apply"},
+      {train + " --objective dpo --dpo-beta 0" + pairs, "objective.beta is 0: expected a positive number"}};
+  for (const auto& [command, message] : refusals) {
+    const auto refused = run_command(command);
+    EXPECT_NE(refused.exit_code, 0) << command;
+    EXPECT_TRUE(contains(refused.output, message)) << command << "\n" << refused.output;
+  }
   EXPECT_FALSE(fs::exists(dir + "/run")) << "a refused start left its run folder";
 
   // The pairs train, and the step line and metrics say how the pairs fare.

@@ -11,15 +11,13 @@ JSON list of these arguments a line, in the same processes.
 """
 import argparse
 import json
-import os
-import sys
 
 import datasets
 import torch
 import transformers
 import trl
 
-import harness
+import trl_run
 
 LOGGED = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
           "logps/rejected")
@@ -54,26 +52,17 @@ def train(argv):
         save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
         beta=args.beta, loss_type=[args.loss_type], bf16=False, fp16=False, dataset_num_proc=None,
         disable_tqdm=True, dataloader_num_workers=0)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    if args.adapter:
-        import peft
-        model = peft.PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    model, tokenizer = trl_run.model_and_tokenizer(args.model, args.adapter)
     logged = Logged()
     trainer = trl.DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                              callbacks=[logged])
     trainer.train()
-    if int(os.environ.get("RANK", "0")) == 0:
+    if trl_run.is_rank0():
         tokenized = [{k: list(map(int, row[k])) for k in ("prompt_ids", "chosen_ids", "rejected_ids")}
                      for row in trainer.train_dataset]
         with open(args.out, "w") as f:
             json.dump({"steps": logged.steps, "tokenized": tokenized}, f)
 
 
-def main():
-    for argv in harness.job_argvs(sys.argv[1:]):
-        train(argv)
-
-
 if __name__ == "__main__":
-    main()
+    trl_run.main(train)

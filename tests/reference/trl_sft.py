@@ -13,15 +13,13 @@ all of them), each from a fresh model and seed.
 """
 import argparse
 import json
-import os
-import sys
 
 import datasets
 import torch
 import transformers
 import trl
 
-import harness
+import trl_run
 
 
 class Losses(transformers.TrainerCallback):
@@ -51,16 +49,12 @@ def train(argv):
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
         save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
         packing=False, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    if args.adapter:
-        import peft
-        model = peft.PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    model, tokenizer = trl_run.model_and_tokenizer(args.model, args.adapter)
     losses = Losses()
     trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                              callbacks=[losses])
     trainer.train()
-    if int(os.environ.get("RANK", "0")) == 0:
+    if trl_run.is_rank0():
         # The completion mask is folded into the labels (-100 outside it).
         tokenized = [{"input_ids": list(map(int, row["input_ids"])),
                       "completion_mask": [int(label != -100) for label in row["labels"]]}
@@ -71,10 +65,5 @@ def train(argv):
             json.dump({"losses": losses.losses, "tokenized": tokenized}, f)
 
 
-def main():
-    for argv in harness.job_argvs(sys.argv[1:]):
-        train(argv)
-
-
 if __name__ == "__main__":
-    main()
+    trl_run.main(train)

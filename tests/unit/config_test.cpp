@@ -198,9 +198,11 @@ TEST(Config, EnumKeysTakeAndPrintEachSpelling) {
       EXPECT_NE(c.to_yaml().find(line), std::string::npos) << line << " in " << c.to_yaml();
     }
   }
-  EXPECT_EQ(enum_keys, 6u) << "lr_schedule, precision, sharding, shard_placement, accumulate, on_save_error";
+  EXPECT_EQ(enum_keys, 8u) << "lr_schedule, precision, sharding, shard_placement, accumulate, on_save_error, "
+                              "objective.name, objective.loss";
   EXPECT_EQ(name_of(Accumulate::kSharded), "sharded");
   EXPECT_EQ(name_of(Precision::kFp16), "fp16");
+  EXPECT_EQ(name_of(DpoLoss::kIpo), "ipo");
   EXPECT_EQ(name_of(ShardPlacement::kRows), "rows");
   EXPECT_EQ(std::string(to_string(ShardingStrategy::kShardGradOp)), "shard_grad_op");
   EXPECT_EQ(name_of(LrScheduleKind::kConstant), "constant");
