@@ -19,7 +19,12 @@ at 1:
   is not throughput);
 - `fsdp train` on them (one example a row, the loss on the completions,
   averaged over every trained token of every rank and micro-step) makes
-  TRL's per-step losses within LOSS_BOUND at W = 1 and W = 2.
+  TRL's per-step losses within LOSS_BOUND at W = 1 and W = 2;
+- conversations of two and three assistant turns, special tokens inside
+  some answers, rendered with TRL's training variant of the Qwen3 template
+  (its {% generation %} spans around each assistant turn): `data prepare`
+  masks each token as TRL's assistant_only_loss does, and the losses agree
+  within LOSS_BOUND at W = 1 and 2.
 """
 import argparse
 import json
@@ -87,17 +92,19 @@ def prepared(args, records, work, name, directory, extra=()):
 
 
 def run_trl(directory, world, runs, work):
-    """TRL's results (trl.json) for each of RUNS ((data, folder) pairs), all
-    trained at WORLD ranks in one torchrun (trl_sft.py --jobs)."""
+    """TRL's results (trl.json) for each of RUNS ((data, folder) pairs, or
+    (data, folder, model directory, extra arguments)), all trained at WORLD
+    ranks in one torchrun (trl_sft.py --jobs)."""
     jobs = os.path.join(work, f"trl-jobs-w{world}.jsonl")
     with open(jobs, "w") as f:
-        for data, folder in runs:
+        for data, folder, *rest in runs:
+            model, extra = rest if rest else (directory, [])
             os.makedirs(folder, exist_ok=True)
-            f.write(json.dumps(["--model", directory, "--data", data, "--out", os.path.join(folder, "trl.json"),
-                                "--work", os.path.join(folder, "trl-run"), "--steps", str(STEPS)]) + "\n")
+            f.write(json.dumps(["--model", model, "--data", data, "--out", os.path.join(folder, "trl.json"),
+                                "--work", os.path.join(folder, "trl-run"), "--steps", str(STEPS), *extra]) + "\n")
     harness.run([harness.sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
                  os.path.join(os.path.dirname(__file__), "trl_sft.py"), "--jobs", jobs])
-    return [json.load(open(os.path.join(folder, "trl.json"))) for _, folder in runs]
+    return [json.load(open(os.path.join(run[1], "trl.json"))) for run in runs]
 
 
 def run_fsdp(args, directory, tokens, world, work):
@@ -106,6 +113,38 @@ def run_fsdp(args, directory, tokens, world, work):
                  "--data", tokens, "--out-dir", out] + SETTINGS)
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     return [x["loss"] for x in lines if "loss" in x and x.get("split", "train") == "train" and "event" not in x]
+
+
+def multi_turn_conversations():
+    """Conversations of two and three assistant turns, a system message in
+    some, a special token inside some answers."""
+    out = []
+    for k in range(16):
+        q = [QUESTIONS[(k + j) % 8] for j in range(3)]
+        a = [ANSWERS[(k + j) % 8] for j in range(3)]
+        if k % 4 == 1:
+            a[0] = "Arr, hello <|box_start|>!"
+        messages = [{"role": "system", "content": "You answer in one line."}] if k % 3 == 0 else []
+        for turn in range(2 + k % 2):
+            messages += [{"role": "user", "content": q[turn]}, {"role": "assistant", "content": a[turn]}]
+        out.append({"messages": messages})
+    return out
+
+
+def with_training_template(work, directory):
+    """A copy of DIRECTORY whose chat template is TRL's training variant of
+    Qwen3's ({% generation %} around each assistant turn), which both sides
+    render: TRL's assistant_only_loss masks by its spans."""
+    import trl
+    out = os.path.join(work, "qwen3-training-template")
+    shutil.copytree(directory, out)
+    template = os.path.join(os.path.dirname(trl.__file__), "chat_templates", "qwen3_training.jinja")
+    with open(os.path.join(out, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    config["chat_template"] = open(template).read()
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return out
 
 
 def qwen3_tokenizer_or_skip():
@@ -235,18 +274,26 @@ def main():
     harness.check("packed rows with activation checkpointing: largest relative loss difference",
                   float((np.abs(full_batch[2] - full_batch[0]) / full_batch[0]).max()), LOSS_BOUND)
 
-    cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,))]
-    inputs = {name: prepared(args, records, work, name.replace(" ", "-"), directory) for name, records, _ in cases}
+    # Conversations of several turns train as TRL's assistant_only_loss
+    # trains them, under a template with {% generation %} markers.
+    training_template = with_training_template(work, directory)
+    model_of = {"conversational pairs": directory, "plain pairs": directory, "multi-turn": training_template}
+    trl_extra = {"multi-turn": ["--assistant-only-loss"]}
+    cases = [("conversational pairs", pairs, (1, 2)), ("plain pairs", plain_pairs(), (1,)),
+             ("multi-turn", multi_turn_conversations(), (1, 2))]
+    inputs = {name: prepared(args, records, work, name.replace(" ", "-"), model_of[name])
+              for name, records, _ in cases}
     folder = {(name, world): os.path.join(work, f"{name.replace(' ', '-')}-w{world}")
               for name, _, worlds in cases for world in worlds}
     trl = {}
     for world in (1, 2):
         runs = [name for name, _, worlds in cases if world in worlds]
-        for name, result in zip(runs, run_trl(directory, world, [(inputs[name][0], folder[name, world])
-                                                                 for name in runs], work)):
+        for name, result in zip(runs, run_trl(directory, world, [(inputs[name][0], folder[name, world], model_of[name],
+                                                                  trl_extra.get(name, [])) for name in runs], work)):
             trl[name, world] = result
     for name, records, worlds in cases:
         data, tokens, ours = inputs[name]
+        directory = model_of[name]
         for world in worlds:
             case_work = folder[name, world]
             theirs = trl[name, world]

@@ -6,7 +6,9 @@ a constant learning rate; the per-step training losses (TRL's log: the
 mean over every rank's trained tokens) go to LOSSES.json on rank 0, and the
 tokenized dataset (input_ids, completion_mask) beside it. With --adapter
 DIR the model is the base with that PEFT LoRA adapter, trainable (the rest
-frozen), and --save-adapter writes the trained adapter. `--jobs FILE`,
+frozen), and --save-adapter writes the trained adapter; with
+--assistant-only-loss conversations train on their assistant turns (the
+template's {% generation %} spans). `--jobs FILE`,
 FILE holding one JSON list of these arguments a line, runs each in turn
 in the same processes (one start of Python, TRL and the process group for
 all of them), each from a fresh model and seed.
@@ -40,6 +42,8 @@ def train(argv):
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
     parser.add_argument("--save-adapter", help="where the trained adapter goes (rank 0)")
+    parser.add_argument("--assistant-only-loss", action="store_true",
+                        help="conversations: the loss on the template's {% generation %} spans")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     dataset = datasets.load_dataset("json", data_files=args.data, split="train")
@@ -48,7 +52,7 @@ def train(argv):
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
         save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
-        packing=False, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
+        packing=False, assistant_only_loss=args.assistant_only_loss, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
     model, tokenizer = trl_run.model_and_tokenizer(args.model, args.adapter)
     losses = Losses()
     trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
