@@ -27,6 +27,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/hf/config_reader.h"
 #include "fsdp/train/config.h"
+#include "fsdp/train/export.h"
 #include "fsdp/train/hf_companions.h"
 #include "python_tools.h"
 
@@ -107,7 +108,13 @@ train::CompanionReport write_companions(const std::string& checkpoint, const std
                  sources.model_dir.c_str(), std::filesystem::current_path().c_str());
     sources.model_dir.clear();
   }
-  return train::write_hf_companions(sources, exported_vocab(out), out);
+  // A LoRA adapter directory has no config.json: the vocabulary is the
+  // checkpoint's model's.
+  const bool has_config = std::filesystem::exists(out + "/config.json");
+  const int64_t vocab = has_config ? exported_vocab(out)
+                                   : vocab_of(io::parse_json(meta.value("hf_config", "{}"), "checkpoint '" + checkpoint + "''s config"),
+                                              "checkpoint '" + checkpoint + "'");
+  return train::write_hf_companions(sources, vocab, out);
 }
 
 }  // namespace
@@ -137,6 +144,10 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
                   "float32, bfloat16 or float16 (default: the torch_dtype of the recorded config.json)");
   exp->add_option("--export-shard-size,--max-shard-size", *shard_size,
                   "largest weight file before sharding with an index (5GB, 500MB, 2GiB; default 5GB)");
+  auto merge_lora = std::make_shared<bool>(false);
+  exp->add_flag("--merge-lora", *merge_lora,
+                "a LoRA run's checkpoint: write the model with the adapters folded into its weights (default: a PEFT "
+                "adapter directory on the run's base)");
   auto format = std::make_shared<std::string>("hf");
   exp->add_option("--format", *format,
                   "hf: a Hugging Face directory; dcp: a Distributed Checkpoint directory an FSDP2 job loads with "
@@ -147,7 +158,7 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
   exp->add_option("--tokenizer", *tokenizer,
                   "tokenizer to write beside the weights (default: the run's: its --tokenizer, else its "
                   "--init-from's, else data/gpt2)");
-  exp->callback([from, out, dtype, shard_size, format, tokenizer, &exit_code] {
+  exp->callback([from, out, dtype, shard_size, format, tokenizer, merge_lora, &exit_code] {
     // As `fsdp train --export-hf` refuses them: a live job's run folder or
     // checkpoints would have a folder swapped under the running job.
     io::refuse_a_live_jobs_folder(*out, "the export's OUT");
@@ -176,6 +187,17 @@ void add_ckpt_command(CLI::App& app, int& exit_code) {
     }
     train::CompanionReport report;
     options.companions = [&](const std::string& staged) { report = write_companions(ckpt_path, staged, *tokenizer); };
+    // A LoRA run's checkpoint holds its adapters: they go on the run's base.
+    const bool lora = train::is_lora_checkpoint(checkpoint::ParameterReader(ckpt_path).metadata());
+    FSDP_CHECK(lora || !*merge_lora, "--merge-lora folds a LoRA run's adapters into its base, and '", ckpt_path,
+               "' is not a LoRA run's checkpoint; nothing was exported");
+    if (lora) {
+      const std::string what = train::export_lora_checkpoint(ckpt_path, *out, *merge_lora, options);
+      std::printf("exported %s to %s: %s%s\n", ckpt_path.c_str(), out->c_str(), what.c_str(),
+                  report.written.empty() ? "" : (" (with " + join(report.written) + ")").c_str());
+      exit_code = 0;
+      return;
+    }
     models::export_checkpoint_hf(ckpt_path, *out, options);
     std::printf("exported %s to %s%s\n", ckpt_path.c_str(), out->c_str(),
                 report.written.empty() ? "" : (" (with " + join(report.written) + ")").c_str());

@@ -17,6 +17,7 @@ Contents contents_of(const Parts& parts, int world_size) {
   for (const auto& [name, module] : parts.models) {
     const std::string prefix = name.empty() ? "" : name + ".";
     for (auto& s : local_shards(*module)) {
+      if (parts.frozen_left_out && !s.param.requires_grad()) continue;
       s.fqn = prefix + s.fqn;
       FSDP_CHECK(names.insert(s.fqn).second, "checkpoint: two model parts hold a parameter named '", s.fqn,
                  "'; give the models distinct names");
@@ -48,6 +49,7 @@ Contents contents_of(const Parts& parts, int world_size) {
     }
     c.optimizers.push_back(std::move(o));
   }
+  c.frozen_left_out = parts.frozen_left_out;
   c.sharding = sharding_of(*parts.models.front().second);
   if (c.sharding.strategy.empty()) {
     c.sharding = {is_replicated(*parts.models.front().second) ? "replicate" : "unsharded", {world_size, 1}};

@@ -33,6 +33,7 @@ struct Contents {
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   std::vector<Optimizer> optimizers;
   ShardingRecord sharding;
+  bool frozen_left_out = false;  // Parts::leave_out_frozen
 };
 
 Contents contents_of(const Parts& parts, int world_size);

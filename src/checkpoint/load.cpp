@@ -69,6 +69,10 @@ void plan_range(RankFiles& files, const nlohmann::json& pieces, const std::strin
 void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta, const Contents& c, const Parts& parts,
                        const std::map<std::string, SavedOptimizer>& saved) {
   const auto& params = meta["params"];
+  const bool left_out = meta.value("frozen_left_out", false);
+  FSDP_CHECK(!left_out || c.frozen_left_out, "checkpoint '", checkpoint, "' holds the trainable parameters alone ",
+             "(its frozen ones, a LoRA run's base, are rebuilt by the program that saved it); load it with parts ",
+             "that leave the frozen ones out too (Parts::leave_out_frozen), into a model built as that program's was");
   for (const auto& s : c.shards) {
     FSDP_CHECK(params.contains(s.fqn), "checkpoint '", checkpoint, "' is from another model: it has no parameter '",
                s.fqn, "'");
@@ -76,8 +80,9 @@ void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta
     FSDP_CHECK(shape == s.shape, "checkpoint '", checkpoint, "' is from another model or config: parameter '", s.fqn,
                "' was saved with shape ", c10::IntArrayRef(shape), ", this model has ", c10::IntArrayRef(s.shape));
   }
-  // A key the program lacks, named as every other mismatch is.
-  if (params.size() != c.shards.size()) {
+  // A key the program lacks, named as every other mismatch is. Parts that
+  // leave their frozen parameters out read theirs from a full checkpoint.
+  if (params.size() != c.shards.size() && !(c.frozen_left_out && !left_out)) {
     std::set<std::string> mine;
     for (const auto& s : c.shards) mine.insert(s.fqn);
     for (const auto& [fqn, unused] : params.items()) {
@@ -86,7 +91,7 @@ void check_parts_match(const std::string& checkpoint, const nlohmann::json& meta
                  " here): it is from another model");
     }
   }
-  FSDP_CHECK(params.size() == c.shards.size(), "checkpoint '", checkpoint, "' holds ", params.size(),
+  FSDP_CHECK(params.size() == c.shards.size() || (c.frozen_left_out && !left_out), "checkpoint '", checkpoint, "' holds ", params.size(),
              " parameters, this model ", c.shards.size(), ": it is from another model");
   if (meta.contains("buffers")) {  // versions 1 and 2 saved none
     const auto& buffers = meta["buffers"];

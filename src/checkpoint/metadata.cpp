@@ -197,6 +197,9 @@ json parse_metadata(const std::string& text, const std::string& path) {
   }
   if (trainer.contains("loss_scale") && !trainer["loss_scale"].is_number()) c.fail("trainer.loss_scale", "must be a number");
   if (meta.contains("extra") && !meta["extra"].is_object()) c.fail("extra", "must be an object");
+  if (meta.contains("frozen_left_out") && !meta["frozen_left_out"].is_boolean()) {
+    c.fail("frozen_left_out", "must be true or false");
+  }
 
   const json& params = c.member(meta, "params", "");
   if (!params.is_object()) c.fail("params", "must be an object");

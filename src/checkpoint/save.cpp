@@ -170,6 +170,7 @@ nlohmann::json build_metadata(const Snapshot& snap, const at::Tensor& all_tables
                          {"states", snap.states},
                          {"files", files}};
   if (buffer_file) meta["buffer_file"] = *buffer_file;
+  if (snap.frozen_left_out) meta["frozen_left_out"] = true;
   return meta;
 }
 

@@ -30,6 +30,7 @@ std::shared_ptr<Snapshot> snapshot(const Parts& parts, const TrainerState& state
   auto snap = std::make_shared<Snapshot>();
   snap->state = state;
   snap->sharding = c.sharding;
+  snap->frozen_left_out = c.frozen_left_out;
   std::vector<io::SafetensorsWriter::Spec>& specs = snap->specs;
   std::vector<at::Tensor>& tensors = snap->tensors;
   const auto columns = kShardColumns + kOptimizerColumns * static_cast<int64_t>(c.optimizers.size());

@@ -35,6 +35,7 @@ struct Snapshot {
   };
   TrainerState state;
   ShardingRecord sharding;
+  bool frozen_left_out = false;
   std::vector<Param> params;
   std::vector<Optimizer> optimizers;
   // This rank's file: what it writes, in order.

@@ -119,6 +119,12 @@ std::string Checkpointer::chosen_checkpoint() const {
   return found.value_or("");
 }
 
+checkpoint::Parts Checkpointer::parts(torch::nn::Module& model, torch::optim::Optimizer& optimizer) const {
+  auto parts = checkpoint::Parts().model("", model).optimizer("optimizer", optimizer);
+  if (leave_out_frozen_) parts.leave_out_frozen();
+  return parts;
+}
+
 std::optional<checkpoint::TrainerState> Checkpointer::resume(torch::nn::Module& model, torch::optim::AdamW& optimizer,
                                                              const TrainConfig& now) {
   if (!enabled()) {
@@ -132,7 +138,7 @@ std::optional<checkpoint::TrainerState> Checkpointer::resume(torch::nn::Module& 
   const auto start = std::chrono::steady_clock::now();
   checkpoint::TrainerState state;
   try {
-    state = checkpoint::load(path, model, optimizer, world_);
+    state = checkpoint::load(path, parts(model, optimizer), world_);
   } catch (const Error& e) {
     const std::string what = e.what();
     // Another model's checkpoints are another run's: no step of them helps.
@@ -243,14 +249,14 @@ void Checkpointer::save(const checkpoint::TrainerState& state, torch::nn::Module
   const int keep = static_cast<int>(config_.keep);
   if (config_.async_save) {
     if (!async_) async_ = std::make_unique<checkpoint::AsyncSaver>(world_);
-    async_->save(config_.dir, keep, checkpoint::Parts().model("", model).optimizer("optimizer", optimizer), state);
+    async_->save(config_.dir, keep, parts(model, optimizer), state);
     pending_step_ = state.step;
     pending_staging_seconds_ = seconds_since_start();
     return;
   }
   std::string path;
   try {
-    path = checkpoint::save(config_.dir, keep, model, optimizer, state, world_);
+    path = checkpoint::save(config_.dir, keep, parts(model, optimizer), state, world_);
   } catch (const checkpoint::SaveError& e) {
     save_failed(e, state.step, metrics);
     return;

@@ -527,7 +527,7 @@ void Trainer::restore_best() {
               "; the sample and export hold the last step's weights");
     return;
   }
-  checkpoint::load(path, *model_, *optimizer_, *world_);
+  checkpoint::load(path, checkpointer_->parts(*model_, *optimizer_), *world_);
   restored_best_ = true;
   char line[200];
   std::snprintf(line, sizeof(line), "the best checkpoint (step %lld, val loss %.4f) is what this run's sample and export hold: ",
@@ -738,6 +738,7 @@ checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done, std::optiona
     state.extra["evals_since_best"] = evals_since_best_;
   }
   if (stopped_early_) state.extra["stopped_early"] = true;
+  if (config_.lora.rank > 0) state.extra["lora_base"] = lora_base_;
   try {
     state.hf_config = models::hf_config(*model_).dump(2);
   } catch (const Error&) {

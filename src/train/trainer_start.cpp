@@ -4,6 +4,7 @@
 
 #include "fsdp/train/trainer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "fsdp/common/fault_point.h"
 #include "fsdp/distributed/collectives.h"
 #include "fsdp/io/atomic_file.h"
+#include "fsdp/io/safetensors.h"
 #include "fsdp/train/builders.h"
 #include "fsdp/train/hf_companions.h"
 #include "fsdp/train/job_agreement.h"
@@ -43,6 +45,7 @@ bool cpu_computes_bf16() {
 }
 
 }  // namespace
+
 
 void Trainer::build_reference_model() {
   // Built as the policy was (from --init-from, sharded over the same mesh),
@@ -198,6 +201,11 @@ void Trainer::choose_run_folder() {
     claim_->refuse_other_jobs_folders(paths_, config_);
   }
   checkpointer_ = std::make_unique<Checkpointer>(config_.checkpoint, *world_, log_);
+  // [Note: a LoRA checkpoint holds the adapters]
+  if (config_.lora.rank > 0) {
+    checkpointer_->leave_out_frozen(true);
+    lora_base_ = lora_base_identity(config_);
+  }
 }
 
 std::string Trainer::tokenizer_dir() const { return companion_sources(config_).tokenizer_dir; }
@@ -233,8 +241,16 @@ void Trainer::resume_if_possible() {
       resumed_metrics_.clear();  // a configuration from another version: nothing to hold the file to
     }
   }
-  // --keep-best and --patience go on from the run's record.
   const auto& extra = state->extra;
+  // A LoRA checkpoint's adapters were trained on one base: the weights
+  // --init-from reads now must be those.
+  if (config_.lora.rank > 0 && extra.contains("lora_base")) {
+    FSDP_CHECK(extra["lora_base"].value("weights", nlohmann::json()) == lora_base_.value("weights", nlohmann::json()),
+               "the checkpoint's LoRA adapters were trained on the base ", extra["lora_base"].dump(), ", and this run's ",
+               "base is ", lora_base_.dump(), ": its weights differ, so the adapters would be resumed on another ",
+               "model. Resume with the base they were trained on (--init-from), or start a new run (another --out-dir)");
+  }
+  // --keep-best and --patience go on from the run's record.
   if (extra.contains("best_step") && extra["best_step"].is_number_integer() && extra.contains("best_val_loss") &&
       extra["best_val_loss"].is_number() && extra.contains("evals_since_best") &&
       extra["evals_since_best"].is_number_integer()) {

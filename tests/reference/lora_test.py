@@ -20,6 +20,7 @@ conversational pairs, batch 1 per rank, accumulation 2, fp32:
 """
 import json
 import os
+import shutil
 import subprocess
 
 import numpy as np
@@ -148,9 +149,47 @@ def main():
     # Stopped after 2 steps, resumed for 2 more: the same losses as one run.
     resumed_dir = os.path.join(work, "resumed-run")
     first = train_fsdp(args, base, tokens, 2, resumed_dir, ("--lora-init-from", start, "--steps", "2", "--save-every", "2"))
-    second = train_fsdp(args, base, tokens, 2, resumed_dir, ("--lora-init-from", start))
+    second = train_fsdp(args, base, tokens, 2, resumed_dir, ("--lora-init-from", start, "--save-every", "2"))
     harness.check("LoRA resume: steps whose loss differs from the uninterrupted run's",
                   int(np.sum(np.array(second[-2:]) != losses[2:])) + int(np.sum(np.array(first[:2]) != losses[:2])), 0)
+
+    # The checkpoint holds the adapters and their AdamW state, and what the
+    # base is (its weight files' sizes and CRC-32), not the base itself.
+    ckpt = os.path.join(resumed_dir, "checkpoints", "step_00000004")
+    with open(os.path.join(ckpt, "metadata.json")) as f:
+        meta = json.load(f)
+    harness.check("LoRA checkpoint: parameters held that are not adapters",
+                  sum("lora_" not in name for name in meta["params"]), 0)
+    harness.check("LoRA checkpoint: adapters held other than the run's 7 projections x 2 layers x A and B",
+                  abs(len(meta["params"]) - len(TARGETS) * 2 * 2), 0)
+    harness.check("LoRA checkpoint: the base's identity missing", int("weights" not in meta["extra"]["lora_base"]), 0)
+    # A resume on other base weights is refused by name, and trains nothing.
+    other = os.path.join(work, "other-base")
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.5)
+    model.save_pretrained(other)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(base, name), other)
+    refused = subprocess.run([args.fsdp, "train", "--init-from", other, "--data", tokens, "--out-dir", resumed_dir,
+                              "--lora-rank", str(RANK), "--lora-alpha", str(ALPHA), "--lora-init-from", start,
+                              *sft_test.SETTINGS, "--steps", "6"], capture_output=True, text=True)
+    harness.check(f"resume on another base: exit {refused.returncode}, not refused naming the base: "
+                  f"{refused.stderr[-400:]!r}",
+                  int(refused.returncode == 0 or "were trained on the base" not in refused.stderr), 0)
+    # `fsdp ckpt export` of the checkpoint: a PEFT adapter equal to the one
+    # the uninterrupted run exported, and with --merge-lora the merged model.
+    from_ckpt = os.path.join(work, "ckpt-adapter")
+    harness.run([args.fsdp, "ckpt", "export", ckpt, from_ckpt])
+    ckpt_logits = logits(peft.PeftModel.from_pretrained(
+        transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), from_ckpt), ids)
+    harness.check("ckpt export of the LoRA checkpoint: PEFT logits against the run's own export (relative)",
+                  float((ckpt_logits - ours_logits).abs().max()) / scale, 1e-6)
+    merged_from_ckpt = os.path.join(work, "ckpt-merged")
+    harness.run([args.fsdp, "ckpt", "export", ckpt, merged_from_ckpt, "--merge-lora"])
+    merged_ckpt = transformers.AutoModelForCausalLM.from_pretrained(merged_from_ckpt, dtype=torch.float32)
+    harness.check("ckpt export --merge-lora: logits against the base with the exported adapter (relative)",
+                  float((logits(merged_ckpt, ids) - ours_logits).abs().max()) / scale, 1e-5)
 
 
 if __name__ == "__main__":

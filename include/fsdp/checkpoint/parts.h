@@ -73,10 +73,20 @@ struct Parts {
     states.emplace_back(std::move(name), &part);
     return *this;
   }
+  // Parameters that do not require gradients are neither saved nor loaded:
+  // the program rebuilds them as it started (a LoRA run's frozen base, read
+  // from its files again), and a checkpoint holds the trained ones alone.
+  // The checkpoint records it; loading one into parts without it is refused,
+  // and these parts load their trainable parameters from a full checkpoint too.
+  Parts& leave_out_frozen() {
+    frozen_left_out = true;
+    return *this;
+  }
 
   std::vector<std::pair<std::string, torch::nn::Module*>> models;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
   std::vector<std::pair<std::string, Stateful*>> states;
+  bool frozen_left_out = false;
 };
 
 }  // namespace fsdp::checkpoint

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "fsdp/data/loader.h"
@@ -32,6 +33,12 @@ struct BuiltModel {
 // Says what was built (and, under --print-model, its modules and shapes):
 // the model section's model, with LoRA adapters when lora.rank > 0.
 BuiltModel build_model(const TrainConfig& config, const dist::World& world, RunLog& log);
+
+// What a LoRA run's frozen base is: its --init-from path and each weight
+// file's name, size and CRC-32 (a preset: its name, seed and vocabulary).
+// Kept in the run's checkpoints ([Note: a LoRA checkpoint holds the
+// adapters], trainer_start.cpp reads it on resume).
+nlohmann::json lora_base_identity(const TrainConfig& config);
 
 // Frozen parameters are stored in the compute dtype (--precision bf16):
 // nothing updates them, so no fp32 master copy is needed.

@@ -54,6 +54,11 @@ class Checkpointer {
   // Collective. Waits for a save written in the background, and reports it
   // (or its failure, as save() does). Nothing to do without --async-save.
   void wait_for_save(MetricsLog* metrics);
+  // Checkpoints hold the trainable parameters alone (a LoRA run's adapters
+  // and their optimizer state; the frozen base is rebuilt from its files).
+  void leave_out_frozen(bool on) { leave_out_frozen_ = on; }
+  // The model and optimizer as this run saves and loads them.
+  checkpoint::Parts parts(torch::nn::Module& model, torch::optim::Optimizer& optimizer) const;
   // Later saves go to `dir` (the run folder's, when a run ends without one).
   void redirect(const std::string& dir) { config_.dir = dir; }
 
@@ -87,6 +92,7 @@ class Checkpointer {
   TrainConfig::Checkpoint& config_;
   dist::World& world_;
   RunLog& log_;
+  bool leave_out_frozen_ = false;
   int64_t last_saved_step_ = -1;
   int64_t failed_saves_ = 0;
   std::unique_ptr<checkpoint::AsyncSaver> async_;  // made at the first --async-save save

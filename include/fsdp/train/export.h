@@ -8,6 +8,7 @@
 
 #include "fsdp/distributed/process_group.h"
 #include "fsdp/models/causal_lm.h"
+#include "fsdp/models/hf/weights.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/hf_companions.h"
 #include "fsdp/train/telemetry.h"
@@ -20,5 +21,19 @@ namespace fsdp::train {
 // model with its adapters folded in.
 void export_trained_model(models::CausalLMImpl& model, const TrainConfig& config,
                           const CompanionSources& sources, dist::World& world, RunLog& log);
+
+// Whether a checkpoint's metadata is a LoRA run's (its configuration has
+// lora.rank > 0).
+bool is_lora_checkpoint(const nlohmann::json& metadata);
+
+// `fsdp ckpt export` of a LoRA run's checkpoint (one process): the base
+// its run read (--init-from, refused when its weights are not the ones the
+// checkpoint records), the adapters the checkpoint holds put on it, and
+// written as a PEFT adapter directory, or with `merge` as the model with
+// the adapters folded in (options: the dtype, shard size and companions of
+// a Hugging Face export; the companions go beside an adapter too).
+// Returns what was written, for the command's line.
+std::string export_lora_checkpoint(const std::string& checkpoint, const std::string& out, bool merge,
+                                   const models::HfExportOptions& options);
 
 }  // namespace fsdp::train

@@ -9,6 +9,8 @@
 #include <memory>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "fsdp/core/grad_scaler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/data/loader.h"
@@ -145,6 +147,9 @@ class Trainer {
   // --objective dpo with --lora-init-from: each adapter parameter (its
   // shard) and its starting value; the reference is the model with these.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> starting_adapters_;
+  // LoRA: what the frozen base is (path, weight files' sizes and CRC-32),
+  // kept in each checkpoint ([Note: a LoRA checkpoint holds the adapters]).
+  nlohmann::json lora_base_;
   PreferenceStats preference_stats_;     // the pairs of the step being taken
   PreferenceStats eval_preference_;      // the pairs of the last evaluation
   int64_t params_ = 0;
