@@ -120,6 +120,84 @@ TEST(CheckpointParts, EveryOptimizerKindAndTheBuffersResumeExactly) {
   }
 }
 
+// A program whose first layer is frozen, as a LoRA run's base is.
+NormNet make_half_frozen_net(uint64_t seed) {
+  torch::manual_seed(seed);
+  NormNet net;
+  for (auto& p : net->in->parameters()) p.requires_grad_(false);
+  FullyShardOptions options;
+  options.mesh = mesh_for(ShardingStrategy::kFullShard);
+  fully_shard(net, options);
+  return net;
+}
+
+std::vector<torch::Tensor> trainable_of(NormNet& net) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : net->parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+TEST(CheckpointParts, LeftOutFrozenParametersAreNeitherSavedNorLoaded) {
+  const std::string dir = shared_dir("frozen");
+  auto net = make_half_frozen_net(7);
+  auto optimizer = std::make_unique<torch::optim::AdamW>(trainable_of(net), torch::optim::AdamWOptions(0.01));
+  for (int64_t step = 0; step < 2; ++step) train_step(net, *optimizer, step);
+  checkpoint::TrainerState state;
+  state.step = 2;
+  const auto parts = [](NormNet& n, torch::optim::Optimizer& o) {
+    return checkpoint::Parts().model("", *n).optimizer("adamw", o).leave_out_frozen();
+  };
+  checkpoint::save(dir, 1, parts(net, *optimizer), state, test_world());
+  for (int64_t step = 2; step < 4; ++step) train_step(net, *optimizer, step);
+  const auto uninterrupted = state_of(net);
+
+  const std::string path = *checkpoint::latest(dir);
+  const auto meta = checkpoint::read_metadata(path);
+  EXPECT_TRUE(meta.value("frozen_left_out", false));
+  for (const auto& [fqn, unused] : meta["params"].items()) {
+    EXPECT_NE(fqn.rfind("in.", 0), 0u) << fqn << ": a frozen parameter was saved";
+  }
+  EXPECT_EQ(meta["params"].size(), 4u) << "norm and out, weight and bias";
+
+  // A program with the same frozen layer and other trainable values: the
+  // load brings the trainable ones and their state, and it continues as
+  // the run that never stopped.
+  auto resumed = make_half_frozen_net(7);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : trainable_of(resumed)) p.fill_(0.25);
+  }
+  auto fresh = std::make_unique<torch::optim::AdamW>(trainable_of(resumed), torch::optim::AdamWOptions(0.01));
+  checkpoint::load(path, parts(resumed, *fresh), test_world());
+  for (int64_t step = 2; step < 4; ++step) train_step(resumed, *fresh, step);
+  const auto after = state_of(resumed);
+  ASSERT_EQ(after.size(), uninterrupted.size());
+  const size_t compared = test_world().rank() == 0 ? after.size() : after.size() - 3;  // buffers: rank 0's
+  for (size_t i = 0; i < compared; ++i) EXPECT_TRUE(torch::equal(after[i], uninterrupted[i])) << "tensor " << i;
+
+  // The frozen layer is the program's own: another one stays as it is.
+  auto other = make_half_frozen_net(8);
+  const auto frozen_before = full_parameters(*other->in);
+  auto other_optimizer = std::make_unique<torch::optim::AdamW>(trainable_of(other), torch::optim::AdamWOptions(0.01));
+  checkpoint::load(path, parts(other, *other_optimizer), test_world());
+  const auto frozen_after = full_parameters(*other->in);
+  for (size_t i = 0; i < frozen_before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(frozen_before[i].second, frozen_after[i].second)) << frozen_before[i].first;
+  }
+
+  // Parts that expect every parameter are refused, naming the way to load it.
+  auto whole = make_half_frozen_net(7);
+  auto whole_optimizer = std::make_unique<torch::optim::AdamW>(trainable_of(whole), torch::optim::AdamWOptions(0.01));
+  try {
+    checkpoint::load(path, checkpoint::Parts().model("", *whole).optimizer("adamw", *whole_optimizer), test_world());
+    ADD_FAILURE() << "a checkpoint without its frozen parameters loaded into parts that expect them";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Parts::leave_out_frozen"), std::string::npos) << e.what();
+  }
+}
+
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -16,7 +16,10 @@ conversational pairs, batch 1 per rank, accumulation 2, fp32:
   PEFT's greedy generate does with that adapter, and as the merged export;
   an adapter given as --from is refused, naming --adapter;
 - a run stopped after 2 steps and resumed for 2 more makes the 4 steps'
-  losses of one run, exactly.
+  losses of one run, exactly; its checkpoint holds the adapters alone and
+  the base's identity, a resume on other base weights is refused by name,
+  and `fsdp ckpt export` of it writes the adapter the run exports (and
+  with --merge-lora the merged model).
 """
 import json
 import os
