@@ -259,6 +259,27 @@ void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const 
   }
 }
 
+std::vector<int32_t> DataLoader::sample_prompt(int64_t k, int64_t tokens) const {
+  FSDP_CHECK(stream_ != nullptr, "sample_prompt: synthetic data has no prompts");
+  int64_t begin = 0, length = 0;
+  if (!example_starts_.empty()) {
+    const int64_t e = pairs_ ? 2 * k : k;
+    begin = example_starts_[static_cast<size_t>(e)];
+    const int64_t whole = example_length(e);
+    while (length < whole && !(mask_[static_cast<size_t>(begin + length)] & kMaskTrained)) ++length;
+  } else {
+    begin = k * o_.seq_len;
+    length = std::min(tokens, stream_->size() - begin);
+  }
+  if (length > tokens) {
+    begin += length - tokens;
+    length = tokens;
+  }
+  std::vector<int64_t> read(static_cast<size_t>(std::max<int64_t>(length, 0)));
+  if (length > 0) stream_->read(begin, length, read.data());
+  return {read.begin(), read.end()};
+}
+
 Batch DataLoader::batch(int64_t step, int micro_step) const {
   const int64_t B = o_.batch_size, T = o_.seq_len;
   if (packed()) {

@@ -60,6 +60,10 @@ void MetricsLog::write(const nlohmann::json& line) {
   tensorboard_->scalars(line.at("step").get<int64_t>(), scalars);
 }
 
+void MetricsLog::text(int64_t step, const std::string& tag, const std::string& markdown) {
+  if (tensorboard_) tensorboard_->text(step, tag, markdown);
+}
+
 RunLog::RunLog(int rank)
     : rank_(rank), tty_(::isatty(STDOUT_FILENO) != 0), start_(std::chrono::steady_clock::now()) {}
 

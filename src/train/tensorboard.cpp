@@ -56,6 +56,21 @@ void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::s
   write_record(event.SerializeAsString());
 }
 
+void TensorBoardWriter::text(int64_t step, const std::string& tag, const std::string& markdown) {
+  constexpr int kDtString = 7;  // TensorFlow's DT_STRING
+  tensorboard::Event event;
+  event.set_wall_time(wall_time());
+  event.set_step(step);
+  auto* v = event.mutable_summary()->add_value();
+  v->set_tag(tag);
+  v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  auto* tensor = v->mutable_tensor();
+  tensor->set_dtype(kDtString);
+  tensor->mutable_tensor_shape();  // a scalar: no dimensions
+  tensor->add_string_val(markdown);
+  write_record(event.SerializeAsString());
+}
+
 void TensorBoardWriter::write_record(const std::string& bytes) {
   const uint64_t length = bytes.size();  // little-endian on every platform we build for
   const uint32_t length_crc = masked_crc32c(&length, sizeof(length));

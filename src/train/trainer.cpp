@@ -32,6 +32,7 @@
 #include "fsdp/train/builders.h"
 #include "fsdp/train/export.h"
 #include "fsdp/train/generate.h"
+#include "fsdp/train/hf_companions.h"
 #include "fsdp/train/job_agreement.h"
 
 namespace fsdp::train {
@@ -717,9 +718,38 @@ double Trainer::evaluate_and_log(int64_t steps_done) {
     std::snprintf(line, sizeof(line), "  reward acc %.2f  margin %.4f", means[2].second, means[3].second);
     text += line;
   }
-  if (metrics_) metrics_->write(record);
   log_.say(text);
+  if (config_.eval.samples > 0) record["samples"] = validation_samples(steps_done);
+  if (metrics_) metrics_->write(record);
   return val;
+}
+
+nlohmann::json Trainer::validation_samples(int64_t steps_done) {
+  const int64_t T = config_.data.seq_len;
+  const int64_t n = std::min(config_.eval.samples, rows_of(*val_data_, T));
+  SampleOptions options;
+  options.max_new_tokens = config_.eval.sample_tokens;
+  options.temperature = 0;  // greedy: evaluations compare, so the same prompt gets the same answer
+  options.stop_ids = end_of_text_ids(companion_sources(config_));
+  nlohmann::json out = nlohmann::json::array();
+  std::string markdown;
+  for (int64_t k = 0; k < n; ++k) {
+    // Chat data: the example up to its answer (the context the model was
+    // trained to answer); a token stream: a row's first 32 tokens.
+    const auto prompt = val_data_->sample_prompt(k, val_data_->examples() > 0 ? T : 32);
+    if (prompt.empty()) continue;
+    const auto ids = generate(model_, prompt, options);
+    const std::string prompt_text = tokenizer_->decode(prompt);
+    const std::string completion = tokenizer_->decode_continuation(prompt, ids);
+    out.push_back({{"prompt", prompt_text}, {"completion", completion}});
+    log_.say("--- validation sample " + std::to_string(k + 1) + " of " + std::to_string(n) + " (step " +
+             std::to_string(steps_done) + ") ---\n" + prompt_text + completion + "\n---");
+    // Markdown: code blocks keep the template's line breaks and markup.
+    markdown += "**" + std::to_string(k + 1) + ".** prompt:\n\n```\n" + prompt_text + "\n```\n\ncompletion:\n\n```\n" +
+                completion + "\n```\n\n";
+  }
+  if (metrics_) metrics_->text(steps_done, "val/samples", markdown);
+  return out;
 }
 
 checkpoint::TrainerState Trainer::state_to_save(int64_t steps_done, std::optional<double> new_best_val) const {

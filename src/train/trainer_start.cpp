@@ -212,9 +212,10 @@ std::string Trainer::tokenizer_dir() const { return companion_sources(config_).t
 
 void Trainer::load_tokenizer() {
   const auto& r = config_.sample;
-  if (r.tokens == 0) return;
+  if (r.tokens == 0 && config_.eval.samples == 0) return;
   tokenizer_ = data::Tokenizer::from_dir(tokenizer_dir());
   log_.say("samples use the tokenizer " + tokenizer_->source());
+  if (r.tokens == 0) return;  // --eval-samples alone: the validation data holds the prompts
   // Checked now, not after training: a prompt the model cannot embed.
   sample_prompt_ = tokenizer_->encode(r.prompt);
   if (sample_prompt_.empty()) sample_prompt_.push_back(tokenizer_->document_separator());

@@ -102,6 +102,11 @@ class DataLoader {
   // rows, the B chosen examples and then the B rejected ones, as TRL's
   // DataCollatorForPreference lays them out.
   bool preference_pairs() const { return pairs_; }
+  // A prompt to complete from row k of the data (k below rows()): chat
+  // data, the example (a pair's chosen one) up to its first trained token;
+  // a token stream, the first `tokens` tokens of window k. At most `tokens`
+  // tokens either way, the last ones kept.
+  std::vector<int32_t> sample_prompt(int64_t k, int64_t tokens) const;
   bool packed() const { return !row_first_.empty(); }
   int64_t longest_example() const;
   int64_t examples_longer_than_a_row() const;

@@ -28,6 +28,8 @@ class MetricsLog {
   MetricsLog(const std::string& path, const std::string& tensorboard_dir, bool append);
   ~MetricsLog();
   void write(const nlohmann::json& line);
+  // Text for TensorBoard's Text tab (validation samples), when it is on.
+  void text(int64_t step, const std::string& tag, const std::string& markdown);
 
  private:
   std::unique_ptr<io::FileLock> lock_;

@@ -1,5 +1,5 @@
 #pragma once
-// TensorBoard event files: scalars per step, in TensorFlow's record format
+// TensorBoard event files: scalars per step, and text, in TensorFlow's record format
 // (length, masked CRC-32C of the length, an Event message, its masked
 // CRC-32C). Light header: no LibTorch, no protobuf.
 
@@ -23,6 +23,8 @@ class TensorBoardWriter {
   // One event holding every (tag, value) pair for `step`; flushed at once
   // so a crash loses nothing already logged.
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
+  // A text summary (Markdown, which TensorBoard's Text tab renders) at `step`.
+  void text(int64_t step, const std::string& tag, const std::string& markdown);
 
  private:
   void write_record(const std::string& bytes);

@@ -108,6 +108,9 @@ class Trainer {
   void after_step(int64_t step, const StepStats& stats);
   void log_step(int64_t step, const StepStats& stats);
   double evaluate_and_log(int64_t steps_done);
+  // --eval-samples: the first validation prompts completed greedily, said
+  // in the log and sent to TensorBoard's Text tab; returned for metrics.jsonl.
+  nlohmann::json validation_samples(int64_t steps_done);
   // After an evaluation during the run: VAL as the best (when `improved`)
   // or one more evaluation without a lower loss (--patience's count).
   void note_validation_loss(int64_t steps_done, double val, bool improved);
