@@ -265,7 +265,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(eval, batches, "--eval-batches", "batches per evaluation (all, or 0: the whole validation set, each row once)"),
       FSDP_FIELD(eval, keep_best, "--keep-best", "save a checkpoint at each evaluation that lowers the validation loss and keep it as <checkpoint dir>/best (never pruned); the end of the run exports and samples the best weights"),
       FSDP_FIELD(eval, samples, "--eval-samples", "at each evaluation, complete the first N validation prompts greedily (chat data: each example up to its answer; token files: a row's first 32 tokens) and show them in the log, metrics.jsonl and TensorBoard's Text tab"),
-      FSDP_FIELD(eval, sample_tokens, "--eval-sample-tokens", "the most tokens each --eval-samples completion generates (it stops at the end of a turn or text)"),
+      FSDP_FIELD(eval, sample_max_tokens, "--eval-sample-tokens", "the most tokens each --eval-samples completion generates (it stops at the end of a turn or text)"),
       FSDP_FIELD(eval, patience, "--patience", "stop early after this many evaluations in a row without a lower validation loss (0: never); the run then ends as at its last step (saved, exported)"),
       FSDP_FIELD(sample, tokenizer, "--tokenizer", "tokenizer directory for samples: tokenizer.json, or encoder.json + vocab.bpe (default: --init-from's when it has one, else data/gpt2)"),
       FSDP_FIELD(sample, tokens, "--sample-tokens", "tokens to generate at the end"),

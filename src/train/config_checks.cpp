@@ -54,7 +54,7 @@ void TrainConfig::validate() const {
   positive(guard.max_bad_steps, "guard.max_bad_steps");
   FSDP_CHECK(eval.samples >= 0 && eval.samples <= 64, "eval.samples is ", eval.samples,
              ": expected 0 (none) to 64 validation prompts completed at each evaluation");
-  FSDP_CHECK(eval.sample_tokens >= 1, "eval.sample_tokens is ", eval.sample_tokens, ": expected at least 1");
+  FSDP_CHECK(eval.sample_max_tokens >= 1, "eval.sample_max_tokens is ", eval.sample_max_tokens, ": expected at least 1");
   FSDP_CHECK(eval.samples == 0 || !data.val.empty(), "eval.samples completes validation prompts, and --val-data is not given");
   FSDP_CHECK(eval.samples == 0 || data.val != "synthetic", "eval.samples: synthetic validation data has no text to complete");
   FSDP_CHECK(eval.every >= 0, "eval.every is ", eval.every, ": expected 0 or more");

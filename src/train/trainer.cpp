@@ -728,7 +728,7 @@ nlohmann::json Trainer::validation_samples(int64_t steps_done) {
   const int64_t T = config_.data.seq_len;
   const int64_t n = std::min(config_.eval.samples, rows_of(*val_data_, T));
   SampleOptions options;
-  options.max_new_tokens = config_.eval.sample_tokens;
+  options.max_new_tokens = config_.eval.sample_max_tokens;
   options.temperature = 0;  // greedy: evaluations compare, so the same prompt gets the same answer
   options.stop_ids = end_of_text_ids(companion_sources(config_));
   nlohmann::json out = nlohmann::json::array();

@@ -126,7 +126,7 @@ struct TrainConfig {
     bool keep_best = false;
     int64_t patience = 0;  // stop after this many evaluations in a row without a lower loss (0: never)
     int64_t samples = 0;        // greedy completions of the first validation prompts at each evaluation
-    int64_t sample_tokens = 48;  // the most tokens each of them generates
+    int64_t sample_max_tokens = 48;  // the most tokens each of them generates
   } eval;
   struct Sample {
     std::string tokenizer;  // empty: init_from's tokenizer when it has one, else data/gpt2
