@@ -4,6 +4,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/data/loss_mask.h"
+#include "fsdp/data/mixture.h"
 #include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data {
@@ -56,6 +57,26 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   FSDP_CHECK(o_.batch_size >= 1 && o_.seq_len >= 1 && o_.grad_accum >= 1,
              "data: batch_size, seq_len and grad_accum must be at least 1");
   if (source == "synthetic") return;
+  if (const auto mixture = parse_mixture(source, o_.flag); !mixture.empty()) {
+    // [Note: a mixture's schedule]: each source a loader of its own.
+    FSDP_CHECK(!o_.pack, "data.pack packs the examples of one source; ", o_.flag, " '", source, "' mixes ",
+               mixture.size(), " sources: train them one a row, without --pack");
+    std::vector<double> weights;
+    for (size_t k = 0; k < mixture.size(); ++k) {
+      LoaderOptions part = o_;
+      part.seed = o_.seed + k;  // each source its own shuffle
+      part.flag = o_.flag + " source '" + mixture[k].source + "'";
+      parts_.push_back(std::make_unique<DataLoader>(mixture[k].source, part));
+      weights.push_back(mixture[k].weight);
+      FSDP_CHECK((parts_[k]->examples() > 0) == (parts_[0]->examples() > 0), o_.flag, " '", source, "' mixes chat ",
+                 "data (with loss masks) and plain token files ('", mixture[0].source, "', '", mixture[k].source,
+                 "'); mix sources of one kind");
+      FSDP_CHECK(!parts_[k]->preference_pairs(), o_.flag, " '", source, "': '", mixture[k].source, "' holds ",
+                 "preference pairs, which a mixture does not interleave; train them alone");
+    }
+    schedule_ = std::make_unique<MixtureSchedule>(weights);
+    return;
+  }
   const auto paths = expand_token_paths(source, o_.flag);
   stream_ = std::make_shared<TokenStream>(paths);
   // Chat data: every file's record says so, and its mask lies beside it.
@@ -98,7 +119,7 @@ DataLoader::DataLoader(const std::string& source, const LoaderOptions& options) 
   // Consecutive examples while their inputs (L - 1 each, L cut to T + 1) fit T.
   row_first_.push_back(0);
   int64_t used = 0;
-  for (int64_t e = 0; e < examples(); ++e) {
+  for (int64_t e = 0; e < static_cast<int64_t>(example_starts_.size()); ++e) {
     const int64_t inputs = std::min(example_length(e), T + 1) - 1;
     if (used + inputs > T) {
       row_first_.push_back(e);
@@ -153,21 +174,51 @@ int64_t DataLoader::example_length(int64_t e) const {
   return (k + 1 < example_starts_.size() ? example_starts_[k + 1] : stream_->size()) - example_starts_[k];
 }
 
+int64_t DataLoader::tokens_in_files() const {
+  int64_t n = stream_ ? stream_->size() : 0;
+  for (const auto& part : parts_) n += part->tokens_in_files();
+  return n;
+}
+
+size_t DataLoader::files() const {
+  size_t n = stream_ ? stream_->files() : 0;
+  for (const auto& part : parts_) n += part->files();
+  return n;
+}
+
+int64_t DataLoader::examples() const {
+  int64_t n = static_cast<int64_t>(example_starts_.size());
+  for (const auto& part : parts_) n += part->examples();
+  return n;
+}
+
+int64_t DataLoader::rows() const {
+  if (!parts_.empty()) {
+    int64_t n = 0;
+    for (const auto& part : parts_) n += part->rows();
+    return n;
+  }
+  return packed() ? static_cast<int64_t>(row_first_.size()) - 1 : pairs_ ? examples() / 2 : examples();
+}
+
 int64_t DataLoader::longest_example() const {
   int64_t longest = 0;
-  for (int64_t e = 0; e < examples(); ++e) longest = std::max(longest, example_length(e));
+  for (const auto& part : parts_) longest = std::max(longest, part->longest_example());
+  for (int64_t e = 0; e < static_cast<int64_t>(example_starts_.size()); ++e) longest = std::max(longest, example_length(e));
   return longest;
 }
 
 int64_t DataLoader::examples_longer_than_a_row() const {
   int64_t n = 0;
-  for (int64_t e = 0; e < examples(); ++e) n += example_length(e) > o_.seq_len + 1;
+  for (const auto& part : parts_) n += part->examples_longer_than_a_row();
+  for (int64_t e = 0; e < static_cast<int64_t>(example_starts_.size()); ++e) n += example_length(e) > o_.seq_len + 1;
   return n;
 }
 
 int64_t DataLoader::examples_training_nothing_in_a_row() const {
   int64_t n = 0;
-  for (int64_t e = 0; e < examples(); ++e) {
+  for (const auto& part : parts_) n += part->examples_training_nothing_in_a_row();
+  for (int64_t e = 0; e < static_cast<int64_t>(example_starts_.size()); ++e) {
     const auto begin = static_cast<size_t>(example_starts_[static_cast<size_t>(e)]);
     const int64_t length = std::min(example_length(e), o_.seq_len + 1);
     bool trains = false;
@@ -260,6 +311,10 @@ void DataLoader::read_sequence(int64_t i, int64_t* out, uint8_t* trained) const 
 }
 
 std::vector<int32_t> DataLoader::sample_prompt(int64_t k, int64_t tokens) const {
+  if (schedule_) {
+    const auto [d, j] = schedule_->locate(k);
+    return parts_[static_cast<size_t>(d)]->sample_prompt(j % parts_[static_cast<size_t>(d)]->rows(), tokens);
+  }
   FSDP_CHECK(stream_ != nullptr, "sample_prompt: synthetic data has no prompts");
   int64_t begin = 0, length = 0;
   if (!example_starts_.empty()) {
@@ -306,23 +361,42 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
     return out;
   }
   const int64_t first = offset(step, micro_step) / T;
-  // Chat data: the examples of the batch's rows (two a sequence for preference pairs).
-  const std::vector<int64_t> row_examples = example_starts_.empty() ? std::vector<int64_t>{} : examples_of_batch(first);
-  const int64_t R = example_starts_.empty() ? B : static_cast<int64_t>(row_examples.size());
+  // Chat data: the examples of the batch's rows (two a sequence for
+  // preference pairs); a mixture's rows come from its sources.
+  const bool chat = examples() > 0;
+  const std::vector<int64_t> row_examples =
+      chat && !schedule_ ? examples_of_batch(first) : std::vector<int64_t>{};
+  const int64_t R = row_examples.empty() ? B : static_cast<int64_t>(row_examples.size());
   auto rows = torch::empty({R, T + 1}, torch::kLong);
   std::vector<uint8_t> trained(static_cast<size_t>(R * (T + 1)), 1);
+  int64_t real = chat ? 0 : B * T, longest = 1;
   for (int64_t b = 0; b < R; ++b) {
-    if (example_starts_.empty()) {
-      read_sequence(first + b, rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+    int64_t* row = rows[b].data_ptr<int64_t>();
+    uint8_t* row_trained = trained.data() + b * (T + 1);
+    int64_t inputs_of_row = T;
+    if (schedule_) {
+      // [Note: a mixture's schedule]
+      const auto [d, j] = schedule_->locate(first + b);
+      const DataLoader& part = *parts_[static_cast<size_t>(d)];
+      part.read_sequence(j, row, row_trained);
+      if (chat) inputs_of_row = std::min(part.example_length(part.example_of(j)), T + 1) - 1;
+    } else if (chat) {
+      const int64_t e = row_examples[static_cast<size_t>(b)];
+      read_example(e, row, row_trained);
+      inputs_of_row = std::min(example_length(e), T + 1) - 1;
     } else {
-      read_example(row_examples[static_cast<size_t>(b)], rows[b].data_ptr<int64_t>(), trained.data() + b * (T + 1));
+      read_sequence(first + b, row, row_trained);
+    }
+    if (chat) {
+      real += inputs_of_row;
+      longest = std::max(longest, inputs_of_row);
     }
   }
   // A copy (with B = 1 the narrowed rows count as contiguous already, and
   // the ignore index written below would reach the inputs).
   auto targets = rows.narrow(1, 1, T).clone(at::MemoryFormat::Contiguous);
   int64_t counted = B * T;
-  if (!example_starts_.empty()) {
+  if (chat) {
     counted = 0;
     auto* t = targets.data_ptr<int64_t>();
     for (int64_t b = 0; b < R; ++b) {
@@ -335,17 +409,7 @@ Batch DataLoader::batch(int64_t step, int micro_step) const {
   }
   // Chat data is padded to the micro-batch's longest row, not to T
   // ([Note: padding to the batch]).
-  int64_t width = T, real = B * T;
-  if (!example_starts_.empty()) {
-    real = 0;
-    int64_t longest = 1;
-    for (int64_t b = 0; b < R; ++b) {
-      const int64_t inputs_of_row = std::min(example_length(row_examples[static_cast<size_t>(b)]), T + 1) - 1;
-      real += inputs_of_row;
-      longest = std::max(longest, inputs_of_row);
-    }
-    width = std::min(T, (longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple);
-  }
+  const int64_t width = chat ? std::min(T, (longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple) : T;
   auto inputs = rows.narrow(1, 0, width).contiguous();
   if (width < T) targets = targets.narrow(1, 0, width).contiguous();
   if (!o_.device.is_cpu()) {

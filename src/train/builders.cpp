@@ -11,6 +11,7 @@
 #include "fsdp/common/deferred_tensor.h"
 #include "fsdp/common/error.h"
 #include "fsdp/core/fully_shard.h"
+#include "fsdp/data/mixture.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer_record.h"
 #include "fsdp/models/hf/peft_adapter.h"
@@ -171,7 +172,7 @@ namespace {
 // tokenizer_record.json beside each), the same for every file that has one
 // and checked against --init-from's; "" when no file carries a record.
 std::string check_data_tokenizer(const TrainConfig& config, const std::string& source, const std::string& flag) {
-  const auto files = data::expand_token_paths(source, flag);
+  const auto files = data::expand_token_paths(data::mixture_paths(source, flag), flag);
   std::optional<data::TokenizerRecord> record;
   std::string recorded_file, unrecorded_file;
   for (const auto& file : files) {
@@ -273,6 +274,16 @@ std::unique_ptr<data::DataLoader> build_loader(TrainConfig& config, const models
   if (!loader->synthetic()) {
     const auto made_by = check_data_tokenizer(config, source, validation ? "--val-data" : "--data");
     if (!made_by.empty()) what += ", tokenized by " + made_by;
+  }
+  if (loader->sources() > 1) {
+    std::string shares;
+    for (const auto& part : data::parse_mixture(source, flag)) {
+      char share[32];
+      std::snprintf(share, sizeof(share), " %.1f%%", 100.0 * part.weight);
+      shares += (shares.empty() ? "" : ", ") + part.source + share;
+    }
+    what += "; mixed: " + shares + " of the sequences, interleaved in periods of " +
+            std::to_string(data::MixtureSchedule::kPeriod);
   }
   if (loader->examples() > 0) {
     // Chat data: one example a row, cut to a row when longer.

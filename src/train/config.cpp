@@ -230,7 +230,7 @@ const std::vector<Field>& schema() {
       FSDP_FIELD(objective, beta, "--dpo-beta", "DPO: beta, how strongly the policy is held near the reference (TRL's beta; for ipo, its tau)"),
       FSDP_FIELD(objective, loss, "--dpo-loss", "DPO: the loss on each pair's margin: sigmoid (DPO), ipo (IPO, on per-token log-ratios) or hinge (SLiC)"),
       FSDP_FIELD(objective, label_smoothing, "--dpo-label-smoothing", "DPO sigmoid: the share of pairs assumed mislabelled, in [0, 0.5) (conservative DPO)"),
-      FSDP_FIELD(data, train, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list), or synthetic"),
+      FSDP_FIELD(data, train, "--data", "llm.c token files (a file, a glob such as 'train_*.bin', or a comma-separated list read one after another), a weighted mixture of them (A.bin:0.7,B.bin:0.3: each source's share of the sequences, interleaved), or synthetic"),
       FSDP_FIELD(data, val, "--val-data", "token files for evaluation (as --data)"),
       FSDP_FIELD(data, seq_len, "--seq-len", "tokens per sequence"),
       FSDP_FIELD(data, batch_size, "--batch-size", "sequences per rank per micro-step"),

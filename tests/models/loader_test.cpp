@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/loss_mask.h"
+#include "fsdp/data/mixture.h"
 #include "fsdp/data/tokenizer_record.h"
 
 namespace fsdp::data::loader_test {
@@ -194,6 +196,91 @@ TEST(DataOrder, ResumeContinuesFromTheTokensConsumedWhateverTheBatch) {
     EXPECT_TRUE(torch::cat({r0.batch(s, 0).inputs, r1.batch(s, 0).inputs}).equal(expected.inputs)) << s;
   }
   EXPECT_EQ(r0.offset(3, 0), before.offset(3, 0));
+}
+
+// Two sources told apart by their tokens: A's are below 50, B's 50 and up.
+std::string source_file(const std::string& name, int32_t base, int64_t n) {
+  const auto path = "/tmp/fsdp-loader-" + std::to_string(::getpid()) + "-" + name + ".bin";
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = base + static_cast<int32_t>((i * 7 + 3) % 50);
+  write_token_file(path, tokens);
+  return path;
+}
+
+TEST(Mixture, EachSourceIsReadInItsOwnOrderAtItsWeightAndInterleaved) {
+  const auto a = source_file("mix-a", 0, 4001), b = source_file("mix-b", 50, 2001);
+  const int64_t T = 8, B = 4;
+  auto mixed = make(a + ":0.7," + b + ":0.3", B, T, 0, 1, 1, 100, 0);
+  // Each source alone, one sequence a step: what its k-th row must be.
+  auto only_a = make(a, 1, T, 0, 1, 1, 100, 0), only_b = make(b, 1, T, 0, 1, 1, 100, 0);
+  int64_t from_a = 0, from_b = 0;
+  std::vector<int> window;
+  for (int64_t step = 0; step < 500; ++step) {  // 2000 sequences: two periods
+    const auto batch = mixed.batch(step, 0);
+    for (int64_t r = 0; r < B; ++r) {
+      const auto row = batch.inputs[r];
+      const bool is_a = row.lt(50).all().item<bool>();
+      ASSERT_TRUE(is_a || row.ge(50).all().item<bool>()) << "a row of both sources at step " << step;
+      const auto expected = (is_a ? only_a.batch(from_a, 0) : only_b.batch(from_b, 0)).inputs[0];
+      EXPECT_TRUE(row.equal(expected)) << (is_a ? "A" : "B") << "'s row " << (is_a ? from_a : from_b)
+                                       << " out of its order at step " << step;
+      (is_a ? from_a : from_b) += 1;
+      window.push_back(is_a);
+    }
+  }
+  EXPECT_EQ(from_a, 1400);
+  EXPECT_EQ(from_b, 600);
+  // Evenly: every 10 consecutive sequences hold 7 of A's, give or take one.
+  for (size_t i = 0; i + 10 <= window.size(); ++i) {
+    const int in_window = std::accumulate(window.begin() + static_cast<std::ptrdiff_t>(i),
+                                          window.begin() + static_cast<std::ptrdiff_t>(i) + 10, 0);
+    ASSERT_GE(in_window, 6) << "at sequence " << i;
+    ASSERT_LE(in_window, 8) << "at sequence " << i;
+  }
+}
+
+TEST(Mixture, TwoRanksReadWhatOneReadsAndAResumeContinuesWhereItStopped) {
+  const auto a = source_file("mix2-a", 0, 3001), b = source_file("mix2-b", 50, 1501);
+  const std::string spec = a + ":2," + b + ":1";
+  const int64_t T = 8;
+  for (bool shuffle : {false, true}) {
+    auto one = make(spec, 4, T, 0, 1, 1, 100, 5, shuffle);
+    auto r0 = make(spec, 2, T, 0, 2, 1, 100, 5, shuffle), r1 = make(spec, 2, T, 1, 2, 1, 100, 5, shuffle);
+    for (int64_t step = 0; step < 300; ++step) {
+      EXPECT_TRUE(torch::cat({r0.batch(step, 0).inputs, r1.batch(step, 0).inputs}).equal(one.batch(step, 0).inputs))
+          << "step " << step << (shuffle ? " (shuffled)" : "");
+    }
+    // Stopped after 7 steps of 4 sequences, resumed at batch 1: the next sequences.
+    auto resumed = make(spec, 1, T, 0, 1, 1, 100, 5, shuffle);
+    resumed.resume_at(7, 7 * 4 * T);
+    for (int64_t s = 0; s < 12; ++s) {
+      EXPECT_TRUE(resumed.batch(7 + s, 0).inputs[0].equal(one.batch(7 + s / 4, 0).inputs[s % 4])) << s;
+    }
+  }
+}
+
+TEST(Mixture, BadWeightsAndMixedKindsAreRefusedByName) {
+  const auto a = source_file("mix3-a", 0, 401), b = source_file("mix3-b", 50, 401);
+  const auto refused = [&](const std::string& spec, bool pack, const std::string& expected) {
+    try {
+      make(spec, 1, 8, 0, 1, 1, 100, 0, false, pack);
+      ADD_FAILURE() << spec << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused(a + ":0.7," + b, false, "weights some sources and not others");
+  refused(a + ":-1," + b + ":1", false, "expected a positive number");
+  refused(a + ":0.0001," + b + ":1", false, "less than one sequence in 1000");
+  refused(a + ":1," + b + ":1", true, "train them one a row, without --pack");
+  EXPECT_TRUE(parse_mixture(a + "," + b, "--data").empty()) << "a list without weights is one stream";
+  // Slots a period: 700 and 300, each index of each source once.
+  MixtureSchedule schedule({0.7, 0.3});
+  EXPECT_EQ(schedule.slots(), (std::vector<int64_t>{700, 300}));
+  std::set<std::pair<int, int64_t>> seen;
+  for (int64_t i = 0; i < MixtureSchedule::kPeriod; ++i) seen.insert(schedule.locate(i));
+  EXPECT_EQ(seen.size(), 1000u);
+  EXPECT_EQ(*seen.rbegin(), (std::pair<int, int64_t>{1, 299}));
 }
 
 TEST(DataOrder, PermutationIsABijectionForAnySize) {

@@ -42,6 +42,7 @@
 
 #include <torch/torch.h>
 
+#include "fsdp/data/mixture.h"
 #include "fsdp/data/token_file.h"
 
 namespace fsdp::data {
@@ -85,18 +86,20 @@ class DataLoader {
   Batch batch(int64_t step, int micro_step) const;
   // Where batch(step, micro) starts in the token stream (for the contract's tests).
   int64_t offset(int64_t step, int micro_step) const;
-  bool synthetic() const { return stream_ == nullptr; }
-  int64_t tokens_in_files() const { return stream_ ? stream_->size() : 0; }
-  size_t files() const { return stream_ ? stream_->files() : 0; }
+  bool synthetic() const { return stream_ == nullptr && parts_.empty(); }
+  int64_t tokens_in_files() const;
+  size_t files() const;
+  // A mixture (`--data A:0.7,B:0.3`, data/mixture.h): its sources.
+  size_t sources() const { return parts_.empty() ? 1 : parts_.size(); }
   // The stream window sequence i reads (its first token's position).
   int64_t sequence_start(int64_t i) const;
   // Chat data: the number of examples (0: a token stream), the longest,
   // and how many are longer than one row (T+1 tokens) holds.
-  int64_t examples() const { return static_cast<int64_t>(example_starts_.size()); }
+  // A mixture's counts (examples, rows and the three below) are its
+  // sources' together.
+  int64_t examples() const;
   // Chat data: the rows an epoch reads (packed rows, or one per example).
-  int64_t rows() const {
-    return packed() ? static_cast<int64_t>(row_first_.size()) - 1 : pairs_ ? examples() / 2 : examples();
-  }
+  int64_t rows() const;
   // Preference data (`data prepare` of {"prompt", "chosen", "rejected"}
   // records): sequence i is pair i, and a micro-batch of B pairs is 2B
   // rows, the B chosen examples and then the B rejected ones, as TRL's
@@ -130,6 +133,9 @@ class DataLoader {
   std::vector<int64_t> example_starts_;  // chat data: where each example starts in the stream
   std::vector<int64_t> row_first_;       // packed: row r holds examples [row_first_[r], row_first_[r + 1])
   bool pairs_ = false;
+  // A mixture: a loader for each source and the schedule that interleaves them.
+  std::vector<std::unique_ptr<DataLoader>> parts_;
+  std::unique_ptr<MixtureSchedule> schedule_;
   LoaderOptions o_;
   int64_t start_step_ = 0, start_tokens_ = 0;
 };
