@@ -30,7 +30,8 @@ int64_t counted_rows(const at::Tensor& targets, int64_t vocab) {
 // sum(row losses) * grad_scale and returns the sum of the row losses: one
 // read and one write of the logits (kernels::softmax_cross_entropy_row),
 // where log_softmax, nll_loss and their backwards make five passes.
-double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float grad_scale) {
+double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float grad_scale,
+                          std::vector<double>* rows_out = nullptr) {
   RECORD_USER_SCOPE("fsdp::cross_entropy_rows");
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const bool bf16 = logits.scalar_type() == at::kBFloat16;
@@ -56,6 +57,7 @@ double loss_and_gradient_(at::Tensor& logits, const at::Tensor& targets, float g
   });
   double total = 0;
   for (double l : row_loss) total += l;  // in row order: the same for any thread count
+  if (rows_out != nullptr) *rows_out = std::move(row_loss);
   return total;
 }
 
@@ -195,6 +197,42 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
   }
 };
 
+// Each sequence's summed log-probability of its targets, the head's matmul
+// and the softmax together as in LinearCrossEntropy: forward leaves
+// d(-log p)/d(logits) where the logits were (one (n, V) tensor kept, as
+// the language-model loss keeps), and backward scales each row by its
+// sequence's incoming gradient (negated) before the two matmuls.
+struct LinearSequenceLogProbs : public torch::autograd::Function<LinearSequenceLogProbs> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& targets, int64_t sequences) {
+    counted_rows(targets, weight.size(0));
+    at::Tensor logits = head_logits(hidden, weight);
+    std::vector<double> rows;
+    loss_and_gradient_(logits, targets, 1.0f, &rows);
+    const int64_t per_sequence = hidden.size(0) / sequences;
+    auto out = torch::zeros({sequences}, hidden.options().dtype(torch::kDouble));
+    auto* sums = out.data_ptr<double>();
+    for (int64_t r = 0; r < hidden.size(0); ++r) sums[r / per_sequence] -= rows[static_cast<size_t>(r)];
+    ctx->save_for_backward({hidden, weight, logits});
+    ctx->saved_data["per_sequence"] = per_sequence;
+    return out.to(torch::kFloat);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &hidden = saved[0], &weight = saved[1];
+    auto grad_logits = saved[2];
+    const int64_t per_sequence = ctx->saved_data["per_sequence"].toInt();
+    // d(sum log p)/d(logits) is minus what forward left: each row times
+    // minus its sequence's incoming gradient.
+    const auto row_scale = (-grad_outputs[0].to(torch::kFloat)).repeat_interleave(per_sequence).unsqueeze(1);
+    grad_logits.mul_(row_scale.to(grad_logits.scalar_type()));
+    auto grad_hidden = torch::empty_like(hidden);
+    return {grad_hidden, head_backward(grad_logits, hidden, weight, 1.0, grad_hidden), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 bool fusable(const torch::Tensor& hidden, const torch::Tensor& weight) {
   return hidden.device().is_cpu() && weight.device().is_cpu();
 }
@@ -223,6 +261,10 @@ torch::Tensor sequence_log_probs(const torch::Tensor& hidden, const torch::Tenso
   FSDP_CHECK(hidden.dim() == 3 && targets.dim() == 2 && hidden.size(0) == targets.size(0) &&
                  hidden.size(1) == targets.size(1),
              "sequence_log_probs: expected hidden (B, T, C) and targets (B, T)");
+  if (fusable(hidden, weight)) {
+    return LinearSequenceLogProbs::apply(hidden.reshape({-1, hidden.size(-1)}), weight,
+                                         targets.reshape({-1}).to(torch::kLong).contiguous(), hidden.size(0));
+  }
   const torch::Tensor logits = torch::matmul(hidden, weight.t()).to(torch::kFloat);
   const torch::Tensor ignored = targets.eq(kIgnoreIndex);
   const torch::Tensor picked =

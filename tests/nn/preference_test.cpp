@@ -35,6 +35,26 @@ TEST(SequenceLogProbs, SumsEachRowsTrainedTargetsUnderTheSoftmax) {
   }
 }
 
+TEST(SequenceLogProbs, GradientsEqualAutogradThroughLogSoftmax) {
+  // The fused form's backward (each row scaled by its sequence's incoming
+  // gradient) against autograd through the plain operators.
+  torch::manual_seed(4);
+  const auto hidden = torch::randn({3, 5, 6}, torch::requires_grad());
+  const auto weight = torch::randn({11, 6}, torch::requires_grad());
+  const auto targets = torch::randint(0, 11, {3, 5}).masked_fill(torch::rand({3, 5}).lt(0.3), -100);
+  const auto coefficient = torch::tensor({0.5, -2.0, 1.5});
+  (nn::sequence_log_probs(hidden, weight, targets) * coefficient).sum().backward();
+  const auto h = hidden.detach().clone().requires_grad_(), w = weight.detach().clone().requires_grad_();
+  const auto ignored = targets.eq(-100);
+  const auto picked = torch::log_softmax(torch::matmul(h, w.t()), -1)
+                          .gather(-1, targets.masked_fill(ignored, 0).unsqueeze(-1))
+                          .squeeze(-1)
+                          .masked_fill(ignored, 0.0);
+  (picked.sum(-1) * coefficient).sum().backward();
+  EXPECT_TRUE(torch::allclose(hidden.grad(), h.grad(), 1e-5, 1e-5));
+  EXPECT_TRUE(torch::allclose(weight.grad(), w.grad(), 1e-5, 1e-5));
+}
+
 TEST(PreferenceLoss, SigmoidIpoAndHingeOnAPairWorkedByHand) {
   // One pair: policy log-probs chosen -10, rejected -12; reference -11 and
   // -11. Log-ratios +1 and -1, margin 2; answers of 4 and 2 tokens.

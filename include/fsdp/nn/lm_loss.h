@@ -16,7 +16,9 @@ torch::Tensor chunked_lm_loss(const torch::Tensor& hidden, const torch::Tensor& 
 
 // Per row, the sum of log p(target) over the row's targets other than -100
 // (fp32): hidden (B, T, C), targets (B, T) -> (B). A sequence's
-// log-likelihood, as preference losses (DPO) compare them.
+// log-likelihood, as preference losses (DPO) compare them. On a CPU the
+// head's matmul and the softmax are fused as the loss's are: one (B*T, V)
+// tensor is kept for backward, not the logits and their log-softmax.
 torch::Tensor sequence_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets);
 
 }  // namespace fsdp::nn
