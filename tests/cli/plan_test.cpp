@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
@@ -123,6 +124,51 @@ INSTANTIATE_TEST_SUITE_P(
                       PlanCase{"llama_w2_cpu_offload_bf16", 2, "--model llama-tiny --cpu-offload --precision bf16"},
                       PlanCase{"llama_w2_optimizer_offload", 2, "--model llama-tiny --optimizer-offload"}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
+
+// DPO: the plan counts each pair as two rows and, without LoRA, the frozen
+// reference's shards; held to a DPO run's own accounting as the cases
+// above are. Every answer runs past --seq-len, so each micro-batch is as
+// wide as the plan assumes (it plans for --seq-len, the bound).
+TEST(PlanAgainstAccounting, DpoCountsTwoRowsAPairAndTheReferencesShards) {
+  const auto qwen = std::string(kSourceDir) + "/data/qwen3";
+  if (!std::filesystem::is_regular_file(qwen + "/tokenizer.json")) GTEST_SKIP() << qwen << " is missing";
+  const std::string dir = temp_dir("dpo");
+  write_model_dir("qwen3-tiny", 151936, qwen, dir + "/model");
+  {
+    std::ofstream pairs(dir + "/pairs.jsonl");
+    std::string long_answer;
+    for (int k = 0; k < 30; ++k) long_answer += " word" + std::to_string(k);
+    for (int k = 0; k < 8; ++k) {
+      pairs << nlohmann::json{{"prompt", "Question " + std::to_string(k) + ":"},
+                              {"chosen", " yes" + long_answer},
+                              {"rejected", " no" + long_answer}}.dump() << "\n";
+    }
+  }
+  const auto prepared = run_command(kCli + " data prepare --input " + dir + "/pairs.jsonl --out-dir " + dir +
+                                    "/pairs --val-fraction 0 --tokenizer " + dir + "/model");
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  for (const std::string lora : {"", " --lora-rank 8"}) {
+    SCOPED_TRACE(lora.empty() ? "full" : "lora");
+    const std::string flags = "--seq-len 32 --batch-size 2 --init-from " + dir + "/model --objective dpo --data " +
+                              dir + "/pairs/train.bin" + lora;
+    const auto predicted = plan_json("--world-size 1 " + flags);
+    const auto measured = train_metrics(lora.empty() ? "dpo_full" : "dpo_lora", flags);
+    const double predicted_mib = predicted["tensor_peak_bytes"].get<double>() / kMiB;
+    const double measured_mib = measured["allocated_peak_mb"].get<double>();
+    EXPECT_NEAR(predicted_mib / measured_mib, 1.0, 0.10)
+        << "predicted " << predicted_mib << " MiB (" << predicted["peak_phase"] << "), measured " << measured_mib;
+    const auto& parts = predicted["parts"];
+    const double reference = parts.contains("the DPO reference's shards") ? parts["the DPO reference's shards"].get<double>() : 0;
+    // The reference is the whole model in fp32 (its parameters as the run
+    // counted them, on its start line), none under LoRA.
+    int64_t params = 0;
+    const auto run = (std::filesystem::temp_directory_path() / ("fsdp_plan_test_" + std::string(lora.empty() ? "dpo_full" : "dpo_lora")) / "run/metrics.jsonl").string();
+    for (const auto& line : read_metrics(run)) {
+      if (line.value("event", "") == "start") params = line["params"].get<int64_t>();
+    }
+    EXPECT_EQ(std::llround(reference), lora.empty() ? 4 * params : 0);
+  }
+}
 
 // --accumulate sharded reduce-scatters every micro-step into the shards
 // (FSDP2's default) instead of keeping each unit's whole gradient until the

@@ -22,6 +22,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/train/generate.h"
 #include "run_command.h"
+#include "train_support.h"
 
 namespace fsdp::testing::tokenizer_cli_test {
 namespace {
@@ -35,23 +36,6 @@ const std::vector<std::string> kDocuments = {
     "  Second one,\n\nwith  whitespace runs\tand I'M SHOUTING contractions.",
     "<|im_start|>third<|im_end|> with special tokens <|endoftext|>",
 };
-
-// A one-layer model of PRESET's family with VOCAB rows, written as a
-// Hugging Face directory OUT with the tokenizer files of TOKENIZER_DIR.
-models::CausalLM write_model_dir(const std::string& preset, int64_t vocab, const std::string& tokenizer_dir,
-                                 const std::string& out) {
-  auto config = models::hf_config(*models::build_preset(preset));
-  config["vocab_size"] = vocab;
-  config["num_hidden_layers"] = 1;
-  auto model = models::build_from_hf_config(config, "test");
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
-  models::save_hf_pretrained(*model, params, out);
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(tokenizer_dir + "/" + file, out + "/" + file);
-  }
-  return model;
-}
 
 std::vector<int64_t> tokens_of(const std::string& path) {
   data::TokenFile file(path);

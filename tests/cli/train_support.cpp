@@ -9,6 +9,8 @@
 
 #include "fsdp/data/token_file.h"
 #include "fsdp/io/safetensors.h"
+#include "fsdp/models/hf/weights.h"
+#include "fsdp/models/registry.h"
 
 namespace fsdp::testing {
 
@@ -58,6 +60,21 @@ void expect_same_weights(const std::string& a, const std::string& b) {
     }
   }
   EXPECT_GT(files, 0) << "no rank files in " << a;
+}
+
+models::CausalLM write_model_dir(const std::string& preset, int64_t vocab, const std::string& tokenizer_dir,
+                                 const std::string& out) {
+  auto config = models::hf_config(*models::build_preset(preset));
+  config["vocab_size"] = vocab;
+  config["num_hidden_layers"] = 1;
+  auto model = models::build_from_hf_config(config, "test");
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value().detach());
+  models::save_hf_pretrained(*model, params, out);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(tokenizer_dir + "/" + file, out + "/" + file);
+  }
+  return model;
 }
 
 }  // namespace fsdp::testing

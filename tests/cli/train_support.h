@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/models/causal_lm.h"
+
 namespace fsdp::testing {
 
 // A token file (ids < 500) with structure to learn: a repeating sequence of
@@ -18,6 +20,11 @@ std::vector<nlohmann::json> read_metrics(const std::string& path);
 std::vector<double> train_losses(const std::vector<nlohmann::json>& metrics);
 
 bool exists(const std::string& path);
+
+// A one-layer model of PRESET's family with VOCAB rows, written as a
+// Hugging Face directory OUT with the tokenizer files of TOKENIZER_DIR.
+models::CausalLM write_model_dir(const std::string& preset, int64_t vocab, const std::string& tokenizer_dir,
+                                 const std::string& out);
 
 // Every tensor of every rank file of two checkpoints, compared bit for bit.
 void expect_same_weights(const std::string& a, const std::string& b);
