@@ -9,7 +9,6 @@ the metrics TRL logs (rewards, accuracies, margins), and the tokenized
 pairs (prompt, chosen and rejected ids). `--jobs FILE` runs several, one
 JSON list of these arguments a line, in the same processes.
 """
-import argparse
 import json
 
 import datasets
@@ -33,25 +32,13 @@ class Logged(transformers.TrainerCallback):
 
 
 def train(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    for name in ("--model", "--data", "--out", "--work"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--grad-accum", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser = trl_run.parser(__doc__)
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--loss-type", default="sigmoid")
-    parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     dataset = datasets.load_dataset("json", data_files=args.data, split="train")
-    config = trl.DPOConfig(
-        output_dir=args.work, per_device_train_batch_size=1, gradient_accumulation_steps=args.grad_accum,
-        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
-        save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
-        beta=args.beta, loss_type=[args.loss_type], bf16=False, fp16=False, dataset_num_proc=None,
-        disable_tqdm=True, dataloader_num_workers=0)
+    config = trl.DPOConfig(**trl_run.exact_settings(args), beta=args.beta, loss_type=[args.loss_type])
     model, tokenizer = trl_run.model_and_tokenizer(args.model, args.adapter)
     logged = Logged()
     trainer = trl.DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,

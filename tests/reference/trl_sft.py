@@ -13,7 +13,6 @@ FILE holding one JSON list of these arguments a line, runs each in turn
 in the same processes (one start of Python, TRL and the process group for
 all of them), each from a fresh model and seed.
 """
-import argparse
 import json
 
 import datasets
@@ -34,25 +33,15 @@ class Losses(transformers.TrainerCallback):
 
 
 def train(argv):
-    parser = argparse.ArgumentParser(description=__doc__)
-    for name in ("--model", "--data", "--out", "--work"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--grad-accum", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--adapter", help="a PEFT LoRA adapter directory to train on the base")
+    parser = trl_run.parser(__doc__)
     parser.add_argument("--save-adapter", help="where the trained adapter goes (rank 0)")
     parser.add_argument("--assistant-only-loss", action="store_true",
                         help="conversations: the loss on the template's {% generation %} spans")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     dataset = datasets.load_dataset("json", data_files=args.data, split="train")
-    config = trl.SFTConfig(
-        output_dir=args.work, per_device_train_batch_size=1, gradient_accumulation_steps=args.grad_accum,
-        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, logging_steps=1, report_to=[],
-        save_strategy="no", train_sampling_strategy="sequential", use_cpu=True, seed=0, max_length=None,
-        packing=False, assistant_only_loss=args.assistant_only_loss, bf16=False, fp16=False, dataset_num_proc=None, disable_tqdm=True, dataloader_num_workers=0)
+    config = trl.SFTConfig(**trl_run.exact_settings(args), packing=False,
+                           assistant_only_loss=args.assistant_only_loss)
     model, tokenizer = trl_run.model_and_tokenizer(args.model, args.adapter)
     losses = Losses()
     trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
