@@ -36,6 +36,7 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std) {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (parallel) return parallel->forward(*this, x);
   torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
   if (!lora_A || adapters_off()) return y;
   const torch::Tensor h = lora_dropout ? dropout(lora_dropout, x) : x;

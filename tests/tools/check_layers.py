@@ -36,8 +36,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "nn": ("common", "kernels"),
     "data": ("common", "io"),
     "checkpoint": ("common", "io", "distributed", "core"),
+    # Layers cut across ranks: nn's layers and the collectives under them.
+    "tensor_parallel": ("common", "distributed", "nn"),
     # Models and their Hugging Face adapters, including a checkpoint's export.
-    "models": ("common", "io", "distributed", "core", "kernels", "nn", "checkpoint"),
+    "models": ("common", "io", "distributed", "core", "kernels", "nn", "checkpoint", "tensor_parallel"),
     # plan: the model shapes (plan/memory_model.h) a step's matmuls are read from.
     "bench": ("common", "io", "distributed", "core", "optim", "nn", "data", "models", "plan"),
     "train": ("common", "io", "distributed", "core", "optim", "nn", "data", "checkpoint", "models"),

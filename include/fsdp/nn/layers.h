@@ -30,6 +30,15 @@ class DeferredInit {
 // A parameter of `shape` initialised by `init` (skipped when deferred).
 torch::Tensor new_parameter(torch::IntArrayRef shape, const std::function<void(torch::Tensor&)>& init);
 
+struct LinearImpl;
+// A forward other than the plain one, for a layer cut across ranks
+// (tensor_parallel/linear_styles.h): the layer's weight and bias are then
+// this rank's part, and the style adds the collectives.
+struct LinearForward {
+  virtual ~LinearForward() = default;
+  virtual torch::Tensor forward(LinearImpl& layer, const torch::Tensor& x) = 0;
+};
+
 // y = x W^T + b, W (out, in); initialised N(0, std). With LoRA adapters
 // (nn/lora.h's add_lora), y + lora_scale * lora_B(lora_A(dropout(x))).
 struct LinearImpl : torch::nn::Module {
@@ -39,6 +48,7 @@ struct LinearImpl : torch::nn::Module {
   std::shared_ptr<LinearImpl> lora_A, lora_B;  // null without LoRA
   torch::nn::Dropout lora_dropout{nullptr};
   double lora_scale = 0;
+  std::shared_ptr<LinearForward> parallel;  // null: the plain forward
 };
 TORCH_MODULE(Linear);
 
