@@ -22,8 +22,9 @@ namespace {
 
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {
-    up = register_module("up", nn::Linear(8, 16, true, 0.3));
-    down = register_module("down", nn::Linear(16, 8, true, 0.3));
+    // 60 wide: it divides by every world size the suite runs (1 to 5).
+    up = register_module("up", nn::Linear(8, 60, true, 0.3));
+    down = register_module("down", nn::Linear(60, 8, true, 0.3));
   }
   torch::Tensor forward(const torch::Tensor& x) { return down(torch::gelu(up(x))); }
   nn::Linear up{nullptr}, down{nullptr};
@@ -51,8 +52,8 @@ TEST(TensorParallel, ColumnThenRowWiseMlpEqualsTheWholeMlpForwardAndBackward) {
   auto whole = seeded_mlp(), cut = seeded_mlp();
   tp::parallelize_linear(*cut->up, tp::LinearStyle::kColumnwise, group);
   tp::parallelize_linear(*cut->down, tp::LinearStyle::kRowwise, group);
-  EXPECT_EQ(cut->up->weight.sizes(), (std::vector<int64_t>{16 / ranks, 8}));
-  EXPECT_EQ(cut->down->weight.sizes(), (std::vector<int64_t>{8, 16 / ranks}));
+  EXPECT_EQ(cut->up->weight.sizes(), (std::vector<int64_t>{60 / ranks, 8}));
+  EXPECT_EQ(cut->down->weight.sizes(), (std::vector<int64_t>{8, 60 / ranks}));
 
   // The same input on every rank, as a TP group sees it.
   torch::manual_seed(3);
@@ -63,7 +64,7 @@ TEST(TensorParallel, ColumnThenRowWiseMlpEqualsTheWholeMlpForwardAndBackward) {
   (y_whole * y_whole).sum().backward();
   (y_cut * y_cut).sum().backward();
   EXPECT_TRUE(torch::allclose(x_cut.grad(), x_whole.grad(), 1e-5, 1e-6)) << "the input's gradient";
-  const int64_t part = 16 / ranks;
+  const int64_t part = 60 / ranks;
   EXPECT_TRUE(torch::allclose(cut->up->weight.grad(), whole->up->weight.grad().narrow(0, rank * part, part), 1e-5, 1e-6));
   EXPECT_TRUE(torch::allclose(cut->up->bias.grad(), whole->up->bias.grad().narrow(0, rank * part, part), 1e-5, 1e-6));
   EXPECT_TRUE(
