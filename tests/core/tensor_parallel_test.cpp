@@ -60,16 +60,20 @@ TEST(TensorParallel, ColumnThenRowWiseMlpEqualsTheWholeMlpForwardAndBackward) {
   const auto x = torch::randn({5, 8});
   const auto x_whole = x.clone().requires_grad_(), x_cut = x.clone().requires_grad_();
   const auto y_whole = whole->forward(x_whole), y_cut = cut->forward(x_cut);
-  EXPECT_TRUE(torch::allclose(y_cut, y_whole, 1e-5, 1e-6)) << (y_cut - y_whole).abs().max();
+  // Sums over the ranks' parts add in another order than the whole
+  // layer's: equal to fp32 rounding, relative to the largest value.
+  const auto near = [](const torch::Tensor& ours, const torch::Tensor& expected) {
+    return (ours - expected).abs().max().item<double>() / expected.abs().max().item<double>();
+  };
+  EXPECT_LT(near(y_cut, y_whole), 1e-5);
   (y_whole * y_whole).sum().backward();
   (y_cut * y_cut).sum().backward();
-  EXPECT_TRUE(torch::allclose(x_cut.grad(), x_whole.grad(), 1e-5, 1e-6)) << "the input's gradient";
+  EXPECT_LT(near(x_cut.grad(), x_whole.grad()), 1e-5) << "the input's gradient";
   const int64_t part = 60 / ranks;
-  EXPECT_TRUE(torch::allclose(cut->up->weight.grad(), whole->up->weight.grad().narrow(0, rank * part, part), 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(cut->up->bias.grad(), whole->up->bias.grad().narrow(0, rank * part, part), 1e-5, 1e-6));
-  EXPECT_TRUE(
-      torch::allclose(cut->down->weight.grad(), whole->down->weight.grad().narrow(1, rank * part, part), 1e-5, 1e-6));
-  EXPECT_TRUE(torch::allclose(cut->down->bias.grad(), whole->down->bias.grad(), 1e-5, 1e-6)) << "the bias, whole";
+  EXPECT_LT(near(cut->up->weight.grad(), whole->up->weight.grad().narrow(0, rank * part, part)), 1e-5);
+  EXPECT_LT(near(cut->up->bias.grad(), whole->up->bias.grad().narrow(0, rank * part, part)), 1e-5);
+  EXPECT_LT(near(cut->down->weight.grad(), whole->down->weight.grad().narrow(1, rank * part, part)), 1e-5);
+  EXPECT_LT(near(cut->down->bias.grad(), whole->down->bias.grad()), 1e-5) << "the bias, whole";
 }
 
 // llama-tiny (4 query heads, 2 key/value heads, an MLP 176 wide) cut by
