@@ -252,18 +252,17 @@ PreferenceTerms Trainer::preference_terms_of(const data::Batch& batch) {
     };
     if (reference_) {
       reference = score(reference_);
-    } else if (!starting_adapters_.empty()) {
-      // --lora-init-from: the adapters the run started from, in place of
-      // the trained ones for this forward (TRL's frozen "ref" adapter).
-      StartingAdaptersIn swapped(starting_adapters_);
-      const bool training = model_->is_training();
-      model_->eval();
-      reference = score(model_);
-      model_->train(training);
     } else {
-      // TRL's reference under LoRA: the same model with its adapters off,
-      // and (as TRL's DPOTrainer disables dropout) without dropout.
-      nn::AdaptersOff off;
+      // The policy's own model, as the run started: the adapters
+      // --lora-init-from gave (TRL's frozen "ref" adapter), or fresh
+      // adapters off; without dropout, as TRL's DPOTrainer disables it.
+      std::optional<StartingAdaptersIn> swapped;
+      std::optional<nn::AdaptersOff> off;
+      if (!starting_adapters_.empty()) {
+        swapped.emplace(starting_adapters_);
+      } else {
+        off.emplace();
+      }
       const bool training = model_->is_training();
       model_->eval();
       reference = score(model_);
